@@ -1,0 +1,82 @@
+"""One error hierarchy. Every error the filesystem raises knows the errno it becomes.
+
+The FUSE adapter maps ``CkptfsError`` to ``FUSEError(err.errno)``; anything else that
+escapes a handler is a bug, is logged with its traceback, and becomes EIO.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class CkptfsError(Exception):
+    """Base of every error ckptfs raises on purpose."""
+
+    errno: int = _errno.EIO
+
+    def __init__(self, message: str = "", *, errno: int | None = None) -> None:
+        super().__init__(message)
+        if errno is not None:
+            self.errno = errno
+
+
+class NotFound(CkptfsError):
+    errno = _errno.ENOENT
+
+
+class AlreadyExists(CkptfsError):
+    errno = _errno.EEXIST
+
+
+class NotEmpty(CkptfsError):
+    errno = _errno.ENOTEMPTY
+
+
+class NotADirectory(CkptfsError):
+    errno = _errno.ENOTDIR
+
+
+class IsADirectory(CkptfsError):
+    errno = _errno.EISDIR
+
+
+class InvalidArgument(CkptfsError):
+    errno = _errno.EINVAL
+
+
+class NotPermitted(CkptfsError):
+    errno = _errno.EPERM
+
+
+class NotSupported(CkptfsError):
+    errno = _errno.EOPNOTSUPP
+
+
+class NoSpace(CkptfsError):
+    """No tier has room for a chunk."""
+
+    errno = _errno.ENOSPC
+
+
+class TierError(CkptfsError):
+    """A tier failed (device gone, I/O error). The caller sees EIO."""
+
+    errno = _errno.EIO
+
+
+class ChunkMissing(CkptfsError):
+    """No tier holds a copy of a chunk the catalog references."""
+
+    errno = _errno.EIO
+
+
+class CorruptChunk(CkptfsError):
+    """A frame failed to decode or its digest did not match."""
+
+    errno = _errno.EIO
+
+
+class ConfigError(CkptfsError):
+    """Invalid configuration or command line. The CLI exits with code 2."""
+
+    errno = _errno.EINVAL

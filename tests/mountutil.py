@@ -1,0 +1,131 @@
+"""Start and stop real ckptfs mounts for tests, through the real command line.
+
+Every mount made here is unmounted again (fusermount3 -u) and its daemon, which this
+module started, is killed by PID if it did not exit by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FUSE_AVAILABLE = os.path.exists("/dev/fuse") and any(
+    os.access(os.path.join(d, "fusermount3"), os.X_OK) for d in os.environ.get("PATH", "").split(":")
+)
+SKIP_REASON = "FUSE is not available here (/dev/fuse or fusermount3 missing)"
+
+
+def ckptfs_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ckptfs", *args]
+
+
+def run_cli(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ckptfs_cmd(*args), capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
+def is_mounted(path: Path) -> bool:
+    real = os.path.realpath(path)
+    with open("/proc/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+@dataclass
+class Mount:
+    mountpoint: Path
+    state_dir: Path
+    locals: list[Path]
+    extra_args: Sequence[str] = ()
+    pid: int | None = None
+    _started: list[int] = field(default_factory=list)
+
+    @property
+    def log(self) -> str:
+        p = self.state_dir / "ckptfs.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def args(self) -> list[str]:
+        a = ["--state-dir", str(self.state_dir)]
+        for d in self.locals:
+            a += ["--local", str(d)]
+        return a + list(self.extra_args)
+
+    def start(self) -> None:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        res = run_cli("mount", str(self.mountpoint), *self.args(), timeout=60)
+        if res.returncode != 0:
+            raise RuntimeError(f"ckptfs mount failed ({res.returncode}): {res.stderr}\n{self.log}")
+        self.pid = int((self.state_dir / "daemon.pid").read_text().strip())
+        self._started.append(self.pid)
+
+    def stop(self) -> None:
+        """Unmount cleanly; fails the test if the daemon does not exit by itself."""
+        res = run_cli("umount", str(self.mountpoint), timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"ckptfs umount failed ({res.returncode}): {res.stderr}")
+        self._forget_pid()
+
+    def kill9(self) -> None:
+        """Simulate a crash: SIGKILL the daemon this test started. The mount goes stale."""
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGKILL)
+        _wait_pid_gone(self.pid, 30)
+        self._forget_pid()
+
+    def _forget_pid(self) -> None:
+        if self.pid in self._started:
+            self._started.remove(self.pid)
+        self.pid = None
+
+    def cleanup(self) -> None:
+        """Best effort, for teardown after failures: unmount, then kill our daemons by PID."""
+        if is_mounted(self.mountpoint):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
+        for pid in self._started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                if not _wait_pid_gone(pid, 10):
+                    os.kill(pid, signal.SIGKILL)
+                    _wait_pid_gone(pid, 10)
+        self._started.clear()
+
+
+def _wait_pid_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # Reap it if it is our child; otherwise it is gone once kill(0) fails.
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@contextlib.contextmanager
+def mounted(
+    base: Path, n_local: int = 2, extra_args: Sequence[str] = (), name: str = "mnt"
+) -> Iterator[Mount]:
+    """A live ckptfs mount under ``base`` with ``n_local`` local tiers; always cleaned up."""
+    locals_ = [base / f"tier{i}" for i in range(n_local)]
+    for d in locals_:
+        d.mkdir(parents=True, exist_ok=True)
+    m = Mount(base / name, base / "state", locals_, extra_args)
+    try:
+        m.start()
+        yield m
+        if m.pid is not None:
+            m.stop()
+    finally:
+        m.cleanup()
