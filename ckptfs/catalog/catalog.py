@@ -1,0 +1,524 @@
+"""SQLite catalog (WAL). Every public method is one transaction.
+
+Only one thread at a time uses a Catalog (the VFS runs them through a limiter of one), so
+the connection is shared across worker threads with ``check_same_thread=False``.
+
+Durability: commits use ``synchronous=NORMAL`` (safe against a killed daemon, since the WAL
+is in the page cache); ``durable=True`` commits (fsync, fsyncdir) switch to FULL for that
+transaction, which also makes every earlier commit durable.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import (
+    AlreadyExists,
+    InvalidArgument,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+)
+
+SCHEMA_VERSION = 1
+ROOT_INODE = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS inodes (
+    ino      INTEGER PRIMARY KEY,
+    mode     INTEGER NOT NULL,
+    uid      INTEGER NOT NULL,
+    gid      INTEGER NOT NULL,
+    size     INTEGER NOT NULL DEFAULT 0,
+    nlink    INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    target   BLOB
+);
+CREATE TABLE IF NOT EXISTS dentries (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name   BLOB NOT NULL,
+    ino    INTEGER NOT NULL,
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS dentries_ino ON dentries (ino);
+CREATE TABLE IF NOT EXISTS chunks (
+    digest BLOB PRIMARY KEY,
+    length INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replicas (
+    digest BLOB NOT NULL,
+    tier   TEXT NOT NULL,
+    state  TEXT NOT NULL CHECK (state IN ('valid', 'bad')),
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS extents (
+    ino    INTEGER NOT NULL,
+    idx    INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    length INTEGER NOT NULL,
+    PRIMARY KEY (ino, idx)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS extents_digest ON extents (digest);
+"""
+
+
+@dataclass(frozen=True)
+class Inode:
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    nlink: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    target: bytes | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Where one chunk of plaintext lives: its digest, plaintext length and tiers."""
+
+    digest: bytes
+    length: int
+    tiers: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return self.digest.hex()
+
+
+_INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target"
+
+
+def _inode(row: tuple[object, ...]) -> Inode:
+    return Inode(*row)  # type: ignore[arg-type]
+
+
+class Catalog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA foreign_keys=OFF")
+        self._init_schema()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        if durable:
+            self.conn.execute("PRAGMA synchronous=FULL")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+        finally:
+            if durable:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+
+    def _init_schema(self) -> None:
+        self.conn.executescript(_SCHEMA)  # idempotent; executescript manages its own transaction
+        with self._tx() as c:
+            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                c.execute("INSERT INTO meta VALUES ('fs_id', ?)", (uuid.uuid4().hex,))
+                now = time.time_ns()
+                c.execute(
+                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL)",
+                    (ROOT_INODE, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now),
+                )
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise InvalidArgument(
+                    f"catalog {self.path}: schema version {row[0]}, this ckptfs knows {SCHEMA_VERSION}"
+                )
+
+    # -- meta --------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def recorded_tiers(self) -> list[dict[str, str]]:
+        raw = self.get_meta("tiers")
+        return [] if raw is None else list(json.loads(raw))
+
+    def sync(self) -> None:
+        """Make every earlier commit durable (a no-op write in a FULL transaction)."""
+        with self._tx(durable=True) as c:
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('last_sync_ns', ?)", (str(time.time_ns()),))
+
+    # -- namespace ---------------------------------------------------------------------------
+
+    def get_inode(self, ino: int) -> Inode:
+        row = self.conn.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE ino=?", (ino,)).fetchone()
+        if row is None:
+            raise NotFound(f"inode {ino}")
+        return _inode(row)
+
+    def _dir(self, c: sqlite3.Connection, ino: int) -> Inode:
+        row = c.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE ino=?", (ino,)).fetchone()
+        if row is None:
+            raise NotFound(f"inode {ino}")
+        inode = _inode(row)
+        if not inode.is_dir:
+            raise NotADirectory(f"inode {ino}")
+        return inode
+
+    def _entry(self, c: sqlite3.Connection, parent: int, name: bytes) -> Inode | None:
+        row = c.execute(
+            f"SELECT {', '.join('i.' + x.strip() for x in _INODE_COLS.split(','))} "
+            "FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND d.name=?",
+            (parent, name),
+        ).fetchone()
+        return None if row is None else _inode(row)
+
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        self._dir(self.conn, parent)
+        inode = self._entry(self.conn, parent, name)
+        if inode is None:
+            raise NotFound(name.decode(errors="replace"))
+        return inode
+
+    def _touch_dir(self, c: sqlite3.Connection, ino: int, now: int, nlink_delta: int = 0) -> None:
+        c.execute(
+            "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?",
+            (now, now, nlink_delta, ino),
+        )
+
+    def create(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None
+    ) -> Inode:
+        """Create a file, directory or symlink entry. EEXIST if the name is taken."""
+        now = time.time_ns()
+        with self._tx() as c:
+            self._dir(c, parent)
+            if self._entry(c, parent, name) is not None:
+                raise AlreadyExists(name.decode(errors="replace"))
+            is_dir = stat.S_ISDIR(mode)
+            size = len(target) if target is not None else 0
+            cur = c.execute(
+                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target)"
+                " VALUES (?,?,?,?,?,?,?,?,?)",
+                (mode, uid, gid, size, 2 if is_dir else 1, now, now, now, target),
+            )
+            ino = int(cur.lastrowid or 0)
+            c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
+            self._touch_dir(c, parent, now, 1 if is_dir else 0)
+            return _inode(c.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE ino=?", (ino,)).fetchone())
+
+    def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        now = time.time_ns()
+        with self._tx() as c:
+            self._dir(c, parent)
+            inode = self.get_inode(ino)
+            if inode.is_dir:
+                raise NotPermitted("hard links to directories are not allowed")
+            if self._entry(c, parent, name) is not None:
+                raise AlreadyExists(name.decode(errors="replace"))
+            c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
+            c.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, ino))
+            self._touch_dir(c, parent, now)
+            return self.get_inode(ino)
+
+    def unlink(self, parent: int, name: bytes) -> Inode:
+        """Remove a non-directory entry; returns the inode with its new link count."""
+        now = time.time_ns()
+        with self._tx() as c:
+            self._dir(c, parent)
+            inode = self._entry(c, parent, name)
+            if inode is None:
+                raise NotFound(name.decode(errors="replace"))
+            if inode.is_dir:
+                raise IsADirectory(name.decode(errors="replace"))
+            c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
+            c.execute("UPDATE inodes SET nlink=nlink-1, ctime_ns=? WHERE ino=?", (now, inode.ino))
+            self._touch_dir(c, parent, now)
+            return replace(inode, nlink=inode.nlink - 1, ctime_ns=now)
+
+    def rmdir(self, parent: int, name: bytes) -> Inode:
+        now = time.time_ns()
+        with self._tx() as c:
+            self._dir(c, parent)
+            inode = self._entry(c, parent, name)
+            if inode is None:
+                raise NotFound(name.decode(errors="replace"))
+            if not inode.is_dir:
+                raise NotADirectory(name.decode(errors="replace"))
+            if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (inode.ino,)).fetchone():
+                raise NotEmpty(name.decode(errors="replace"))
+            c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
+            c.execute("UPDATE inodes SET nlink=0, ctime_ns=? WHERE ino=?", (now, inode.ino))
+            self._touch_dir(c, parent, now, -1)
+            return replace(inode, nlink=0)
+
+    def _is_ancestor(self, c: sqlite3.Connection, anc: int, ino: int) -> bool:
+        """True if ``anc`` is ``ino`` or one of its ancestors (directories have one parent)."""
+        while True:
+            if ino == anc:
+                return True
+            if ino == ROOT_INODE:
+                return False
+            row = c.execute("SELECT parent FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
+            if row is None:
+                return False
+            ino = int(row[0])
+
+    def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
+    ) -> Inode | None:
+        """Atomic rename. Returns the replaced inode (with its new link count), if any."""
+        now = time.time_ns()
+        with self._tx() as c:
+            self._dir(c, old_parent)
+            self._dir(c, new_parent)
+            src = self._entry(c, old_parent, old_name)
+            if src is None:
+                raise NotFound(old_name.decode(errors="replace"))
+            dst = self._entry(c, new_parent, new_name)
+            if src.is_dir and self._is_ancestor(c, src.ino, new_parent):
+                raise InvalidArgument("cannot move a directory into itself")
+            replaced: Inode | None = None
+            if dst is not None:
+                if noreplace:
+                    raise AlreadyExists(new_name.decode(errors="replace"))
+                if dst.ino == src.ino:
+                    return None  # both names link the same inode: POSIX says do nothing
+                if src.is_dir:
+                    if not dst.is_dir:
+                        raise NotADirectory(new_name.decode(errors="replace"))
+                    if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (dst.ino,)).fetchone():
+                        raise NotEmpty(new_name.decode(errors="replace"))
+                elif dst.is_dir:
+                    raise IsADirectory(new_name.decode(errors="replace"))
+                c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (new_parent, new_name))
+                new_nlink = 0 if dst.is_dir else dst.nlink - 1
+                c.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (new_nlink, now, dst.ino))
+                if dst.is_dir:
+                    self._touch_dir(c, new_parent, now, -1)
+                replaced = replace(dst, nlink=new_nlink)
+            c.execute(
+                "UPDATE dentries SET parent=?, name=? WHERE parent=? AND name=?",
+                (new_parent, new_name, old_parent, old_name),
+            )
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src.ino))
+            moved_dir = src.is_dir and old_parent != new_parent
+            self._touch_dir(c, old_parent, now, -1 if moved_dir else 0)
+            if new_parent != old_parent:
+                self._touch_dir(c, new_parent, now, 1 if moved_dir else 0)
+            return replaced
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Inode:
+        now = time.time_ns()
+        with self._tx() as c:
+            inode = self.get_inode(ino)
+            if mode is not None:
+                mode = (inode.mode & stat.S_IFMT) | stat.S_IMODE(mode)
+            new = replace(
+                inode,
+                mode=inode.mode if mode is None else mode,
+                uid=inode.uid if uid is None else uid,
+                gid=inode.gid if gid is None else gid,
+                atime_ns=inode.atime_ns if atime_ns is None else atime_ns,
+                mtime_ns=inode.mtime_ns if mtime_ns is None else mtime_ns,
+                ctime_ns=now,
+            )
+            c.execute(
+                "UPDATE inodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
+                (new.mode, new.uid, new.gid, new.atime_ns, new.mtime_ns, new.ctime_ns, ino),
+            )
+            return new
+
+    def readdir(self, parent: int, after_id: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
+        cols = ", ".join("i." + x.strip() for x in _INODE_COLS.split(","))
+        rows = self.conn.execute(
+            f"SELECT d.id, d.name, {cols} FROM dentries d JOIN inodes i ON i.ino = d.ino "
+            "WHERE d.parent=? AND d.id>? ORDER BY d.id LIMIT ?",
+            (parent, after_id, limit),
+        ).fetchall()
+        return [(int(r[0]), bytes(r[1]), _inode(r[2:])) for r in rows]
+
+    # -- file contents -----------------------------------------------------------------------
+
+    def extents(self, ino: int) -> dict[int, ChunkRef]:
+        rows = self.conn.execute(
+            "SELECT e.idx, e.digest, e.length, group_concat(r.tier) FROM extents e "
+            "LEFT JOIN replicas r ON r.digest = e.digest AND r.state = 'valid' "
+            "WHERE e.ino=? GROUP BY e.idx",
+            (ino,),
+        ).fetchall()
+        return {
+            int(idx): ChunkRef(bytes(d), int(n), tuple(sorted(t.split(","))) if t else ())
+            for idx, d, n, t in rows
+        }
+
+    def commit_file(
+        self,
+        ino: int,
+        size: int,
+        mtime_ns: int,
+        ctime_ns: int,
+        chunk_size: int,
+        changes: dict[int, ChunkRef | None],
+        durable: bool = False,
+    ) -> list[bytes]:
+        """Commit a file's new size, times and changed extents in one transaction.
+
+        Extents past the end are dropped. Returns the digests that lost a reference
+        (candidates for garbage collection).
+        """
+        n_chunks = (size + chunk_size - 1) // chunk_size
+        with self._tx(durable=durable) as c:
+            dropped = [
+                bytes(r[0])
+                for r in c.execute(
+                    "SELECT digest FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks)
+                ).fetchall()
+            ]
+            c.execute("DELETE FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks))
+            for idx, ref in changes.items():
+                if idx >= n_chunks:
+                    continue
+                old = c.execute(
+                    "SELECT digest FROM extents WHERE ino=? AND idx=?", (ino, idx)
+                ).fetchone()
+                if old is not None:
+                    dropped.append(bytes(old[0]))
+                if ref is None:
+                    c.execute("DELETE FROM extents WHERE ino=? AND idx=?", (ino, idx))
+                    continue
+                c.execute("INSERT OR IGNORE INTO chunks VALUES (?, ?)", (ref.digest, ref.length))
+                for tier in ref.tiers:
+                    c.execute(
+                        "INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (ref.digest, tier)
+                    )
+                c.execute(
+                    "INSERT OR REPLACE INTO extents VALUES (?, ?, ?, ?)",
+                    (ino, idx, ref.digest, ref.length),
+                )
+            c.execute(
+                "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
+                (size, mtime_ns, ctime_ns, ino),
+            )
+        return dropped
+
+    def delete_inode(self, ino: int) -> list[bytes]:
+        """Drop an inode whose last link and last open handle are gone."""
+        with self._tx() as c:
+            digests = [
+                bytes(r[0])
+                for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()
+            ]
+            c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+            c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,))
+        return digests
+
+    def unlinked_inodes(self) -> list[int]:
+        """Inodes with no name left (unlinked while open before a crash or shutdown)."""
+        return [int(r[0]) for r in self.conn.execute("SELECT ino FROM inodes WHERE nlink<=0")]
+
+    def drop_unreferenced(self, digests: Iterable[bytes]) -> dict[bytes, list[str]]:
+        """Delete chunk and replica rows no extent references; return their tiers."""
+        gone: dict[bytes, list[str]] = {}
+        with self._tx() as c:
+            for d in set(digests):
+                if c.execute("SELECT 1 FROM extents WHERE digest=? LIMIT 1", (d,)).fetchone():
+                    continue
+                tiers = [str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))]
+                c.execute("DELETE FROM replicas WHERE digest=?", (d,))
+                c.execute("DELETE FROM chunks WHERE digest=?", (d,))
+                gone[d] = tiers
+        return gone
+
+    # -- fsck --------------------------------------------------------------------------------
+
+    def replica_keys(self, tier: str) -> set[bytes]:
+        return {bytes(r[0]) for r in self.conn.execute("SELECT digest FROM replicas WHERE tier=?", (tier,))}
+
+    def replica_keys_all(self) -> set[bytes]:
+        rows = self.conn.execute("SELECT digest FROM chunks UNION SELECT digest FROM replicas")
+        return {bytes(r[0]) for r in rows}
+
+    def referenced_digests(self) -> set[bytes]:
+        return {bytes(r[0]) for r in self.conn.execute("SELECT DISTINCT digest FROM extents")}
+
+    def all_extents(self) -> list[tuple[int, int, bytes, int]]:
+        return [
+            (int(a), int(b), bytes(d), int(n))
+            for a, b, d, n in self.conn.execute("SELECT ino, idx, digest, length FROM extents")
+        ]
+
+    def remove_replica(self, digest: bytes, tier: str) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+
+    def add_replica(self, digest: bytes, tier: str, length: int) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR IGNORE INTO chunks VALUES (?, ?)", (digest, length))
+            c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
+
+    def dangling_dentries(self) -> list[tuple[int, bytes, int]]:
+        return [
+            (int(p), bytes(n), int(i))
+            for p, n, i in self.conn.execute(
+                "SELECT parent, name, ino FROM dentries d WHERE NOT EXISTS "
+                "(SELECT 1 FROM inodes i WHERE i.ino = d.ino)"
+            )
+        ]
+
+    def path_of(self, ino: int) -> str:
+        parts: list[str] = []
+        seen = 0
+        while ino != ROOT_INODE and seen < 4096:
+            row = self.conn.execute("SELECT parent, name FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
+            if row is None:
+                return "<unlinked>/" + "/".join(reversed(parts))
+            parts.append(bytes(row[1]).decode(errors="replace"))
+            ino = int(row[0])
+            seen += 1
+        return "/" + "/".join(reversed(parts))

@@ -1,0 +1,1 @@
+"""Chunks: the frame format and the ChunkStore that stripes and verifies them."""

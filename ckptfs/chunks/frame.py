@@ -1,0 +1,108 @@
+"""The chunk frame: a self-describing header followed by the payload.
+
+A frame can be checked without the catalog: the header names the codec, the plaintext
+length and the blake3 digest of the plaintext, so a tier can be scrubbed on its own.
+
+Layout (little endian, 64 bytes)::
+
+    magic      4s   b"CKFR"
+    version    B    1
+    codec      B    0 = raw, 1 = lz4 (block)
+    cipher     B    0 = none (room for encryption at rest)
+    flags      B    reserved, 0
+    key_id     I    reserved for the encryption key id, 0
+    plain_len  Q    length of the plaintext
+    body_len   Q    length of the stored body after the header
+    digest     32s  blake3(plaintext)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+import blake3
+
+from ..errors import CorruptChunk
+
+MAGIC = b"CKFR"
+VERSION = 1
+_HEADER = struct.Struct("<4sBBBBIQQ32s")
+HEADER_SIZE = _HEADER.size
+DIGEST_SIZE = 32
+
+Buffer = bytes | bytearray | memoryview
+
+
+class Codec(IntEnum):
+    RAW = 0
+    LZ4 = 1
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    codec: Codec
+    plain_len: int
+    body_len: int
+    digest: bytes
+
+
+def digest_of(data: Buffer) -> bytes:
+    # blake3 releases the GIL for large inputs, so this runs in parallel in worker threads.
+    return blake3.blake3(data).digest()
+
+
+def encode(data: Buffer, digest: bytes | None = None) -> tuple[bytes, Sequence[Buffer]]:
+    """Return ``(digest, parts)``: the frame as a header and body parts, ready for writev.
+
+    The body is the plaintext itself (raw codec): no copy is made.
+    """
+    if digest is None:
+        digest = digest_of(data)
+    header = _HEADER.pack(MAGIC, VERSION, Codec.RAW, 0, 0, 0, len(data), len(data), digest)
+    return digest, (header, data)
+
+
+def parse_header(raw: Buffer) -> FrameHeader:
+    if len(raw) < HEADER_SIZE:
+        raise CorruptChunk(f"frame shorter than its header ({len(raw)} bytes)")
+    magic, version, codec, cipher, _flags, _key, plain_len, body_len, digest = _HEADER.unpack_from(
+        raw, 0
+    )
+    if magic != MAGIC:
+        raise CorruptChunk(f"bad frame magic {magic!r}")
+    if version != VERSION:
+        raise CorruptChunk(f"unsupported frame version {version}")
+    if cipher != 0:
+        raise CorruptChunk(f"unsupported cipher {cipher}")
+    try:
+        codec_ = Codec(codec)
+    except ValueError:
+        raise CorruptChunk(f"unknown codec {codec}") from None
+    return FrameHeader(codec_, plain_len, body_len, digest)
+
+
+def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
+    """Decode and verify a whole frame. Raises CorruptChunk; never returns unverified bytes."""
+    header = parse_header(frame)
+    if expected_digest is not None and header.digest != expected_digest:
+        raise CorruptChunk("frame digest does not match the requested chunk")
+    body = memoryview(frame)[HEADER_SIZE:]
+    if len(body) != header.body_len:
+        raise CorruptChunk(f"frame body is {len(body)} bytes, header says {header.body_len}")
+    if header.codec == Codec.LZ4:
+        import lz4.block
+
+        try:
+            plain = lz4.block.decompress(body, uncompressed_size=header.plain_len)
+        except Exception as exc:  # lz4 raises a bare LZ4BlockError
+            raise CorruptChunk(f"lz4 body does not decompress: {exc}") from None
+    else:
+        plain = body
+    if len(plain) != header.plain_len:
+        raise CorruptChunk(f"plaintext is {len(plain)} bytes, header says {header.plain_len}")
+    if digest_of(plain) != header.digest:
+        raise CorruptChunk("plaintext digest mismatch")
+    return bytes(plain)

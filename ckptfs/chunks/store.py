@@ -1,0 +1,269 @@
+"""ChunkStore: writes chunks to the local tiers in parallel, reads them back verified.
+
+* ``write`` hashes, frames, places the frame on the least busy tier with room, and reads it
+  back to verify it before returning: a ChunkRef the caller holds names bytes that were
+  checked on the device. The digest stays *pinned* until the caller commits or drops it, so
+  garbage collection never deletes a chunk a pending commit is about to reference.
+* ``read`` tries the tiers that hold a chunk, verifies the digest, falls back on a miss or a
+  mismatch, and never returns unverified bytes. Concurrent reads of one chunk are merged,
+  and decoded chunks are kept in a small LRU cache.
+
+All blocking work runs in worker threads under one CapacityLimiter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import trio
+
+from ..catalog import Catalog, ChunkRef
+from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, TierError
+from ..tiers.base import Tier
+from . import frame
+
+log = logging.getLogger("ckptfs.chunks")
+
+_UNHEALTHY_RETRY_S = 5.0
+
+
+class _Flight:
+    """One in-progress fetch of a chunk that other readers can wait on."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.data: bytes | None = None
+        self.error: CkptfsError | None = None
+
+
+class ChunkStore:
+    def __init__(
+        self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
+        db_limiter: trio.CapacityLimiter,
+    ) -> None:
+        if not tiers:
+            raise ValueError("a ChunkStore needs at least one tier")
+        self.tiers = {t.name: t for t in tiers}
+        self.io = trio.CapacityLimiter(io_threads)
+        self.catalog = catalog
+        self.db_limiter = db_limiter
+        self._inflight_bytes = {t.name: 0 for t in tiers}
+        self._unhealthy: dict[str, float] = {}
+        self._full: dict[str, float] = {}
+        self._pins: dict[bytes, int] = {}
+        self._pin_lock = threading.Lock()  # guards _pins; GC deletes under it
+        self._synced: set[bytes] = set()
+        self._flights: dict[bytes, _Flight] = {}
+        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+
+    # -- placement ---------------------------------------------------------------------------
+
+    def _candidates(self) -> list[Tier]:
+        """Tiers in placement order: healthy first, least queued bytes per unit of weight."""
+        now = time.monotonic()
+        usable = [
+            t for t in self.tiers.values()
+            if now - self._unhealthy.get(t.name, -1e9) > _UNHEALTHY_RETRY_S
+            and now - self._full.get(t.name, -1e9) > 1.0
+        ]
+        usable.sort(key=lambda t: (self._inflight_bytes[t.name] / t.weight))
+        # Tiers marked bad or full are still tried last: they may have recovered.
+        rest = [t for t in self.tiers.values() if t not in usable]
+        return usable + rest
+
+    def _put_somewhere(self, digest: bytes, parts: Sequence[frame.Buffer], size: int) -> str:
+        """Blocking: put the frame on the first tier that takes it; return the tier name."""
+        key = digest.hex()
+        errors: list[CkptfsError] = []
+        for tier in self._candidates():
+            self._inflight_bytes[tier.name] += size
+            try:
+                tier.put(key, parts)
+                raw = tier.get(key)
+                if raw is None:
+                    raise TierError(f"tier {tier.name}: chunk {key[:16]} vanished right after put")
+                frame.decode(raw, digest)  # verify what the device holds, not what we sent
+            except NoSpace as exc:
+                self._full[tier.name] = time.monotonic()
+                errors.append(exc)
+                continue
+            except (TierError, CorruptChunk) as exc:
+                if tier.name not in self._unhealthy:
+                    log.error("tier %s failed, placing chunks elsewhere: %s", tier.name, exc)
+                self._unhealthy[tier.name] = time.monotonic()
+                errors.append(exc)
+                continue
+            finally:
+                self._inflight_bytes[tier.name] -= size
+            self._unhealthy.pop(tier.name, None)
+            self._full.pop(tier.name, None)
+            return tier.name
+        if errors and all(isinstance(e, NoSpace) for e in errors):
+            raise NoSpace("no tier has room for a chunk: " + "; ".join(str(e) for e in errors))
+        raise TierError("no tier could store a chunk: " + "; ".join(str(e) for e in errors))
+
+    # -- pins --------------------------------------------------------------------------------
+
+    def _pin(self, digest: bytes) -> None:
+        with self._pin_lock:
+            self._pins[digest] = self._pins.get(digest, 0) + 1
+
+    def unpin(self, digests: Iterable[bytes]) -> None:
+        with self._pin_lock:
+            for d in digests:
+                n = self._pins.get(d, 0) - 1
+                if n > 0:
+                    self._pins[d] = n
+                else:
+                    self._pins.pop(d, None)
+
+    # -- write -------------------------------------------------------------------------------
+
+    async def write(self, data: bytes | bytearray) -> ChunkRef:
+        """Store one chunk and return a verified, pinned reference to it."""
+
+        def work() -> ChunkRef:
+            digest = frame.digest_of(data)
+            self._pin(digest)
+            try:
+                _, parts = frame.encode(data, digest)
+                size = sum(len(p) for p in parts)
+                tier = self._put_somewhere(digest, parts, size)
+            except BaseException:
+                self.unpin([digest])
+                raise
+            return ChunkRef(digest, len(data), (tier,))
+
+        ref = await trio.to_thread.run_sync(work, limiter=self.io)
+        self._cache_put(ref.digest, bytes(data))
+        return ref
+
+    async def sync(self, refs: Iterable[ChunkRef]) -> None:
+        """fsync chunk frames not yet known to be durable, all tiers in parallel."""
+        by_tier: dict[str, list[str]] = {}
+        todo = []
+        for ref in refs:
+            if ref.digest in self._synced:
+                continue
+            todo.append(ref.digest)
+            for t in ref.tiers:
+                by_tier.setdefault(t, []).append(ref.key)
+        if not by_tier:
+            return
+
+        async def one(tier: Tier, keys: list[str]) -> None:
+            await trio.to_thread.run_sync(tier.sync, keys, limiter=self.io)
+
+        async with trio.open_nursery() as n:
+            for name, keys in by_tier.items():
+                if name in self.tiers:
+                    n.start_soon(one, self.tiers[name], keys)
+        self._synced.update(todo)
+
+    # -- read --------------------------------------------------------------------------------
+
+    def _cache_put(self, digest: bytes, data: bytes) -> None:
+        if len(data) > self._cache_limit:
+            return
+        if digest in self._cache:
+            self._cache.move_to_end(digest)
+            return
+        self._cache[digest] = data
+        self._cache_bytes += len(data)
+        while self._cache_bytes > self._cache_limit:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+
+    def cached(self, digest: bytes) -> bool:
+        """True if reading this chunk costs no new device read (cached or being fetched)."""
+        return digest in self._cache or digest in self._flights
+
+    async def read(self, ref: ChunkRef) -> bytes:
+        """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
+        tier holds a valid copy."""
+        data = self._cache.get(ref.digest)
+        if data is not None:
+            self._cache.move_to_end(ref.digest)
+            return data
+        flight = self._flights.get(ref.digest)
+        if flight is None:
+            flight = _Flight()
+            self._flights[ref.digest] = flight
+            try:
+                flight.data = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
+                self._cache_put(ref.digest, flight.data)
+            except CkptfsError as exc:
+                flight.error = exc
+            finally:
+                del self._flights[ref.digest]
+                flight.done.set()
+        else:
+            await flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        assert flight.data is not None
+        return flight.data
+
+    def _fetch(self, ref: ChunkRef) -> bytes:
+        """Blocking: try each tier holding the chunk; verify; fall back on miss or damage."""
+        problems = []
+        names = list(ref.tiers) or list(self.tiers)
+        for name in names:
+            tier = self.tiers.get(name)
+            if tier is None:
+                problems.append(f"{name}: tier not configured")
+                continue
+            try:
+                raw = tier.get(ref.key)
+                if raw is None:
+                    problems.append(f"{name}: missing")
+                    continue
+                data = frame.decode(raw, ref.digest)
+            except (TierError, CorruptChunk) as exc:
+                log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
+                problems.append(f"{name}: {exc}")
+                continue
+            if len(data) != ref.length:
+                problems.append(f"{name}: length {len(data)} != {ref.length}")
+                continue
+            return data
+        msg = f"no valid copy of chunk {ref.key[:16]} ({'; '.join(problems)})"
+        log.error(msg)
+        raise ChunkMissing(msg)
+
+    # -- garbage collection ------------------------------------------------------------------
+
+    async def collect(self, refs: Iterable[ChunkRef]) -> None:
+        """Delete the chunks among ``refs`` that nothing references or pins any more."""
+        by_digest: dict[bytes, set[str]] = {}
+        for ref in refs:
+            by_digest.setdefault(ref.digest, set()).update(ref.tiers)
+        if not by_digest:
+            return
+
+        def work() -> list[bytes]:
+            with self._pin_lock:
+                candidates = [d for d in by_digest if d not in self._pins]
+                gone = self.catalog.drop_unreferenced(candidates)
+                for digest, tiers in gone.items():
+                    for name in set(tiers) | by_digest[digest]:
+                        tier = self.tiers.get(name)
+                        if tier is None:
+                            continue
+                        try:
+                            tier.delete(digest.hex())
+                        except TierError as exc:
+                            log.warning("could not delete chunk %s: %s", digest.hex()[:16], exc)
+                return list(gone)
+
+        for digest in await trio.to_thread.run_sync(work, limiter=self.db_limiter):
+            self._synced.discard(digest)
+            data = self._cache.pop(digest, None)
+            if data is not None:
+                self._cache_bytes -= len(data)

@@ -1,0 +1,219 @@
+"""The ``ckptfs`` command line: mount, umount, fsck.
+
+Bad arguments or config: one line naming the key or value, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .config import Config, load_config
+from .errors import CkptfsError, ConfigError
+
+EXIT_USAGE = 2
+DAEMON_READY_TIMEOUT_S = 120
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"ckptfs: error: {message}\n")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (see docs/configuration.md)")
+    p.add_argument("--state-dir", metavar="DIR", help="where the catalog and logs live")
+    p.add_argument(
+        "--local", metavar="DIR", action="append", default=[],
+        help="add a local tier (a directory standing for one NVMe device); repeatable",
+    )
+    p.add_argument("--chunk-size", metavar="SIZE", help="chunk size, e.g. 4MiB (new catalogs only)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="ckptfs",
+        description="Checkpoint-aware FUSE filesystem: chunks striped over local tiers, verified.",
+    )
+    parser.add_argument("--version", action="version", version=f"ckptfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    m = sub.add_parser("mount", help="mount ckptfs at MOUNTPOINT")
+    m.add_argument("mountpoint", type=Path)
+    _add_config_args(m)
+    m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
+    m.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    u = sub.add_parser("umount", help="flush, unmount and wait for the daemon to exit")
+    u.add_argument("mountpoint", type=Path)
+    u.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
+
+    f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
+    _add_config_args(f)
+    f.add_argument("--repair", action="store_true", help="reclaim orphans and fix what is safe")
+    f.add_argument("--verify", action="store_true", help="also read and verify every chunk")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(
+        args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size
+    )
+
+
+def _setup_logging(cfg: Config, level: str, to_stderr: bool) -> None:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    handlers: list[logging.Handler] = [logging.FileHandler(cfg.log_path)]
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .mount import check_mountpoint, run_mount
+
+    cfg = _config(args)
+    check_mountpoint(args.mountpoint)
+    if args.foreground:
+        _setup_logging(cfg, args.log_level, to_stderr=args.ready_fd is None)
+
+        def on_ready(error: str | None) -> None:
+            if args.ready_fd is not None:
+                os.write(args.ready_fd, (b"ok\n" if error is None else f"error {error}\n".encode()))
+                os.close(args.ready_fd)
+                args.ready_fd = None
+            elif error is not None:
+                print(f"ckptfs: {error}", file=sys.stderr)
+
+        return run_mount(cfg, args.mountpoint, on_ready)
+    return _spawn_daemon(cfg, args)
+
+
+def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
+    """Start the daemon in its own session; return once it reports the mount live."""
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "ckptfs", "mount", str(args.mountpoint.absolute()),
+           "--foreground", "--ready-fd", str(w), "--log-level", args.log_level,
+           "--state-dir", str(cfg.state_dir), "--chunk-size", str(cfg.chunk_size)]
+    if args.config:
+        cmd += ["--config", str(Path(args.config).absolute())]
+    for d in args.local:
+        cmd += ["--local", str(Path(d).absolute())]
+    with open(cfg.log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+            start_new_session=True, close_fds=True,
+        )
+    os.close(w)
+    reply = b""
+    deadline = time.monotonic() + DAEMON_READY_TIMEOUT_S
+    try:
+        while not reply.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                print(f"ckptfs: daemon (pid {proc.pid}) did not report ready in time; see {cfg.log_path}",
+                      file=sys.stderr)
+                return 1
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            reply += chunk
+    finally:
+        os.close(r)
+    text = reply.decode(errors="replace").strip()
+    if text == "ok":
+        return 0
+    code = proc.wait(timeout=30) if text else proc.wait()
+    reason = text[len("error "):] if text.startswith("error ") else f"daemon exited with code {code}"
+    print(f"ckptfs: mount failed: {reason} (log: {cfg.log_path})", file=sys.stderr)
+    return 1
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from .mount import FSTYPE, find_mount, is_stale, read_pid
+
+    mp = args.mountpoint.absolute()
+    found = find_mount(mp)
+    if found is None:
+        print(f"ckptfs: {mp} is not mounted", file=sys.stderr)
+        return 1
+    source, fstype = found
+    if fstype != FSTYPE:
+        print(f"ckptfs: {mp} is a {fstype} mount, not ckptfs", file=sys.stderr)
+        return 1
+    state_dir = Path(source.split(":", 1)[1]) if ":" in source else None
+    pid = read_pid(state_dir) if state_dir else None
+    flags = ["-u", "-z"] if is_stale(mp) else ["-u"]
+    res = subprocess.run(["fusermount3", *flags, str(mp)], capture_output=True, text=True)
+    if res.returncode != 0:
+        print(f"ckptfs: unmount of {mp} failed: {res.stderr.strip()}", file=sys.stderr)
+        return 1
+    if pid is None:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return 0
+        time.sleep(0.05)  # polling a foreign pid: there is no handle to wait on
+    print(f"ckptfs: daemon pid {pid} still running after {args.timeout:.0f}s", file=sys.stderr)
+    return 1
+
+
+def cmd_fsck(args: argparse.Namespace) -> int:
+    from .fsck import run_fsck
+
+    cfg = _config(args)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rep = run_fsck(cfg, repair=args.repair, verify=args.verify)
+    summary = (
+        f"fsck: {rep.orphans} orphan chunk(s) ({rep.orphan_bytes} bytes reclaimed), "
+        f"{rep.missing_replicas} missing and {rep.corrupt_replicas} corrupt replica(s), "
+        f"{rep.lost_chunks} chunk(s) with no valid copy, {rep.unlinked_inodes} unlinked inode(s)"
+    )
+    print(summary)
+    if rep.clean:
+        print("fsck: clean")
+        return 0
+    if args.repair and not rep.unresolved(repaired=True):
+        print(f"fsck: repaired {rep.repaired} problem(s)")
+        return 0
+    if rep.damaged_files:
+        print("fsck: damaged files: " + ", ".join(sorted(rep.damaged_files)))
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "mount":
+            return cmd_mount(args)
+        if args.command == "umount":
+            return cmd_umount(args)
+        return cmd_fsck(args)
+    except ConfigError as exc:
+        print(f"ckptfs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CkptfsError as exc:
+        print(f"ckptfs: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

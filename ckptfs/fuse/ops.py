@@ -1,0 +1,232 @@
+"""The thin pyfuse3 adapter: converts types, maps CkptfsError to FUSEError(errno).
+
+No logic lives here. Any other exception escaping a handler is a bug: it is logged with its
+traceback and the caller gets EIO (pyfuse3 would otherwise stop the whole filesystem).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import pyfuse3
+
+from ..catalog import Inode
+from ..errors import CkptfsError
+from ..vfs.filesystem import Filesystem
+
+log = logging.getLogger("ckptfs.fuse")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+# The kernel may cache names and attributes this long. Every change goes through this
+# kernel, which updates its caches itself, so a short timeout is safe on one node.
+ENTRY_TIMEOUT = 1.0
+ATTR_TIMEOUT = 1.0
+
+
+def boundary(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except CkptfsError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA):
+                log.debug("%s -> %s: %s", fn.__name__, errno.errorcode.get(exc.errno), exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return cast(F, wrapper)
+
+
+def entry(inode: Inode) -> pyfuse3.EntryAttributes:
+    e = pyfuse3.EntryAttributes()
+    e.st_ino = pyfuse3.InodeT(inode.ino)
+    e.generation = 0
+    e.entry_timeout = ENTRY_TIMEOUT
+    e.attr_timeout = ATTR_TIMEOUT
+    e.st_mode = pyfuse3.ModeT(inode.mode)
+    e.st_nlink = inode.nlink
+    e.st_uid = inode.uid
+    e.st_gid = inode.gid
+    e.st_rdev = 0
+    e.st_size = inode.size
+    e.st_blksize = 1 << 20
+    e.st_blocks = (inode.size + 511) // 512
+    e.st_atime_ns = inode.atime_ns
+    e.st_mtime_ns = inode.mtime_ns
+    e.st_ctime_ns = inode.ctime_ns
+    return e
+
+
+class FuseOps(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: Filesystem) -> None:
+        super().__init__()
+        self.fs = fs
+
+    @boundary
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return entry(await self.fs.lookup(parent_inode, name))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        return None  # inodes are dropped by link and handle counts, not lookup counts
+
+    @boundary
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return entry(await self.fs.getattr(inode))
+
+    @boundary
+    async def setattr(
+        self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: Any, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        return entry(
+            await self.fs.setattr(
+                inode,
+                size=attr.st_size if fields.update_size else None,
+                mode=attr.st_mode if fields.update_mode else None,
+                uid=attr.st_uid if fields.update_uid else None,
+                gid=attr.st_gid if fields.update_gid else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            )
+        )
+
+    @boundary
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        return await self.fs.readlink(inode)
+
+    @boundary
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+
+    @boundary
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, ctx.uid, ctx.gid))
+
+    @boundary
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.fs.unlink(parent_inode, name)
+
+    @boundary
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        await self.fs.rmdir(parent_inode, name)
+
+    @boundary
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        return entry(await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+
+    @boundary
+    async def rename(
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
+        await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @boundary
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        return entry(await self.fs.link(inode, new_parent_inode, new_name))
+
+    @boundary
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        fh = await self.fs.open(inode, flags)
+        # The kernel page cache stays valid across opens: every change to a file goes
+        # through this kernel, so it can serve repeat reads (warm restore) by itself.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=bool(flags & os.O_DIRECT))
+
+    @boundary
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, ctx.uid, ctx.gid)
+        info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=bool(flags & os.O_DIRECT))
+        return info, entry(inode)
+
+    @boundary
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.fs.read(fh, off, size)
+
+    @boundary
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self.fs.write(fh, off, buf)
+
+    @boundary
+    async def flush(self, fh: int) -> None:
+        await self.fs.flush(fh)
+
+    @boundary
+    async def release(self, fh: int) -> None:
+        await self.fs.release(fh)
+
+    @boundary
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.fs.fsync(fh)
+
+    @boundary
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        inode_ = await self.fs.getattr(inode)
+        if not inode_.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    @boundary
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        after = start_id
+        while True:
+            batch = await self.fs.readdir(fh, after)
+            if not batch:
+                return
+            for dentry_id, name, inode in batch:
+                if not pyfuse3.readdir_reply(token, name, entry(inode), dentry_id):
+                    return
+                after = dentry_id
+
+    @boundary
+    async def releasedir(self, fh: int) -> None:
+        return None
+
+    @boundary
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        await self.fs.fsyncdir()
+
+    @boundary
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = await self.fs.statfs()
+        out = pyfuse3.StatvfsData()
+        out.f_bsize = s.block_size
+        out.f_frsize = s.block_size
+        out.f_blocks = s.blocks
+        out.f_bfree = s.blocks_free
+        out.f_bavail = s.blocks_avail
+        out.f_files = s.files
+        out.f_ffree = s.files_free
+        out.f_favail = s.files_free
+        out.f_namemax = s.name_max
+        return out
+
+    # Extended attributes are not stored (yet): say so cleanly.
+    @boundary
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    @boundary
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @boundary
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return []
+
+    @boundary
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

@@ -1,0 +1,230 @@
+"""Mount lifecycle only: lock the state dir, open tiers and catalog, serve, shut down in order.
+
+One nursery owns every background task (chunk writes, prefetches, the signal watcher);
+when the kernel unmounts us, open files are committed, the nursery is cancelled, and the
+catalog is closed last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from . import __version__
+from .catalog import Catalog
+from .config import Config
+from .errors import CkptfsError, InvalidArgument
+from .fuse.ops import FuseOps
+from .tiers.local import LocalTier
+from .vfs.filesystem import Filesystem
+
+log = logging.getLogger("ckptfs.mount")
+
+FSTYPE = "fuse.ckptfs"
+
+
+class MountError(CkptfsError):
+    """The mount could not be set up (busy state dir, bad mountpoint, FUSE failure)."""
+
+
+def fsname(state_dir: Path) -> str:
+    # The state dir is part of the mount source, so `ckptfs umount` finds the daemon
+    # from /proc/mounts alone.
+    return f"ckptfs:{state_dir}"
+
+
+def _unescape_mounts(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def find_mount(mountpoint: Path) -> tuple[str, str] | None:
+    """Return (source, fstype) of the topmost mount at ``mountpoint``, if any."""
+    real = os.path.realpath(mountpoint)
+    found = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and _unescape_mounts(parts[1]) == real:
+                found = (_unescape_mounts(parts[0]), parts[2])
+    return found
+
+
+def is_stale(mountpoint: Path) -> bool:
+    try:
+        os.stat(mountpoint)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
+def clean_stale_mount(mountpoint: Path) -> None:
+    """A daemon killed with -9 leaves a dead mount (ENOTCONN): detach it."""
+    if is_stale(mountpoint):
+        log.warning("cleaning up stale mount at %s (its daemon died)", mountpoint)
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
+        if is_stale(mountpoint):
+            raise MountError(f"stale mount at {mountpoint} could not be removed")
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """Exclusive lock on the state dir: one daemon (or one fsck) per catalog."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = read_pid(state_dir)
+            raise MountError(
+                f"state dir {state_dir} is in use by another ckptfs process"
+                + (f" (pid {pid})" if pid else "")
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_pid(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / "daemon.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def open_tiers(cfg: Config) -> list[LocalTier]:
+    tiers = []
+    for tc in cfg.tiers:
+        tier = LocalTier(tc)
+        tier.open()
+        tiers.append(tier)
+    return tiers
+
+
+def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
+    """Record the tier set and chunk size; return the chunk size to use.
+
+    The extent grid depends on the chunk size, so an existing catalog keeps its own.
+    """
+    recorded = catalog.get_meta("chunk_size")
+    chunk_size = cfg.chunk_size
+    if recorded is None:
+        catalog.set_meta("chunk_size", str(chunk_size))
+    elif int(recorded) != chunk_size:
+        log.warning(
+            "chunk_size %d in the config differs from %s in the catalog; keeping %s "
+            "(files already stored use that grid)", chunk_size, recorded, recorded,
+        )
+        chunk_size = int(recorded)
+    old = {t["name"]: t for t in catalog.recorded_tiers()}
+    now = {t.name: {"name": t.name, "kind": t.kind, "path": str(t.path), "location": t.location}
+           for t in cfg.tiers}
+    for name, t in old.items():
+        if name not in now:
+            log.warning("tier %s (%s) is no longer configured: chunks stored only there "
+                        "will read as EIO", name, t["path"])
+        elif t["path"] != now[name]["path"]:
+            log.warning("tier %s moved from %s to %s", name, t["path"], now[name]["path"])
+    merged = {**old, **now}
+    catalog.set_meta("tiers", json.dumps(list(merged.values())))
+    return chunk_size
+
+
+def run_mount(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None]) -> int:
+    """Mount and serve until unmounted. ``on_ready(None)`` once live, ``on_ready(msg)`` on
+    a setup failure. Returns the process exit code."""
+    mountpoint = mountpoint.absolute()
+    try:
+        with state_lock(cfg.state_dir):
+            return _serve_locked(cfg, mountpoint, on_ready)
+    except CkptfsError as exc:
+        log.error("mount failed: %s", exc)
+        on_ready(str(exc))
+        return 1
+    except Exception as exc:
+        log.exception("mount failed")
+        on_ready(f"internal error: {exc!r}")
+        return 1
+
+
+def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None]) -> int:
+    clean_stale_mount(mountpoint)
+    if not mountpoint.is_dir():
+        raise MountError(f"mountpoint {mountpoint} is not a directory")
+    if find_mount(mountpoint) is not None:
+        raise MountError(f"{mountpoint} is already a mount point")
+    tiers = open_tiers(cfg)
+    catalog = Catalog(cfg.catalog_path)
+    try:
+        chunk_size = reconcile_catalog(catalog, cfg)
+        fs = Filesystem(
+            catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
+            io_threads=cfg.io_threads,
+        )
+        options = set(pyfuse3.default_options)
+        options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
+        if cfg.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(FuseOps(fs), str(mountpoint), options)
+        except RuntimeError as exc:
+            raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
+        pid_file = cfg.state_dir / "daemon.pid"
+        pid_file.write_text(f"{os.getpid()}\n")
+        log.info(
+            "ckptfs %s mounted at %s: %d local tier(s) %s, chunk size %d, state %s",
+            __version__, mountpoint, len(tiers), ", ".join(f"{t.name}={t.root}" for t in tiers),
+            chunk_size, cfg.state_dir,
+        )
+        unmounted = False
+        try:
+            trio.run(_serve, fs, on_ready)
+            unmounted = find_mount(mountpoint) is None
+        finally:
+            pyfuse3.close(unmount=not unmounted)
+            with contextlib.suppress(OSError):
+                pid_file.unlink()
+        log.info("ckptfs unmounted from %s", mountpoint)
+        return 0
+    finally:
+        catalog.close()
+
+
+async def _serve(fs: Filesystem, on_ready: Callable[[str | None], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        fs.attach(nursery)
+        await fs.recover()
+        nursery.start_soon(_watch_signals)
+        on_ready(None)
+        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        await fs.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal %d: unmounting", signum)
+            pyfuse3.terminate()
+            return
+
+
+def check_mountpoint(mountpoint: Path) -> None:
+    """Cheap checks the CLI does before it starts a daemon."""
+    if is_stale(mountpoint):
+        return  # the daemon cleans it up
+    if not mountpoint.exists():
+        raise InvalidArgument(f"mountpoint {mountpoint} does not exist")
+    if not mountpoint.is_dir():
+        raise InvalidArgument(f"mountpoint {mountpoint} is not a directory")

@@ -1,0 +1,1 @@
+"""Tiers: places that hold chunk frames (local directories now; S3 later)."""

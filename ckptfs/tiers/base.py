@@ -1,0 +1,36 @@
+"""The Tier protocol: a small, idempotent key -> frame store.
+
+``put`` is all-or-nothing, ``get`` returns None on a miss and raises on a broken device,
+``delete`` is idempotent. Every implementation runs the same conformance tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..chunks.frame import Buffer
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    total: int  # bytes the tier may hold (device size, or the configured cap)
+    free: int  # bytes still available to ckptfs on this tier
+    used: int  # bytes of chunk frames ckptfs holds there
+    device: int  # st_dev of the backing filesystem, to avoid double counting in statfs
+
+
+class Tier(Protocol):
+    name: str
+    kind: str
+    location: str
+    weight: float
+
+    def put(self, key: str, parts: Sequence[Buffer]) -> int: ...
+    def get(self, key: str) -> bytes | None: ...
+    def delete(self, key: str) -> int: ...
+    def sync(self, keys: Sequence[str]) -> None: ...
+    def keys(self) -> Iterator[str]: ...
+    def usage(self) -> TierUsage: ...
+    def check(self) -> None: ...

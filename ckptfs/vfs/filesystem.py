@@ -1,0 +1,344 @@
+"""The filesystem without the kernel: typed async methods that raise CkptfsError.
+
+The FUSE adapter (``ckptfs.fuse.ops``) only converts types and errors; tests can call this
+class directly. Catalog work runs in one worker thread at a time (``db_limiter``), chunk
+work in the ChunkStore's threads; nothing here blocks the trio loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from ..catalog import Catalog, Inode
+from ..chunks.store import ChunkStore
+from ..errors import CkptfsError, InvalidArgument, IsADirectory, NotFound
+from ..tiers.base import Tier, TierUsage
+from .openfile import MemoryBudget, OpenFile, Services
+
+log = logging.getLogger("ckptfs.vfs")
+
+T = TypeVar("T")
+
+
+@dataclass
+class Handle:
+    file: OpenFile
+    flags: int
+
+
+@dataclass(frozen=True)
+class FsStats:
+    block_size: int
+    blocks: int
+    blocks_free: int
+    blocks_avail: int
+    files: int
+    files_free: int
+    name_max: int
+
+
+class Filesystem:
+    def __init__(
+        self,
+        catalog: Catalog,
+        tiers: Sequence[Tier],
+        *,
+        chunk_size: int,
+        memory_budget: int,
+        io_threads: int,
+    ) -> None:
+        self.catalog = catalog
+        self.tiers = list(tiers)
+        self.chunk_size = chunk_size
+        self.db_limiter = trio.CapacityLimiter(1)
+        self.store = ChunkStore(
+            tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
+            catalog=catalog, db_limiter=self.db_limiter,
+        )
+        self.budget = MemoryBudget(memory_budget)
+        self.open_files: dict[int, OpenFile] = {}
+        self.handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._nursery: trio.Nursery | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Give the filesystem the mount's nursery for its chunk writes and prefetches."""
+        self._nursery = nursery
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
+
+    async def recover(self) -> None:
+        """At start: drop inodes that were unlinked while open when the daemon stopped."""
+        for ino in await self.db(self.catalog.unlinked_inodes):
+            await self._delete_inode(ino)
+
+    async def shutdown(self) -> None:
+        """Commit every open file that still has data (the kernel sends no more requests)."""
+        for f in list(self.open_files.values()):
+            if f.is_dirty():
+                try:
+                    await f.commit(durable=True)
+                except CkptfsError as exc:
+                    log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
+        await self.db(self.catalog.sync)
+
+    def _services(self) -> Services:
+        assert self._nursery is not None, "Filesystem.attach() was not called"
+        return Services(
+            store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
+            chunk_size=self.chunk_size, db_limiter=self.db_limiter,
+        )
+
+    # -- attributes --------------------------------------------------------------------------
+
+    async def getattr(self, ino: int) -> Inode:
+        f = self.open_files.get(ino)
+        if f is not None:
+            return f.attrs()
+        return await self.db(self.catalog.get_inode, ino)
+
+    async def setattr(
+        self,
+        ino: int,
+        *,
+        size: int | None = None,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Inode:
+        if size is not None:
+            inode = await self.getattr(ino)
+            if inode.is_dir:
+                raise IsADirectory("cannot truncate a directory")
+            if not inode.is_reg:
+                raise InvalidArgument("can only truncate regular files")
+            if size < 0:
+                raise InvalidArgument("negative size")
+            f = self.open_files.get(ino)
+            if f is not None:
+                await f.truncate(size)
+            else:
+                # truncate(2) on a closed file: apply and commit at once.
+                f = await self._open_file(ino)
+                try:
+                    await f.truncate(size)
+                    await f.commit()
+                finally:
+                    await self._drop_handle_ref(f)
+        if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
+            new = await self.db(
+                lambda: self.catalog.setattr(
+                    ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
+                )
+            )
+            f = self.open_files.get(ino)
+            if f is not None:
+                f.inode = new
+                if mtime_ns is not None:
+                    f.mtime_ns = mtime_ns
+                f.ctime_ns = new.ctime_ns
+        return await self.getattr(ino)
+
+    # -- namespace ---------------------------------------------------------------------------
+
+    async def lookup(self, parent: int, name: bytes) -> Inode:
+        inode = await self.db(self.catalog.lookup, parent, name)
+        f = self.open_files.get(inode.ino)
+        return f.attrs() if f is not None else inode
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        return await self.db(self.catalog.create, parent, name, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+        return await self.db(self.catalog.create, parent, name, stat.S_IFLNK | 0o777, uid, gid, target)
+
+    async def readlink(self, ino: int) -> bytes:
+        inode = await self.db(self.catalog.get_inode, ino)
+        if not stat.S_ISLNK(inode.mode) or inode.target is None:
+            raise InvalidArgument("not a symlink")
+        return inode.target
+
+    async def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        inode = await self.db(self.catalog.link, ino, parent, name)
+        f = self.open_files.get(ino)
+        if f is not None:
+            f.inode = inode
+            return f.attrs()
+        return inode
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        inode = await self.db(self.catalog.unlink, parent, name)
+        await self._maybe_delete(inode)
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        inode = await self.db(self.catalog.rmdir, parent, name)
+        await self._delete_inode(inode.ino)
+
+    async def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
+    ) -> None:
+        noreplace = bool(flags & 1)  # RENAME_NOREPLACE
+        if flags & ~1:
+            raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
+        replaced = await self.db(
+            self.catalog.rename, old_parent, old_name, new_parent, new_name, noreplace
+        )
+        if replaced is not None:
+            await self._maybe_delete(replaced)
+
+    async def _maybe_delete(self, inode: Inode) -> None:
+        f = self.open_files.get(inode.ino)
+        if f is not None:
+            f.inode = Inode(**{**f.inode.__dict__, "nlink": inode.nlink})
+            return  # deleted when the last handle closes
+        if inode.nlink <= 0:
+            await self._delete_inode(inode.ino)
+
+    async def _delete_inode(self, ino: int) -> None:
+        digests = await self.db(self.catalog.delete_inode, ino)
+        if digests:
+            # The catalog knows the tiers of these chunks; refs only need the digests here.
+            from ..catalog import ChunkRef
+
+            await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
+
+    async def readdir(self, ino: int, after_id: int) -> list[tuple[int, bytes, Inode]]:
+        inode = await self.db(self.catalog.get_inode, ino)
+        if not inode.is_dir:
+            from ..errors import NotADirectory
+
+            raise NotADirectory("not a directory")
+        entries = await self.db(self.catalog.readdir, ino, after_id)
+        return [(i, n, self.open_files[x.ino].attrs() if x.ino in self.open_files else x) for i, n, x in entries]
+
+    # -- open files --------------------------------------------------------------------------
+
+    async def _open_file(self, ino: int) -> OpenFile:
+        f = self.open_files.get(ino)
+        if f is None:
+            inode = await self.db(self.catalog.get_inode, ino)
+            if inode.is_dir:
+                raise IsADirectory("is a directory")
+            extents = await self.db(self.catalog.extents, ino)
+            f = self.open_files.get(ino)  # another open may have raced us during the awaits
+            if f is None:
+                f = OpenFile(inode, extents, self._services())
+                self.open_files[ino] = f
+        f.handles += 1
+        return f
+
+    async def _drop_handle_ref(self, f: OpenFile) -> None:
+        f.handles -= 1
+        if f.handles > 0:
+            return
+        await f.release_all()
+        if f.handles > 0:
+            return  # reopened while we waited
+        del self.open_files[f.ino]
+        if f.inode.nlink <= 0:
+            await self._delete_inode(f.ino)
+
+    def _new_handle(self, f: OpenFile, flags: int) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = Handle(f, flags)
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        h = self.handles.get(fh)
+        if h is None:
+            raise CkptfsError(f"bad file handle {fh}", errno=errno.EBADF)
+        return h
+
+    async def open(self, ino: int, flags: int) -> int:
+        f = await self._open_file(ino)
+        try:
+            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
+                await f.truncate(0)
+        except BaseException:
+            await self._drop_handle_ref(f)
+            raise
+        return self._new_handle(f, flags)
+
+    async def create(
+        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+    ) -> tuple[int, Inode]:
+        inode = await self.db(
+            self.catalog.create, parent, name, stat.S_IFREG | stat.S_IMODE(mode), uid, gid
+        )
+        fh = await self.open(inode.ino, flags & ~os.O_TRUNC)
+        return fh, self.handles[fh].file.attrs()
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._handle(fh).file.read(off, size)
+
+    async def write(self, fh: int, off: int, data: bytes) -> int:
+        h = self._handle(fh)
+        if (h.flags & os.O_ACCMODE) == os.O_RDONLY:
+            raise CkptfsError("file not open for writing", errno=errno.EBADF)
+        return await h.file.write(off, data)
+
+    async def flush(self, fh: int) -> None:
+        """close(2): commit what this file has, so the caller sees any error now."""
+        f = self._handle(fh).file
+        if f.is_dirty() or f.failed is not None:
+            await f.commit()
+
+    async def fsync(self, fh: int) -> None:
+        await self._handle(fh).file.commit(durable=True)
+
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is None:
+            return
+        await self._drop_handle_ref(h.file)
+
+    async def fsyncdir(self) -> None:
+        await self.db(self.catalog.sync)
+
+    # -- statfs ------------------------------------------------------------------------------
+
+    async def statfs(self) -> FsStats:
+        def gather() -> list[TierUsage]:
+            out = []
+            for t in self.tiers:
+                try:
+                    out.append(t.usage())
+                except CkptfsError as exc:
+                    log.warning("statfs: %s", exc)
+            return out
+
+        usages = await trio.to_thread.run_sync(gather, limiter=self.store.io)
+        total = free = 0
+        seen_devices: set[int] = set()
+        for u in usages:
+            # Tiers on one device share its space: count it once (capped tiers count alone).
+            if u.device in seen_devices and u.total >= u.free:
+                continue
+            seen_devices.add(u.device)
+            total += u.total
+            free += u.free
+        bs = 4096
+        return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, 255)
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def missing(name: bytes) -> NotFound:
+    return NotFound(name.decode(errors="replace"))

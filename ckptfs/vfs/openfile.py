@@ -1,0 +1,332 @@
+"""The state of one open regular file, shared by every handle open on its inode.
+
+Writes land in per-chunk buffers (``dirty``). A buffer that fills up is handed to the
+ChunkStore at once (``inflight``), so hashing and device writes run in worker threads while
+the writer goes on. Close/fsync (``commit``) writes the remaining partial buffers, waits for
+every chunk, and commits size, times and extents in one catalog transaction: each commit is
+an atomic replacement of the file's content, and a crash before it leaves the previous one.
+
+Concurrency: mutations (write, truncate, commit) hold ``lock``; reads do not, and pick
+their source (dirty buffer, in-flight buffer, stored chunk) without awaiting in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from ..catalog import Catalog, ChunkRef, Inode
+from ..chunks.store import ChunkStore
+from ..errors import CkptfsError
+
+log = logging.getLogger("ckptfs.vfs")
+
+READAHEAD_CHUNKS = 4
+
+
+class MemoryBudget:
+    """Bytes of chunk buffers in memory; writers wait (backpressure) when it is spent."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._changed = trio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._changed:
+            while self.used + n > self.limit and self.used > 0:
+                await self._changed.wait()
+            self.used += n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        # notify_all needs the lock; take it without awaiting (we never hold it long).
+        try:
+            self._changed.acquire_nowait()
+        except trio.WouldBlock:
+            return  # someone holds it and will re-check on wake-up
+        try:
+            self._changed.notify_all()
+        finally:
+            self._changed.release()
+
+
+@dataclass(eq=False)
+class _Pending:
+    data: bytearray
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class Services:
+    """What an OpenFile needs from the filesystem around it."""
+
+    store: ChunkStore
+    catalog: Catalog
+    budget: MemoryBudget
+    nursery: trio.Nursery
+    chunk_size: int
+    db_limiter: trio.CapacityLimiter
+
+
+class OpenFile:
+    def __init__(self, inode: Inode, committed: dict[int, ChunkRef], svc: Services) -> None:
+        self.inode = inode  # attributes as committed (mode, uid, ...); size/times live below
+        self.size = inode.size
+        self.mtime_ns = inode.mtime_ns
+        self.ctime_ns = inode.ctime_ns
+        self.svc = svc
+        self.cs = svc.chunk_size
+        self.committed = committed  # the extents as the catalog has them
+        self.changes: dict[int, ChunkRef | None] = {}  # extents written since the last commit
+        self.dirty: dict[int, bytearray] = {}
+        self.inflight: dict[int, _Pending] = {}  # the newest in-flight write of each chunk
+        self._running: set[_Pending] = set()  # every chunk write not finished yet
+        self.written: list[ChunkRef] = []  # pinned refs produced since the last commit
+        self.unsynced: dict[bytes, ChunkRef] = {}
+        self.meta_dirty = False  # size or times changed without data (truncate, utime)
+        self.failed: CkptfsError | None = None
+        self.lock = trio.Lock()
+        self.handles = 0
+        self._last_read_idx = -2
+
+    @property
+    def ino(self) -> int:
+        return self.inode.ino
+
+    def attrs(self) -> Inode:
+        return Inode(
+            self.inode.ino, self.inode.mode, self.inode.uid, self.inode.gid, self.size,
+            self.inode.nlink, self.inode.atime_ns, self.mtime_ns, self.ctime_ns, None,
+        )
+
+    def is_dirty(self) -> bool:
+        return bool(self.dirty or self.inflight or self.changes or self.meta_dirty)
+
+    def _ref(self, idx: int) -> ChunkRef | None:
+        if idx in self.changes:
+            return self.changes[idx]
+        return self.committed.get(idx)
+
+    def _touch(self) -> None:
+        now = time.time_ns()
+        self.mtime_ns = max(now, self.mtime_ns)
+        self.ctime_ns = max(now, self.ctime_ns)
+
+    # -- write -------------------------------------------------------------------------------
+
+    async def _buffer(self, idx: int) -> bytearray:
+        buf = self.dirty.get(idx)
+        if buf is not None:
+            return buf
+        await self.svc.budget.acquire(self.cs)
+        try:
+            pending = self.inflight.get(idx)
+            if pending is not None:
+                buf = bytearray(pending.data)
+            else:
+                ref = self._ref(idx)
+                # Read-modify-write: only when the chunk holds data (overwrite, append
+                # after a close, truncate), never on the sequential first write.
+                buf = bytearray() if ref is None else bytearray(await self.svc.store.read(ref))
+        except BaseException:
+            self.svc.budget.release(self.cs)
+            raise
+        self.dirty[idx] = buf
+        return buf
+
+    async def write(self, off: int, data: bytes) -> int:
+        async with self.lock:
+            if self.failed is not None:
+                raise self.failed
+            view = memoryview(data)
+            pos = off
+            while view:
+                idx, within = divmod(pos, self.cs)
+                n = min(len(view), self.cs - within)
+                buf = await self._buffer(idx)
+                if within > len(buf):
+                    buf.extend(bytes(within - len(buf)))  # a hole inside the chunk reads as zeros
+                buf[within : within + n] = view[:n]
+                pos += n
+                view = view[n:]
+                if pos > self.size:
+                    self.size = pos
+                if len(buf) == self.cs and within + n == self.cs:
+                    self._dispatch(idx)
+            self._touch()
+            return len(data)
+
+    def _dispatch(self, idx: int) -> None:
+        data = self.dirty.pop(idx)
+        pending = _Pending(data)
+        self.inflight[idx] = pending
+        self._running.add(pending)
+        self.svc.nursery.start_soon(self._store_chunk, idx, pending)
+
+    async def _store_chunk(self, idx: int, pending: _Pending) -> None:
+        try:
+            ref = await self.svc.store.write(pending.data)
+        except CkptfsError as exc:
+            log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
+            if self.failed is None:
+                self.failed = exc
+        else:
+            self.written.append(ref)
+            self.unsynced[ref.digest] = ref
+            if self.inflight.get(idx) is pending:
+                self.changes[idx] = ref
+        finally:
+            if self.inflight.get(idx) is pending:
+                del self.inflight[idx]
+            self._running.discard(pending)
+            self.svc.budget.release(self.cs)
+            pending.done.set()
+
+    async def truncate(self, size: int) -> None:
+        async with self.lock:
+            if self.failed is not None and size == 0:
+                await self._discard()  # truncating to nothing forgets a failed write
+            if self.failed is not None:
+                raise self.failed
+            if size < self.size:
+                keep = math.ceil(size / self.cs)
+                for idx in [i for i in self.dirty if i >= keep]:
+                    del self.dirty[idx]
+                    self.svc.budget.release(self.cs)
+                for idx in [i for i in self.inflight if i >= keep]:
+                    del self.inflight[idx]  # its result is ignored; commit collects it
+                for idx in set(self.committed) | set(self.changes):
+                    if idx >= keep:
+                        self.changes[idx] = None
+                within = size % self.cs
+                if within and self._has_data(size // self.cs):
+                    buf = await self._buffer(size // self.cs)
+                    del buf[within:]
+            self.size = size
+            self.meta_dirty = True
+            self._touch()
+
+    def _has_data(self, idx: int) -> bool:
+        return idx in self.dirty or idx in self.inflight or self._ref(idx) is not None
+
+    async def _discard(self) -> None:
+        """Forget everything since the last commit (after a failed write)."""
+        for _ in self.dirty:
+            self.svc.budget.release(self.cs)
+        self.dirty.clear()
+        await self._wait_inflight()
+        dropped = self.written
+        self.written = []
+        self.changes.clear()
+        self.unsynced.clear()
+        self.failed = None
+        self.svc.store.unpin(r.digest for r in dropped)
+        await self.svc.store.collect(dropped)
+
+    async def _wait_inflight(self) -> None:
+        while self._running:
+            await next(iter(self._running)).done.wait()
+
+    # -- commit ------------------------------------------------------------------------------
+
+    async def commit(self, durable: bool = False) -> None:
+        """Make every write so far part of the file: data first, then one catalog commit.
+        With ``durable``, the chunk frames and the catalog are fsynced first."""
+        async with self.lock:
+            if self.failed is not None:
+                raise self.failed
+            for idx in list(self.dirty):
+                self._dispatch(idx)
+            await self._wait_inflight()
+            if self.failed is not None:
+                raise self.failed
+            if durable:
+                await self.svc.store.sync(list(self.unsynced.values()))
+                self.unsynced.clear()
+            if not (self.changes or self.meta_dirty):
+                if durable:
+                    await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
+                return
+            changes = dict(self.changes)
+            dropped = await trio.to_thread.run_sync(
+                lambda: self.svc.catalog.commit_file(
+                    self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, changes, durable
+                ),
+                limiter=self.svc.db_limiter,
+            )
+            n_chunks = math.ceil(self.size / self.cs)
+            old = dict(self.committed)
+            for idx, ref in changes.items():
+                if ref is None or idx >= n_chunks:
+                    self.committed.pop(idx, None)
+                else:
+                    self.committed[idx] = ref
+            for idx in [i for i in self.committed if i >= n_chunks]:
+                del self.committed[idx]
+            self.changes.clear()
+            self.meta_dirty = False
+            written, self.written = self.written, []
+            self.svc.store.unpin(r.digest for r in written)
+            garbage = [r for r in old.values() if r.digest in set(dropped)]
+            live = {r.digest for r in self.committed.values()}
+            garbage += [r for r in written if r.digest not in live]
+            await self.svc.store.collect(garbage)
+
+    async def release_all(self) -> None:
+        """The last handle closed: drop uncommitted state (a failed write stays uncommitted)."""
+        async with self.lock:
+            if self.dirty or self.inflight or self.written:
+                await self._discard()
+
+    # -- read --------------------------------------------------------------------------------
+
+    async def read(self, off: int, size: int) -> bytes:
+        end = min(off + size, self.size)
+        if off >= end:
+            return b""
+        first, last = off // self.cs, (end - 1) // self.cs
+        out = []
+        for idx in range(first, last + 1):
+            base = idx * self.cs
+            lo, hi = max(off, base) - base, min(end, base + self.cs) - base
+            data: bytes | bytearray
+            if idx in self.dirty:
+                data = self.dirty[idx]
+            elif idx in self.inflight:
+                data = self.inflight[idx].data
+            else:
+                ref = self._ref(idx)
+                if ref is None:
+                    data = b""
+                else:
+                    self._readahead(idx)
+                    data = await self.svc.store.read(ref)
+            piece = bytes(data[lo:hi])
+            if len(piece) < hi - lo:
+                piece += bytes(hi - lo - len(piece))  # past the chunk's data: a hole
+            out.append(piece)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _readahead(self, idx: int) -> None:
+        """On a sequential pattern, fetch the next chunks in parallel into the cache."""
+        sequential = idx in (self._last_read_idx, self._last_read_idx + 1)
+        self._last_read_idx = idx
+        if not sequential:
+            return
+        store = self.svc.store
+        for nxt in range(idx + 1, idx + 1 + READAHEAD_CHUNKS):
+            ref = self._ref(nxt)
+            if ref is None or nxt in self.dirty or nxt in self.inflight or store.cached(ref.digest):
+                continue
+            self.svc.nursery.start_soon(self._prefetch, ref)
+
+    async def _prefetch(self, ref: ChunkRef) -> None:
+        try:
+            await self.svc.store.read(ref)
+        except CkptfsError:
+            pass  # the reader that needs this chunk will see (and log) the error itself

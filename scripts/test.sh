@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy, pytest.
+#
+#   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh -k catalog -x
+#
+# Exit code: pytest's, or 1 when pytest collected no test (its exit 5) or a lint step failed.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+bash scripts/setup.sh
+
+lint_failed=()
+echo "== ruff check"
+.venv/bin/ruff check . || lint_failed+=(ruff)
+echo "== mypy ckptfs"
+.venv/bin/mypy ckptfs || lint_failed+=(mypy)
+
+echo "== pytest"
+rc=0
+.venv/bin/python -m pytest -q tests "$@" || rc=$?
+
+if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests: failing" >&2
+    exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+    exit "$rc"
+fi
+if [ "${#lint_failed[@]}" -gt 0 ]; then
+    echo "test.sh: tests passed but ${lint_failed[*]} failed" >&2
+    exit 1
+fi

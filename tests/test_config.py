@@ -1,0 +1,352 @@
+"""Unit tests of ckptfs.config: sizes, strict validation, tier naming, embedded default.
+
+No mount here. Every validation error must name the offending key at the start of its
+message, so an operator can fix the file at once.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from ckptfs import config as C
+from ckptfs.config import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_IO_THREADS,
+    DEFAULT_MEMORY_BUDGET,
+    GiB,
+    KiB,
+    MiB,
+    config_from_dict,
+    load_config,
+    parse_size,
+)
+from ckptfs.errors import ConfigError
+
+
+def tier(**kw: object) -> dict[str, object]:
+    t: dict[str, object] = {"name": "fast", "kind": "local", "path": "/srv/nvme0"}
+    t.update(kw)
+    return t
+
+
+def write(tmp_path: Path, text: str, name: str = "ckptfs.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (4194304, 4 * MiB),
+        (0, 0),
+        ("4194304", 4 * MiB),
+        ("4MiB", 4 * MiB),
+        ("4 MiB", 4 * MiB),
+        ("4mib", 4 * MiB),
+        ("512M", 512 * MiB),
+        ("512MB", 512 * MiB),
+        ("64KiB", 64 * KiB),
+        ("64k", 64 * KiB),
+        ("1.5GiB", int(1.5 * GiB)),
+        ("2G", 2 * GiB),
+        ("1TiB", 1024 * GiB),
+        ("100B", 100),
+        (" 8MiB ", 8 * MiB),
+    ],
+)
+def test_parse_size_accepts(value: object, expected: int) -> None:
+    assert parse_size(value, "chunk_size") == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, False, -1, "", "MiB", "4 XiB", "four", "-4MiB", "4MiBs", 4.0, None, [4], "1e6"],
+)
+def test_parse_size_rejects_and_names_key(value: object) -> None:
+    with pytest.raises(ConfigError) as ei:
+        parse_size(value, "tier[3].capacity")
+    assert str(ei.value).startswith("tier[3].capacity")
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_defaults_from_empty_dict() -> None:
+    cfg = config_from_dict({})
+    assert cfg.chunk_size == DEFAULT_CHUNK_SIZE
+    assert cfg.memory_budget == DEFAULT_MEMORY_BUDGET
+    assert cfg.io_threads == DEFAULT_IO_THREADS
+    assert cfg.allow_other is False
+    assert cfg.tiers == ()
+    assert cfg.state_dir.is_absolute()
+
+
+def test_full_config_file(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        f"""
+state_dir = "{tmp_path / "state"}"
+chunk_size = "1MiB"
+memory_budget = "64MiB"
+io_threads = 2
+allow_other = true
+
+[[tier]]
+name = "nvme0"
+kind = "local"
+path = "{tmp_path / "t0"}"
+location = "rack1"
+weight = 2
+capacity = "64MiB"
+
+[[tier]]
+name = "nvme1"
+kind = "local"
+path = "{tmp_path / "t1"}"
+""",
+    )
+    cfg = load_config(p)
+    assert cfg.state_dir == tmp_path / "state"
+    assert cfg.chunk_size == MiB
+    assert cfg.memory_budget == 64 * MiB
+    assert cfg.io_threads == 2
+    assert cfg.allow_other is True
+    assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]
+    t0, t1 = cfg.tiers
+    assert t0.path == tmp_path / "t0" and t0.kind == "local"
+    assert t0.location == "rack1" and t0.weight == 2.0 and t0.capacity == 64 * MiB
+    assert t1.location == "local" and t1.weight == 1.0 and t1.capacity is None
+    assert cfg.source == str(p)
+    assert cfg.catalog_path == tmp_path / "state" / "catalog.sqlite"
+    assert cfg.log_path == tmp_path / "state" / "ckptfs.log"
+
+
+def test_embedded_default_tier_under_state_dir(tmp_path: Path) -> None:
+    cfg = load_config(state_dir=tmp_path / "st")
+    assert cfg.source == "<embedded default>"
+    assert cfg.state_dir == tmp_path / "st"
+    assert len(cfg.tiers) == 1
+    (t,) = cfg.tiers
+    assert t.name == "local0"
+    assert t.kind == "local"
+    assert t.path == tmp_path / "st" / "tiers" / "local0"
+
+
+def test_state_dir_override_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(state_dir="relative/state")
+    assert cfg.state_dir == tmp_path / "relative" / "state"
+    assert cfg.tiers[0].path == tmp_path / "relative" / "state" / "tiers" / "local0"
+
+
+def test_state_dir_override_beats_file(tmp_path: Path) -> None:
+    p = write(tmp_path, f'state_dir = "{tmp_path / "from_file"}"\n')
+    cfg = load_config(p, state_dir=tmp_path / "from_cli")
+    assert cfg.state_dir == tmp_path / "from_cli"
+
+
+def test_chunk_size_override(tmp_path: Path) -> None:
+    p = write(tmp_path, 'chunk_size = "8MiB"\n')
+    assert load_config(p, state_dir=tmp_path).chunk_size == 8 * MiB
+    assert load_config(p, state_dir=tmp_path, chunk_size="1MiB").chunk_size == MiB
+    assert load_config(state_dir=tmp_path, chunk_size=2 * MiB).chunk_size == 2 * MiB
+
+
+def test_bad_chunk_size_override_names_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(state_dir=tmp_path, chunk_size="lots")
+    assert str(ei.value).startswith("chunk_size")
+
+
+# --------------------------------------------------------------------------- --local
+
+
+def test_local_dirs_named_local0_local1(tmp_path: Path) -> None:
+    cfg = load_config(state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [t.name for t in cfg.tiers] == ["local0", "local1"]
+    assert [t.path for t in cfg.tiers] == [tmp_path / "a", tmp_path / "b"]
+    assert all(t.kind == "local" for t in cfg.tiers)
+    # --local replaces the embedded default: no tier under the state dir.
+    assert all(not str(t.path).startswith(str(tmp_path / "st")) for t in cfg.tiers)
+
+
+def test_local_dirs_relative_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(state_dir=tmp_path / "st", local_dirs=["rel"])
+    assert cfg.tiers[0].path == tmp_path / "rel"
+
+
+def test_local_dirs_appended_after_file_tiers_without_name_clash(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        f"""
+[[tier]]
+name = "local0"
+kind = "local"
+path = "{tmp_path / "cfg0"}"
+""",
+    )
+    cfg = load_config(p, state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    names = [t.name for t in cfg.tiers]
+    assert names[0] == "local0"
+    assert len(set(names)) == 3
+    assert [t.path for t in cfg.tiers] == [tmp_path / "cfg0", tmp_path / "a", tmp_path / "b"]
+
+
+def test_same_path_for_two_tiers_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(state_dir=tmp_path, local_dirs=[str(tmp_path / "a"), str(tmp_path / "a")])
+    assert str(ei.value).startswith("tier[1].path")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+TOP_LEVEL_ERRORS = [
+    ({"bogus": 1}, "bogus"),
+    ({"chunk_size": "lots"}, "chunk_size"),
+    ({"chunk_size": 1000}, "chunk_size"),  # not a multiple of 4096
+    ({"chunk_size": "32KiB"}, "chunk_size"),  # below the minimum
+    ({"chunk_size": "128MiB"}, "chunk_size"),  # above the maximum
+    ({"chunk_size": True}, "chunk_size"),
+    ({"memory_budget": "1MiB"}, "memory_budget"),  # less than two chunks
+    ({"memory_budget": "x"}, "memory_budget"),
+    ({"io_threads": 0}, "io_threads"),
+    ({"io_threads": 257}, "io_threads"),
+    ({"io_threads": "4"}, "io_threads"),
+    ({"io_threads": True}, "io_threads"),
+    ({"io_threads": 2.0}, "io_threads"),
+    ({"allow_other": "yes"}, "allow_other"),
+    ({"allow_other": 1}, "allow_other"),
+    ({"state_dir": "relative/dir"}, "state_dir"),
+    ({"state_dir": ""}, "state_dir"),
+    ({"state_dir": 5}, "state_dir"),
+    ({"tier": "nvme"}, "tier"),
+    ({"tier": {"name": "x"}}, "tier"),
+]
+
+TIER_ERRORS = [
+    ([tier(speed=3)], "tier[0].speed"),
+    ([tier(), tier(name="other", path="/srv/b", colour="red")], "tier[1].colour"),
+    ([{"kind": "local", "path": "/x"}], "tier[0].name"),
+    ([{"name": "a", "path": "/x"}], "tier[0].kind"),
+    ([{"name": "a", "kind": "local"}], "tier[0].path"),
+    ([tier(name="")], "tier[0].name"),
+    ([tier(name="has space")], "tier[0].name"),
+    ([tier(name="a/b")], "tier[0].name"),
+    ([tier(name="x" * 65)], "tier[0].name"),
+    ([tier(name=7)], "tier[0].name"),
+    ([tier(kind="s3")], "tier[0].kind"),
+    ([tier(kind="")], "tier[0].kind"),
+    ([tier(path="relative/dir")], "tier[0].path"),
+    ([tier(path="")], "tier[0].path"),
+    ([tier(path=3)], "tier[0].path"),
+    ([tier(location="")], "tier[0].location"),
+    ([tier(weight=0)], "tier[0].weight"),
+    ([tier(weight=-1.5)], "tier[0].weight"),
+    ([tier(weight="heavy")], "tier[0].weight"),
+    ([tier(weight=True)], "tier[0].weight"),
+    ([tier(capacity=0)], "tier[0].capacity"),
+    ([tier(capacity="0MiB")], "tier[0].capacity"),
+    ([tier(capacity="big")], "tier[0].capacity"),
+    ([tier(capacity=-5)], "tier[0].capacity"),
+    ([tier(), tier(path="/srv/other")], "tier[1].name"),  # duplicate name
+    (["not-a-table"], "tier[0]"),
+]
+
+
+@pytest.mark.parametrize(("data", "key"), TOP_LEVEL_ERRORS + [({"tier": t}, k) for t, k in TIER_ERRORS])
+def test_validation_error_names_key(data: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(data)
+    msg = str(ei.value)
+    assert msg.startswith(key), msg
+    # The key is followed by a separator, not a longer key that merely starts the same.
+    assert msg[len(key)] in ":. ", msg
+
+
+@pytest.mark.parametrize("weight", [math.nan, math.inf])
+def test_non_finite_weight_rejected(weight: float) -> None:
+    # TOML allows `weight = nan` and `weight = inf`; neither is a usable placement weight.
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"tier": [tier(weight=weight)]})
+    assert str(ei.value).startswith("tier[0].weight")
+
+
+def test_unknown_key_error_lists_allowed_keys() -> None:
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"chunksize": "4MiB"})
+    assert "chunk_size" in str(ei.value)
+
+
+def test_validation_through_toml_file(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        """
+[[tier]]
+name = "a"
+kind = "local"
+path = "/srv/a"
+speed = "fast"
+""",
+    )
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, state_dir=tmp_path)
+    assert str(ei.value).startswith("tier[0].speed")
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(tmp_path / "nope.toml")
+    assert str(ei.value).startswith("--config")
+    assert "nope.toml" in str(ei.value)
+
+
+def test_config_path_is_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_config(tmp_path)
+    assert str(ei.value).startswith("--config")
+
+
+def test_invalid_toml_syntax(tmp_path: Path) -> None:
+    p = write(tmp_path, "chunk_size = = 4\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(p) in str(ei.value)
+    assert "TOML" in str(ei.value)
+
+
+def test_non_utf8_config_file(tmp_path: Path) -> None:
+    # TOML must be UTF-8; a stray Latin-1 byte must be a ConfigError, not a traceback.
+    p = tmp_path / "latin1.toml"
+    p.write_bytes(b'state_dir = "/tmp/caf\xe9"\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(p) in str(ei.value) or str(ei.value).startswith("--config")
+
+
+def test_config_error_is_einval() -> None:
+    import errno
+
+    assert ConfigError("x").errno == errno.EINVAL
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    cfg = load_config(state_dir=tmp_path)
+    with pytest.raises(AttributeError):
+        cfg.chunk_size = 1  # type: ignore[misc]
+
+
+def test_default_state_dir_for_root_or_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(C.os, "geteuid", lambda: 0)
+    assert C.default_state_dir() == Path("/var/lib/ckptfs")
+    monkeypatch.setattr(C.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert C.default_state_dir() == tmp_path / "xdg" / "ckptfs"
