@@ -180,6 +180,30 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     )
 
 
+def recorded_tiers(state_dir: Path) -> tuple[TierConfig, ...]:
+    """The tiers an existing catalog was last mounted with (read-only; empty if none)."""
+    import json
+    import sqlite3
+
+    db = state_dir / "catalog.sqlite"
+    if not db.exists():
+        return ()
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='tiers'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return ()
+    if row is None:
+        return ()
+    return tuple(
+        TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"])
+        for t in json.loads(row[0])
+    )
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -189,8 +213,9 @@ def load_config(
 ) -> Config:
     """Build the effective config: file (if any), then command-line overrides, then defaults.
 
-    With no file and no ``--local``, the embedded default applies: one local tier under the
-    state directory.
+    With no file and no ``--local``, the tiers recorded in an existing catalog apply (so a
+    remount needs only ``--state-dir``); for a new state dir, the embedded default: one
+    local tier under the state directory.
     """
     data: dict[str, Any] = {}
     source = "<embedded default>"
@@ -224,6 +249,8 @@ def load_config(
             taken.add(name)
             renamed.append(TierConfig(name, t.kind, t.path, t.location, t.weight, t.capacity))
         tiers = tiers + tuple(renamed)
+    if not tiers:
+        tiers = recorded_tiers(cfg.state_dir)
     if not tiers:
         tiers = (TierConfig(name="local0", kind="local", path=cfg.state_dir / "tiers" / "local0"),)
     paths = [t.path for t in tiers]

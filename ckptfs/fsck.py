@@ -103,7 +103,7 @@ def _check(
             continue
         known = catalog.replica_keys(tier.name)
         on_disk: set[bytes] = set()
-        for key in tier:
+        for key in tier.list_keys():
             try:
                 digest = bytes.fromhex(key)
             except ValueError:

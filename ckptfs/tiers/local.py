@@ -146,7 +146,7 @@ class LocalTier:
         except OSError as exc:
             raise TierError(f"tier {self.name}: fsync: {exc.strerror}") from exc
 
-    def keys(self) -> Iterator[str]:
+    def list_keys(self) -> Iterator[str]:
         try:
             for sub in os.scandir(self._chunks):
                 if sub.is_dir():
