@@ -358,7 +358,7 @@ class Catalog:
         with self._tx() as c:
             inode = self.get_inode(ino)
             if mode is not None:
-                mode = (inode.mode & stat.S_IFMT) | stat.S_IMODE(mode)
+                mode = stat.S_IFMT(inode.mode) | stat.S_IMODE(mode)
             new = replace(
                 inode,
                 mode=inode.mode if mode is None else mode,

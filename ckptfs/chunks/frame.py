@@ -54,15 +54,19 @@ def digest_of(data: Buffer) -> bytes:
     return blake3.blake3(data).digest()
 
 
-def encode(data: Buffer, digest: bytes | None = None) -> tuple[bytes, Sequence[Buffer]]:
-    """Return ``(digest, parts)``: the frame as a header and body parts, ready for writev.
+def digest_of_parts(parts: Sequence[Buffer]) -> bytes:
+    h = blake3.blake3()
+    for p in parts:
+        h.update(p)
+    return h.digest()
 
-    The body is the plaintext itself (raw codec): no copy is made.
-    """
-    if digest is None:
-        digest = digest_of(data)
-    header = _HEADER.pack(MAGIC, VERSION, Codec.RAW, 0, 0, 0, len(data), len(data), digest)
-    return digest, (header, data)
+
+def encode(parts: Sequence[Buffer], digest: bytes) -> list[Buffer]:
+    """The frame as a list of buffers ready for writev: header, then the plaintext parts
+    themselves (raw codec), so no copy is made."""
+    n = sum(len(p) for p in parts)
+    header = _HEADER.pack(MAGIC, VERSION, Codec.RAW, 0, 0, 0, n, n, digest)
+    return [header, *parts]
 
 
 def parse_header(raw: Buffer) -> FrameHeader:
@@ -86,6 +90,16 @@ def parse_header(raw: Buffer) -> FrameHeader:
 
 def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     """Decode and verify a whole frame. Raises CorruptChunk; never returns unverified bytes."""
+    plain = _verified_plaintext(frame, expected_digest)
+    return plain if isinstance(plain, bytes) else bytes(plain)
+
+
+def verify(frame: Buffer, expected_digest: bytes) -> None:
+    """Check a frame against the digest it should hold, without copying its body."""
+    _verified_plaintext(frame, expected_digest)
+
+
+def _verified_plaintext(frame: Buffer, expected_digest: bytes | None) -> Buffer:
     header = parse_header(frame)
     if expected_digest is not None and header.digest != expected_digest:
         raise CorruptChunk("frame digest does not match the requested chunk")
@@ -105,4 +119,4 @@ def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
         raise CorruptChunk(f"plaintext is {len(plain)} bytes, header says {header.plain_len}")
     if digest_of(plain) != header.digest:
         raise CorruptChunk("plaintext digest mismatch")
-    return bytes(plain)
+    return plain

@@ -88,7 +88,7 @@ class ChunkStore:
                 raw = tier.get(key)
                 if raw is None:
                     raise TierError(f"tier {tier.name}: chunk {key[:16]} vanished right after put")
-                frame.decode(raw, digest)  # verify what the device holds, not what we sent
+                frame.verify(raw, digest)  # check what the device holds, not what we sent
             except NoSpace as exc:
                 self._full[tier.name] = time.monotonic()
                 errors.append(exc)
@@ -125,24 +125,22 @@ class ChunkStore:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def write(self, data: bytes | bytearray) -> ChunkRef:
-        """Store one chunk and return a verified, pinned reference to it."""
+    async def write(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
+        """Store one chunk (given as parts) and return a verified, pinned reference to it."""
 
         def work() -> ChunkRef:
-            digest = frame.digest_of(data)
+            digest = frame.digest_of_parts(parts)
             self._pin(digest)
             try:
-                _, parts = frame.encode(data, digest)
-                size = sum(len(p) for p in parts)
-                tier = self._put_somewhere(digest, parts, size)
+                framed = frame.encode(parts, digest)
+                size = sum(len(p) for p in framed)
+                tier = self._put_somewhere(digest, framed, size)
             except BaseException:
                 self.unpin([digest])
                 raise
-            return ChunkRef(digest, len(data), (tier,))
+            return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
-        ref = await trio.to_thread.run_sync(work, limiter=self.io)
-        self._cache_put(ref.digest, bytes(data))
-        return ref
+        return await trio.to_thread.run_sync(work, limiter=self.io)
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""

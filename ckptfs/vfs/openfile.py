@@ -12,6 +12,7 @@ their source (dirty buffer, in-flight buffer, stored chunk) without awaiting in 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -22,6 +23,7 @@ import trio
 from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
 from ..errors import CkptfsError
+from .chunkbuffer import ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -57,7 +59,7 @@ class MemoryBudget:
 
 @dataclass(eq=False)
 class _Pending:
-    data: bytearray
+    data: ChunkBuffer
     done: trio.Event = field(default_factory=trio.Event)
 
 
@@ -83,7 +85,7 @@ class OpenFile:
         self.cs = svc.chunk_size
         self.committed = committed  # the extents as the catalog has them
         self.changes: dict[int, ChunkRef | None] = {}  # extents written since the last commit
-        self.dirty: dict[int, bytearray] = {}
+        self.dirty: dict[int, ChunkBuffer] = {}
         self.inflight: dict[int, _Pending] = {}  # the newest in-flight write of each chunk
         self._running: set[_Pending] = set()  # every chunk write not finished yet
         self.written: list[ChunkRef] = []  # pinned refs produced since the last commit
@@ -119,7 +121,7 @@ class OpenFile:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def _buffer(self, idx: int) -> bytearray:
+    async def _buffer(self, idx: int) -> ChunkBuffer:
         buf = self.dirty.get(idx)
         if buf is not None:
             return buf
@@ -127,12 +129,12 @@ class OpenFile:
         try:
             pending = self.inflight.get(idx)
             if pending is not None:
-                buf = bytearray(pending.data)
+                buf = pending.data.copy()
             else:
                 ref = self._ref(idx)
                 # Read-modify-write: only when the chunk holds data (overwrite, append
                 # after a close, truncate), never on the sequential first write.
-                buf = bytearray() if ref is None else bytearray(await self.svc.store.read(ref))
+                buf = ChunkBuffer() if ref is None else ChunkBuffer([await self.svc.store.read(ref)])
         except BaseException:
             self.svc.budget.release(self.cs)
             raise
@@ -143,20 +145,17 @@ class OpenFile:
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
-            view = memoryview(data)
-            pos = off
-            while view:
+            pos, end = off, off + len(data)
+            while pos < end:
                 idx, within = divmod(pos, self.cs)
-                n = min(len(view), self.cs - within)
+                n = min(end - pos, self.cs - within)
                 buf = await self._buffer(idx)
-                if within > len(buf):
-                    buf.extend(bytes(within - len(buf)))  # a hole inside the chunk reads as zeros
-                buf[within : within + n] = view[:n]
+                # The common case (one request inside one chunk) keeps the bytes object.
+                buf.write(within, data if n == len(data) else data[pos - off : pos - off + n])
                 pos += n
-                view = view[n:]
                 if pos > self.size:
                     self.size = pos
-                if len(buf) == self.cs and within + n == self.cs:
+                if buf.length == self.cs and within + n == self.cs:
                     self._dispatch(idx)
             self._touch()
             return len(data)
@@ -170,7 +169,7 @@ class OpenFile:
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
-            ref = await self.svc.store.write(pending.data)
+            ref = await self.svc.store.write(pending.data.parts)
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
@@ -206,7 +205,7 @@ class OpenFile:
                 within = size % self.cs
                 if within and self._has_data(size // self.cs):
                     buf = await self._buffer(size // self.cs)
-                    del buf[within:]
+                    buf.truncate(within)
             self.size = size
             self.meta_dirty = True
             self._touch()
@@ -294,19 +293,18 @@ class OpenFile:
         for idx in range(first, last + 1):
             base = idx * self.cs
             lo, hi = max(off, base) - base, min(end, base + self.cs) - base
-            data: bytes | bytearray
             if idx in self.dirty:
-                data = self.dirty[idx]
+                piece = self.dirty[idx].slice(lo, hi)
             elif idx in self.inflight:
-                data = self.inflight[idx].data
+                piece = self.inflight[idx].data.slice(lo, hi)
             else:
                 ref = self._ref(idx)
                 if ref is None:
-                    data = b""
+                    piece = b""
                 else:
                     self._readahead(idx)
                     data = await self.svc.store.read(ref)
-            piece = bytes(data[lo:hi])
+                    piece = data if (lo, hi) == (0, len(data)) else data[lo:hi]
             if len(piece) < hi - lo:
                 piece += bytes(hi - lo - len(piece))  # past the chunk's data: a hole
             out.append(piece)
@@ -326,7 +324,6 @@ class OpenFile:
             self.svc.nursery.start_soon(self._prefetch, ref)
 
     async def _prefetch(self, ref: ChunkRef) -> None:
-        try:
+        # The reader that needs this chunk will see (and log) any error itself.
+        with contextlib.suppress(CkptfsError):
             await self.svc.store.read(ref)
-        except CkptfsError:
-            pass  # the reader that needs this chunk will see (and log) the error itself
