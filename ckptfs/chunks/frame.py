@@ -72,15 +72,17 @@ def encode(parts: Sequence[Buffer], digest: bytes) -> list[Buffer]:
 def parse_header(raw: Buffer) -> FrameHeader:
     if len(raw) < HEADER_SIZE:
         raise CorruptChunk(f"frame shorter than its header ({len(raw)} bytes)")
-    magic, version, codec, cipher, _flags, _key, plain_len, body_len, digest = _HEADER.unpack_from(
+    magic, version, codec, cipher, flags, key_id, plain_len, body_len, digest = _HEADER.unpack_from(
         raw, 0
     )
     if magic != MAGIC:
         raise CorruptChunk(f"bad frame magic {magic!r}")
     if version != VERSION:
         raise CorruptChunk(f"unsupported frame version {version}")
-    if cipher != 0:
-        raise CorruptChunk(f"unsupported cipher {cipher}")
+    if cipher != 0 or key_id != 0:
+        raise CorruptChunk(f"unsupported cipher {cipher} (key id {key_id})")
+    if flags != 0:
+        raise CorruptChunk(f"unknown frame flags {flags:#x}")
     try:
         codec_ = Codec(codec)
     except ValueError:

@@ -52,6 +52,8 @@ class ChunkStore:
         self.catalog = catalog
         self.db_limiter = db_limiter
         self._inflight_bytes = {t.name: 0 for t in tiers}
+        self._pass = {t.name: 0.0 for t in tiers}
+        self._place_lock = threading.Lock()
         self._unhealthy: dict[str, float] = {}
         self._full: dict[str, float] = {}
         self._pins: dict[bytes, int] = {}
@@ -72,7 +74,9 @@ class ChunkStore:
             if now - self._unhealthy.get(t.name, -1e9) > _UNHEALTHY_RETRY_S
             and now - self._full.get(t.name, -1e9) > 1.0
         ]
-        usable.sort(key=lambda t: (self._inflight_bytes[t.name] / t.weight))
+        # Ties (nothing queued) go round-robin by weight: each placement advances the
+        # chosen tier's pass by size/weight (stride scheduling).
+        usable.sort(key=lambda t: (self._inflight_bytes[t.name] / t.weight, self._pass[t.name]))
         # Tiers marked bad or full are still tried last: they may have recovered.
         rest = [t for t in self.tiers.values() if t not in usable]
         return usable + rest
@@ -81,8 +85,12 @@ class ChunkStore:
         """Blocking: put the frame on the first tier that takes it; return the tier name."""
         key = digest.hex()
         errors: list[CkptfsError] = []
-        for tier in self._candidates():
-            self._inflight_bytes[tier.name] += size
+        with self._place_lock:
+            order = self._candidates()
+            self._pass[order[0].name] += size / order[0].weight
+        for tier in order:
+            with self._place_lock:
+                self._inflight_bytes[tier.name] += size
             try:
                 tier.put(key, parts)
                 raw = tier.get(key)
@@ -100,7 +108,8 @@ class ChunkStore:
                 errors.append(exc)
                 continue
             finally:
-                self._inflight_bytes[tier.name] -= size
+                with self._place_lock:
+                    self._inflight_bytes[tier.name] -= size
             self._unhealthy.pop(tier.name, None)
             self._full.pop(tier.name, None)
             return tier.name

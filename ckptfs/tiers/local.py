@@ -87,10 +87,17 @@ class LocalTier:
             finally:
                 os.close(fd)
             try:
+                replaced = final.stat().st_size  # same key = same content: a harmless rewrite
+            except FileNotFoundError:
+                replaced = 0
+            try:
                 os.rename(tmp, final)
             except FileNotFoundError:
                 final.parent.mkdir(exist_ok=True)
                 os.rename(tmp, final)
+            if replaced:
+                with self._lock:
+                    self._used -= replaced
         except OSError as exc:
             with self._lock:
                 self._used -= size

@@ -1,0 +1,101 @@
+"""Test tiers shipped with the package: an in-memory tier and a fault-injecting wrapper."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+from ..chunks.frame import Buffer
+from ..errors import NoSpace, TierError
+from ..tiers.base import Tier, TierUsage
+
+
+class MemoryTier:
+    kind = "local"
+
+    def __init__(self, name: str = "mem", capacity: int = 1 << 40, location: str = "local") -> None:
+        self.name = name
+        self.location = location
+        self.weight = 1.0
+        self.capacity = capacity
+        self.frames: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _used(self) -> int:
+        return sum(len(v) for v in self.frames.values())
+
+    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+        data = b"".join(bytes(p) for p in parts)
+        with self._lock:
+            if self._used() + len(data) > self.capacity:
+                raise NoSpace(f"tier {self.name}: full")
+            self.frames[key] = data
+        return len(data)
+
+    def get(self, key: str) -> bytes | None:
+        return self.frames.get(key)
+
+    def delete(self, key: str) -> int:
+        with self._lock:
+            data = self.frames.pop(key, None)
+        return 0 if data is None else len(data)
+
+    def sync(self, keys: Sequence[str]) -> None:
+        return None
+
+    def list_keys(self) -> Iterator[str]:
+        yield from list(self.frames)
+
+    def usage(self) -> TierUsage:
+        used = self._used()
+        return TierUsage(total=self.capacity, free=self.capacity - used, used=used, device=id(self))
+
+    def check(self) -> None:
+        return None
+
+
+class FaultyTier:
+    """Wraps a tier; each fault switch makes the matching calls fail like a broken device."""
+
+    def __init__(self, inner: Tier) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.kind = inner.kind
+        self.location = inner.location
+        self.weight = inner.weight
+        self.fail_puts = False
+        self.fail_gets = False
+        self.full = False
+        self.corrupt_gets = False
+
+    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+        if self.full:
+            raise NoSpace(f"tier {self.name}: injected ENOSPC")
+        if self.fail_puts:
+            raise TierError(f"tier {self.name}: injected EIO on put")
+        return self.inner.put(key, parts)
+
+    def get(self, key: str) -> bytes | None:
+        if self.fail_gets:
+            raise TierError(f"tier {self.name}: injected EIO on get")
+        data = self.inner.get(key)
+        if data is not None and self.corrupt_gets:
+            flipped = bytearray(data)
+            flipped[-1] ^= 0xFF
+            return bytes(flipped)
+        return data
+
+    def delete(self, key: str) -> int:
+        return self.inner.delete(key)
+
+    def sync(self, keys: Sequence[str]) -> None:
+        self.inner.sync(keys)
+
+    def list_keys(self) -> Iterator[str]:
+        return self.inner.list_keys()
+
+    def usage(self) -> TierUsage:
+        return self.inner.usage()
+
+    def check(self) -> None:
+        self.inner.check()
