@@ -170,3 +170,20 @@ async def test_sparse_file_reads_zeros(tmp_path: Path) -> None:
         got = await read_file(fs, b"s")
         assert got == bytes(3 * CS + 10) + b"end"
         assert stat.S_ISREG(inode.mode)
+
+
+async def test_many_partial_chunks_do_not_deadlock_the_budget(tmp_path: Path) -> None:
+    # The budget holds 8 chunks; 12 files each hold a partial chunk at once.
+    async with make_fs(tmp_path, [MemoryTier("m")]) as fs:
+        handles = []
+        with trio.fail_after(20):
+            for i in range(12):
+                fh, _ = await fs.create(ROOT_INODE, f"f{i}".encode(), 0o644, RW, 0, 0)
+                await fs.write(fh, 0, bytes([i]) * (CS // 2))
+                handles.append(fh)
+            for i, fh in enumerate(handles):
+                await fs.write(fh, CS // 2, bytes([i]) * CS)
+                await fs.flush(fh)
+                await fs.release(fh)
+        for i in range(12):
+            assert await read_file(fs, f"f{i}".encode()) == bytes([i]) * (CS + CS // 2)

@@ -48,7 +48,7 @@ class MemoryTier:
 
     def usage(self) -> TierUsage:
         used = self._used()
-        return TierUsage(total=self.capacity, free=self.capacity - used, used=used, device=id(self))
+        return TierUsage(total=self.capacity, free=self.capacity - used, used=used, device=id(self), capped=True)
 
     def check(self) -> None:
         return None

@@ -19,6 +19,7 @@ class TierUsage:
     free: int  # bytes still available to ckptfs on this tier
     used: int  # bytes of chunk frames ckptfs holds there
     device: int  # st_dev of the backing filesystem, to avoid double counting in statfs
+    capped: bool = False  # total/free come from a configured cap, not from the device
 
 
 class Tier(Protocol):

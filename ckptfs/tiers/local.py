@@ -173,4 +173,6 @@ class LocalTier:
         if self.capacity is not None:
             total = min(total, self.capacity)
             free = max(0, min(free, self.capacity - self._used))
-        return TierUsage(total=total, free=free, used=self._used, device=dev)
+        return TierUsage(
+            total=total, free=free, used=self._used, device=dev, capped=self.capacity is not None
+        )

@@ -11,16 +11,15 @@ import errno
 import logging
 import os
 import stat
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
-from ..catalog import Catalog, Inode
+from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
-from ..errors import CkptfsError, InvalidArgument, IsADirectory, NotFound
+from ..errors import CkptfsError, InvalidArgument, IsADirectory, NotADirectory
 from ..tiers.base import Tier, TierUsage
 from .openfile import MemoryBudget, OpenFile, Services
 
@@ -64,7 +63,7 @@ class Filesystem:
             tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
             catalog=catalog, db_limiter=self.db_limiter,
         )
-        self.budget = MemoryBudget(memory_budget)
+        self.budget = MemoryBudget(memory_budget, spill=self._spill)
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -93,6 +92,12 @@ class Filesystem:
                 except CkptfsError as exc:
                     log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
         await self.db(self.catalog.sync)
+
+    def _spill(self) -> None:
+        """The memory budget is held only by partial chunks that nobody is completing:
+        store them now (short chunks), so their memory comes back instead of deadlocking."""
+        for f in self.open_files.values():
+            f.spill()
 
     def _services(self) -> Services:
         assert self._nursery is not None, "Filesystem.attach() was not called"
@@ -212,15 +217,11 @@ class Filesystem:
         digests = await self.db(self.catalog.delete_inode, ino)
         if digests:
             # The catalog knows the tiers of these chunks; refs only need the digests here.
-            from ..catalog import ChunkRef
-
             await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
 
     async def readdir(self, ino: int, after_id: int) -> list[tuple[int, bytes, Inode]]:
         inode = await self.db(self.catalog.get_inode, ino)
         if not inode.is_dir:
-            from ..errors import NotADirectory
-
             raise NotADirectory("not a directory")
         entries = await self.db(self.catalog.readdir, ino, after_id)
         return [(i, n, self.open_files[x.ino].attrs() if x.ino in self.open_files else x) for i, n, x in entries]
@@ -326,19 +327,13 @@ class Filesystem:
         total = free = 0
         seen_devices: set[int] = set()
         for u in usages:
-            # Tiers on one device share its space: count it once (capped tiers count alone).
-            if u.device in seen_devices and u.total >= u.free:
-                continue
-            seen_devices.add(u.device)
+            # Uncapped tiers on one device share its space: count it once.
+            if not u.capped:
+                if u.device in seen_devices:
+                    continue
+                seen_devices.add(u.device)
             total += u.total
             free += u.free
         bs = 4096
         return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, 255)
 
-
-def now_ns() -> int:
-    return time.time_ns()
-
-
-def missing(name: bytes) -> NotFound:
-    return NotFound(name.decode(errors="replace"))

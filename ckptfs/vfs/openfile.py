@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -33,14 +34,18 @@ READAHEAD_CHUNKS = 4
 class MemoryBudget:
     """Bytes of chunk buffers in memory; writers wait (backpressure) when it is spent."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, spill: Callable[[], None] | None = None) -> None:
         self.limit = limit
         self.used = 0
+        self.in_flight = 0  # chunk writes running; each will release its share
+        self._spill = spill
         self._changed = trio.Condition()
 
     async def acquire(self, n: int) -> None:
         async with self._changed:
             while self.used + n > self.limit and self.used > 0:
+                if self.in_flight == 0 and self._spill is not None:
+                    self._spill()  # nothing would ever release: write partial chunks out
                 await self._changed.wait()
             self.used += n
 
@@ -165,6 +170,7 @@ class OpenFile:
         pending = _Pending(data)
         self.inflight[idx] = pending
         self._running.add(pending)
+        self.svc.budget.in_flight += 1
         self.svc.nursery.start_soon(self._store_chunk, idx, pending)
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
@@ -183,8 +189,14 @@ class OpenFile:
             if self.inflight.get(idx) is pending:
                 del self.inflight[idx]
             self._running.discard(pending)
+            self.svc.budget.in_flight -= 1
             self.svc.budget.release(self.cs)
             pending.done.set()
+
+    def spill(self) -> None:
+        """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""
+        for idx in list(self.dirty):
+            self._dispatch(idx)
 
     async def truncate(self, size: int) -> None:
         async with self.lock:
