@@ -144,7 +144,7 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from .mount import FSTYPE, find_mount, is_stale, read_pid
+    from .mount import FSTYPE, find_mount, is_stale, read_pid, wait_unlocked
 
     mp = args.mountpoint.absolute()
     found = find_mount(mp)
@@ -157,21 +157,16 @@ def cmd_umount(args: argparse.Namespace) -> int:
         return 1
     state_dir = Path(source.split(":", 1)[1]) if ":" in source else None
     pid = read_pid(state_dir) if state_dir else None
-    flags = ["-u", "-z"] if is_stale(mp) else ["-u"]
+    flags = ["-u", "-z"] if is_stale(mp) else ["-u"]  # a dead daemon cannot answer a plain -u
     res = subprocess.run(["fusermount3", *flags, str(mp)], capture_output=True, text=True)
     if res.returncode != 0:
         print(f"ckptfs: unmount of {mp} failed: {res.stderr.strip()}", file=sys.stderr)
         return 1
-    if pid is None:
+    if state_dir is None or not (state_dir / "lock").exists():
         return 0
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return 0
-        time.sleep(0.05)  # polling a foreign pid: there is no handle to wait on
-    print(f"ckptfs: daemon pid {pid} still running after {args.timeout:.0f}s", file=sys.stderr)
+    if wait_unlocked(state_dir, args.timeout):
+        return 0
+    print(f"ckptfs: daemon (pid {pid}) still running after {args.timeout:.0f}s", file=sys.stderr)
     return 1
 
 

@@ -6,6 +6,7 @@ Unknown keys are errors: a typo must never silently fall back to a default.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -117,7 +118,12 @@ def _tier_from_table(table: object, index: int) -> TierConfig:
         raise ConfigError(f"{where}.path: must be an absolute path, got {str(path)!r}")
     location = _take_str(table, "location", f"{where}.location") if "location" in table else "local"
     weight = table.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
         raise ConfigError(f"{where}.weight: expected a positive number, got {weight!r}")
     capacity = None
     if "capacity" in table:
@@ -227,6 +233,8 @@ def load_config(
             raise ConfigError(f"--config: no such file: {path}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:
             raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
         source = str(path)

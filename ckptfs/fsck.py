@@ -63,9 +63,9 @@ def _recorded_tiers(catalog: Catalog, cfg: Config) -> list[LocalTier]:
 def run_fsck(
     cfg: Config, *, repair: bool, verify: bool, say: Callable[[str], None] = print
 ) -> FsckReport:
+    if not cfg.catalog_path.exists():
+        raise CkptfsError(f"no catalog at {cfg.catalog_path}: nothing was ever mounted there")
     with state_lock(cfg.state_dir):
-        if not cfg.catalog_path.exists():
-            raise CkptfsError(f"no catalog at {cfg.catalog_path}: nothing was ever mounted there")
         catalog = Catalog(cfg.catalog_path)
         try:
             return _check(catalog, _recorded_tiers(catalog, cfg), repair, verify, say)

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -84,20 +85,32 @@ def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB) -> None:
         log.info("could not raise read-ahead for %s: %s", mountpoint, exc.strerror)
 
 
+_DEAD_MOUNT_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
+
+
 def is_stale(mountpoint: Path) -> bool:
+    """True if a FUSE mount at ``mountpoint`` has lost its daemon. statvfs always goes to
+    the daemon (stat may be answered from the kernel's cache)."""
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as exc:
-        return exc.errno == errno.ENOTCONN
+        return exc.errno in _DEAD_MOUNT_ERRNOS
     return False
 
 
-def clean_stale_mount(mountpoint: Path) -> None:
-    """A daemon killed with -9 leaves a dead mount (ENOTCONN): detach it."""
-    if is_stale(mountpoint):
+def detach(mountpoint: Path) -> None:
+    subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
+
+
+def clean_stale_mount(mountpoint: Path, state_dir: Path) -> None:
+    """A daemon killed with -9 leaves a dead mount: detach it. A ckptfs mount of our own
+    state dir is dead by definition, since we hold the state dir's lock."""
+    found = find_mount(mountpoint)
+    ours = found is not None and found == (fsname(state_dir), FSTYPE)
+    if ours or is_stale(mountpoint):
         log.warning("cleaning up stale mount at %s (its daemon died)", mountpoint)
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True, check=False)
-        if is_stale(mountpoint):
+        detach(mountpoint)
+        if is_stale(mountpoint) or (ours and find_mount(mountpoint) == found):
             raise MountError(f"stale mount at {mountpoint} could not be removed")
 
 
@@ -116,6 +129,25 @@ def state_lock(state_dir: Path) -> Iterator[None]:
                 + (f" (pid {pid})" if pid else "")
             ) from None
         yield
+    finally:
+        os.close(fd)
+
+
+def wait_unlocked(state_dir: Path, timeout: float) -> bool:
+    """Wait until no process holds the state dir's lock (the daemon has exited; a zombie
+    counts as exited). Returns False on timeout."""
+    deadline = time.monotonic() + timeout
+    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)  # flock has no timeout; poll the condition itself
     finally:
         os.close(fd)
 
@@ -183,7 +215,7 @@ def run_mount(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], No
 
 
 def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None]) -> int:
-    clean_stale_mount(mountpoint)
+    clean_stale_mount(mountpoint, cfg.state_dir)
     if not mountpoint.is_dir():
         raise MountError(f"mountpoint {mountpoint} is not a directory")
     if find_mount(mountpoint) is not None:
@@ -194,7 +226,7 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
         chunk_size = reconcile_catalog(catalog, cfg)
         fs = Filesystem(
             catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
-            io_threads=cfg.io_threads,
+            io_threads=cfg.io_threads, invalidate=_invalidate_inode,
         )
         options = set(pyfuse3.default_options)
         options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
@@ -224,6 +256,14 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
         return 0
     finally:
         catalog.close()
+
+
+def _invalidate_inode(ino: int) -> None:
+    try:
+        pyfuse3.invalidate_inode(pyfuse3.InodeT(ino))
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:  # the kernel had nothing cached: fine
+            log.warning("could not invalidate inode %d in the kernel: %s", ino, exc)
 
 
 async def _serve(fs: Filesystem, on_ready: Callable[[str | None], None]) -> None:

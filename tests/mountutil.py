@@ -7,6 +7,7 @@ module started, is killed by PID if it did not exit by itself.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -59,7 +60,11 @@ class Mount:
         return a + list(self.extra_args)
 
     def start(self) -> None:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        try:
+            self.mountpoint.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a dead mount left by kill9(): the mount command cleans it up
+            if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
+                raise
         res = run_cli("mount", str(self.mountpoint), *self.args(), timeout=60)
         if res.returncode != 0:
             raise RuntimeError(f"ckptfs mount failed ({res.returncode}): {res.stderr}\n{self.log}")
@@ -98,12 +103,21 @@ class Mount:
         self._started.clear()
 
 
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def _wait_pid_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not pid_alive(pid):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
             return True
         # Reap it if it is our child; otherwise it is gone once kill(0) fails.
         with contextlib.suppress(ChildProcessError):

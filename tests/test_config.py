@@ -139,7 +139,9 @@ def test_embedded_default_tier_under_state_dir(tmp_path: Path) -> None:
     assert t.path == tmp_path / "st" / "tiers" / "local0"
 
 
-def test_state_dir_override_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_state_dir_override_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = load_config(state_dir="relative/state")
     assert cfg.state_dir == tmp_path / "relative" / "state"
@@ -169,7 +171,9 @@ def test_bad_chunk_size_override_names_key(tmp_path: Path) -> None:
 
 
 def test_local_dirs_named_local0_local1(tmp_path: Path) -> None:
-    cfg = load_config(state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    cfg = load_config(
+        state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")]
+    )
     assert [t.name for t in cfg.tiers] == ["local0", "local1"]
     assert [t.path for t in cfg.tiers] == [tmp_path / "a", tmp_path / "b"]
     assert all(t.kind == "local" for t in cfg.tiers)
@@ -193,7 +197,9 @@ kind = "local"
 path = "{tmp_path / "cfg0"}"
 """,
     )
-    cfg = load_config(p, state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")])
+    cfg = load_config(
+        p, state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "a"), str(tmp_path / "b")]
+    )
     names = [t.name for t in cfg.tiers]
     assert names[0] == "local0"
     assert len(set(names)) == 3
@@ -262,7 +268,9 @@ TIER_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("data", "key"), TOP_LEVEL_ERRORS + [({"tier": t}, k) for t, k in TIER_ERRORS])
+@pytest.mark.parametrize(
+    ("data", "key"), TOP_LEVEL_ERRORS + [({"tier": t}, k) for t, k in TIER_ERRORS]
+)
 def test_validation_error_names_key(data: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as ei:
         config_from_dict(data)
@@ -344,7 +352,9 @@ def test_config_is_frozen(tmp_path: Path) -> None:
         cfg.chunk_size = 1  # type: ignore[misc]
 
 
-def test_default_state_dir_for_root_or_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_state_dir_for_root_or_user(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(C.os, "geteuid", lambda: 0)
     assert C.default_state_dir() == Path("/var/lib/ckptfs")
     monkeypatch.setattr(C.os, "geteuid", lambda: 1000)

@@ -48,7 +48,9 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 def assert_log_clean(m: Mount) -> None:
-    bad = [ln for ln in m.log.splitlines() if "Traceback" in ln or "ERROR" in ln or "CRITICAL" in ln]
+    bad = [
+        ln for ln in m.log.splitlines() if "Traceback" in ln or "ERROR" in ln or "CRITICAL" in ln
+    ]
     assert not bad, "unexpected errors in the daemon log:\n" + "\n".join(bad[:20])
 
 

@@ -54,8 +54,10 @@ class Filesystem:
         chunk_size: int,
         memory_budget: int,
         io_threads: int,
+        invalidate: Callable[[int], None] | None = None,
     ) -> None:
         self.catalog = catalog
+        self.invalidate = invalidate
         self.tiers = list(tiers)
         self.chunk_size = chunk_size
         self.db_limiter = trio.CapacityLimiter(1)
@@ -103,7 +105,7 @@ class Filesystem:
         assert self._nursery is not None, "Filesystem.attach() was not called"
         return Services(
             store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
-            chunk_size=self.chunk_size, db_limiter=self.db_limiter,
+            chunk_size=self.chunk_size, db_limiter=self.db_limiter, invalidate=self.invalidate,
         )
 
     # -- attributes --------------------------------------------------------------------------

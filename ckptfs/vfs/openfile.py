@@ -78,6 +78,9 @@ class Services:
     nursery: trio.Nursery
     chunk_size: int
     db_limiter: trio.CapacityLimiter
+    # Tells the kernel to drop its cached pages and attributes of an inode whose content
+    # changed behind its back (a failed write was discarded). None without a kernel.
+    invalidate: Callable[[int], None] | None = None
 
 
 class OpenFile:
@@ -86,6 +89,7 @@ class OpenFile:
         self.size = inode.size
         self.mtime_ns = inode.mtime_ns
         self.ctime_ns = inode.ctime_ns
+        self._committed_attrs = (inode.size, inode.mtime_ns, inode.ctime_ns)
         self.svc = svc
         self.cs = svc.chunk_size
         self.committed = committed  # the extents as the catalog has them
@@ -236,8 +240,14 @@ class OpenFile:
         self.changes.clear()
         self.unsynced.clear()
         self.failed = None
+        self.meta_dirty = False
+        self.size, self.mtime_ns, self.ctime_ns = self._committed_attrs
         self.svc.store.unpin(r.digest for r in dropped)
         await self.svc.store.collect(dropped)
+        if self.svc.invalidate is not None:
+            # The kernel cached the discarded bytes and size: make it ask again. In a
+            # thread, because the kernel may need this loop to answer while it invalidates.
+            await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
 
     async def _wait_inflight(self) -> None:
         while self._running:
@@ -281,6 +291,7 @@ class OpenFile:
                 del self.committed[idx]
             self.changes.clear()
             self.meta_dirty = False
+            self._committed_attrs = (self.size, self.mtime_ns, self.ctime_ns)
             written, self.written = self.written, []
             self.svc.store.unpin(r.digest for r in written)
             garbage = [r for r in old.values() if r.digest in set(dropped)]
