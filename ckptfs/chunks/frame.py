@@ -96,6 +96,11 @@ def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     return plain if isinstance(plain, bytes) else bytes(plain)
 
 
+def decode_view(frame: bytes, expected_digest: bytes | None = None) -> Buffer:
+    """Like decode, but a raw body comes back as a view into ``frame`` (no copy)."""
+    return _verified_plaintext(frame, expected_digest)
+
+
 def verify(frame: Buffer, expected_digest: bytes) -> None:
     """Check a frame against the digest it should hold, without copying its body."""
     _verified_plaintext(frame, expected_digest)

@@ -36,7 +36,7 @@ class _Flight:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.data: bytes | None = None
+        self.data: frame.Buffer | None = None
         self.error: CkptfsError | None = None
 
 
@@ -60,7 +60,7 @@ class ChunkStore:
         self._pin_lock = threading.Lock()  # guards _pins; GC deletes under it
         self._synced: set[bytes] = set()
         self._flights: dict[bytes, _Flight] = {}
-        self._cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
 
@@ -175,7 +175,7 @@ class ChunkStore:
 
     # -- read --------------------------------------------------------------------------------
 
-    def _cache_put(self, digest: bytes, data: bytes) -> None:
+    def _cache_put(self, digest: bytes, data: frame.Buffer) -> None:
         if len(data) > self._cache_limit:
             return
         if digest in self._cache:
@@ -191,7 +191,7 @@ class ChunkStore:
         """True if reading this chunk costs no new device read (cached or being fetched)."""
         return digest in self._cache or digest in self._flights
 
-    async def read(self, ref: ChunkRef) -> bytes:
+    async def read(self, ref: ChunkRef) -> frame.Buffer:
         """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
         tier holds a valid copy."""
         data = self._cache.get(ref.digest)
@@ -217,7 +217,7 @@ class ChunkStore:
         assert flight.data is not None
         return flight.data
 
-    def _fetch(self, ref: ChunkRef) -> bytes:
+    def _fetch(self, ref: ChunkRef) -> frame.Buffer:
         """Blocking: try each tier holding the chunk; verify; fall back on miss or damage."""
         problems = []
         names = list(ref.tiers) or list(self.tiers)
@@ -231,7 +231,7 @@ class ChunkStore:
                 if raw is None:
                     problems.append(f"{name}: missing")
                     continue
-                data = frame.decode(raw, ref.digest)
+                data = frame.decode_view(raw, ref.digest)
             except (TierError, CorruptChunk) as exc:
                 log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
                 problems.append(f"{name}: {exc}")

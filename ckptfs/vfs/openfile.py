@@ -327,7 +327,7 @@ class OpenFile:
                 else:
                     self._readahead(idx)
                     data = await self.svc.store.read(ref)
-                    piece = data if (lo, hi) == (0, len(data)) else data[lo:hi]
+                    piece = bytes(memoryview(data)[lo:hi])
             if len(piece) < hi - lo:
                 piece += bytes(hi - lo - len(piece))  # past the chunk's data: a hole
             out.append(piece)
