@@ -236,7 +236,6 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
             pyfuse3.init(FuseOps(fs), str(mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
-        tune_read_ahead(mountpoint)
         pid_file = cfg.state_dir / "daemon.pid"
         pid_file.write_text(f"{os.getpid()}\n")
         log.info(
@@ -246,7 +245,7 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
         )
         unmounted = False
         try:
-            trio.run(_serve, fs, on_ready)
+            trio.run(_serve, fs, mountpoint, on_ready)
             unmounted = find_mount(mountpoint) is None
         finally:
             pyfuse3.close(unmount=not unmounted)
@@ -266,15 +265,26 @@ def _invalidate_inode(ino: int) -> None:
             log.warning("could not invalidate inode %d in the kernel: %s", ino, exc)
 
 
-async def _serve(fs: Filesystem, on_ready: Callable[[str | None], None]) -> None:
+async def _serve(fs: Filesystem, mountpoint: Path, on_ready: Callable[[str | None], None]) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
         await fs.recover()
         nursery.start_soon(_watch_signals)
-        on_ready(None)
+        nursery.start_soon(_after_init, mountpoint, on_ready)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
         await fs.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def _after_init(mountpoint: Path, on_ready: Callable[[str | None], None]) -> None:
+    """Once the kernel's INIT is answered (a statvfs of our own mount waits for it), raise
+    the read-ahead (INIT caps it at the kernel's default) and report the mount ready."""
+    try:
+        await trio.to_thread.run_sync(os.statvfs, mountpoint)
+    except OSError as exc:
+        log.warning("self-check of %s failed: %s", mountpoint, exc)
+    tune_read_ahead(mountpoint)
+    on_ready(None)
 
 
 async def _watch_signals() -> None:
