@@ -40,6 +40,10 @@ class IsADirectory(CkptfsError):
     errno = _errno.EISDIR
 
 
+class NameTooLong(CkptfsError):
+    errno = _errno.ENAMETOOLONG
+
+
 class InvalidArgument(CkptfsError):
     errno = _errno.EINVAL
 

@@ -2,30 +2,35 @@
 
 A hypothesis state machine applies the same operations (create/open, write, pwrite past EOF
 and across the 256 KiB chunk boundaries, truncate, rename of files and directories, unlink,
-mkdir, rmdir, symlink, chmod, read, reopen, close, unmount+remount) to a real ckptfs mount
+mkdir, rmdir, symlink, link, chmod, read, reopen, close, unmount+remount) to a real ckptfs mount
 and to a reference directory on the host filesystem. Every operation must have the same
 outcome on both sides (return value, or errno), and after every step the two trees must be
-identical: names, types, modes, sizes, contents and link targets, plus the live size of
-every open file.
+identical: names, types, modes, sizes, link counts, contents and link targets, plus the
+live size of every open file.
 
 One mount serves the whole test; the tree is cleared between examples.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import random
 import shutil
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -42,12 +47,33 @@ paths = st.one_of(
     st.tuples(name, name).map("/".join),
     st.tuples(name, name, name).map("/".join),
 )
-BOUNDARIES = [0, 1, 4095, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 3 * CHUNK + 7]
+# A path argument: an existing entry, a new name inside an existing directory, or any path
+# of the small name universe (mostly missing: exercises ENOENT/ENOTDIR/...).
+picks = st.tuples(
+    st.sampled_from(["existing", "existing", "child", "child", "random"]),
+    st.integers(0, 10**6),
+    paths,
+)
+BOUNDARIES = [0, 1, 4095, 4096, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 3 * CHUNK]
 offsets = st.one_of(st.sampled_from(BOUNDARIES), st.integers(0, 3 * CHUNK + 100))
 lengths = st.one_of(
-    st.sampled_from([0, 1, 2, 100, 4096, CHUNK - 1, CHUNK, CHUNK + 1]), st.integers(0, 2 * CHUNK + 10)
+    st.sampled_from([0, 1, 2, 100, 4096, CHUNK - 1, CHUNK, CHUNK + 1]),
+    st.integers(0, 2 * CHUNK + 10),
 )
-payloads = st.tuples(st.integers(0, 2**32), lengths).map(lambda t: random.Random(t[0]).randbytes(t[1]))
+
+
+@dataclass(frozen=True)
+class Payload:
+    """``length`` pseudo-random bytes from ``seed`` (short to print in a failing example)."""
+
+    seed: int
+    length: int
+
+    def __bytes__(self) -> bytes:
+        return random.Random(self.seed).randbytes(self.length)
+
+
+payloads = st.builds(Payload, st.integers(0, 2**32), lengths)
 sizes = st.one_of(st.sampled_from(BOUNDARIES), st.integers(0, 3 * CHUNK + 100))
 handle_index = st.integers(0, MAX_OPEN - 1)
 
@@ -95,6 +121,7 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
     mount: Any = None  # the ckptfs Mount, set by the test
     ref_root: Path = Path()
     remounts_total = 0
+    stats: collections.Counter[str] = collections.Counter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +131,8 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
         self.handles: list[Handle] = []
         self.steps = 0
         self.remounted = False
+        self.existing: dict[str, str] = {}  # path -> kind, from the last reference snapshot
+        self.stats["examples"] += 1
 
     # ----------------------------------------------------------------- helpers
 
@@ -111,16 +140,30 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
         """Run ``fn(root)`` on both roots; the outcomes must match."""
         got = outcome(lambda: fn(self.fs_root))
         want = outcome(lambda: fn(self.ref_root))
+        self.count(what, want)
         assert got == want, f"{what}: ckptfs {describe(got)} != reference {describe(want)}"
         return got
+
+    def count(self, what: str, o: Outcome) -> None:
+        self.stats[what.split("(")[0] + " " + (o[0] if o[0] == "ok" else str(o[1]))] += 1
 
     def both_fd(self, what: str, h: Handle, fn: Callable[[int], Any]) -> Outcome:
         got = outcome(lambda: fn(h.fs_fd))
         want = outcome(lambda: fn(h.ref_fd))
+        self.count(what, want)
         assert got == want, (
             f"{what} on handle({h.path!r}, {h.mode}): ckptfs {describe(got)} != reference {describe(want)}"
         )
         return got
+
+    def resolve(self, p: tuple[str, int, str]) -> str:
+        kind, n, rnd = p
+        if kind == "existing" and self.existing:
+            return sorted(self.existing)[n % len(self.existing)]
+        if kind == "child":
+            dirs = [""] + [k + "/" for k in self.existing if self.existing[k] == "dir"]
+            return dirs[n % len(dirs)] + NAMES[(n // len(dirs)) % len(NAMES)]
+        return rnd
 
     def handle(self, i: int) -> Handle:
         return self.handles[i % len(self.handles)]
@@ -136,9 +179,25 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- rules
 
+    @initialize(p1=payloads, p2=payloads, off=offsets)
+    def seed_tree(self, p1: Payload, p2: Payload, off: int) -> None:
+        """Start every example with some content and two open files."""
+        d1, d2 = bytes(p1), bytes(p2)
+        self.both("mkdir('a')", lambda r: os.mkdir(r / "a"))
+        self.both("write_file('b')", lambda r: (r / "b").write_bytes(d1))
+        self.both("write_file('a/c')", lambda r: (r / "a" / "c").write_bytes(d2))
+        self.do_open("b", "rw")
+        self.do_open("a/c", "rw")
+        self.both_fd(
+            f"pwrite({len(d1)}, {off})", self.handles[-1], lambda fd: os.pwrite(fd, d1, off)
+        )
+
     @precondition(lambda self: len(self.handles) < MAX_OPEN)
-    @rule(path=paths, mode=st.sampled_from(sorted(OPEN_MODES)))
-    def open(self, path: str, mode: str) -> None:
+    @rule(p=picks, mode=st.sampled_from(sorted(OPEN_MODES)))
+    def open(self, p: tuple[str, int, str], mode: str) -> None:
+        self.do_open(self.resolve(p), mode)
+
+    def do_open(self, path: str, mode: str) -> None:
         flags = OPEN_MODES[mode]
         fds: dict[str, int] = {}
 
@@ -163,24 +222,30 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
     def reopen(self, i: int) -> None:
         h = self.handle(i)
         self.close_handle(h)
-        self.open(h.path, "rw")
+        self.do_open(h.path, "rw")
 
     @precondition(has_handles)
-    @rule(i=handle_index, data=payloads)
-    def write(self, i: int, data: bytes) -> None:
+    @rule(i=handle_index, payload=payloads)
+    def write(self, i: int, payload: Payload) -> None:
+        data = bytes(payload)
         self.both_fd(f"write({len(data)})", self.handle(i), lambda fd: os.write(fd, data))
 
     @precondition(has_handles)
-    @rule(i=handle_index, data=payloads, off=offsets)
-    def pwrite(self, i: int, data: bytes, off: int) -> None:
-        self.both_fd(f"pwrite({len(data)}, {off})", self.handle(i), lambda fd: os.pwrite(fd, data, off))
+    @rule(i=handle_index, payload=payloads, off=offsets)
+    def pwrite(self, i: int, payload: Payload, off: int) -> None:
+        data = bytes(payload)
+        self.both_fd(
+            f"pwrite({len(data)}, {off})", self.handle(i), lambda fd: os.pwrite(fd, data, off)
+        )
 
     @precondition(has_handles)
     @rule(i=handle_index, off=offsets, whence=st.sampled_from([os.SEEK_SET, os.SEEK_END]))
     def seek(self, i: int, off: int, whence: int) -> None:
         if whence == os.SEEK_END:
             off = -min(off, 1000)
-        self.both_fd(f"lseek({off}, {whence})", self.handle(i), lambda fd: os.lseek(fd, off, whence))
+        self.both_fd(
+            f"lseek({off}, {whence})", self.handle(i), lambda fd: os.lseek(fd, off, whence)
+        )
 
     @precondition(has_handles)
     @rule(i=handle_index, off=offsets, n=lengths)
@@ -202,56 +267,77 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
     def fsync(self, i: int) -> None:
         self.both_fd("fsync", self.handle(i), os.fsync)
 
-    @rule(path=paths, size=sizes)
-    def truncate(self, path: str, size: int) -> None:
+    @rule(p=picks, size=sizes)
+    def truncate(self, p: tuple[str, int, str], size: int) -> None:
+        path = self.resolve(p)
         self.both(f"truncate({path!r}, {size})", lambda r: os.truncate(r / path, size))
 
-    @rule(path=paths, data=payloads)
-    def write_whole_file(self, path: str, data: bytes) -> None:
+    @rule(p=picks, payload=payloads)
+    def write_whole_file(self, p: tuple[str, int, str], payload: Payload) -> None:
+        data = bytes(payload)
+        path = self.resolve(p)
+
         def op(root: Path) -> int:
             with open(root / path, "wb") as f:
                 return f.write(data)
 
         self.both(f"write_file({path!r}, {len(data)})", op)
 
-    @rule(path=paths)
-    def read_whole_file(self, path: str) -> None:
+    @rule(p=picks)
+    def read_whole_file(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
         self.both(f"read_file({path!r})", lambda r: (r / path).read_bytes())
 
-    @rule(src=paths, dst=paths)
-    def rename(self, src: str, dst: str) -> None:
+    @rule(s=picks, d=picks)
+    def rename(self, s: tuple[str, int, str], d: tuple[str, int, str]) -> None:
+        src, dst = self.resolve(s), self.resolve(d)
         self.both(f"rename({src!r}, {dst!r})", lambda r: os.rename(r / src, r / dst))
 
-    @rule(path=paths)
-    def unlink(self, path: str) -> None:
+    @rule(s=picks, d=picks)
+    def link(self, s: tuple[str, int, str], d: tuple[str, int, str]) -> None:
+        src, dst = self.resolve(s), self.resolve(d)
+        self.both(f"link({src!r}, {dst!r})", lambda r: os.link(r / src, r / dst))
+
+    @rule(p=picks)
+    def unlink(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
         self.both(f"unlink({path!r})", lambda r: os.unlink(r / path))
 
-    @rule(path=paths)
-    def mkdir(self, path: str) -> None:
+    @rule(p=picks)
+    def mkdir(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
         self.both(f"mkdir({path!r})", lambda r: os.mkdir(r / path))
 
-    @rule(path=paths)
-    def rmdir(self, path: str) -> None:
+    @rule(p=picks)
+    def rmdir(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
         self.both(f"rmdir({path!r})", lambda r: os.rmdir(r / path))
 
-    @rule(path=paths)
-    def listdir(self, path: str) -> None:
+    @rule(p=picks)
+    def listdir(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
         self.both(f"listdir({path!r})", lambda r: sorted(os.listdir(r / path)))
 
-    @rule(path=paths)
-    def stat_path(self, path: str) -> None:
+    @rule(p=picks)
+    def stat_path(self, p: tuple[str, int, str]) -> None:
+        path = self.resolve(p)
+
         def op(root: Path) -> tuple[int, int]:
             s = os.stat(root / path)
             return stat.S_IFMT(s.st_mode), (s.st_size if stat.S_ISREG(s.st_mode) else 0)
 
         self.both(f"stat({path!r})", op)
 
-    @rule(link_target=paths, path=paths)
-    def symlink(self, link_target: str, path: str) -> None:
-        self.both(f"symlink({link_target!r}, {path!r})", lambda r: os.symlink(link_target, r / path))
+    @rule(t=picks, p=picks)
+    def symlink(self, t: tuple[str, int, str], p: tuple[str, int, str]) -> None:
+        link_target, path = self.resolve(t), self.resolve(p)
+        self.both(
+            f"symlink({link_target!r}, {path!r})", lambda r: os.symlink(link_target, r / path)
+        )
 
-    @rule(path=paths, mode=st.sampled_from([0o600, 0o644, 0o755, 0o700]))
-    def chmod(self, path: str, mode: int) -> None:
+    @rule(p=picks, mode=st.sampled_from([0o600, 0o644, 0o755, 0o700]))
+    def chmod(self, p: tuple[str, int, str], mode: int) -> None:
+        path = self.resolve(p)
         self.both(f"chmod({path!r}, {oct(mode)})", lambda r: os.chmod(r / path, mode))
 
     @precondition(lambda self: not self.remounted and self.steps >= 8)
@@ -270,7 +356,9 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
     @invariant()
     def trees_identical(self) -> None:
         self.steps += 1
+        self.stats["steps"] += 1
         fs, ref = self.snapshot(self.fs_root), self.snapshot(self.ref_root)
+        self.existing = {k: v[0] for k, v in ref.items()}
         if fs != ref:
             diffs = [f"only in ckptfs: {k}" for k in fs.keys() - ref.keys()]
             diffs += [f"only in reference: {k}" for k in ref.keys() - fs.keys()]
@@ -279,10 +367,13 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
                     a, b = fs[k], ref[k]
                     if a[0] == b[0] == "file" and a[2] == b[2] and a[3] != b[3]:
                         first = next(i for i in range(len(a[3])) if a[3][i] != b[3][i])
-                        diffs.append(f"{k}: contents differ from offset {first} "
-                                     f"(chunk {first // CHUNK} + {first % CHUNK})")
+                        diffs.append(
+                            f"{k}: contents differ from offset {first} "
+                            f"(chunk {first // CHUNK} + {first % CHUNK})"
+                        )
                     else:
-                        diffs.append(f"{k}: ckptfs {a[:3]} != reference {b[:3]}")
+                        short = (lambda t: t[:3] + t[4:]) if a[0] == "file" else (lambda t: t)
+                        diffs.append(f"{k}: ckptfs {short(a)} != reference {short(b)}")
             raise AssertionError("trees differ:\n" + "\n".join(diffs))
 
     @invariant()
@@ -306,8 +397,10 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
                     walk(p, r + "/")
                 else:
                     data = p.read_bytes()
-                    assert len(data) == s.st_size, f"{p}: read {len(data)} bytes, st_size {s.st_size}"
-                    out[r] = ("file", stat.S_IMODE(s.st_mode), s.st_size, data)
+                    assert len(data) == s.st_size, (
+                        f"{p}: read {len(data)} bytes, st_size {s.st_size}"
+                    )
+                    out[r] = ("file", stat.S_IMODE(s.st_mode), s.st_size, data, s.st_nlink)
 
         walk(root, "")
         return out
@@ -317,9 +410,20 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
             self.close_handle(h)
 
 
-def test_ckptfs_matches_plain_directory(ckpt: Any, tmp_path: Path) -> None:
+def test_ckptfs_matches_plain_directory(
+    ckpt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref = tmp_path / "reference"
     ref.mkdir()
+    # Every example may unmount and mount again, so shrinking a failure is slow; cap it
+    # (hypothesis' own cap is 5 minutes). The failing example is saved in .hypothesis/ and
+    # replayed first next time, so a rerun continues from the shrunk case.
+    monkeypatch.setattr(
+        hypothesis_engine,
+        "MAX_SHRINKING_SECONDS",
+        int(os.environ.get("CKPTFS_DIFF_SHRINK_SECONDS", "90")),
+        raising=False,
+    )
 
     class Machine(CkptfsVsPlainDir):
         pass
@@ -329,7 +433,7 @@ def test_ckptfs_matches_plain_directory(ckpt: Any, tmp_path: Path) -> None:
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=int(os.environ.get("CKPTFS_DIFF_EXAMPLES", "30")),
+            max_examples=int(os.environ.get("CKPTFS_DIFF_EXAMPLES", "40")),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=list(HealthCheck),
@@ -337,3 +441,4 @@ def test_ckptfs_matches_plain_directory(ckpt: Any, tmp_path: Path) -> None:
         ),
     )
     print(f"remounts exercised: {Machine.remounts_total}")
+    print("operations (reference outcome):", dict(sorted(Machine.stats.items())))

@@ -36,7 +36,7 @@ ROOT_INODE = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS inodes (
-    ino      INTEGER PRIMARY KEY,
+    ino      INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the kernel may still cache an old one
     mode     INTEGER NOT NULL,
     uid      INTEGER NOT NULL,
     gid      INTEGER NOT NULL,

@@ -163,14 +163,21 @@ class ChunkStore:
                 by_tier.setdefault(t, []).append(ref.key)
         if not by_tier:
             return
+        errors: list[CkptfsError] = []
 
         async def one(tier: Tier, keys: list[str]) -> None:
-            await trio.to_thread.run_sync(tier.sync, keys, limiter=self.io)
+            try:
+                await trio.to_thread.run_sync(tier.sync, keys, limiter=self.io)
+            except CkptfsError as exc:
+                log.error("fsync on tier %s failed: %s", tier.name, exc)
+                errors.append(exc)
 
         async with trio.open_nursery() as n:
             for name, keys in by_tier.items():
                 if name in self.tiers:
                     n.start_soon(one, self.tiers[name], keys)
+        if errors:
+            raise errors[0]
         self._synced.update(todo)
 
     # -- read --------------------------------------------------------------------------------

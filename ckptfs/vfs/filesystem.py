@@ -19,13 +19,21 @@ import trio
 
 from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
-from ..errors import CkptfsError, InvalidArgument, IsADirectory, NotADirectory
+from ..errors import CkptfsError, InvalidArgument, IsADirectory, NameTooLong, NotADirectory
 from ..tiers.base import Tier, TierUsage
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
 
 T = TypeVar("T")
+
+NAME_MAX = 255
+
+
+def _check_name(name: bytes) -> bytes:
+    if len(name) > NAME_MAX:
+        raise NameTooLong(f"name of {len(name)} bytes (at most {NAME_MAX})")
+    return name
 
 
 @dataclass
@@ -163,15 +171,15 @@ class Filesystem:
     # -- namespace ---------------------------------------------------------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
-        inode = await self.db(self.catalog.lookup, parent, name)
+        inode = await self.db(self.catalog.lookup, parent, _check_name(name))
         f = self.open_files.get(inode.ino)
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
-        return await self.db(self.catalog.create, parent, name, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+        return await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
-        return await self.db(self.catalog.create, parent, name, stat.S_IFLNK | 0o777, uid, gid, target)
+        return await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777, uid, gid, target)
 
     async def readlink(self, ino: int) -> bytes:
         inode = await self.db(self.catalog.get_inode, ino)
@@ -180,7 +188,7 @@ class Filesystem:
         return inode.target
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
-        inode = await self.db(self.catalog.link, ino, parent, name)
+        inode = await self.db(self.catalog.link, ino, parent, _check_name(name))
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -202,7 +210,7 @@ class Filesystem:
         if flags & ~1:
             raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         replaced = await self.db(
-            self.catalog.rename, old_parent, old_name, new_parent, new_name, noreplace
+            self.catalog.rename, old_parent, old_name, new_parent, _check_name(new_name), noreplace
         )
         if replaced is not None:
             await self._maybe_delete(replaced)
@@ -281,7 +289,7 @@ class Filesystem:
         self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
     ) -> tuple[int, Inode]:
         inode = await self.db(
-            self.catalog.create, parent, name, stat.S_IFREG | stat.S_IMODE(mode), uid, gid
+            self.catalog.create, parent, _check_name(name), stat.S_IFREG | stat.S_IMODE(mode), uid, gid
         )
         fh = await self.open(inode.ino, flags & ~os.O_TRUNC)
         return fh, self.handles[fh].file.attrs()
@@ -337,5 +345,5 @@ class Filesystem:
             total += u.total
             free += u.free
         bs = 4096
-        return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, 255)
+        return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, NAME_MAX)
 

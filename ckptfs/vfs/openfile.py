@@ -98,7 +98,6 @@ class OpenFile:
         self.inflight: dict[int, _Pending] = {}  # the newest in-flight write of each chunk
         self._running: set[_Pending] = set()  # every chunk write not finished yet
         self.written: list[ChunkRef] = []  # pinned refs produced since the last commit
-        self.unsynced: dict[bytes, ChunkRef] = {}
         self.meta_dirty = False  # size or times changed without data (truncate, utime)
         self.failed: CkptfsError | None = None
         self.lock = trio.Lock()
@@ -186,7 +185,6 @@ class OpenFile:
                 self.failed = exc
         else:
             self.written.append(ref)
-            self.unsynced[ref.digest] = ref
             if self.inflight.get(idx) is pending:
                 self.changes[idx] = ref
         finally:
@@ -238,7 +236,6 @@ class OpenFile:
         dropped = self.written
         self.written = []
         self.changes.clear()
-        self.unsynced.clear()
         self.failed = None
         self.meta_dirty = False
         self.size, self.mtime_ns, self.ctime_ns = self._committed_attrs
@@ -267,8 +264,13 @@ class OpenFile:
             if self.failed is not None:
                 raise self.failed
             if durable:
-                await self.svc.store.sync(list(self.unsynced.values()))
-                self.unsynced.clear()
+                # Every chunk the file will name, including ones committed by earlier
+                # closes; the store skips those it already knows to be durable.
+                final = {**self.committed, **self.changes}
+                n_final = math.ceil(self.size / self.cs)
+                await self.svc.store.sync(
+                    r for i, r in final.items() if r is not None and i < n_final
+                )
             if not (self.changes or self.meta_dirty):
                 if durable:
                     await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
@@ -294,9 +296,10 @@ class OpenFile:
             self._committed_attrs = (self.size, self.mtime_ns, self.ctime_ns)
             written, self.written = self.written, []
             self.svc.store.unpin(r.digest for r in written)
-            garbage = [r for r in old.values() if r.digest in set(dropped)]
-            live = {r.digest for r in self.committed.values()}
-            garbage += [r for r in written if r.digest not in live]
+            dropped_set = set(dropped)
+            garbage = [r for r in old.values() if r.digest in dropped_set]
+            kept = {r.digest for r in self.committed.values()}
+            garbage += [r for r in written if r.digest not in kept]
             await self.svc.store.collect(garbage)
 
     async def release_all(self) -> None:
