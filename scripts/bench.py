@@ -19,7 +19,10 @@ a 16-byte prefix (file number, block number) followed by a slice of that pattern
 that varies per block, so no two chunks are identical (ckptfs deduplicates identical chunks).
 Reads check a sample of blocks (every 16th and the last of each file) byte for byte.
 
-    python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT]
+Each pass runs the three targets in turn, and by default there are 3 passes (1 with --quick).
+The table shows the median of the passes, followed by the range.
+
+    python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT] [--repeat N]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -98,11 +102,24 @@ def write_file(path: Path, data: Data, file_id: int, nbytes: int, fsync: bool = 
         os.close(fd)
 
 
-def read_file(path: Path, data: Data | None, file_id: int, nbytes: int) -> None:
-    """Read sequentially with 1 MiB reads; check sampled blocks unless ``data`` is None."""
+Samples = dict[int, bytes]
+
+
+def expected_samples(data: Data, file_id: int, nbytes: int) -> Samples:
+    """The blocks a read checks (every VERIFY_EVERY-th and the last), built before timing."""
+    nblocks = (nbytes + BLOCK - 1) // BLOCK
+    picks = set(range(0, nblocks, VERIFY_EVERY)) | {nblocks - 1}
+    return {i: data.block(file_id, i)[: min(BLOCK, nbytes - i * BLOCK)] for i in sorted(picks)}
+
+
+def read_file(path: Path, samples: Samples | None, nbytes: int) -> None:
+    """Read sequentially with 1 MiB reads; compare the sampled blocks unless None.
+
+    Nothing is allocated per block inside the loop: the expected blocks were built before
+    the clock started, and bytearray == bytes is a single memcmp.
+    """
     buf = bytearray(BLOCK)
     mv = memoryview(buf)
-    nblocks = (nbytes + BLOCK - 1) // BLOCK
     total = 0
     with open(path, "rb", buffering=0) as f:
         i = 0
@@ -117,18 +134,16 @@ def read_file(path: Path, data: Data | None, file_id: int, nbytes: int) -> None:
             if got == 0:
                 break
             total += got
-            if data is not None and (i % VERIFY_EVERY == 0 or i == nblocks - 1):
-                want = data.block(file_id, i)[: min(BLOCK, nbytes - i * BLOCK)]
-                # bytearray == bytes is one memcmp (a memoryview compares byte by byte)
-                if (buf if got == BLOCK else buf[:got]) != want:
-                    bad = next(
-                        (k for k in range(min(got, len(want))) if buf[k] != want[k]),
-                        min(got, len(want)),
-                    )
-                    raise BenchError(
-                        f"WRONG DATA in {path}: block {i} (file offset {i * BLOCK}) differs "
-                        f"at byte {bad} of the block (got {got} bytes, expected {len(want)})"
-                    )
+            want = samples.get(i) if samples is not None else None
+            if want is not None and (buf if got == BLOCK else buf[:got]) != want:
+                bad = next(
+                    (k for k in range(min(got, len(want))) if buf[k] != want[k]),
+                    min(got, len(want)),
+                )
+                raise BenchError(
+                    f"WRONG DATA in {path}: block {i} (file offset {i * BLOCK}) differs "
+                    f"at byte {bad} of the block (got {got} bytes, expected {len(want)})"
+                )
             i += 1
             if got < BLOCK:
                 break
@@ -222,6 +237,8 @@ def machine_info(base: Path) -> dict[str, Any]:
         "fusermount3": fuse_version,
         "ckptfs": ckptfs_version,
         "root": os.geteuid() == 0,
+        # Proactive reclaim (DAMON) pages out idle page cache: warm reads must follow at once.
+        "damon_active": _read("/sys/kernel/mm/damon/admin/kdamonds/0/state").strip() == "on",
         # Free page reporting (virtio-balloon): freed guest memory goes back to the host within
         # seconds, so every new page-cache page costs a host fault on first touch.
         "free_page_reporting": os.path.exists("/sys/module/page_reporting"),
@@ -527,8 +544,15 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
-def run_target(t: Target, data: Data, p: Params, can_drop: bool, out: TargetResult) -> None:
-    verify = data if t.verify else None
+def run_target(
+    t: Target, data: Data, p: Params, can_drop: bool, out: TargetResult, settle: float
+) -> None:
+    # Expected contents of the sampled blocks, built once, outside the timed reads.
+    single_samples = expected_samples(data, SINGLE_ID, p.single_bytes) if t.verify else None
+    ckpt_samples = [
+        expected_samples(data, CKPT_ID0 + i, p.ckpt_file_bytes) if t.verify else None
+        for i in range(p.ckpt_files)
+    ]
     single = t.dir / "single.bin"
     single_fsync = t.dir / "single-fsync.bin"
     ckpt = t.dir / "checkpoint-000100"
@@ -552,12 +576,19 @@ def run_target(t: Target, data: Data, p: Params, can_drop: bool, out: TargetResu
         with ThreadPoolExecutor(p.threads) as ex:
             list(
                 ex.map(
-                    lambda i: read_file(names[i], verify, CKPT_ID0 + i, p.ckpt_file_bytes),
+                    lambda i: read_file(names[i], ckpt_samples[i], p.ckpt_file_bytes),
                     range(p.ckpt_files),
                 )
             )
 
-    def step(key: str, nbytes: int, fn: Callable[[], None]) -> None:
+    def step(key: str, nbytes: int, fn: Callable[[], None], pause: bool = True) -> None:
+        if settle and pause:
+            # Every write and cold read starts from the same state: no dirty data of the
+            # previous step being written back, and memory freed by it already handed back to
+            # the host. Warm reads follow at once: this kernel pages out idle page cache
+            # (DAMON), so waiting would cool them.
+            os.sync()
+            time.sleep(settle)
         try:
             record(key, nbytes, timed(fn))
         except BenchError as e:
@@ -587,14 +618,15 @@ def run_target(t: Target, data: Data, p: Params, can_drop: bool, out: TargetResu
         step(
             "read_single_cold",
             p.single_bytes,
-            lambda: read_file(single, verify, SINGLE_ID, p.single_bytes),
+            lambda: read_file(single, single_samples, p.single_bytes),
         )
     else:
         out.skipped["read_single_cold"] = "not root: cannot drop caches"
     step(
         "read_single_warm",
         p.single_bytes,
-        lambda: read_file(single, verify, SINGLE_ID, p.single_bytes),
+        lambda: read_file(single, single_samples, p.single_bytes),
+        pause=False,
     )
     if can_drop:
         t0 = time.perf_counter()
@@ -603,7 +635,7 @@ def run_target(t: Target, data: Data, p: Params, can_drop: bool, out: TargetResu
         step("read_ckpt_cold", p.ckpt_bytes, read_ckpt)
     else:
         out.skipped["read_ckpt_cold"] = "not root: cannot drop caches"
-    step("read_ckpt_warm", p.ckpt_bytes, read_ckpt)
+    step("read_ckpt_warm", p.ckpt_bytes, read_ckpt, pause=False)
     t.stop()
 
 
@@ -617,13 +649,19 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}"
 
 
-def mbps(r: TargetResult | None, key: str) -> float | None:
-    if r is None or key not in r.results:
-        return None
-    return r.results[key]["mb_per_s"]
+def mbps_all(rs: list[TargetResult] | None, key: str) -> list[float]:
+    return [r.results[key]["mb_per_s"] for r in rs or [] if key in r.results]
 
 
-def print_table(tests: list[Test], res: dict[str, TargetResult]) -> list[dict[str, Any]]:
+def mbps(rs: list[TargetResult] | None, key: str) -> float | None:
+    """The median over passes (None if no pass measured it)."""
+    vals = mbps_all(rs, key)
+    return statistics.median(vals) if vals else None
+
+
+def print_table(
+    tests: list[Test], res: dict[str, list[TargetResult]], passes: int
+) -> list[dict[str, Any]]:
     rows = []
     w = max(len(t.label) for t in tests)
     head = (
@@ -638,10 +676,10 @@ def print_table(tests: list[Test], res: dict[str, TargetResult]) -> list[dict[st
         def cell(v: float | None, name: str, key: str = t.key) -> str:
             if v is not None:
                 return f"{v:9.1f}"
-            r = res.get(name)
-            if r is None:
+            rs = res.get(name)
+            if not rs:
                 return f"{'-':>9}"
-            if key in r.skipped:
+            if any(key in r.skipped for r in rs):
                 return f"{'skipped':>9}"
             return f"{'FAILED':>9}"
 
@@ -655,6 +693,7 @@ def print_table(tests: list[Test], res: dict[str, TargetResult]) -> list[dict[st
                 "test": t.key,
                 "label": t.label,
                 **{f"{n}_mb_per_s": vals[n] for n in TARGETS},
+                **{f"{n}_all_mb_per_s": mbps_all(res.get(n), t.key) for n in TARGETS},
                 "ckptfs_over_plain": None
                 if not (vals["ckptfs"] and vals["plain"])
                 else vals["ckptfs"] / vals["plain"],
@@ -663,10 +702,19 @@ def print_table(tests: list[Test], res: dict[str, TargetResult]) -> list[dict[st
                 else vals["ckptfs"] / vals["nullfs"],
             }
         )
+    what = f"median of {passes} passes" if passes > 1 else "one pass"
     print(
-        "MB/s = 10^6 bytes per second, wall clock of the whole operation "
+        f"MB/s = 10^6 bytes per second ({what}), wall clock of the whole operation "
         "(open to close, fsync included where named)."
     )
+    if passes > 1:
+        print(f"range over the {passes} passes (min-max MB/s):")
+        for t in tests:
+            cells = []
+            for name in TARGETS:
+                v = mbps_all(res.get(name), t.key)
+                cells.append(f"{name} {min(v):.0f}-{max(v):.0f}" if v else f"{name} -")
+            print(f"  {t.label:<{w}}  " + "   ".join(cells))
     return rows
 
 
@@ -696,6 +744,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--ckpt-files", type=int, default=16)
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="seconds to wait (after a sync) before each timed step (default 5, 0 with --quick)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="passes over all targets, interleaved; the table shows the median "
+        "(default 3, or 1 with --quick)",
+    )
     ap.add_argument("--chunk-size", default=None, help="passed to ckptfs mount --chunk-size")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (for debugging)")
     args = ap.parse_args(argv)
@@ -735,7 +796,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
 
     is_root = os.geteuid() == 0
-    results: dict[str, TargetResult] = {}
+    results: dict[str, list[TargetResult]] = {}
+    passes = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    if passes < 1:
+        ap.error("--repeat must be at least 1")
+    settle = args.settle if args.settle is not None else (0.0 if args.quick else 5.0)
     tests = tests_for(p)
     try:
         info = machine_info(base)
@@ -750,11 +815,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  kernel     {info['kernel']}")
         print(f"  python     {info['python']}; pyfuse3 {info['pyfuse3']}; {info['fusermount3']}")
         print(f"  ckptfs     {info['ckptfs']}")
+        if info["damon_active"]:
+            print(
+                "  note       DAMON proactive reclaim is on: page cache idle for about a minute is"
+                " paged out, so warm reads run right after the cold ones, with no pause"
+            )
         if info["free_page_reporting"]:
             print(
-                "  note       free page reporting is on (a VM returning free memory to its host):"
-                " fresh page-cache pages cost a host fault on first touch; every target pays it,"
-                " and write numbers vary more than on bare metal"
+                "  note       free page reporting is on (a VM handing free memory back to its"
+                " host): a page-cache page that is new, or was freed more than ~2 s ago, costs a"
+                " host fault on first touch. Buffered writes pay it; every target pays it alike"
+                " thanks to the pause before each step."
             )
         print("== setup")
         print(
@@ -770,6 +841,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{info['disk']}, THE SAME DISK as the plain directory: striping cannot add "
             "bandwidth here; this measures ckptfs's overhead"
         )
+        print(
+            f"  before each write and cold read: sync, then {settle:g} s pause"
+            + (" (no pause: numbers depend on what the previous step left)" if not settle else "")
+        )
         if not is_root:
             print("  not root: cold reads skipped (drop_caches needs root)")
         else:
@@ -779,41 +854,53 @@ def main(argv: list[str] | None = None) -> int:
             )
         data = Data()
         extra_ckptfs = ["--chunk-size", args.chunk_size] if args.chunk_size else []
-        for name in TARGETS:
-            if name not in targets:
-                continue
-            root = base / name
-            tgt: Target
-            if name == "plain":
-                tgt = PlainTarget(root)
-            elif name == "ckptfs":
-                tgt = CkptfsTarget(root, extra_ckptfs)
-            else:
-                tgt = NullfsTarget(root)
-            print(f"== {name}: {tgt.describe()}", flush=True)
-            out = results[name] = TargetResult()
-            try:
-                run_target(tgt, data, p, is_root, out)
-            except (BenchError, OSError, subprocess.SubprocessError) as e:
-                out.errors.append(f"{type(e).__name__}: {e}")
-                print(f"  FAILED: {type(e).__name__}: {e}", flush=True)
-            finally:
-                if isinstance(tgt, CkptfsTarget):
-                    out.extra.update({k: v for k, v in tgt.events.items()})
-                    if out.errors:
-                        out.extra["log_tail"] = tgt.log_tail(50)
-                tgt.cleanup()
-            if isinstance(tgt, CkptfsTarget) and tgt.events:
-                ev = tgt.events
+        stuck: set[str] = set()
+        for npass in range(1, passes + 1):
+            for name in TARGETS:
+                if name not in targets or name in stuck:
+                    continue
+                root = base / name
+                tgt: Target
+                if name == "plain":
+                    tgt = PlainTarget(root)
+                elif name == "ckptfs":
+                    tgt = CkptfsTarget(root, extra_ckptfs)
+                else:
+                    tgt = NullfsTarget(root)
+                load = os.getloadavg()[0]
                 print(
-                    "  mount times (s): "
-                    + ", ".join(f"{x:.2f}" for x in ev.get("mount_s", []))
-                    + "; umount times (s): "
-                    + ", ".join(f"{x:.2f}" for x in ev.get("umount_s", []))
+                    f"== pass {npass}/{passes}: {name}: {tgt.describe()}"
+                    f"  [1-min load {load:.2f}, this benchmark included]",
+                    flush=True,
                 )
+                out = TargetResult()
+                out.extra["loadavg_1min_at_start"] = load
+                results.setdefault(name, []).append(out)
+                try:
+                    run_target(tgt, data, p, is_root, out, settle)
+                except (BenchError, OSError, subprocess.SubprocessError) as e:
+                    out.errors.append(f"{type(e).__name__}: {e}")
+                    print(f"  FAILED: {type(e).__name__}: {e}", flush=True)
+                finally:
+                    if isinstance(tgt, CkptfsTarget):
+                        out.extra.update({k: v for k, v in tgt.events.items()})
+                        if out.errors:
+                            out.extra["log_tail"] = tgt.log_tail(50)
+                    tgt.cleanup()
+                    if root.exists():  # cleanup refused: something is still mounted
+                        stuck.add(name)
+                if isinstance(tgt, CkptfsTarget) and tgt.events:
+                    ev = tgt.events
+                    print(
+                        "  mount times (s): "
+                        + ", ".join(f"{x:.2f}" for x in ev.get("mount_s", []))
+                        + "; umount times (s): "
+                        + ", ".join(f"{x:.2f}" for x in ev.get("umount_s", []))
+                    )
         print("== results")
-        rows = print_table(tests, results)
-        failed = {n: r.errors for n, r in results.items() if r.errors}
+        rows = print_table(tests, results, passes)
+        failed = {n: [e for r in rs for e in r.errors] for n, rs in results.items()}
+        failed = {n: errs for n, errs in failed.items() if errs}
         for n, errs in failed.items():
             for msg in errs:
                 print(f"  {n}: {msg}")
@@ -828,17 +915,22 @@ def main(argv: list[str] | None = None) -> int:
                     "block": BLOCK,
                     "quick": args.quick,
                     "chunk_size": args.chunk_size,
+                    "settle_s": settle,
                     "ckptfs_tiers": "2 x --local on the same disk as plain",
                 },
                 "rows": rows,
+                "passes": passes,
                 "targets": {
-                    n: {
-                        "results": r.results,
-                        "errors": r.errors,
-                        "skipped": r.skipped,
-                        "extra": r.extra,
-                    }
-                    for n, r in results.items()
+                    n: [
+                        {
+                            "results": r.results,
+                            "errors": r.errors,
+                            "skipped": r.skipped,
+                            "extra": r.extra,
+                        }
+                        for r in rs
+                    ]
+                    for n, rs in results.items()
                 },
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             }
@@ -862,5 +954,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):
+    try:
         sys.exit(main())
+    except KeyboardInterrupt as exc:
+        print(
+            f"bench: interrupted ({exc or 'SIGINT'})",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)

@@ -16,7 +16,7 @@ cd "$REPO"
 bash scripts/setup.sh
 
 PY="$REPO/.venv/bin/python"
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/ckptfs-demo.XXXXXX")"
+WORK="$(realpath "$(mktemp -d "${TMPDIR:-/tmp}/ckptfs-demo.XXXXXX")")"
 MNT="$WORK/mnt"
 STATE="$WORK/state"
 REF="$WORK/reference"   # the same files written to a plain directory, for comparison
@@ -26,7 +26,8 @@ DAEMONS=()
 
 step() { printf '\n== %s\n' "$*"; }
 ckptfs() { "$PY" -m ckptfs "$@"; }
-mounted() { grep -q " $(realpath "$MNT") " /proc/mounts; }
+# $WORK is a real path already: no realpath here, it would fail on a dead (ENOTCONN) mount.
+mounted() { grep -q " $MNT " /proc/mounts; }
 
 cleanup() {
     local rc=$?
@@ -63,7 +64,7 @@ do_mount() {
     local pid
     pid="$(cat "$STATE/daemon.pid")"
     DAEMONS+=("$pid")
-    echo "mounted: $(grep " $(realpath "$MNT") " /proc/mounts)"
+    echo "mounted: $(grep " $MNT " /proc/mounts)"
     echo "daemon pid $pid, log $STATE/ckptfs.log"
 }
 
@@ -115,7 +116,7 @@ step "4. where the chunks landed: the tier directory $TIER"
 nframes="$(find "$TIER" -type f | wc -l)"
 echo "$nframes files, $(du -sh "$TIER" | cut -f1) in $TIER; the first few:"
 find "$TIER" -type f -printf '%10s  %P\n' | sort -k2 | head -n 8
-echo "state dir: $(ls "$STATE" | tr '\n' ' ')"
+echo "state dir holds: $(find "$STATE" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | tr '\n' ' ')"
 
 step "5. unmount, mount again (nothing cached in the daemon)"
 do_umount
