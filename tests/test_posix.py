@@ -1517,3 +1517,21 @@ def test_unlink_while_iterating_directory(ckpt: Any) -> None:
     assert sorted(seen) == sorted(names)
     assert os.listdir(d) == []
     os.rmdir(d)
+
+
+def test_write_only_overwrite_is_seen_by_a_reader_with_cached_pages(ckpt: Any) -> None:
+    # Write-only handles bypass the page cache (direct I/O); their commit must drop pages
+    # a reader cached earlier, or a later open would serve the old bytes.
+    p = ckpt.mountpoint / "cached"
+    old = rbytes(600_000, "old")
+    write_file(p, old)
+    assert p.read_bytes() == old  # now in the kernel page cache (keep_cache)
+    fd = os.open(p, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"N" * 5000, 300_000)
+    finally:
+        os.close(fd)
+    expected = old[:300_000] + b"N" * 5000 + old[305_000:]
+    assert p.read_bytes() == expected
+    with open(p, "rb") as f:
+        assert mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)[:] == expected

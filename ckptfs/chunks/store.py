@@ -93,15 +93,12 @@ class ChunkStore:
                 self._inflight_bytes[tier.name] += size
             try:
                 tier.put(key, parts)
-                raw = tier.get(key)
-                if raw is None:
-                    raise TierError(f"tier {tier.name}: chunk {key[:16]} vanished right after put")
-                frame.verify(raw, digest)  # check what the device holds, not what we sent
+                tier.verify(key, digest)  # check what the device holds, not what we sent
             except NoSpace as exc:
                 self._full[tier.name] = time.monotonic()
                 errors.append(exc)
                 continue
-            except (TierError, CorruptChunk) as exc:
+            except (TierError, CorruptChunk, ChunkMissing) as exc:
                 if tier.name not in self._unhealthy:
                     log.error("tier %s failed, placing chunks elsewhere: %s", tier.name, exc)
                 self._unhealthy[tier.name] = time.monotonic()

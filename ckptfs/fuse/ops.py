@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -17,7 +16,7 @@ import pyfuse3
 
 from ..catalog import Inode
 from ..errors import CkptfsError
-from ..vfs.filesystem import Filesystem
+from ..vfs.filesystem import Filesystem, uses_direct_io
 
 log = logging.getLogger("ckptfs.fuse")
 
@@ -141,15 +140,16 @@ class FuseOps(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         fh = await self.fs.open(inode, flags)
         # The kernel page cache stays valid across opens: every change to a file goes
-        # through this kernel, so it can serve repeat reads (warm restore) by itself.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=bool(flags & os.O_DIRECT))
+        # through this kernel (direct-I/O writes invalidate it at commit), so it can serve
+        # repeat reads (warm restore) by itself.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
 
     @boundary
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, ctx.uid, ctx.gid)
-        info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=bool(flags & os.O_DIRECT))
+        info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
         return info, entry(inode)
 
     @boundary

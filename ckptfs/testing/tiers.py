@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
+from ..chunks import frame
 from ..chunks.frame import Buffer
-from ..errors import NoSpace, TierError
+from ..errors import ChunkMissing, NoSpace, TierError
 from ..tiers.base import Tier, TierUsage
 
 
@@ -34,6 +35,12 @@ class MemoryTier:
 
     def get(self, key: str) -> bytes | None:
         return self.frames.get(key)
+
+    def verify(self, key: str, digest: bytes) -> None:
+        raw = self.get(key)
+        if raw is None:
+            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
+        frame.verify(raw, digest)
 
     def delete(self, key: str) -> int:
         with self._lock:
@@ -84,6 +91,12 @@ class FaultyTier:
             flipped[-1] ^= 0xFF
             return bytes(flipped)
         return data
+
+    def verify(self, key: str, digest: bytes) -> None:
+        raw = self.get(key)
+        if raw is None:
+            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
+        frame.verify(raw, digest)
 
     def delete(self, key: str) -> int:
         return self.inner.delete(key)

@@ -14,9 +14,10 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ..chunks import frame
 from ..chunks.frame import Buffer
 from ..config import TierConfig
-from ..errors import NoSpace, TierError
+from ..errors import ChunkMissing, NoSpace, TierError
 from .base import TierUsage
 
 _NOSPACE = {errno.ENOSPC, errno.EDQUOT}
@@ -118,6 +119,13 @@ class LocalTier:
             return None
         except OSError as exc:
             raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
+
+    def verify(self, key: str, digest: bytes) -> None:
+        """Read a frame back from the device and check it against its digest."""
+        raw = self.get(key)
+        if raw is None:
+            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
+        frame.verify(raw, digest)
 
     def delete(self, key: str) -> int:
         path = self._path(key)

@@ -99,6 +99,9 @@ class OpenFile:
         self._running: set[_Pending] = set()  # every chunk write not finished yet
         self.written: list[ChunkRef] = []  # pinned refs produced since the last commit
         self.meta_dirty = False  # size or times changed without data (truncate, utime)
+        # Writes through direct-I/O handles bypass the kernel page cache, which may still
+        # hold older pages of this file: drop them once those writes are committed.
+        self.bypassed_cache = False
         self.failed: CkptfsError | None = None
         self.lock = trio.Lock()
         self.handles = 0
@@ -301,6 +304,9 @@ class OpenFile:
             kept = {r.digest for r in self.committed.values()}
             garbage += [r for r in written if r.digest not in kept]
             await self.svc.store.collect(garbage)
+            if self.bypassed_cache and self.svc.invalidate is not None:
+                self.bypassed_cache = False
+                await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
 
     async def release_all(self) -> None:
         """The last handle closed: drop uncommitted state (a failed write stays uncommitted)."""
