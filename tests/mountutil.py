@@ -104,20 +104,21 @@ class Mount:
 
 
 def pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    """True while ``pid`` runs. A zombie counts as gone (PID 1 here does not reap orphans)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            state = f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
+    return state not in ("Z", "X")
 
 
 def _wait_pid_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not pid_alive(pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
             return True
         # Reap it if it is our child; otherwise it is gone once kill(0) fails.
         with contextlib.suppress(ChildProcessError):

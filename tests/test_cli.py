@@ -6,7 +6,6 @@ key or value; no traceback ever reaches the operator.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -22,34 +21,13 @@ from mountutil import (
     ckptfs_cmd,
     is_mounted,
     mounted,
+    pid_alive,
     run_cli,
 )
 
 import ckptfs
 
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs. A zombie counts as gone (PID 1 here does not reap orphans)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def start_after_crash(m: Mount) -> None:
-    """Mount again over the stale mount a killed daemon left (Mount.start() would stat it)."""
-    res = run_cli("mount", str(m.mountpoint), *m.args(), timeout=60)
-    assert res.returncode == 0, (
-        f"mount over a stale mount failed ({res.returncode}): {res.stderr}\n{m.log[-3000:]}"
-    )
-    m.pid = int((m.state_dir / "daemon.pid").read_text().strip())
-    m._started.append(m.pid)
 
 
 def wait_until(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -367,7 +345,7 @@ def test_stale_mount_cleaned_by_next_mount(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not pid_alive(pid), 30, "the daemon to die")
         m._forget_pid()
-        start_after_crash(m)
+        m.start()
         assert (m.mountpoint / "kept").read_bytes() == b"committed"
 
 
@@ -390,7 +368,7 @@ def test_stale_mount_cleaned_once_detectable(tmp_path: Path) -> None:
             return False
 
         wait_until(dead, 30, "stat() of the dead mount to fail")
-        start_after_crash(m)
+        m.start()
         assert (m.mountpoint / "kept").read_bytes() == b"committed"
 
 

@@ -29,7 +29,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, is_mounted, mounted, run_cli
+from mountutil import (
+    FUSE_AVAILABLE,
+    SKIP_REASON,
+    Mount,
+    is_mounted,
+    mounted,
+    pid_alive,
+    run_cli,
+)
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
@@ -70,28 +78,6 @@ _DIGEST_PATH = re.compile(r"/chunks/([0-9a-f]{2})/(\1[0-9a-f]{62})$")
 
 def is_chunk_path(p: Path) -> bool:
     return bool(_DIGEST_PATH.search(str(p)))
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs. A zombie counts as gone (PID 1 here does not reap orphans)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def start_after_crash(m: Mount) -> None:
-    """Mount again over the stale mount a killed daemon left (Mount.start() would stat it)."""
-    res = run_cli("mount", str(m.mountpoint), *m.args(), timeout=60)
-    assert res.returncode == 0, (
-        f"mount over a stale mount failed ({res.returncode}): {res.stderr}\n{m.log[-3000:]}"
-    )
-    m.pid = int((m.state_dir / "daemon.pid").read_text().strip())
-    m._started.append(m.pid)
 
 
 def wait_until(cond, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
@@ -336,7 +322,7 @@ def test_kill9_mid_write_then_remount_and_fsck(tmp_path: Path) -> None:
         with pytest.raises(OSError) as ei:
             os.listdir(m.mountpoint)
         assert ei.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), ei.value
-        start_after_crash(m)
+        m.start()
 
         check_committed_content(m.mountpoint)
         names = sorted(p.name for p in m.mountpoint.iterdir())

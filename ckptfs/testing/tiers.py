@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
-from ..chunks import frame
 from ..chunks.frame import Buffer
-from ..errors import ChunkMissing, NoSpace, TierError
-from ..tiers.base import Tier, TierUsage
+from ..errors import NoSpace, TierError
+from ..tiers.base import Tier, TierUsage, verify_by_reading
 
 
 class MemoryTier:
@@ -37,10 +36,7 @@ class MemoryTier:
         return self.frames.get(key)
 
     def verify(self, key: str, digest: bytes) -> None:
-        raw = self.get(key)
-        if raw is None:
-            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
-        frame.verify(raw, digest)
+        verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
         with self._lock:
@@ -93,10 +89,7 @@ class FaultyTier:
         return data
 
     def verify(self, key: str, digest: bytes) -> None:
-        raw = self.get(key)
-        if raw is None:
-            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
-        frame.verify(raw, digest)
+        verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
         return self.inner.delete(key)

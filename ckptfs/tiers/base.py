@@ -10,7 +10,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..chunks import frame
 from ..chunks.frame import Buffer
+from ..errors import ChunkMissing
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,11 @@ class Tier(Protocol):
     def list_keys(self) -> Iterator[str]: ...
     def usage(self) -> TierUsage: ...
     def check(self) -> None: ...
+
+
+def verify_by_reading(tier: Tier, key: str, digest: bytes) -> None:
+    """``Tier.verify`` for tiers whose cheapest check is to read the frame back."""
+    raw = tier.get(key)
+    if raw is None:
+        raise ChunkMissing(f"tier {tier.name}: chunk {key[:16]} missing")
+    frame.verify(raw, digest)

@@ -14,11 +14,10 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..chunks import frame
 from ..chunks.frame import Buffer
 from ..config import TierConfig
-from ..errors import ChunkMissing, NoSpace, TierError
-from .base import TierUsage
+from ..errors import NoSpace, TierError
+from .base import TierUsage, verify_by_reading
 
 _NOSPACE = {errno.ENOSPC, errno.EDQUOT}
 
@@ -121,11 +120,7 @@ class LocalTier:
             raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
 
     def verify(self, key: str, digest: bytes) -> None:
-        """Read a frame back from the device and check it against its digest."""
-        raw = self.get(key)
-        if raw is None:
-            raise ChunkMissing(f"tier {self.name}: chunk {key[:16]} missing")
-        frame.verify(raw, digest)
+        verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
         path = self._path(key)

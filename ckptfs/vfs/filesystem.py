@@ -270,9 +270,18 @@ class Filesystem:
         await f.release_all()
         if f.handles > 0:
             return  # reopened while we waited
-        del self.open_files[f.ino]
-        if f.inode.nlink <= 0:
-            await self._delete_inode(f.ino)
+        if self.open_files.get(f.ino) is f:
+            del self.open_files[f.ino]
+            if f.inode.nlink <= 0:
+                await self._delete_inode(f.ino)
+        elif f.ino not in self.open_files:
+            # A retired file does not follow link counts: ask the catalog.
+            try:
+                inode = await self.db(self.catalog.get_inode, f.ino)
+            except CkptfsError:
+                return
+            if inode.nlink <= 0:
+                await self._delete_inode(f.ino)
 
     def _new_handle(self, f: OpenFile, flags: int) -> int:
         fh = self._next_fh
@@ -320,10 +329,27 @@ class Filesystem:
         """close(2): commit what this file has, so the caller sees any error now."""
         f = self._handle(fh).file
         if f.is_dirty() or f.failed is not None:
-            await f.commit()
+            await self._commit(f, durable=False)
 
     async def fsync(self, fh: int) -> None:
-        await self._handle(fh).file.commit(durable=True)
+        await self._commit(self._handle(fh).file, durable=True)
+
+    async def _commit(self, f: OpenFile, durable: bool) -> None:
+        try:
+            await f.commit(durable=durable)
+        except CkptfsError:
+            if f.failed is not None:
+                await self._retire(f)
+            raise
+
+    async def _retire(self, f: OpenFile) -> None:
+        """A write of this file failed and was reported. The handles that made it keep
+        failing until they close, but new opens must see the last committed content now,
+        not when the kernel gets round to RELEASE: give them a fresh OpenFile."""
+        if self.open_files.get(f.ino) is f:
+            del self.open_files[f.ino]
+            if self.invalidate is not None:
+                await trio.to_thread.run_sync(self.invalidate, f.ino)
 
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh, None)
