@@ -20,11 +20,13 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-# Chosen by measurement (docs/performance.md): 4 MiB chunks keep per-chunk overhead
-# (a thread hop, a file create + rename, a catalog row) under 2% of the copy cost,
-# while a partial-chunk read-modify-write still costs only a few milliseconds.
-DEFAULT_CHUNK_SIZE = 4 * MiB
-DEFAULT_MEMORY_BUDGET = 512 * MiB
+# Chosen by measurement (docs/performance.md, chunk-size sweep): 16 MiB was the fastest or
+# near-fastest size for every write and read test; smaller chunks pay per-chunk costs (a
+# thread hop, a frame file create + rename + fsync, a catalog row) that show, and 32 MiB
+# was no faster. A partial-chunk read-modify-write of 16 MiB still takes only milliseconds.
+DEFAULT_CHUNK_SIZE = 16 * MiB
+# Chunk buffers of files being written; half as much again is the decoded-chunk cache.
+DEFAULT_MEMORY_BUDGET = 1 * GiB
 DEFAULT_IO_THREADS = 4
 MIN_CHUNK_SIZE = 64 * KiB
 MAX_CHUNK_SIZE = 64 * MiB

@@ -28,7 +28,7 @@ from .chunkbuffer import ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
-READAHEAD_CHUNKS = 4
+READAHEAD_BYTES = 32 * 1024 * 1024  # per sequential reader, fetched in parallel
 
 
 class MemoryBudget:
@@ -349,7 +349,7 @@ class OpenFile:
         if not sequential:
             return
         store = self.svc.store
-        for nxt in range(idx + 1, idx + 1 + READAHEAD_CHUNKS):
+        for nxt in range(idx + 1, idx + 1 + max(1, READAHEAD_BYTES // self.cs)):
             ref = self._ref(nxt)
             if ref is None or nxt in self.dirty or nxt in self.inflight or store.cached(ref.digest):
                 continue
