@@ -73,7 +73,40 @@ CREATE TABLE IF NOT EXISTS extents (
     PRIMARY KEY (ino, idx)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS extents_digest ON extents (digest);
+-- Chunks still to copy to a remote tier. Written in the commit that makes a file name the
+-- chunk, so a restart replays them; deleted when the copy is recorded as a replica.
+CREATE TABLE IF NOT EXISTS upload_jobs (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    state       TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'blocked')),
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
 """
+
+
+@dataclass(frozen=True)
+class UploadJob:
+    digest: bytes
+    tier: str
+    length: int
+    enqueued_ns: int
+    attempts: int
+    sources: tuple[str, ...]  # tiers holding a valid copy to upload from
+
+
+@dataclass(frozen=True)
+class Backlog:
+    chunks: int
+    bytes: int
+    oldest_enqueued_ns: int | None
+    blocked: int
+    last_error: str | None
 
 
 @dataclass(frozen=True)
@@ -406,6 +439,7 @@ class Catalog:
         chunk_size: int,
         changes: dict[int, ChunkRef | None],
         durable: bool = False,
+        uploads: dict[bytes, list[str]] | None = None,
     ) -> list[bytes]:
         """Commit a file's new size, times and changed extents in one transaction.
 
@@ -441,6 +475,13 @@ class Catalog:
                     "INSERT OR REPLACE INTO extents VALUES (?, ?, ?, ?)",
                     (ino, idx, ref.digest, ref.length),
                 )
+                for tier in (uploads or {}).get(ref.digest, ()):
+                    c.execute(
+                        "INSERT OR IGNORE INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                        "SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM replicas "
+                        "WHERE digest=? AND tier=? AND state='valid')",
+                        (ref.digest, tier, ref.length, mtime_ns, ref.digest, tier),
+                    )
             c.execute(
                 "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
                 (size, mtime_ns, ctime_ns, ino),
@@ -472,8 +513,81 @@ class Catalog:
                 tiers = [str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))]
                 c.execute("DELETE FROM replicas WHERE digest=?", (d,))
                 c.execute("DELETE FROM chunks WHERE digest=?", (d,))
+                c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,))
                 gone[d] = tiers
         return gone
+
+    # -- remote replication ------------------------------------------------------------------
+
+    def due_uploads(self, now_ns: int, limit: int, skip: set[tuple[bytes, str]]) -> list[UploadJob]:
+        """Jobs ready to run, oldest commit first."""
+        rows = self.conn.execute(
+            "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
+            "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
+            "WHERE u.next_try_ns<=? GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns LIMIT ?",
+            (now_ns, limit + len(skip)),
+        ).fetchall()
+        jobs = [
+            UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
+            for d, t, n, e, a, s in rows
+        ]
+        return [j for j in jobs if (j.digest, j.tier) not in skip][:limit]
+
+    def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
+        """Earliest retry time among jobs not running now."""
+        rows = self.conn.execute(
+            "SELECT digest, tier, next_try_ns FROM upload_jobs ORDER BY next_try_ns LIMIT ?",
+            (len(skip) + 1,),
+        ).fetchall()
+        for d, t, n in rows:
+            if (bytes(d), str(t)) not in skip:
+                return int(n)
+        return None
+
+    def finish_upload(self, digest: bytes, tier: str) -> bool:
+        """Record a finished copy. False if the job was cancelled meanwhile (the chunk was
+        deleted): the caller then removes the copy it made."""
+        with self._tx() as c:
+            gone = c.execute(
+                "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
+            ).rowcount == 0
+            if gone:
+                return False
+            c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
+            return True
+
+    def postpone_upload(
+        self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool
+    ) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE upload_jobs SET attempts=attempts+1, next_try_ns=?, last_error=?, state=? "
+                "WHERE digest=? AND tier=?",
+                (next_try_ns, error, "blocked" if blocked else "pending", digest, tier),
+            )
+
+    def backlog(self) -> Backlog:
+        n, size, oldest, blocked = self.conn.execute(
+            "SELECT count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+            "coalesce(sum(state='blocked'), 0) FROM upload_jobs"
+        ).fetchone()
+        err = self.conn.execute(
+            "SELECT last_error FROM upload_jobs WHERE last_error IS NOT NULL "
+            "ORDER BY next_try_ns DESC LIMIT 1"
+        ).fetchone()
+        return Backlog(int(n), int(size), None if oldest is None else int(oldest), int(blocked),
+                       None if err is None else str(err[0]))
+
+    def pending_uploads_for(self, inos: Iterable[int]) -> int:
+        """Upload jobs still open for chunks the given files name."""
+        total = 0
+        for ino in inos:
+            row = self.conn.execute(
+                "SELECT count(*) FROM upload_jobs u WHERE u.digest IN "
+                "(SELECT digest FROM extents WHERE ino=?)", (ino,)
+            ).fetchone()
+            total += int(row[0])
+        return total
 
     # -- fsck --------------------------------------------------------------------------------
 

@@ -45,9 +45,12 @@ class ChunkStore:
         self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
         db_limiter: trio.CapacityLimiter,
     ) -> None:
-        if not tiers:
-            raise ValueError("a ChunkStore needs at least one tier")
-        self.tiers = {t.name: t for t in tiers}
+        self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
+        # New chunks land on local tiers only; remote tiers get copies from the uploader.
+        self.local = {t.name: t for t in tiers if t.kind == "local"}
+        self.remotes = sorted((t for t in tiers if t.kind != "local"), key=lambda t: t.name)
+        if not self.local:
+            raise ValueError("a ChunkStore needs at least one local tier")
         self.io = trio.CapacityLimiter(io_threads)
         self.catalog = catalog
         self.db_limiter = db_limiter
@@ -70,7 +73,7 @@ class ChunkStore:
         """Tiers in placement order: healthy first, least queued bytes per unit of weight."""
         now = time.monotonic()
         usable = [
-            t for t in self.tiers.values()
+            t for t in self.local.values()
             if now - self._unhealthy.get(t.name, -1e9) > _UNHEALTHY_RETRY_S
             and now - self._full.get(t.name, -1e9) > 1.0
         ]
@@ -78,7 +81,7 @@ class ChunkStore:
         # chosen tier's pass by size/weight (stride scheduling).
         usable.sort(key=lambda t: (self._inflight_bytes[t.name] / t.weight, self._pass[t.name]))
         # Tiers marked bad or full are still tried last: they may have recovered.
-        rest = [t for t in self.tiers.values() if t not in usable]
+        rest = [t for t in self.local.values() if t not in usable]
         return usable + rest
 
     def _put_somewhere(self, digest: bytes, parts: Sequence[frame.Buffer], size: int) -> str:
@@ -113,6 +116,14 @@ class ChunkStore:
         if errors and all(isinstance(e, NoSpace) for e in errors):
             raise NoSpace("no tier has room for a chunk: " + "; ".join(str(e) for e in errors))
         raise TierError("no tier could store a chunk: " + "; ".join(str(e) for e in errors))
+
+    def remote_targets(self, digest: bytes, copies: int) -> list[str]:
+        """The remote tiers that should hold a chunk: striped by digest over the remotes."""
+        n = len(self.remotes)
+        if n == 0:
+            return []
+        start = int.from_bytes(digest[:4], "big") % n
+        return [self.remotes[(start + i) % n].name for i in range(min(copies, n))]
 
     # -- pins --------------------------------------------------------------------------------
 
@@ -224,7 +235,8 @@ class ChunkStore:
     def _fetch(self, ref: ChunkRef) -> frame.Buffer:
         """Blocking: try each tier holding the chunk; verify; fall back on miss or damage."""
         problems = []
-        names = list(ref.tiers) or list(self.tiers)
+        names = list(ref.tiers) or list(self.local)
+        names.sort(key=lambda n: (self.tiers[n].kind != "local") if n in self.tiers else True)
         for name in names:
             tier = self.tiers.get(name)
             if tier is None:

@@ -13,7 +13,11 @@ from ..tiers.base import Tier, TierUsage, verify_by_reading
 class MemoryTier:
     kind = "local"
 
-    def __init__(self, name: str = "mem", capacity: int = 1 << 40, location: str = "local") -> None:
+    def __init__(
+        self, name: str = "mem", capacity: int = 1 << 40, location: str = "local",
+        kind: str = "local",
+    ) -> None:
+        self.kind = kind
         self.name = name
         self.location = location
         self.weight = 1.0

@@ -21,6 +21,7 @@ from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
 from ..errors import CkptfsError, InvalidArgument, IsADirectory, NameTooLong, NotADirectory
 from ..tiers.base import Tier, TierUsage
+from ..upload.uploader import Uploader
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -74,6 +75,8 @@ class Filesystem:
         memory_budget: int,
         io_threads: int,
         invalidate: Callable[[int], None] | None = None,
+        remote_copies: int = 1,
+        upload_concurrency: int = 8,
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
@@ -85,6 +88,8 @@ class Filesystem:
             catalog=catalog, db_limiter=self.db_limiter,
         )
         self.budget = MemoryBudget(memory_budget, spill=self._spill)
+        self.remote_copies = remote_copies
+        self.uploader = Uploader(catalog, self.store, self.db_limiter, upload_concurrency)
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -93,8 +98,10 @@ class Filesystem:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def attach(self, nursery: trio.Nursery) -> None:
-        """Give the filesystem the mount's nursery for its chunk writes and prefetches."""
+        """Give the filesystem the mount's nursery for its chunk writes, prefetches and
+        the upload queue (which replays the jobs left by an earlier run at once)."""
         self._nursery = nursery
+        nursery.start_soon(self.uploader.run)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
@@ -125,6 +132,7 @@ class Filesystem:
         return Services(
             store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
             chunk_size=self.chunk_size, db_limiter=self.db_limiter, invalidate=self.invalidate,
+            remote_copies=self.remote_copies, on_commit=self.uploader.kick,
         )
 
     # -- attributes --------------------------------------------------------------------------
@@ -365,7 +373,7 @@ class Filesystem:
     async def statfs(self) -> FsStats:
         def gather() -> list[TierUsage]:
             out = []
-            for t in self.tiers:
+            for t in self.store.local.values():
                 try:
                     out.append(t.usage())
                 except CkptfsError as exc:

@@ -81,6 +81,9 @@ class Services:
     # Tells the kernel to drop its cached pages and attributes of an inode whose content
     # changed behind its back (a failed write was discarded). None without a kernel.
     invalidate: Callable[[int], None] | None = None
+    # Remote replication: how many remote tiers hold each chunk, and who to tell of a commit.
+    remote_copies: int = 1
+    on_commit: Callable[[], None] | None = None
 
 
 class OpenFile:
@@ -279,12 +282,21 @@ class OpenFile:
                     await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
                 return
             changes = dict(self.changes)
+            store = self.svc.store
+            uploads = {
+                r.digest: store.remote_targets(r.digest, self.svc.remote_copies)
+                for r in changes.values()
+                if r is not None
+            } if store.remotes else None
             dropped = await trio.to_thread.run_sync(
                 lambda: self.svc.catalog.commit_file(
-                    self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, changes, durable
+                    self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, changes, durable,
+                    uploads,
                 ),
                 limiter=self.svc.db_limiter,
             )
+            if uploads and self.svc.on_commit is not None:
+                self.svc.on_commit()
             n_chunks = math.ceil(self.size / self.cs)
             old = dict(self.committed)
             for idx, ref in changes.items():

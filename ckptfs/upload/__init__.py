@@ -1,0 +1,1 @@
+"""Asynchronous replication of committed chunks to the remote tiers."""

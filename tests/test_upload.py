@@ -1,0 +1,102 @@
+"""The upload queue against in-memory remote tiers (fault injection by wrapper tiers)."""
+
+import os
+import time
+from pathlib import Path
+
+import trio
+
+from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.chunks import frame
+from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.tiers.base import Tier
+from ckptfs.upload.uploader import backoff_s
+from test_vfs import CS, make_fs, read_file, write_file
+
+
+def skip_backoff() -> int:
+    """A clock 1000 s ahead: retries scheduled before now are due at once."""
+    return time.time_ns() + 10**12
+
+
+async def wait_backlog_empty(fs, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(timeout):
+        while (await fs.db(fs.catalog.backlog)).chunks:
+            await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
+
+
+async def test_committed_chunks_reach_the_remote_verified(tmp_path: Path) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    data = os.urandom(3 * CS + 5)
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+        assert set(remote.frames) == set(local.frames)
+        for key, raw in remote.frames.items():
+            frame.verify(raw, bytes.fromhex(key))
+        # The local copies vanish: reads come from the remote, verified.
+        local.frames.clear()
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        assert await read_file(fs, b"f") == data
+
+
+async def test_outage_grows_backlog_then_drains(tmp_path: Path) -> None:
+    remote = FaultyTier(MemoryTier("r", kind="remote"))
+    remote.kind = "remote"
+    remote.fail_puts = True
+    async with make_fs(tmp_path, [MemoryTier("l"), remote]) as fs:
+        await write_file(fs, b"a", os.urandom(2 * CS))
+        await write_file(fs, b"b", os.urandom(2 * CS))  # writes go on during the outage
+        with trio.fail_after(10):
+            while (await fs.db(fs.catalog.backlog)).last_error is None:
+                await trio.sleep(0.01)
+        backlog = await fs.db(fs.catalog.backlog)
+        assert backlog.chunks == 4 and backlog.bytes == 4 * CS
+        remote.fail_puts = False
+        fs.uploader.clock = skip_backoff
+        fs.uploader.kick()
+        await wait_backlog_empty(fs)
+        assert len(remote.inner.frames) == 4  # type: ignore[attr-defined]
+
+
+async def test_restart_replays_pending_uploads(tmp_path: Path) -> None:
+    local = MemoryTier("l")
+    dead = FaultyTier(MemoryTier("r", kind="remote"))
+    dead.kind = "remote"
+    dead.fail_puts = True
+    async with make_fs(tmp_path, [local, dead]) as fs:
+        await write_file(fs, b"f", os.urandom(2 * CS))
+        assert (await fs.db(fs.catalog.backlog)).chunks == 2
+    healthy: list[Tier] = [local, MemoryTier("r", kind="remote")]
+    async with make_fs(tmp_path, healthy) as fs:
+        fs.uploader.clock = skip_backoff
+        fs.uploader.kick()
+        await wait_backlog_empty(fs)
+        assert len(healthy[1].frames) == 2  # type: ignore[attr-defined]
+
+
+async def test_deleted_file_removes_remote_copies_and_jobs(tmp_path: Path) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        await write_file(fs, b"f", os.urandom(2 * CS))
+        await wait_backlog_empty(fs)
+        assert len(remote.frames) == 2
+        await fs.unlink(ROOT_INODE, b"f")
+        assert remote.frames == {} and local.frames == {}
+        assert (await fs.db(fs.catalog.backlog)).chunks == 0
+
+
+async def test_chunks_are_striped_over_remotes(tmp_path: Path) -> None:
+    r0, r1 = MemoryTier("r0", kind="remote"), MemoryTier("r1", kind="remote")
+    async with make_fs(tmp_path, [MemoryTier("l"), r0, r1]) as fs:
+        await write_file(fs, b"f", os.urandom(16 * CS))
+        await wait_backlog_empty(fs)
+    assert len(r0.frames) + len(r1.frames) == 16
+    assert r0.frames and r1.frames
+    assert not set(r0.frames) & set(r1.frames)  # remote_copies = 1
+
+
+def test_backoff_grows_and_is_jittered() -> None:
+    assert 0.25 <= backoff_s(0, lambda: 0.0) <= backoff_s(0, lambda: 1.0) == 0.5
+    assert backoff_s(3, lambda: 1.0) == 4.0
+    assert backoff_s(50, lambda: 1.0) == 60.0
