@@ -68,6 +68,14 @@ class TierError(CkptfsError):
     errno = _errno.EIO
 
 
+class TransientTierError(TierError):
+    """A remote tier failed in a way worth retrying (throttling, 5xx, resets, timeouts)."""
+
+
+class PermanentTierError(TierError):
+    """A remote tier refuses for good (access denied, no such bucket, bad credentials)."""
+
+
 class ChunkMissing(CkptfsError):
     """No tier holds a copy of a chunk the catalog references."""
 

@@ -5,13 +5,13 @@ import time
 from pathlib import Path
 
 import trio
+from test_vfs import CS, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks import frame
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload.uploader import backoff_s
-from test_vfs import CS, make_fs, read_file, write_file
 
 
 def skip_backoff() -> int:
