@@ -34,7 +34,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         "--local", metavar="DIR", action="append", default=[],
         help="add a local tier (a directory standing for one NVMe device); repeatable",
     )
-    p.add_argument("--chunk-size", metavar="SIZE", help="chunk size, e.g. 4MiB (new catalogs only)")
+    p.add_argument(
+        "--remote", metavar="URL", action="append", default=[],
+        help="add a remote tier: s3://BUCKET/PREFIX?endpoint=http://HOST:PORT; repeatable",
+    )
+    p.add_argument("--chunk-size", metavar="SIZE", help="chunk size, e.g. 16MiB (new catalogs only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
 
+    s = sub.add_parser("sync", help="wait until everything under PATH is durable on the remote tiers")
+    s.add_argument("path", nargs="?", type=Path, help="a file or directory in a ckptfs mount")
+    s.add_argument("--state-dir", metavar="DIR", help="without PATH: the whole state dir")
+    s.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 1)")
+
+    st = sub.add_parser("status", help="tiers and remote backlog of a ckptfs state dir")
+    st.add_argument("path", nargs="?", type=Path, help="a path in a ckptfs mount")
+    st.add_argument("--state-dir", metavar="DIR")
+
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
     f.add_argument("--repair", action="store_true", help="reclaim orphans and fix what is safe")
@@ -65,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Config:
     return load_config(
-        args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size
+        args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
+        remote_urls=args.remote,
     )
 
 
@@ -113,6 +127,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--config", str(Path(args.config).absolute())]
     for d in args.local:
         cmd += ["--local", str(Path(d).absolute())]
+    for url in args.remote:
+        cmd += ["--remote", url]
     with open(cfg.log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -201,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_mount(args)
         if args.command == "umount":
             return cmd_umount(args)
+        if args.command == "sync":
+            from .remote_cli import cmd_sync
+
+            return cmd_sync(args.path, args.state_dir, args.timeout)
+        if args.command == "status":
+            from .remote_cli import cmd_status
+
+            return cmd_status(args.path, args.state_dir)
         return cmd_fsck(args)
     except ConfigError as exc:
         print(f"ckptfs: error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,22 +62,49 @@ def default_state_dir() -> Path:
 
 @dataclass(frozen=True)
 class TierConfig:
+    """A local tier: a directory standing for one device."""
+
     name: str
-    kind: str  # "local" for now; "s3" comes with the remote tier
+    kind: str  # always "local"; remote tiers are S3TierConfig
     path: Path
     location: str = "local"
     weight: float = 1.0
     capacity: int | None = None  # optional cap in bytes; None means the device's free space
 
 
+ADDRESSING_STYLES = ("path", "virtual", "auto")
+
+
+@dataclass(frozen=True)
+class S3TierConfig:
+    """A remote tier in an S3 bucket. Objects live at ``<prefix>/chunks/<digest>``.
+
+    Credentials come from the standard AWS chain (environment, shared config and
+    credentials files, ``profile``), never from this file.
+    """
+
+    name: str
+    bucket: str
+    prefix: str = ""  # no leading or trailing "/"; "" means the bucket root
+    endpoint_url: str | None = None  # None: the AWS endpoint for ``region``
+    region: str = "us-east-1"
+    addressing_style: str = "path"  # "path" | "virtual" | "auto"
+    verify_tls: bool = True
+    profile: str | None = None
+    location: str = "remote"
+    weight: float = 1.0
+    kind: str = field(default="s3", init=False)
+
+
 @dataclass(frozen=True)
 class Config:
     state_dir: Path
-    tiers: tuple[TierConfig, ...]
+    tiers: tuple[TierConfig, ...]  # local tiers: new chunks land here
     chunk_size: int = DEFAULT_CHUNK_SIZE
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     io_threads: int = DEFAULT_IO_THREADS
     allow_other: bool = False
+    remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
     source: str = field(default="<embedded default>", compare=False)
 
     @property
@@ -89,7 +117,19 @@ class Config:
 
 
 _TOP_KEYS = {"state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier"}
-_TIER_KEYS = {"name", "kind", "path", "location", "weight", "capacity"}
+_COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
+_LOCAL_ONLY_KEYS = {"path", "capacity"}
+_S3_ONLY_KEYS = {
+    "bucket", "prefix", "endpoint_url", "region", "addressing_style", "verify_tls", "profile",
+}
+_TIER_KEYS = _COMMON_TIER_KEYS | _LOCAL_ONLY_KEYS | _S3_ONLY_KEYS
+_TIER_KINDS = ("local", "s3")
+
+# AWS bucket naming rules (S3-compatible servers follow them too): 3-63 of [a-z0-9.-],
+# starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_REGION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_PREFIX_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def _take_str(table: dict[str, Any], key: str, where: str) -> str:
@@ -99,26 +139,7 @@ def _take_str(table: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _tier_from_table(table: object, index: int) -> TierConfig:
-    where = f"tier[{index}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: expected a table ([[tier]])")
-    for key in table:
-        if key not in _TIER_KEYS:
-            raise ConfigError(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_TIER_KEYS))})")
-    for key in ("name", "kind", "path"):
-        if key not in table:
-            raise ConfigError(f"{where}.{key}: missing required key")
-    name = _take_str(table, "name", f"{where}.name")
-    if not _NAME_RE.match(name):
-        raise ConfigError(f"{where}.name: {name!r} must be 1-64 of [A-Za-z0-9_.-]")
-    kind = _take_str(table, "kind", f"{where}.kind")
-    if kind != "local":
-        raise ConfigError(f"{where}.kind: unsupported tier kind {kind!r} (supported: local)")
-    path = Path(_take_str(table, "path", f"{where}.path"))
-    if not path.is_absolute():
-        raise ConfigError(f"{where}.path: must be an absolute path, got {str(path)!r}")
-    location = _take_str(table, "location", f"{where}.location") if "location" in table else "local"
+def _take_weight(table: dict[str, Any], key: str) -> float:
     weight = table.get("weight", 1.0)
     if (
         isinstance(weight, bool)
@@ -126,13 +147,211 @@ def _tier_from_table(table: object, index: int) -> TierConfig:
         or not math.isfinite(weight)
         or weight <= 0
     ):
-        raise ConfigError(f"{where}.weight: expected a positive number, got {weight!r}")
+        raise ConfigError(f"{key}: expected a positive number, got {weight!r}")
+    return float(weight)
+
+
+def _tier_from_table(table: object, index: int) -> TierConfig | S3TierConfig:
+    where = f"tier[{index}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table ([[tier]])")
+    for key in table:
+        if key not in _TIER_KEYS:
+            raise ConfigError(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_TIER_KEYS))})")
+    for key in ("name", "kind"):
+        if key not in table:
+            raise ConfigError(f"{where}.{key}: missing required key")
+    name = _take_str(table, "name", f"{where}.name")
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{where}.name: {name!r} must be 1-64 of [A-Za-z0-9_.-]")
+    kind = _take_str(table, "kind", f"{where}.kind")
+    if kind not in _TIER_KINDS:
+        raise ConfigError(
+            f"{where}.kind: unsupported tier kind {kind!r} (supported: {', '.join(_TIER_KINDS)})"
+        )
+    own, other = (_LOCAL_ONLY_KEYS, _S3_ONLY_KEYS) if kind == "local" else (_S3_ONLY_KEYS, _LOCAL_ONLY_KEYS)
+    for key in table:
+        if key in other:
+            raise ConfigError(
+                f"{where}.{key}: not allowed for a tier of kind {kind!r} "
+                f"(allowed: {', '.join(sorted(_COMMON_TIER_KEYS | own))})"
+            )
+    if kind == "s3":
+        return _s3_tier_from_table(table, name, where)
+    if "path" not in table:
+        raise ConfigError(f"{where}.path: missing required key")
+    path = Path(_take_str(table, "path", f"{where}.path"))
+    if not path.is_absolute():
+        raise ConfigError(f"{where}.path: must be an absolute path, got {str(path)!r}")
+    location = _take_str(table, "location", f"{where}.location") if "location" in table else "local"
+    weight = _take_weight(table, f"{where}.weight")
     capacity = None
     if "capacity" in table:
         capacity = parse_size(table["capacity"], f"{where}.capacity")
         if capacity <= 0:
             raise ConfigError(f"{where}.capacity: must be positive")
-    return TierConfig(name, kind, path, location, float(weight), capacity)
+    return TierConfig(name, kind, path, location, weight, capacity)
+
+
+def _s3_tier_from_table(table: dict[str, Any], name: str, where: str) -> S3TierConfig:
+    """Validate the keys of an s3 tier. ``where`` prefixes every error (``tier[2]``); with
+    ``where=""`` errors start with the bare key (``bucket: ...``)."""
+
+    def key(k: str) -> str:
+        return f"{where}.{k}" if where else k
+
+    if "bucket" not in table:
+        raise ConfigError(f"{key('bucket')}: missing required key")
+    bucket = _take_str(table, "bucket", key("bucket"))
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise ConfigError(
+            f"{key('bucket')}: {bucket!r} is not a valid bucket name "
+            "(3-63 of lowercase letters, digits, '.' and '-', starting and ending with a "
+            "letter or digit)"
+        )
+    prefix = ""
+    if "prefix" in table:
+        raw = table["prefix"]
+        if not isinstance(raw, str):
+            raise ConfigError(f"{key('prefix')}: expected a string, got {raw!r}")
+        prefix = raw.rstrip("/")
+        if prefix:
+            if prefix.startswith("/"):
+                raise ConfigError(f"{key('prefix')}: must not start with '/', got {raw!r}")
+            if _PREFIX_BAD_CHARS.search(prefix):
+                raise ConfigError(
+                    f"{key('prefix')}: control characters and '\\' are not allowed, got {raw!r}"
+                )
+            if any(seg in ("", ".", "..") for seg in prefix.split("/")):
+                raise ConfigError(
+                    f"{key('prefix')}: empty, '.' or '..' path segments are not allowed, got {raw!r}"
+                )
+            if len(prefix.encode()) > 512:
+                raise ConfigError(f"{key('prefix')}: longer than 512 bytes")
+    endpoint_url = None
+    if "endpoint_url" in table:
+        endpoint_url = _take_str(table, "endpoint_url", key("endpoint_url"))
+        _check_endpoint_url(endpoint_url, key("endpoint_url"))
+    region = "us-east-1"
+    if "region" in table:
+        region = _take_str(table, "region", key("region"))
+        if not _REGION_RE.match(region):
+            raise ConfigError(f"{key('region')}: {region!r} is not a region name")
+    addressing_style = "path"
+    if "addressing_style" in table:
+        addressing_style = _take_str(table, "addressing_style", key("addressing_style"))
+        if addressing_style not in ADDRESSING_STYLES:
+            raise ConfigError(
+                f"{key('addressing_style')}: expected one of {', '.join(ADDRESSING_STYLES)}, "
+                f"got {addressing_style!r}"
+            )
+    verify_tls = table.get("verify_tls", True)
+    if not isinstance(verify_tls, bool):
+        raise ConfigError(f"{key('verify_tls')}: expected true or false, got {verify_tls!r}")
+    profile = _take_str(table, "profile", key("profile")) if "profile" in table else None
+    location = _take_str(table, "location", key("location")) if "location" in table else "remote"
+    weight = _take_weight(table, key("weight"))
+    return S3TierConfig(
+        name=name,
+        bucket=bucket,
+        prefix=prefix,
+        endpoint_url=endpoint_url,
+        region=region,
+        addressing_style=addressing_style,
+        verify_tls=verify_tls,
+        profile=profile,
+        location=location,
+        weight=weight,
+    )
+
+
+def _check_endpoint_url(url: str, where: str) -> None:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: expected http://HOST[:PORT] or https://HOST[:PORT], got {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(
+            f"{where}: credentials do not belong in the endpoint URL; use the AWS credential "
+            "chain (environment, shared credentials file, profile)"
+        )
+    if port == 0:
+        raise ConfigError(f"{where}: port 0 is not a port, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{where}: no query or fragment allowed, got {url!r}")
+
+
+# The query parameters of a --remote URL and the tier keys they set.
+_REMOTE_URL_PARAMS = {
+    "endpoint": "endpoint_url",
+    "region": "region",
+    "addressing": "addressing_style",
+    "verify_tls": "verify_tls",
+    "profile": "profile",
+    "location": "location",
+    "weight": "weight",
+}
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def parse_remote_url(url: str, name: str = "remote0") -> S3TierConfig:
+    """An s3 tier from ``s3://BUCKET[/PREFIX][?endpoint=URL&region=R&addressing=path|virtual|auto
+    &verify_tls=true|false&profile=P&location=L&weight=W]``. Errors start with ``--remote``."""
+    where = f"--remote {url!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not a URL ({exc})") from None
+    if parts.scheme != "s3":
+        raise ConfigError(f"{where}: expected s3://BUCKET/PREFIX?endpoint=URL")
+    if "@" in parts.netloc:
+        raise ConfigError(
+            f"{where}: credentials do not belong in the URL; use the AWS credential chain "
+            "(environment, shared credentials file, profile)"
+        )
+    if not parts.netloc:
+        raise ConfigError(f"{where}: missing bucket name (s3://BUCKET/PREFIX)")
+    if parts.fragment:
+        raise ConfigError(f"{where}: unexpected fragment #{parts.fragment}")
+    table: dict[str, Any] = {"bucket": parts.netloc}
+    prefix = urllib.parse.unquote(parts.path.lstrip("/"))
+    if prefix:
+        table["prefix"] = prefix
+    try:
+        params = urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        if parts.query:
+            raise ConfigError(f"{where}: malformed query {parts.query!r} (expected k=v&k=v)") from None
+        params = []
+    for param, value in params:
+        tier_key = _REMOTE_URL_PARAMS.get(param)
+        if tier_key is None:
+            raise ConfigError(
+                f"{where}: unknown parameter {param!r} (allowed: {', '.join(_REMOTE_URL_PARAMS)})"
+            )
+        if tier_key in table:
+            raise ConfigError(f"{where}: parameter {param!r} given twice")
+        parsed: object = value
+        if tier_key == "verify_tls":
+            parsed = _BOOL_WORDS.get(value.lower(), value)
+        elif tier_key == "weight":
+            try:
+                parsed = float(value)
+            except ValueError:
+                parsed = value
+        table[tier_key] = parsed
+    try:
+        return _s3_tier_from_table(table, name, "")
+    except ConfigError as exc:
+        msg = str(exc)  # "region: ..." -> "--remote 's3://...': region: ..."
+        for param, tier_key in _REMOTE_URL_PARAMS.items():
+            if msg.startswith(tier_key + ":") and param != tier_key:
+                msg = f"{param} ({tier_key}){msg[len(tier_key):]}"
+                break
+        raise ConfigError(f"{where}: {msg}") from None
 
 
 def local_tiers_from_paths(paths: list[str]) -> tuple[TierConfig, ...]:
@@ -172,14 +391,17 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     raw_tiers = data.get("tier", [])
     if not isinstance(raw_tiers, list):
         raise ConfigError("tier: expected an array of tables ([[tier]])")
-    tiers = tuple(_tier_from_table(t, i) for i, t in enumerate(raw_tiers))
-    names = [t.name for t in tiers]
+    all_tiers = [_tier_from_table(t, i) for i, t in enumerate(raw_tiers)]
+    names = [t.name for t in all_tiers]
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"tier[{i}].name: duplicate tier name {name!r}")
+    tiers = tuple(t for t in all_tiers if isinstance(t, TierConfig))
+    remote_tiers = tuple(t for t in all_tiers if isinstance(t, S3TierConfig))
     return Config(
         state_dir=state_dir,
         tiers=tiers,
+        remote_tiers=remote_tiers,
         chunk_size=chunk_size,
         memory_budget=memory_budget,
         io_threads=io_threads,
@@ -218,12 +440,15 @@ def load_config(
     state_dir: str | Path | None = None,
     local_dirs: list[str] | None = None,
     chunk_size: str | int | None = None,
+    remote_urls: list[str] | None = None,
 ) -> Config:
     """Build the effective config: file (if any), then command-line overrides, then defaults.
 
     With no file and no ``--local``, the tiers recorded in an existing catalog apply (so a
     remount needs only ``--state-dir``); for a new state dir, the embedded default: one
-    local tier under the state directory.
+    local tier under the state directory. Remote tiers (``[[tier]]`` of kind "s3", and
+    ``--remote`` URLs, named remote0, remote1, ... after the file's tiers) never replace
+    the local ones.
     """
     data: dict[str, Any] = {}
     source = "<embedded default>"
@@ -248,7 +473,7 @@ def load_config(
     tiers = cfg.tiers
     if local_dirs:
         extra = local_tiers_from_paths(local_dirs)
-        taken = {t.name for t in tiers}
+        taken = {t.name for t in tiers} | {t.name for t in cfg.remote_tiers}
         renamed = []
         for i, t in enumerate(extra):
             name = t.name
@@ -267,9 +492,22 @@ def load_config(
     for i, p in enumerate(paths):
         if p in paths[:i]:
             raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
+    remote_tiers = cfg.remote_tiers
+    if remote_urls:
+        taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
+        added = []
+        n = 0
+        for url in remote_urls:
+            while f"remote{n}" in taken:
+                n += 1
+            name = f"remote{n}"
+            taken.add(name)
+            added.append(parse_remote_url(url, name))
+        remote_tiers = remote_tiers + tuple(added)
     return Config(
         state_dir=cfg.state_dir,
         tiers=tiers,
+        remote_tiers=remote_tiers,
         chunk_size=cfg.chunk_size,
         memory_budget=cfg.memory_budget,
         io_threads=cfg.io_threads,

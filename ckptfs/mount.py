@@ -24,9 +24,10 @@ import trio
 
 from . import __version__
 from .catalog import Catalog
-from .config import Config
-from .errors import CkptfsError, InvalidArgument
+from .config import Config, S3TierConfig, TierConfig
+from .errors import CkptfsError, InvalidArgument, PermanentTierError, TierError
 from .fuse.ops import FuseOps
+from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .vfs.filesystem import Filesystem
 
@@ -159,13 +160,38 @@ def read_pid(state_dir: Path) -> int | None:
         return None
 
 
-def open_tiers(cfg: Config) -> list[LocalTier]:
-    tiers = []
+def open_tiers(cfg: Config) -> list[Tier]:
+    tiers: list[Tier] = []
     for tc in cfg.tiers:
         tier = LocalTier(tc)
         tier.open()
         tiers.append(tier)
+    for rc in cfg.remote_tiers:
+        from .tiers.s3 import S3Tier  # boto3 loads only when a remote tier is configured
+
+        remote = S3Tier(rc)
+        try:
+            remote.check()
+        except PermanentTierError as exc:
+            # Training must not stop for the remote: mount, keep data local, say why.
+            log.error("remote tier %s unusable: %s; chunks stay local until it is fixed",
+                      rc.name, exc)
+        except TierError as exc:
+            log.warning("remote tier %s not reachable now (%s); uploads will retry", rc.name, exc)
+        tiers.append(remote)
     return tiers
+
+
+def tier_record(t: TierConfig | S3TierConfig) -> dict[str, str]:
+    """What the catalog remembers of a tier (a remount with only --state-dir uses it)."""
+    if isinstance(t, S3TierConfig):
+        rec = {"name": t.name, "kind": "s3", "bucket": t.bucket, "prefix": t.prefix,
+               "region": t.region, "addressing_style": t.addressing_style,
+               "location": t.location, "url": f"s3://{t.bucket}/{t.prefix}"}
+        if t.endpoint_url:
+            rec["endpoint_url"] = t.endpoint_url
+        return rec
+    return {"name": t.name, "kind": t.kind, "path": str(t.path), "location": t.location}
 
 
 def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
@@ -184,14 +210,16 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
         )
         chunk_size = int(recorded)
     old = {t["name"]: t for t in catalog.recorded_tiers()}
-    now = {t.name: {"name": t.name, "kind": t.kind, "path": str(t.path), "location": t.location}
-           for t in cfg.tiers}
+    configured: list[TierConfig | S3TierConfig] = [*cfg.tiers, *cfg.remote_tiers]
+    now = {t.name: tier_record(t) for t in configured}
     for name, t in old.items():
+        where = t.get("path") or t.get("url")
         if name not in now:
             log.warning("tier %s (%s) is no longer configured: chunks stored only there "
-                        "will read as EIO", name, t["path"])
-        elif t["path"] != now[name]["path"]:
-            log.warning("tier %s moved from %s to %s", name, t["path"], now[name]["path"])
+                        "will read as EIO", name, where)
+        elif where != (now[name].get("path") or now[name].get("url")):
+            log.warning("tier %s moved from %s to %s", name, where,
+                        now[name].get("path") or now[name].get("url"))
     merged = {**old, **now}
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
     return chunk_size
@@ -238,9 +266,11 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
         pid_file = cfg.state_dir / "daemon.pid"
         pid_file.write_text(f"{os.getpid()}\n")
+        records = [tier_record(t) for t in cfg.tiers] + [tier_record(t) for t in cfg.remote_tiers]
         log.info(
-            "ckptfs %s mounted at %s: %d local tier(s) %s, chunk size %d, state %s",
-            __version__, mountpoint, len(tiers), ", ".join(f"{t.name}={t.root}" for t in tiers),
+            "ckptfs %s mounted at %s: tiers %s, chunk size %d, state %s",
+            __version__, mountpoint,
+            ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
         unmounted = False

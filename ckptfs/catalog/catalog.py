@@ -152,8 +152,15 @@ def _inode(row: tuple[object, ...]) -> Inode:
 
 
 class Catalog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        """``readonly`` opens a live catalog beside its daemon (status, sync) without
+        touching it; WAL lets the reader see every committed transaction."""
         self.path = path
+        if readonly:
+            self.conn = sqlite3.connect(
+                f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
+            return
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")

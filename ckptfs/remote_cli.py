@@ -1,0 +1,115 @@
+"""`ckptfs sync` and `ckptfs status`: read a live catalog beside its daemon (read-only)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from .catalog import Catalog
+from .catalog.catalog import Backlog
+from .config import default_state_dir
+from .errors import CkptfsError, InvalidArgument
+from .mount import FSTYPE, find_mount
+
+SYNC_POLL_S = 0.1
+
+
+def mount_of(path: Path) -> tuple[Path, Path] | None:
+    """The ckptfs mount holding ``path`` and its state dir, if any."""
+    p = path.absolute()
+    for candidate in (p, *p.parents):
+        found = find_mount(candidate)
+        if found is not None:
+            source, fstype = found
+            if fstype == FSTYPE and source.startswith("ckptfs:"):
+                return candidate, Path(source.split(":", 1)[1])
+            return None
+    return None
+
+
+def resolve_state_dir(path: Path | None, state_dir: str | None) -> Path:
+    if state_dir:
+        return Path(state_dir).absolute()
+    if path is not None:
+        found = mount_of(path)
+        if found is None:
+            raise InvalidArgument(f"{path} is not inside a ckptfs mount")
+        return found[1]
+    return default_state_dir()
+
+
+def open_catalog(state_dir: Path) -> Catalog:
+    db = state_dir / "catalog.sqlite"
+    if not db.exists():
+        raise CkptfsError(f"no catalog at {db}")
+    return Catalog(db, readonly=True)
+
+
+def files_under(path: Path) -> list[int]:
+    """Inode numbers (ckptfs reports its own) of the files at or under ``path``."""
+    st = os.lstat(path)
+    if not os.path.isdir(path):
+        return [st.st_ino]
+    inos = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            inos.append(os.lstat(os.path.join(root, name)).st_ino)
+    return inos
+
+
+def remote_tier_names(catalog: Catalog) -> list[str]:
+    return [t["name"] for t in catalog.recorded_tiers() if t.get("kind", "local") != "local"]
+
+
+def describe(b: Backlog) -> str:
+    if not b.chunks:
+        return "backlog: empty (everything committed is durable on the remote)"
+    age = (time.time_ns() - (b.oldest_enqueued_ns or time.time_ns())) / 1e9
+    text = (f"backlog: {b.chunks} chunk(s), {b.bytes / 2**20:.1f} MiB, oldest pending "
+            f"{age:.0f} s")
+    if b.blocked:
+        text += f", {b.blocked} blocked by a permanent error"
+    if b.last_error:
+        text += f"; last error: {b.last_error}"
+    return text
+
+
+def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) -> int:
+    sd = resolve_state_dir(path, state_dir)
+    catalog = open_catalog(sd)
+    try:
+        if not remote_tier_names(catalog):
+            print("ckptfs sync: no remote tier is configured: nothing is durable remotely",
+                  file=sys.stderr)
+            return 1
+        inos = files_under(path) if path is not None else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pending = (catalog.pending_uploads_for(inos) if inos is not None
+                       else catalog.backlog().chunks)
+            if pending == 0:
+                print(f"ckptfs sync: {path or sd} is durable on the remote tier(s)")
+                return 0
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"ckptfs sync: {pending} chunk(s) still pending after {timeout:.0f} s; "
+                      + describe(catalog.backlog()), file=sys.stderr)
+                return 1
+            time.sleep(SYNC_POLL_S)  # the daemon commits in its own process: poll the catalog
+    finally:
+        catalog.close()
+
+
+def cmd_status(path: Path | None, state_dir: str | None) -> int:
+    sd = resolve_state_dir(path, state_dir)
+    catalog = open_catalog(sd)
+    try:
+        print(f"state dir: {sd}")
+        for t in catalog.recorded_tiers():
+            where = t.get("path") or t.get("url") or ""
+            print(f"tier {t['name']}: {t.get('kind', 'local')} {where}")
+        print(describe(catalog.backlog()))
+    finally:
+        catalog.close()
+    return 0

@@ -1,0 +1,387 @@
+"""A remote tier in an S3 bucket (boto3).
+
+Layout: ``<prefix>/chunks/<64 hex digest>``, one object per chunk frame. Each object carries
+the blake3 digest of its plaintext (``x-amz-meta-blake3``, the key again, so an object can be
+checked on its own), the plaintext length from the frame header (``x-amz-meta-plain-length``),
+and an S3 checksum of the whole frame (``x-amz-checksum-sha256`` by default) that the server
+verifies on receipt and returns on GET, where botocore checks it again.
+
+Errors: every call into botocore runs under one context manager, ``S3Tier._errors``, that
+turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, timeouts,
+connection refused or reset, a checksum mismatch on the wire: worth retrying) or
+``PermanentTierError`` (no such bucket, access denied, unknown key id, wrong secret, no
+credentials: an operator must act). botocore's own retries are off: the upload queue retries
+with its own backoff, and a read falls back to another replica at once.
+
+``usage`` cannot ask S3 for a size: ``total``/``free`` are a nominal 1 PiB, and ``used`` is
+the sum of the sizes of the objects this tier object has put or listed (and not deleted).
+``sync`` is a no-op: a successful PUT is durable.
+
+The boto3 client is built once per tier; botocore clients are thread-safe for calls, so the
+worker threads share it (``max_pool_connections`` bounds the open connections).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.config
+import botocore.exceptions as bce
+import urllib3.exceptions
+
+from ..chunks import frame
+from ..chunks.frame import Buffer
+from ..config import S3TierConfig
+from ..errors import CorruptChunk, PermanentTierError, TierError, TransientTierError
+from .base import TierUsage, verify_by_reading
+
+# A nominal size for statfs: S3 has no capacity to ask for.
+REMOTE_CAPACITY = 1 << 50  # 1 PiB
+
+# SHA-256 is what botocore computes without the optional awscrt package (CRC32C needs it).
+DEFAULT_CHECKSUM_ALGORITHM = "SHA256"
+
+META_DIGEST = "blake3"
+META_PLAIN_LENGTH = "plain-length"
+
+_NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404"}
+_NO_BUCKET_CODES = {"NoSuchBucket"}
+_ACCESS_CODES = {
+    "AccessDenied",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidSecurity",
+    "InvalidToken",
+    "ExpiredToken",
+    "TokenRefreshRequired",
+    "RequestTimeTooSkewed",
+    "403",
+}
+_ACCESS_HINTS = {
+    "InvalidAccessKeyId": "the server does not know this access key id",
+    "SignatureDoesNotMatch": "the secret key does not match the access key id",
+    "ExpiredToken": "the session token has expired",
+    "RequestTimeTooSkewed": "this machine's clock is too far from the server's",
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+    "RequestLimitExceeded",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "OperationAborted",
+    "IncompleteBody",
+    # The body arrived damaged (it no longer matches the checksum we sent): send it again.
+    "BadDigest",
+    "InvalidDigest",
+    "XAmzContentSHA256Mismatch",
+}
+_PERMANENT_5XX_CODES = {"NotImplemented"}
+
+# Failures to talk to the endpoint at all, or of the connection mid-request.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    bce.EndpointConnectionError,
+    bce.ConnectionClosedError,
+    bce.ConnectTimeoutError,
+    bce.ReadTimeoutError,
+    bce.ProxyConnectionError,
+    bce.HTTPClientError,  # includes ResponseStreamingError (a reset while reading a body)
+    bce.IncompleteReadError,
+    urllib3.exceptions.HTTPError,  # the rare one botocore does not wrap
+    ConnectionError,
+    TimeoutError,
+)
+_CREDENTIAL_ERRORS: tuple[type[BaseException], ...] = (
+    bce.NoCredentialsError,
+    bce.PartialCredentialsError,
+    bce.CredentialRetrievalError,
+    bce.ProfileNotFound,
+    bce.TokenRetrievalError,
+    bce.NoAuthTokenError,
+)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a HEAD of a chunk object tells (``S3Tier.head``)."""
+
+    size: int
+    blake3: str | None  # x-amz-meta-blake3
+    plain_length: int | None  # x-amz-meta-plain-length
+    checksum_sha256: str | None  # base64, when the server stored one
+    metadata: dict[str, str]
+
+
+def _code(exc: bce.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: bce.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _is_not_found(exc: bce.ClientError) -> bool:
+    """A missing object (not a missing bucket)."""
+    return _code(exc) in _NOT_FOUND_CODES
+
+
+class S3Tier:
+    kind = "remote"
+
+    def __init__(
+        self,
+        cfg: S3TierConfig,
+        *,
+        session: boto3.session.Session | None = None,
+        max_pool_connections: int = 32,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        list_page_size: int = 1000,
+        checksum_algorithm: str = DEFAULT_CHECKSUM_ALGORITHM,
+    ) -> None:
+        """``session`` overrides the standard AWS credential chain (tests, embedding);
+        otherwise credentials come from the environment, the shared files and ``cfg.profile``."""
+        self.name = cfg.name
+        self.location = cfg.location
+        self.weight = cfg.weight
+        self.bucket = cfg.bucket
+        self.prefix = cfg.prefix
+        self.checksum_algorithm = checksum_algorithm
+        self.list_page_size = list_page_size
+        self._chunks_prefix = f"{cfg.prefix}/chunks/" if cfg.prefix else "chunks/"
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}  # objects seen (put, listed, headed), for usage()
+        client_config = botocore.config.Config(
+            region_name=cfg.region,
+            signature_version="s3v4",
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"total_max_attempts": 1, "mode": "standard"},  # our own retry layer
+            s3={"addressing_style": cfg.addressing_style},
+            tcp_keepalive=True,
+            user_agent_extra="ckptfs",
+        )
+        try:
+            if session is None:
+                session = boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region)
+            self._client: Any = session.client(
+                "s3",
+                endpoint_url=cfg.endpoint_url,
+                region_name=cfg.region,
+                verify=cfg.verify_tls,
+                config=client_config,
+            )
+        except bce.ProfileNotFound as exc:
+            raise PermanentTierError(
+                f"tier {self.name}: AWS profile {cfg.profile!r} not found ({exc})"
+            ) from exc
+        except (bce.BotoCoreError, ValueError) as exc:
+            raise PermanentTierError(f"tier {self.name}: cannot create an S3 client: {exc}") from exc
+        self.endpoint = str(cfg.endpoint_url or self._client.meta.endpoint_url)
+        # A stable id for statfs: tiers in the same bucket share its space.
+        self._device = -1 - zlib.crc32(f"{self.endpoint}|{self.bucket}".encode())
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client (thread-safe), for tools and tests."""
+        return self._client
+
+    # -- errors ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str | None = None) -> Iterator[None]:
+        """Translate what botocore and urllib3 raise into Transient/PermanentTierError.
+
+        ``op == "check"`` marks a bucket-level call, where a bare 404 means "no bucket".
+        """
+        what = f"tier {self.name}: {op}" + (f" {key[:16]}" if key else "")
+        try:
+            yield
+        except bce.ClientError as exc:
+            raise self._from_client_error(what, op, exc) from exc
+        except _CREDENTIAL_ERRORS as exc:
+            raise PermanentTierError(
+                f"{what}: no usable AWS credentials for bucket {self.bucket!r}: {exc}"
+            ) from exc
+        except bce.SSLError as exc:
+            text = str(exc)
+            if "certificate" in text.lower() or "hostname" in text.lower():
+                raise PermanentTierError(
+                    f"{what}: TLS verification of {self.endpoint} failed: {text}"
+                ) from exc
+            raise TransientTierError(f"{what}: TLS error talking to {self.endpoint}: {text}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise TransientTierError(f"{what}: cannot reach endpoint {self.endpoint}: {exc}") from exc
+        except (bce.FlexibleChecksumError, bce.ChecksumError) as exc:
+            raise TransientTierError(f"{what}: checksum mismatch on the wire: {exc}") from exc
+        except (bce.ParamValidationError, bce.ValidationError) as exc:
+            raise PermanentTierError(f"{what}: invalid request: {exc}") from exc
+        except bce.BotoCoreError as exc:
+            raise TransientTierError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def _from_client_error(self, what: str, op: str, exc: bce.ClientError) -> TierError:
+        code, status = _code(exc), _status(exc)
+        detail = str(exc.response.get("Error", {}).get("Message", "") or "")
+        if code in _NO_BUCKET_CODES or (op == "check" and status == 404):
+            return PermanentTierError(
+                f"{what}: bucket {self.bucket!r} does not exist at {self.endpoint}"
+            )
+        if code in _ACCESS_CODES or status == 403:
+            hint = _ACCESS_HINTS.get(code) or detail or "check the credentials and bucket policy"
+            return PermanentTierError(
+                f"{what}: access denied to bucket {self.bucket!r} at {self.endpoint} "
+                f"({code or status}: {hint})"
+            )
+        if code in _TRANSIENT_CODES or status in (408, 429) or (
+            status >= 500 and code not in _PERMANENT_5XX_CODES
+        ):
+            return TransientTierError(
+                f"{what}: server error {status} {code}: {detail}".rstrip(": ")
+            )
+        return PermanentTierError(f"{what}: request refused: {status} {code}: {detail}".rstrip(": "))
+
+    # -- the Tier protocol -------------------------------------------------------------------
+
+    def object_key(self, key: str) -> str:
+        return self._chunks_prefix + key
+
+    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+        body = b"".join(parts)
+        metadata = {META_DIGEST: key}
+        with contextlib.suppress(CorruptChunk):  # a tier stores what it is given
+            metadata[META_PLAIN_LENGTH] = str(frame.parse_header(body).plain_len)
+        with self._errors("put", key):
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self.object_key(key),
+                Body=body,
+                ContentType="application/octet-stream",
+                ChecksumAlgorithm=self.checksum_algorithm,
+                Metadata=metadata,
+            )
+        with self._lock:
+            self._sizes[key] = len(body)
+        return len(body)
+
+    def get(self, key: str) -> bytes | None:
+        with self._errors("get", key):
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+            body = resp["Body"]
+            try:
+                data: bytes = body.read()  # botocore checks length and returned checksum
+            finally:
+                body.close()
+        return data
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object's size, metadata and stored checksum, without its body (None: missing)."""
+        with self._errors("head", key):
+            try:
+                resp = self._client.head_object(
+                    Bucket=self.bucket, Key=self.object_key(key), ChecksumMode="ENABLED"
+                )
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+        meta = {str(k).lower(): str(v) for k, v in (resp.get("Metadata") or {}).items()}
+        plain = meta.get(META_PLAIN_LENGTH)
+        size = int(resp["ContentLength"])
+        with self._lock:
+            self._sizes[key] = size
+        return ObjectInfo(
+            size=size,
+            blake3=meta.get(META_DIGEST),
+            plain_length=int(plain) if plain and plain.isdigit() else None,
+            checksum_sha256=resp.get("ChecksumSHA256"),
+            metadata=meta,
+        )
+
+    def verify(self, key: str, digest: bytes) -> None:
+        """Read the object back and check the frame (a full remote read)."""
+        verify_by_reading(self, key, digest)
+
+    def delete(self, key: str) -> int:
+        """Idempotent. Returns the bytes freed: the size this tier saw, else a HEAD's answer."""
+        with self._lock:
+            size = self._sizes.pop(key, None)
+        with self._errors("delete", key):
+            if size is None:
+                try:
+                    resp = self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+                except bce.ClientError as exc:
+                    if _is_not_found(exc):
+                        return 0
+                    raise
+                size = int(resp["ContentLength"])
+            self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
+        return size
+
+    def sync(self, keys: Sequence[str]) -> None:
+        """Nothing to do: a PUT that succeeded is durable."""
+        return None
+
+    def list_keys(self) -> Iterator[str]:
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {
+                "Bucket": self.bucket,
+                "Prefix": self._chunks_prefix,
+                "MaxKeys": self.list_page_size,
+            }
+            if token:
+                kwargs["ContinuationToken"] = token
+            with self._errors("list"):
+                resp = self._client.list_objects_v2(**kwargs)
+            page: list[tuple[str, int]] = []
+            for obj in resp.get("Contents") or ():
+                name = str(obj["Key"])[len(self._chunks_prefix) :]
+                if name and "/" not in name:
+                    page.append((name, int(obj.get("Size", 0))))
+            with self._lock:
+                self._sizes.update(page)
+            for name, _ in page:
+                yield name
+            token = resp.get("NextContinuationToken")
+            if not resp.get("IsTruncated") or not token:
+                return
+
+    def usage(self) -> TierUsage:
+        with self._lock:
+            used = sum(self._sizes.values())
+        return TierUsage(
+            total=REMOTE_CAPACITY,
+            free=max(0, REMOTE_CAPACITY - used),
+            used=used,
+            device=self._device,
+            capped=False,
+        )
+
+    def check(self) -> None:
+        """Raise PermanentTierError (no bucket, access denied, no credentials) or
+        TransientTierError (endpoint unreachable, 5xx) unless the bucket answers."""
+        with self._errors("check"):
+            self._client.head_bucket(Bucket=self.bucket)
+
+    def close(self) -> None:
+        """Close the connection pool (the tier must not be used afterwards)."""
+        with contextlib.suppress(Exception):
+            self._client.close()

@@ -1,0 +1,137 @@
+"""A real mount with a remote tier on a real SeaweedFS: upload, sync, outage, crash."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
+from s3fixtures import _seaweed_session, remove_prefix, seaweed  # noqa: F401  (fixtures)
+from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+from ckptfs.chunks import frame
+
+pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def remote(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]  # noqa: F811
+    """A fresh prefix in the test bucket, and credentials in the environment the CLI and
+    the daemon inherit (the standard AWS chain)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    prefix = f"m-{uuid.uuid4().hex[:10]}"
+    url = f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}"
+    yield url, prefix
+    remove_prefix(seaweed, seaweed.bucket, prefix)
+
+
+def remote_objects(server: SeaweedServer, prefix: str) -> dict[str, bytes]:
+    client = server.client()
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=server.bucket, Prefix=f"{prefix}/chunks/"
+    ):
+        for o in page.get("Contents") or ():
+            out[o["Key"].rsplit("/", 1)[1]] = client.get_object(
+                Bucket=server.bucket, Key=o["Key"]
+            )["Body"].read()
+    client.close()
+    return out
+
+
+def local_chunk_keys(tiers: list[Path]) -> set[str]:
+    return {p.name for t in tiers for p in (t / "chunks").glob("*/*")}
+
+
+def write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        for off in range(0, len(data), MiB):
+            f.write(data[off : off + MiB])
+
+
+def test_chunks_reach_the_bucket_and_sync_waits_for_them(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    url, prefix = remote
+    files = {f"ckpt/part{i}.bin": os.urandom(3 * MiB + i) for i in range(3)}
+    with mounted(tmp_path, 2, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        (m.mountpoint / "ckpt").mkdir()
+        for name, data in files.items():
+            write(m.mountpoint / name, data)
+        res = run_cli("sync", str(m.mountpoint / "ckpt"), "--timeout", "60")
+        assert res.returncode == 0, res.stdout + res.stderr
+        objects = remote_objects(seaweed, prefix)
+        assert set(objects) == local_chunk_keys(m.locals)
+        for key, raw in objects.items():
+            frame.verify(raw, bytes.fromhex(key))
+        status = run_cli("status", str(m.mountpoint))
+        assert status.returncode == 0 and "backlog: empty" in status.stdout, status.stdout
+
+
+@pytest.mark.allow_log_errors
+def test_outage_grows_backlog_and_drains_after_restart(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    url, prefix = remote
+    with mounted(tmp_path, 2, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        write(m.mountpoint / "before.bin", os.urandom(2 * MiB))
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+        seaweed.stop()
+        try:
+            data = os.urandom(4 * MiB)
+            write(m.mountpoint / "during.bin", data)  # training goes on during the outage
+            assert (m.mountpoint / "during.bin").read_bytes() == data
+            res = run_cli("sync", str(m.mountpoint / "during.bin"), "--timeout", "2")
+            assert res.returncode == 1 and "pending" in res.stderr, res.stderr
+            status = run_cli("status", str(m.mountpoint)).stdout
+            assert "backlog: 4 chunk(s)" in status, status
+        finally:
+            seaweed.start()
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "90")
+        assert res.returncode == 0, res.stdout + res.stderr
+        objects = remote_objects(seaweed, prefix)
+        assert set(objects) == local_chunk_keys(m.locals)
+        for key, raw in objects.items():
+            frame.verify(raw, bytes.fromhex(key))
+
+
+@pytest.mark.allow_log_errors
+def test_killed_daemon_resumes_its_queue(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    url, prefix = remote
+    with mounted(tmp_path, 2, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        seaweed.stop()
+        try:
+            data = os.urandom(3 * MiB)
+            write(m.mountpoint / "f.bin", data)
+            m.kill9()
+        finally:
+            seaweed.start()
+        m.start()  # the queue is in the catalog: the new daemon replays it
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "90")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (m.mountpoint / "f.bin").read_bytes() == data
+        assert set(remote_objects(seaweed, prefix)) == local_chunk_keys(m.locals)
+
+
+@pytest.mark.allow_log_errors
+def test_wrong_credentials_are_reported_and_data_stays_local(
+    tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _prefix = remote
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        data = os.urandom(2 * MiB)
+        write(m.mountpoint / "f.bin", data)
+        assert (m.mountpoint / "f.bin").read_bytes() == data
+        assert "remote tier remote0 unusable" in m.log
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "3")
+        assert res.returncode == 1
+        status = run_cli("status", str(m.mountpoint)).stdout
+        assert "backlog: 2 chunk(s)" in status, status
