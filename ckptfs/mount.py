@@ -182,6 +182,47 @@ def open_tiers(cfg: Config) -> list[Tier]:
     return tiers
 
 
+def restore_catalog(path: Path, remotes: list[Tier]) -> None:
+    """A new node (empty state dir) with remote tiers: restore the catalog snapshot the
+    remote holds, verified, so every file durable there is visible again. If a remote
+    cannot be read, refuse to start empty: an empty catalog would later be snapshotted
+    over the remote's."""
+    from .chunks import frame
+    from .upload.uploader import SNAPSHOT_NAME
+
+    problems = []
+    answered = False
+    for remote in remotes:
+        try:
+            raw = remote.get_meta(SNAPSHOT_NAME)  # type: ignore[attr-defined]
+        except TierError as exc:
+            problems.append(f"{remote.name}: {exc}")
+            continue
+        answered = True
+        if raw is None:
+            continue
+        try:
+            data = frame.decode(raw)
+        except CkptfsError as exc:
+            problems.append(f"{remote.name}: catalog snapshot damaged: {exc}")
+            continue
+        tmp = path.with_name(path.name + ".restore")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        restored = Catalog(path)
+        try:
+            files = restored.adopt_snapshot([r.name for r in remotes])
+        finally:
+            restored.close()
+        log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)
+        return
+    if problems and not answered:
+        raise MountError(
+            "the state dir is empty and no remote tier could be read ("
+            + "; ".join(problems) + "); refusing to start with an empty catalog"
+        )
+
+
 def tier_record(t: TierConfig | S3TierConfig) -> dict[str, str]:
     """What the catalog remembers of a tier (a remount with only --state-dir uses it)."""
     if isinstance(t, S3TierConfig):
@@ -249,6 +290,8 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
     if find_mount(mountpoint) is not None:
         raise MountError(f"{mountpoint} is already a mount point")
     tiers = open_tiers(cfg)
+    if not cfg.catalog_path.exists():
+        restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
     catalog = Catalog(cfg.catalog_path)
     try:
         chunk_size = reconcile_catalog(catalog, cfg)

@@ -89,11 +89,13 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
         while True:
             pending = (catalog.pending_uploads_for(inos) if inos is not None
                        else catalog.backlog().chunks)
-            if pending == 0:
+            # Durable means recoverable: the chunks and the catalog snapshot naming them.
+            if pending == 0 and catalog.snapshot_is_current():
                 print(f"ckptfs sync: {path or sd} is durable on the remote tier(s)")
                 return 0
             if deadline is not None and time.monotonic() >= deadline:
-                print(f"ckptfs sync: {pending} chunk(s) still pending after {timeout:.0f} s; "
+                print(f"ckptfs sync: {pending} chunk(s) (and the catalog snapshot) still pending "
+                      f"after {timeout:.0f} s; "
                       + describe(catalog.backlog()), file=sys.stderr)
                 return 1
             time.sleep(SYNC_POLL_S)  # the daemon commits in its own process: poll the catalog

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -125,8 +126,12 @@ def test_wrong_credentials_are_reported_and_data_stays_local(
     tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, _prefix = remote
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     with mounted(tmp_path, 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        write(m.mountpoint / "old.bin", os.urandom(MiB))
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+        m.stop()
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        m.start()  # an existing node mounts anyway: training must not stop for the remote
         data = os.urandom(2 * MiB)
         write(m.mountpoint / "f.bin", data)
         assert (m.mountpoint / "f.bin").read_bytes() == data
@@ -134,4 +139,45 @@ def test_wrong_credentials_are_reported_and_data_stays_local(
         res = run_cli("sync", str(m.mountpoint), "--timeout", "3")
         assert res.returncode == 1
         status = run_cli("status", str(m.mountpoint)).stdout
-        assert "backlog: 2 chunk(s)" in status, status
+        assert "backlog: 2 chunk(s)" in status and "last error" in status, status
+
+
+def test_new_node_with_wrong_credentials_refuses_to_start_empty(
+    tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _prefix = remote
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    (tmp_path / "mnt").mkdir()
+    res = run_cli("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "state"),
+                  "--local", str(tmp_path / "t0"), "--remote", url)
+    assert res.returncode != 0
+    assert "remote0" in res.stderr and "refusing to start with an empty catalog" in res.stderr
+
+
+def test_new_node_restores_everything_durable_from_the_remote_alone(
+    tmp_path: Path, remote: tuple[str, str]
+) -> None:
+    url, _prefix = remote
+    files = {"run/ckpt-1/model.bin": os.urandom(3 * MiB + 7), "run/ckpt-1/meta.json": b"{}",
+             "run/latest": b"ckpt-1"}
+    first = tmp_path / "node1"
+    with mounted(first, 2, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        (m.mountpoint / "run" / "ckpt-1").mkdir(parents=True)
+        for name, data in files.items():
+            write(m.mountpoint / name, data)
+        os.chmod(m.mountpoint / "run/latest", 0o600)
+        os.utime(m.mountpoint / "run/ckpt-1/meta.json", ns=(1_000_000_000, 1_234_567_890_123))
+        attrs = {n: os.stat(m.mountpoint / n) for n in files}
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
+        assert res.returncode == 0, res.stdout + res.stderr
+    shutil.rmtree(first)  # every local tier and the state dir are gone
+    second = tmp_path / "node2"
+    with mounted(second, 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        assert "restored the catalog" in m.log
+        for name, data in files.items():
+            p = m.mountpoint / name
+            assert p.read_bytes() == data, name
+            st = os.stat(p)
+            assert (st.st_size, st.st_mode, st.st_mtime_ns) == (
+                attrs[name].st_size, attrs[name].st_mode, attrs[name].st_mtime_ns
+            ), name

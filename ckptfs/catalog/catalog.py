@@ -173,13 +173,19 @@ class Catalog:
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
-    def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+    def _tx(self, durable: bool = False, touch: bool = False) -> Iterator[sqlite3.Connection]:
+        """One transaction. ``touch`` marks a change of the namespace or of file contents
+        (meta ``changed_ns``): the remote catalog snapshot is stale until it is retaken."""
         if durable:
             self.conn.execute("PRAGMA synchronous=FULL")
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                if touch:
+                    self.conn.execute(
+                        "INSERT OR REPLACE INTO meta VALUES ('changed_ns', ?)", (str(time.time_ns()),)
+                    )
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
@@ -267,7 +273,7 @@ class Catalog:
     ) -> Inode:
         """Create a file, directory or symlink entry. EEXIST if the name is taken."""
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             self._dir(c, parent)
             if self._entry(c, parent, name) is not None:
                 raise AlreadyExists(name.decode(errors="replace"))
@@ -285,7 +291,7 @@ class Catalog:
 
     def link(self, ino: int, parent: int, name: bytes) -> Inode:
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             self._dir(c, parent)
             inode = self.get_inode(ino)
             if inode.is_dir:
@@ -300,7 +306,7 @@ class Catalog:
     def unlink(self, parent: int, name: bytes) -> Inode:
         """Remove a non-directory entry; returns the inode with its new link count."""
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             self._dir(c, parent)
             inode = self._entry(c, parent, name)
             if inode is None:
@@ -314,7 +320,7 @@ class Catalog:
 
     def rmdir(self, parent: int, name: bytes) -> Inode:
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             self._dir(c, parent)
             inode = self._entry(c, parent, name)
             if inode is None:
@@ -345,7 +351,7 @@ class Catalog:
     ) -> Inode | None:
         """Atomic rename. Returns the replaced inode (with its new link count), if any."""
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             self._dir(c, old_parent)
             self._dir(c, new_parent)
             src = self._entry(c, old_parent, old_name)
@@ -395,7 +401,7 @@ class Catalog:
         mtime_ns: int | None = None,
     ) -> Inode:
         now = time.time_ns()
-        with self._tx() as c:
+        with self._tx(touch=True) as c:
             inode = self.get_inode(ino)
             if mode is not None:
                 mode = stat.S_IFMT(inode.mode) | stat.S_IMODE(mode)
@@ -454,7 +460,7 @@ class Catalog:
         (candidates for garbage collection).
         """
         n_chunks = (size + chunk_size - 1) // chunk_size
-        with self._tx(durable=durable) as c:
+        with self._tx(durable=durable, touch=True) as c:
             dropped = [
                 bytes(r[0])
                 for r in c.execute(
@@ -584,6 +590,35 @@ class Catalog:
         ).fetchone()
         return Backlog(int(n), int(size), None if oldest is None else int(oldest), int(blocked),
                        None if err is None else str(err[0]))
+
+    def snapshot_is_current(self) -> bool:
+        """The remote catalog snapshot includes every namespace and content change."""
+        changed = self.get_meta("changed_ns")
+        taken = self.get_meta("snapshot_of_ns")
+        return changed is None or (taken is not None and int(taken) >= int(changed))
+
+    def backup_bytes(self) -> bytes:
+        """A consistent copy of the whole catalog (SQLite online backup)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            dest = sqlite3.connect(Path(d) / "snap.sqlite")
+            try:
+                self.conn.backup(dest)
+            finally:
+                dest.close()
+            return (Path(d) / "snap.sqlite").read_bytes()
+
+    def adopt_snapshot(self, remote_tiers: list[str]) -> int:
+        """Turn a catalog restored from a remote snapshot into this node's catalog: every
+        chunk is assumed on the remote tiers (a snapshot is taken only when nothing was
+        pending), local replicas and upload jobs are forgotten. Returns the file count."""
+        with self._tx() as c:
+            c.execute("DELETE FROM upload_jobs")
+            c.execute("DELETE FROM replicas")
+            for tier in remote_tiers:
+                c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
+            return int(c.execute("SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
 
     def pending_uploads_for(self, inos: Iterable[int]) -> int:
         """Upload jobs still open for chunks the given files name."""

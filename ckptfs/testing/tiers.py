@@ -23,6 +23,7 @@ class MemoryTier:
         self.weight = 1.0
         self.capacity = capacity
         self.frames: dict[str, bytes] = {}
+        self.metas: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
     def _used(self) -> int:
@@ -49,6 +50,12 @@ class MemoryTier:
 
     def sync(self, keys: Sequence[str]) -> None:
         return None
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        self.metas[name] = bytes(data)
+
+    def get_meta(self, name: str) -> bytes | None:
+        return self.metas.get(name)
 
     def list_keys(self) -> Iterator[str]:
         yield from list(self.frames)
@@ -100,6 +107,16 @@ class FaultyTier:
 
     def sync(self, keys: Sequence[str]) -> None:
         self.inner.sync(keys)
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        if self.fail_puts:
+            raise TierError(f"tier {self.name}: injected EIO on put")
+        self.inner.put_meta(name, data)  # type: ignore[attr-defined]
+
+    def get_meta(self, name: str) -> bytes | None:
+        if self.fail_gets:
+            raise TierError(f"tier {self.name}: injected EIO on get")
+        return self.inner.get_meta(name)  # type: ignore[attr-defined]
 
     def list_keys(self) -> Iterator[str]:
         return self.inner.list_keys()

@@ -381,6 +381,33 @@ class S3Tier:
         with self._errors("check"):
             self._client.head_bucket(Bucket=self.bucket)
 
+    # -- metadata objects (the catalog snapshot a fresh node restores) -------------------------
+
+    def _meta_key(self, name: str) -> str:
+        return (f"{self.prefix}/meta/" if self.prefix else "meta/") + name
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        with self._errors("put", name):
+            self._client.put_object(
+                Bucket=self.bucket, Key=self._meta_key(name), Body=data,
+                ContentType="application/octet-stream", ChecksumAlgorithm=self.checksum_algorithm,
+            )
+
+    def get_meta(self, name: str) -> bytes | None:
+        with self._errors("get", name):
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=self._meta_key(name))
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+            body = resp["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+        return data
+
     def close(self) -> None:
         """Close the connection pool (the tier must not be used afterwards)."""
         with contextlib.suppress(Exception):

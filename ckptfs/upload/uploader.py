@@ -29,6 +29,7 @@ log = logging.getLogger("ckptfs.upload")
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 BLOCKED_RETRY_S = 300.0
+SNAPSHOT_NAME = "catalog.snapshot"
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -57,6 +58,7 @@ class Uploader:
         self.uploaded_chunks = 0
         self._wake = trio.Event()
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
+        self._snapshot_failures = 0
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -71,6 +73,9 @@ class Uploader:
         async with trio.open_nursery() as nursery:
             while True:
                 self._wake = trio.Event()
+                snapshot_retry_s = math.inf
+                if not self.running:
+                    snapshot_retry_s = await self._maybe_snapshot()
                 free = self.concurrency - len(self.running)
                 if free > 0:
                     jobs = await trio.to_thread.run_sync(
@@ -86,6 +91,7 @@ class Uploader:
                 delay = math.inf if due is None else max(0.0, (due - self.clock()) / 1e9)
                 if free <= 0 or delay == 0.0:
                     delay = math.inf if self.running else delay  # a finishing job kicks us
+                delay = min(delay, snapshot_retry_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()
 
@@ -120,6 +126,40 @@ class Uploader:
         finally:
             self.running.discard(key)
             self.kick()
+
+    async def _maybe_snapshot(self) -> float:
+        """When nothing is pending and the namespace changed since the last snapshot, put
+        a verified copy of the catalog on every remote tier: what a fresh node restores.
+        Returns seconds until a failed snapshot should be retried (inf if none failed)."""
+
+        def backup() -> tuple[int, bytes] | None:
+            if self.catalog.backlog().chunks or self.catalog.snapshot_is_current():
+                return None
+            return time.time_ns(), self.catalog.backup_bytes()
+
+        taken = await trio.to_thread.run_sync(backup, limiter=self.db_limiter)
+        if taken is None:
+            return math.inf
+        of_ns, data = taken
+        digest = frame.digest_of(data)
+        framed = b"".join(bytes(p) for p in frame.encode([data], digest))
+        try:
+            for remote in self.store.remotes:
+                await trio.to_thread.run_sync(
+                    remote.put_meta, SNAPSHOT_NAME, framed, limiter=self.limiter  # type: ignore[attr-defined]
+                )
+        except TierError as exc:
+            self._snapshot_failures += 1
+            delay = backoff_s(self._snapshot_failures)
+            log.warning("catalog snapshot upload failed (retry in %.1f s): %s", delay, exc)
+            return delay
+        self._snapshot_failures = 0
+        await trio.to_thread.run_sync(
+            self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
+        )
+        log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
+                 len(data), len(self.store.remotes))
+        return math.inf
 
     async def _postpone(self, job: UploadJob, delay_s: float, error: str, blocked: bool) -> None:
         await trio.to_thread.run_sync(
