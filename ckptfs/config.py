@@ -105,6 +105,8 @@ class Config:
     io_threads: int = DEFAULT_IO_THREADS
     allow_other: bool = False
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
+    remote_copies: int = 1  # how many remote tiers hold each chunk
+    upload_concurrency: int = 8  # uploads in flight at once
     source: str = field(default="<embedded default>", compare=False)
 
     @property
@@ -116,7 +118,10 @@ class Config:
         return self.state_dir / "ckptfs.log"
 
 
-_TOP_KEYS = {"state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier"}
+_TOP_KEYS = {
+    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
+    "remote_copies", "upload_concurrency",
+}
 _COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
 _LOCAL_ONLY_KEYS = {"path", "capacity"}
 _S3_ONLY_KEYS = {
@@ -362,6 +367,13 @@ def local_tiers_from_paths(paths: list[str]) -> tuple[TierConfig, ...]:
     return tuple(tiers)
 
 
+def _int_key(data: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{key}: expected an integer from {lo} to {hi}, got {value!r}")
+    return value
+
+
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     for key in data:
         if key not in _TOP_KEYS:
@@ -382,9 +394,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         raise ConfigError(
             f"memory_budget: {memory_budget} must hold at least two chunks ({2 * chunk_size})"
         )
-    io_threads = data.get("io_threads", DEFAULT_IO_THREADS)
-    if isinstance(io_threads, bool) or not isinstance(io_threads, int) or not 1 <= io_threads <= 256:
-        raise ConfigError(f"io_threads: expected an integer from 1 to 256, got {io_threads!r}")
+    io_threads = _int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
+    remote_copies = _int_key(data, "remote_copies", 1, 1, 16)
+    upload_concurrency = _int_key(data, "upload_concurrency", 8, 1, 256)
     allow_other = data.get("allow_other", False)
     if not isinstance(allow_other, bool):
         raise ConfigError(f"allow_other: expected true or false, got {allow_other!r}")
@@ -406,18 +418,20 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         memory_budget=memory_budget,
         io_threads=io_threads,
         allow_other=allow_other,
+        remote_copies=remote_copies,
+        upload_concurrency=upload_concurrency,
         source=source,
     )
 
 
-def recorded_tiers(state_dir: Path) -> tuple[TierConfig, ...]:
-    """The tiers an existing catalog was last mounted with (read-only; empty if none)."""
+def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3TierConfig, ...]]:
+    """The local and remote tiers an existing catalog was last mounted with (read-only)."""
     import json
     import sqlite3
 
     db = state_dir / "catalog.sqlite"
     if not db.exists():
-        return ()
+        return (), ()
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
@@ -425,13 +439,23 @@ def recorded_tiers(state_dir: Path) -> tuple[TierConfig, ...]:
         finally:
             conn.close()
     except sqlite3.Error:
-        return ()
+        return (), ()
     if row is None:
-        return ()
-    return tuple(
+        return (), ()
+    records = json.loads(row[0])
+    local = tuple(
         TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"])
-        for t in json.loads(row[0])
+        for t in records if t.get("kind", "local") == "local"
     )
+    remote = tuple(
+        S3TierConfig(
+            name=t["name"], bucket=t["bucket"], prefix=t.get("prefix", ""),
+            endpoint_url=t.get("endpoint_url"), region=t.get("region", "us-east-1"),
+            addressing_style=t.get("addressing_style", "path"), location=t.get("location", "remote"),
+        )
+        for t in records if t.get("kind") == "s3"
+    )
+    return local, remote
 
 
 def load_config(
@@ -484,15 +508,16 @@ def load_config(
             taken.add(name)
             renamed.append(TierConfig(name, t.kind, t.path, t.location, t.weight, t.capacity))
         tiers = tiers + tuple(renamed)
-    if not tiers:
-        tiers = recorded_tiers(cfg.state_dir)
+    remote_tiers = cfg.remote_tiers
+    if not tiers and not remote_tiers and not remote_urls:
+        # A remount with only --state-dir: the tiers the catalog was last mounted with.
+        tiers, remote_tiers = recorded_tiers(cfg.state_dir)
     if not tiers:
         tiers = (TierConfig(name="local0", kind="local", path=cfg.state_dir / "tiers" / "local0"),)
     paths = [t.path for t in tiers]
     for i, p in enumerate(paths):
         if p in paths[:i]:
             raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
-    remote_tiers = cfg.remote_tiers
     if remote_urls:
         taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
         added = []
@@ -512,5 +537,7 @@ def load_config(
         memory_budget=cfg.memory_budget,
         io_threads=cfg.io_threads,
         allow_other=cfg.allow_other,
+        remote_copies=cfg.remote_copies,
+        upload_concurrency=cfg.upload_concurrency,
         source=source,
     )

@@ -51,6 +51,8 @@ def _recorded_tiers(catalog: Catalog, cfg: Config) -> list[LocalTier]:
     configured = {t.name: t for t in cfg.tiers}
     tiers = []
     for rec in catalog.recorded_tiers():
+        if rec.get("kind", "local") != "local":
+            continue  # fsck checks the local tiers; remote copies are checked on read
         tc = configured.get(rec["name"]) or TierConfig(
             name=rec["name"], kind=rec.get("kind", "local"), path=Path(rec["path"]),
             location=rec.get("location", "local"),

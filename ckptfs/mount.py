@@ -298,6 +298,7 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
         fs = Filesystem(
             catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
             io_threads=cfg.io_threads, invalidate=_invalidate_inode,
+            remote_copies=cfg.remote_copies, upload_concurrency=cfg.upload_concurrency,
         )
         options = set(pyfuse3.default_options)
         options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
