@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
-from s3fixtures import _seaweed_session, remove_prefix, seaweed  # noqa: F401  (fixtures)
+from s3fixtures import remove_prefix, s3_tier, s3_tier_factory, seaweed  # noqa: F401
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.chunks import frame
@@ -181,3 +181,26 @@ def test_new_node_restores_everything_durable_from_the_remote_alone(
             assert (st.st_size, st.st_mode, st.st_mtime_ns) == (
                 attrs[name].st_size, attrs[name].st_mode, attrs[name].st_mtime_ns
             ), name
+
+
+def test_server_refuses_a_body_damaged_after_it_was_checked(s3_tier) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The uploader sends the SHA-256 of the frame it verified; a FaultyTier flipping a bit
+    on the way makes the real server refuse the object (BadDigest), a retryable error."""
+    import base64
+    import hashlib
+
+    from ckptfs.errors import TransientTierError
+    from ckptfs.testing.tiers import FaultyTier
+
+    data = os.urandom(100_000)
+    digest = frame.digest_of(data)
+    raw = b"".join(bytes(p) for p in frame.encode([data], digest))
+    sha = base64.b64encode(hashlib.sha256(raw).digest()).decode()
+    wire = FaultyTier(s3_tier)
+    wire.corrupt_puts = True
+    with pytest.raises(TransientTierError, match="BadDigest|checksum|digest"):
+        wire.put(digest.hex(), [raw], expected_sha256=sha)
+    assert s3_tier.get(digest.hex()) is None
+    wire.corrupt_puts = False
+    wire.put(digest.hex(), [raw], expected_sha256=sha)
+    frame.verify(s3_tier.get(digest.hex()) or b"", digest)

@@ -1,10 +1,12 @@
-"""One conformance suite for every Tier implementation."""
+"""The Tier conformance suite (tier_conformance.py) on the local and memory tiers, plus
+what only tiers with a capacity or a directory can show."""
 
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tier_conformance import TierConformance, framed
 
 from ckptfs.chunks import frame
 from ckptfs.config import TierConfig
@@ -24,30 +26,14 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
         yield MemoryTier("t", capacity=1 << 20)
 
 
-def _framed(data: bytes) -> tuple[str, list[frame.Buffer]]:
-    d = frame.digest_of(data)
-    return d.hex(), frame.encode([data], d)
-
-
-def test_put_get_delete_are_idempotent(tier: Tier) -> None:
-    key, parts = _framed(b"hello" * 100)
-    assert tier.get(key) is None
-    n = tier.put(key, parts)
-    assert n == frame.HEADER_SIZE + 500
-    assert tier.put(key, parts) == n  # a second put of the same frame is harmless
-    assert frame.decode(tier.get(key) or b"") == b"hello" * 100
-    assert list(tier.list_keys()) == [key]
-    assert tier.usage().used == n
-    assert tier.delete(key) == n
-    assert tier.delete(key) == 0
-    assert tier.get(key) is None
-    assert tier.usage().used == 0
+class TestConformance(TierConformance):
+    pass
 
 
 def test_capacity_gives_nospace(tier: Tier) -> None:
-    key, parts = _framed(b"x" * (900 * 1024))
+    key, parts = framed(b"x" * (900 * 1024))
     tier.put(key, parts)
-    key2, parts2 = _framed(b"y" * (200 * 1024))
+    key2, parts2 = framed(b"y" * (200 * 1024))
     with pytest.raises(NoSpace):
         tier.put(key2, parts2)
     assert tier.get(key2) is None
@@ -57,7 +43,7 @@ def test_capacity_gives_nospace(tier: Tier) -> None:
 def test_local_tier_reports_vanished_directory(tmp_path: Path) -> None:
     t = LocalTier(TierConfig("gone", "local", tmp_path / "gone"))
     t.open()
-    key, parts = _framed(b"data")
+    key, parts = framed(b"data")
     t.put(key, parts)
     shutil.rmtree(tmp_path / "gone")
     with pytest.raises(TierError, match="gone"):

@@ -100,3 +100,22 @@ def test_backoff_grows_and_is_jittered() -> None:
     assert 0.25 <= backoff_s(0, lambda: 0.0) <= backoff_s(0, lambda: 1.0) == 0.5
     assert backoff_s(3, lambda: 1.0) == 4.0
     assert backoff_s(50, lambda: 1.0) == 60.0
+
+
+async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path) -> None:
+    inner = MemoryTier("r", kind="remote")
+    remote = FaultyTier(inner)
+    remote.corrupt_puts = True
+    async with make_fs(tmp_path, [MemoryTier("l"), remote]) as fs:
+        await write_file(fs, b"f", os.urandom(2 * CS))
+        with trio.fail_after(10):
+            while remote.corrupted < 2:
+                await trio.sleep(0.01)
+        assert inner.frames == {}  # the receiving end refused every damaged body
+        remote.corrupt_puts = False
+        fs.uploader.clock = skip_backoff
+        fs.uploader.kick()
+        await wait_backlog_empty(fs)
+    assert len(inner.frames) == 2
+    for key, raw in inner.frames.items():
+        frame.verify(raw, bytes.fromhex(key))

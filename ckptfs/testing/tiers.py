@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import threading
 from collections.abc import Iterator, Sequence
 
 from ..chunks.frame import Buffer
-from ..errors import NoSpace, TierError
+from ..errors import NoSpace, TierError, TransientTierError
 from ..tiers.base import Tier, TierUsage, verify_by_reading
+
+
+def _sha256_b64(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
 
 
 class MemoryTier:
@@ -29,8 +35,10 @@ class MemoryTier:
     def _used(self) -> int:
         return sum(len(v) for v in self.frames.values())
 
-    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+    def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
         data = b"".join(bytes(p) for p in parts)
+        if expected_sha256 is not None and _sha256_b64(data) != expected_sha256:
+            raise TransientTierError(f"tier {self.name}: BadDigest (body changed in transit)")
         with self._lock:
             if self._used() + len(data) > self.capacity:
                 raise NoSpace(f"tier {self.name}: full")
@@ -81,13 +89,20 @@ class FaultyTier:
         self.fail_gets = False
         self.full = False
         self.corrupt_gets = False
+        self.corrupt_puts = False  # flip a bit of every put body after the caller checked it
+        self.corrupted = 0
 
-    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+    def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
+        if self.corrupt_puts:
+            self.corrupted += 1
+            damaged = bytearray(b"".join(bytes(p) for p in parts))
+            damaged[len(damaged) // 2] ^= 0x01  # one bit flipped on the wire
+            parts = [bytes(damaged)]
         if self.full:
             raise NoSpace(f"tier {self.name}: injected ENOSPC")
         if self.fail_puts:
             raise TierError(f"tier {self.name}: injected EIO on put")
-        return self.inner.put(key, parts)
+        return self.inner.put(key, parts, expected_sha256)
 
     def get(self, key: str) -> bytes | None:
         if self.fail_gets:

@@ -258,19 +258,25 @@ class S3Tier:
     def object_key(self, key: str) -> str:
         return self._chunks_prefix + key
 
-    def put(self, key: str, parts: Sequence[Buffer]) -> int:
+    def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
+        """``expected_sha256`` (base64): the checksum of the bytes the caller verified; the
+        server refuses the object (BadDigest, retried) if what arrives differs."""
         body = b"".join(parts)
         metadata = {META_DIGEST: key}
         with contextlib.suppress(CorruptChunk):  # a tier stores what it is given
             metadata[META_PLAIN_LENGTH] = str(frame.parse_header(body).plain_len)
+        checksum: dict[str, str] = (
+            {"ChecksumSHA256": expected_sha256} if expected_sha256
+            else {"ChecksumAlgorithm": self.checksum_algorithm}
+        )
         with self._errors("put", key):
             self._client.put_object(
                 Bucket=self.bucket,
                 Key=self.object_key(key),
                 Body=body,
                 ContentType="application/octet-stream",
-                ChecksumAlgorithm=self.checksum_algorithm,
                 Metadata=metadata,
+                **checksum,
             )
         with self._lock:
             self._sizes[key] = len(body)

@@ -10,6 +10,8 @@ local meanwhile. A finished copy becomes a replica row; a copy whose job was can
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import math
 import random
@@ -196,6 +198,8 @@ class Uploader:
             except CorruptChunk as exc:
                 problems.append(f"{name}: {exc}")
                 continue
-            remote.put(key, [raw])
+            # The server checks what arrives against the checksum of what we verified.
+            sha = base64.b64encode(hashlib.sha256(raw).digest()).decode()
+            remote.put(key, [raw], expected_sha256=sha)
             return
         raise ChunkMissing("; ".join(problems) or "no local replica recorded")
