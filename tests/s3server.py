@@ -184,9 +184,8 @@ class SeaweedServer:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_identities()
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith("AWS_")
-        }  # mini/server read AWS_* to create identities; ours come from the file only
+        # weed reads AWS_* to create identities; ours come from the file only.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -252,6 +251,25 @@ class SeaweedServer:
             ):
                 raise
 
+    def _socket_paths(self) -> list[Path]:
+        """The unix sockets weed 4.48 creates under a fixed /tmp, named by our ports."""
+        tmp = Path("/tmp")
+        return [
+            tmp / f"seaweedfs-master-grpc-{self.master_grpc}.sock",
+            tmp / f"seaweedfs-volume-grpc-{self.volume_grpc}.sock",
+            tmp / f"seaweedfs-filer-grpc-{self.filer_grpc}.sock",
+            tmp / f"seaweedfs-s3-grpc-{self.s3_grpc}.sock",
+            tmp / f"seaweedfs-filer-{self.filer_port}.sock",
+            tmp / f"seaweedfs-s3-{self.s3_port}.sock",
+        ]
+
+    def _remove_sockets(self) -> None:
+        """After our server exited: a killed one leaves its sockets behind."""
+        for p in self._socket_paths():
+            with contextlib.suppress(OSError):
+                if p.is_socket():
+                    p.unlink()
+
     def stop(self, timeout: float = 3.0) -> None:
         """Terminate by PID; kill if it has not exited by the deadline. Idempotent.
 
@@ -259,21 +277,26 @@ class SeaweedServer:
         streams to end before it forces them, so the kill after the deadline is the usual
         end. Nothing is lost by it: writes reach the volume files before a PUT succeeds."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        self._remove_sockets()
 
     def kill(self) -> None:
         """SIGKILL by PID, like a crash (no clean shutdown)."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
+        if proc is None:
+            return
+        if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        self._remove_sockets()
 
     def close(self) -> None:
         self.stop()

@@ -353,7 +353,7 @@ def _client_error(code: str, status: int, op: str = "PutObject") -> bce.ClientEr
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def offline_tier() -> Iterator[S3Tier]:
     """A tier whose client never connects anywhere (errors are injected)."""
     t = S3Tier(
