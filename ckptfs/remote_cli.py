@@ -111,7 +111,10 @@ def cmd_status(path: Path | None, state_dir: str | None) -> int:
         for t in catalog.recorded_tiers():
             where = t.get("path") or t.get("url") or ""
             print(f"tier {t['name']}: {t.get('kind', 'local')} {where}")
-        print(describe(catalog.backlog()))
+        if remote_tier_names(catalog):
+            print(describe(catalog.backlog()))
+        else:
+            print("backlog: none (no remote tier configured; data is on the local tiers only)")
     finally:
         catalog.close()
     return 0
