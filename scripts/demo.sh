@@ -118,11 +118,14 @@ echo "$nframes files, $(du -sh "$TIER" | cut -f1) in $TIER; the first few:"
 find "$TIER" -type f -printf '%10s  %P\n' | sort -k2 | head -n 8
 echo "state dir holds: $(find "$STATE" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | tr '\n' ' ')"
 
-step "5. unmount, mount again (nothing cached in the daemon)"
+step "5. ckptfs status: the tiers and the remote backlog"
+ckptfs status "$MNT"
+
+step "6. unmount, mount again (nothing cached in the daemon)"
 do_umount
 do_mount
 
-step "6. load the checkpoint back and compare, bit for bit"
+step "7. load the checkpoint back and compare, bit for bit"
 "$PY" - "$MNT/run1/checkpoint-100" "$REF" <<'EOF'
 import hashlib, os, sys
 import torch
@@ -147,10 +150,10 @@ print("OK" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
 
-step "7. unmount"
+step "8. unmount"
 do_umount
 
-step "8. ckptfs fsck --state-dir $STATE"
+step "9. ckptfs fsck --state-dir $STATE"
 ckptfs fsck --state-dir "$STATE"
 
 step "demo finished: every step passed"
