@@ -289,9 +289,13 @@ class S3Tier:
         return len(body)
 
     def get(self, key: str) -> bytes | None:
-        with self._errors("get", key):
+        return self._get_object(self.object_key(key), key)
+
+    def _get_object(self, object_key: str, what: str) -> bytes | None:
+        """The body of one object, or None if it does not exist."""
+        with self._errors("get", what):
             try:
-                resp = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+                resp = self._client.get_object(Bucket=self.bucket, Key=object_key)
             except bce.ClientError as exc:
                 if _is_not_found(exc):
                     return None
@@ -406,19 +410,7 @@ class S3Tier:
             )
 
     def get_meta(self, name: str) -> bytes | None:
-        with self._errors("get", name):
-            try:
-                resp = self._client.get_object(Bucket=self.bucket, Key=self._meta_key(name))
-            except bce.ClientError as exc:
-                if _is_not_found(exc):
-                    return None
-                raise
-            body = resp["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-        return data
+        return self._get_object(self._meta_key(name), name)
 
     def close(self) -> None:
         """Close the connection pool (the tier must not be used afterwards)."""
