@@ -67,7 +67,13 @@ def free_ports(n: int) -> list[int]:
 
 
 class SeaweedServer:
-    def __init__(self, base_dir: Path, weed: str | None = None, bucket: str = "ckptfs-test") -> None:
+    def __init__(
+        self, base_dir: Path, weed: str | None = None, bucket: str = "ckptfs-test",
+        volume_size_limit_mb: int = 64, volume_max: int = 16,
+    ) -> None:
+        # Capacity is volume_size_limit_mb * volume_max (1 GiB by default, for tests).
+        self.volume_size_limit_mb = volume_size_limit_mb
+        self.volume_max = volume_max
         found = weed or find_weed()
         if found is None:
             raise FileNotFoundError("the SeaweedFS binary `weed` was not found")
@@ -154,7 +160,7 @@ class SeaweedServer:
             f"-dir={self.data_dir}",
             f"-master.port={self.master_port}",
             f"-master.port.grpc={self.master_grpc}",
-            "-master.volumeSizeLimitMB=64",
+            f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}",
             "-master.telemetry=false",  # no traffic beyond 127.0.0.1
             # A single master: do not resume the raft state, or a restart waits a whole
             # election timeout (10 s) before there is a leader. Volume locations come back
@@ -162,7 +168,7 @@ class SeaweedServer:
             "-master.resumeState=false",
             f"-volume.port={self.volume_port}",
             f"-volume.port.grpc={self.volume_grpc}",
-            "-volume.max=16",
+            f"-volume.max={self.volume_max}",
             "-volume.preStopSeconds=0",
             "-filer",
             f"-filer.port={self.filer_port}",
