@@ -63,12 +63,23 @@ def remote_tier_names(catalog: Catalog) -> list[str]:
     return [t["name"] for t in catalog.recorded_tiers() if t.get("kind", "local") != "local"]
 
 
-def describe(b: Backlog) -> str:
+def upload_rate(catalog: Catalog) -> tuple[float, float] | None:
+    """(bytes/s, age in s) of the last upload rate the daemon published."""
+    raw = catalog.get_meta("upload_rate")
+    if raw is None:
+        return None
+    rate, at_ns = raw.split()
+    return float(rate), (time.time_ns() - int(at_ns)) / 1e9
+
+
+def describe(b: Backlog, rate: tuple[float, float] | None = None) -> str:
     if not b.chunks:
         return "backlog: empty (everything committed is durable on the remote)"
     age = (time.time_ns() - (b.oldest_enqueued_ns or time.time_ns())) / 1e9
     text = (f"backlog: {b.chunks} chunk(s), {b.bytes / 2**20:.1f} MiB, oldest pending "
             f"{age:.0f} s")
+    if rate is not None and rate[0] > 0 and rate[1] < 60:
+        text += f", uploading at {rate[0] / 1e6:.1f} MB/s, ETA {b.bytes / rate[0]:.0f} s"
     if b.blocked:
         text += f", {b.blocked} blocked by a permanent error"
     if b.last_error:
@@ -112,7 +123,10 @@ def cmd_status(path: Path | None, state_dir: str | None) -> int:
             where = t.get("path") or t.get("url") or ""
             print(f"tier {t['name']}: {t.get('kind', 'local')} {where}")
         if remote_tier_names(catalog):
-            print(describe(catalog.backlog()))
+            print(describe(catalog.backlog(), upload_rate(catalog)))
+            rate = upload_rate(catalog)
+            if rate is not None:
+                print(f"last measured upload rate: {rate[0] / 1e6:.1f} MB/s ({rate[1]:.0f} s ago)")
         else:
             print("backlog: none (no remote tier configured; data is on the local tiers only)")
     finally:

@@ -4,6 +4,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from test_vfs import CS, make_fs, read_file, write_file
 
@@ -119,3 +120,20 @@ async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path
     assert len(inner.frames) == 2
     for key, raw in inner.frames.items():
         frame.verify(raw, bytes.fromhex(key))
+
+
+async def test_upload_rate_is_published_for_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfs import remote_cli
+    from ckptfs.upload import uploader
+
+    monkeypatch.setattr(uploader, "RATE_WINDOW_S", 0.0)
+    async with make_fs(tmp_path, [MemoryTier("l"), MemoryTier("r", kind="remote")]) as fs:
+        await write_file(fs, b"f", os.urandom(4 * CS))
+        await wait_backlog_empty(fs)
+        rate = remote_cli.upload_rate(fs.catalog)
+        assert rate is not None and rate[0] > 0 and rate[1] < 60
+        backlog = fs.catalog.backlog()
+        pending = type(backlog)(3, 3 * CS, 0, 0, None)
+        assert "ETA" in remote_cli.describe(pending, rate)

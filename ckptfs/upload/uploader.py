@@ -32,6 +32,7 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 BLOCKED_RETRY_S = 300.0
 SNAPSHOT_NAME = "catalog.snapshot"
+RATE_WINDOW_S = 2.0
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -61,6 +62,7 @@ class Uploader:
         self._wake = trio.Event()
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
+        self._rate_mark: tuple[float, int] | None = None
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -123,6 +125,7 @@ class Uploader:
             if kept:
                 self.uploaded_bytes += job.length
                 self.uploaded_chunks += 1
+                await self._record_rate()
             else:
                 await self._discard_copy(job)
         finally:
@@ -162,6 +165,23 @@ class Uploader:
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
                  len(data), len(self.store.remotes))
         return math.inf
+
+    async def _record_rate(self) -> None:
+        """Publish the upload rate (bytes/s over the last window) in the catalog's meta,
+        at most once per RATE_WINDOW_S, for `ckptfs status` (rate and ETA)."""
+        now = time.monotonic()
+        if self._rate_mark is None:
+            self._rate_mark = (now, self.uploaded_bytes)
+            return
+        t0, b0 = self._rate_mark
+        if now - t0 < RATE_WINDOW_S:
+            return
+        rate = (self.uploaded_bytes - b0) / (now - t0)
+        self._rate_mark = (now, self.uploaded_bytes)
+        await trio.to_thread.run_sync(
+            self.catalog.set_meta, "upload_rate", f"{rate:.0f} {time.time_ns()}",
+            limiter=self.db_limiter,
+        )
 
     async def _postpone(self, job: UploadJob, delay_s: float, error: str, blocked: bool) -> None:
         await trio.to_thread.run_sync(
