@@ -58,7 +58,6 @@ class Uploader:
         self.limiter = trio.CapacityLimiter(concurrency)
         self.running: set[tuple[bytes, str]] = set()
         self.uploaded_bytes = 0
-        self.uploaded_chunks = 0
         self._wake = trio.Event()
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
@@ -67,9 +66,6 @@ class Uploader:
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
         self._wake.set()
-
-    async def _db(self, fn: Callable[..., object], *args: object) -> object:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
 
     async def run(self) -> None:
         if not self.store.remotes:
@@ -124,7 +120,6 @@ class Uploader:
             )
             if kept:
                 self.uploaded_bytes += job.length
-                self.uploaded_chunks += 1
                 await self._record_rate()
             else:
                 await self._discard_copy(job)

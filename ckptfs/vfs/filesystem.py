@@ -80,7 +80,6 @@ class Filesystem:
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
-        self.tiers = list(tiers)
         self.chunk_size = chunk_size
         self.db_limiter = trio.CapacityLimiter(1)
         self.store = ChunkStore(

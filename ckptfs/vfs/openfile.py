@@ -39,27 +39,20 @@ class MemoryBudget:
         self.used = 0
         self.in_flight = 0  # chunk writes running; each will release its share
         self._spill = spill
-        self._changed = trio.Condition()
+        self._released = trio.Event()  # set (and replaced) by every release
 
     async def acquire(self, n: int) -> None:
-        async with self._changed:
-            while self.used + n > self.limit and self.used > 0:
-                if self.in_flight == 0 and self._spill is not None:
-                    self._spill()  # nothing would ever release: write partial chunks out
-                await self._changed.wait()
-            self.used += n
+        # Everything runs on the trio thread: no lock, just wait for the next release.
+        while self.used + n > self.limit and self.used > 0:
+            if self.in_flight == 0 and self._spill is not None:
+                self._spill()  # nothing would ever release: write partial chunks out
+            await self._released.wait()
+        self.used += n
 
     def release(self, n: int) -> None:
         self.used -= n
-        # notify_all needs the lock; take it without awaiting (we never hold it long).
-        try:
-            self._changed.acquire_nowait()
-        except trio.WouldBlock:
-            return  # someone holds it and will re-check on wake-up
-        try:
-            self._changed.notify_all()
-        finally:
-            self._changed.release()
+        self._released.set()
+        self._released = trio.Event()
 
 
 @dataclass(eq=False)
