@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(m)
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
     m.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    m.add_argument(
+        "--takeover", action="store_true",
+        help="take the writer lease of the remote prefixes even from a live holder "
+             "(only when that node is gone or must stop writing)",
+    )
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     u = sub.add_parser("umount", help="flush, unmount and wait for the daemon to exit")
@@ -72,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
     f.add_argument("--repair", action="store_true", help="reclaim orphans and fix what is safe")
-    f.add_argument("--verify", action="store_true", help="also read and verify every chunk")
+    f.add_argument("--verify", action="store_true",
+                   help="also read and verify every chunk (remote objects too)")
+    f.add_argument("--local-only", action="store_true",
+                   help="skip the remote tiers (when the remote is known to be down)")
     return parser
 
 
@@ -112,7 +120,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             elif error is not None:
                 print(f"ckptfs: {error}", file=sys.stderr)
 
-        return run_mount(cfg, args.mountpoint, on_ready)
+        return run_mount(cfg, args.mountpoint, on_ready, takeover=args.takeover)
     return _spawn_daemon(cfg, args)
 
 
@@ -129,6 +137,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--local", str(Path(d).absolute())]
     for url in args.remote:
         cmd += ["--remote", url]
+    if args.takeover:
+        cmd.append("--takeover")
     with open(cfg.log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -191,13 +201,18 @@ def cmd_fsck(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    rep = run_fsck(cfg, repair=args.repair, verify=args.verify)
+    rep = run_fsck(cfg, repair=args.repair, verify=args.verify, remote=not args.local_only)
     summary = (
         f"fsck: {rep.orphans} orphan chunk(s) ({rep.orphan_bytes} bytes reclaimed), "
         f"{rep.missing_replicas} missing and {rep.corrupt_replicas} corrupt replica(s), "
         f"{rep.lost_chunks} chunk(s) with no valid copy, {rep.unlinked_inodes} unlinked inode(s)"
     )
     print(summary)
+    if rep.remote_checked or rep.requeued_uploads:
+        print(f"fsck: remote tier(s) checked: {', '.join(rep.remote_checked) or 'none'}; "
+              f"{rep.requeued_uploads} upload(s) re-queued")
+    for name, why in sorted(rep.remote_unchecked.items()):
+        print(f"fsck: remote tier {name} not checked: {why}")
     if rep.clean:
         print("fsck: clean")
         return 0

@@ -6,6 +6,7 @@ Unknown keys are errors: a typo must never silently fall back to a default.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -30,6 +31,9 @@ DEFAULT_CHUNK_SIZE = 16 * MiB
 DEFAULT_MEMORY_BUDGET = 1 * GiB
 DEFAULT_IO_THREADS = 4
 MIN_CHUNK_SIZE = 64 * KiB
+# lz4 for the copy sent to a remote tier (ckptfs/chunks/compress.py): "auto" compresses a
+# chunk only when a sample says it pays, "off" never, "always" whenever it is smaller.
+REMOTE_COMPRESSION_MODES = ("auto", "off", "always")
 MAX_CHUNK_SIZE = 64 * MiB
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -97,6 +101,29 @@ class S3TierConfig:
 
 
 @dataclass(frozen=True)
+class DurabilityPolicy:
+    """Files under ``path`` (absolute inside the mount) commit with this durability:
+    "local" (close/fsync return once the local tiers hold the data) or "remote" (they also
+    wait, up to ``timeout_s``, until the remote tiers hold it and it is recoverable)."""
+
+    path: str
+    durability: str
+    timeout_s: float = 600.0
+
+    def covers(self, path: str) -> bool:
+        return self.path == "/" or path == self.path or path.startswith(self.path + "/")
+
+
+def policy_for(policies: tuple[DurabilityPolicy, ...], path: str) -> DurabilityPolicy | None:
+    """The policy with the longest path that covers ``path`` (None: the default, local)."""
+    best = None
+    for p in policies:
+        if p.covers(path) and (best is None or len(p.path) > len(best.path)):
+            best = p
+    return best
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path
     tiers: tuple[TierConfig, ...]  # local tiers: new chunks land here
@@ -107,6 +134,12 @@ class Config:
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
     remote_copies: int = 1  # how many remote tiers hold each chunk
     upload_concurrency: int = 8  # uploads in flight at once
+    remote_compression: str = "auto"  # one of REMOTE_COMPRESSION_MODES
+    # When the local tiers are full of chunks not yet on a remote: wait for uploads to
+    # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
+    on_local_full: str = "block"
+    local_full_timeout_s: float = 600.0
+    policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability
     source: str = field(default="<embedded default>", compare=False)
 
     @property
@@ -120,8 +153,12 @@ class Config:
 
 _TOP_KEYS = {
     "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
-    "remote_copies", "upload_concurrency",
+    "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
+    "remote_compression",
 }
+_POLICY_KEYS = {"path", "durability", "timeout"}
+_DURABILITIES = ("local", "remote")
+_ON_LOCAL_FULL = ("block", "enospc")
 _COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
 _LOCAL_ONLY_KEYS = {"path", "capacity"}
 _S3_ONLY_KEYS = {
@@ -374,6 +411,54 @@ def _int_key(data: dict[str, Any], key: str, default: int, lo: int, hi: int) -> 
     return value
 
 
+def _seconds(value: object, key: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise ConfigError(f"{key}: expected a number of seconds from {lo:g} to {hi:g}, got {value!r}")
+    return float(value)
+
+
+def _choice(value: object, key: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    assert isinstance(value, str)
+    return value
+
+
+def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("policy: expected an array of tables ([[policy]])")
+    out: list[DurabilityPolicy] = []
+    for i, table in enumerate(raw):
+        where = f"policy[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table")
+        for key in table:
+            if key not in _POLICY_KEYS:
+                raise ConfigError(
+                    f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_POLICY_KEYS))})"
+                )
+        for key in ("path", "durability"):
+            if key not in table:
+                raise ConfigError(f"{where}.{key}: missing")
+        path = table["path"]
+        if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+            raise ConfigError(
+                f"{where}.path: expected a path inside the mount starting with '/', got {path!r}"
+            )
+        parts = [p for p in path.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ConfigError(f"{where}.path: '.' and '..' are not allowed, got {path!r}")
+        norm = "/" + "/".join(parts)
+        if any(p.path == norm for p in out):
+            raise ConfigError(f"{where}.path: {norm!r} has two policies")
+        out.append(DurabilityPolicy(
+            norm,
+            _choice(table["durability"], f"{where}.durability", _DURABILITIES),
+            _seconds(table.get("timeout", 600), f"{where}.timeout", 0.001, 7 * 86400),
+        ))
+    return tuple(out)
+
+
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     for key in data:
         if key not in _TOP_KEYS:
@@ -397,6 +482,17 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     io_threads = _int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
     remote_copies = _int_key(data, "remote_copies", 1, 1, 16)
     upload_concurrency = _int_key(data, "upload_concurrency", 8, 1, 256)
+    remote_compression = data.get("remote_compression", "auto")
+    if remote_compression not in REMOTE_COMPRESSION_MODES:
+        raise ConfigError(
+            f"remote_compression: expected one of {', '.join(REMOTE_COMPRESSION_MODES)}, "
+            f"got {remote_compression!r}"
+        )
+    on_local_full = _choice(data.get("on_local_full", "block"), "on_local_full", _ON_LOCAL_FULL)
+    local_full_timeout_s = _seconds(
+        data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
+    )
+    policies = _policies_from(data.get("policy", []))
     allow_other = data.get("allow_other", False)
     if not isinstance(allow_other, bool):
         raise ConfigError(f"allow_other: expected true or false, got {allow_other!r}")
@@ -420,6 +516,10 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         allow_other=allow_other,
         remote_copies=remote_copies,
         upload_concurrency=upload_concurrency,
+        remote_compression=remote_compression,
+        on_local_full=on_local_full,
+        local_full_timeout_s=local_full_timeout_s,
+        policies=policies,
         source=source,
     )
 
@@ -529,15 +629,5 @@ def load_config(
             taken.add(name)
             added.append(parse_remote_url(url, name))
         remote_tiers = remote_tiers + tuple(added)
-    return Config(
-        state_dir=cfg.state_dir,
-        tiers=tiers,
-        remote_tiers=remote_tiers,
-        chunk_size=cfg.chunk_size,
-        memory_budget=cfg.memory_budget,
-        io_threads=cfg.io_threads,
-        allow_other=cfg.allow_other,
-        remote_copies=cfg.remote_copies,
-        upload_concurrency=cfg.upload_concurrency,
-        source=source,
-    )
+    # Everything else as the file (and the flags above) set it.
+    return dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)

@@ -6,23 +6,41 @@ holds (damaged files, reported by path), frames that fail verification (``--veri
 and inodes that lost their last name. ``--repair`` fixes what can be fixed without losing
 data: it deletes orphans and unreferenced rows, forgets missing or corrupt replicas, and
 never touches a chunk a committed file references while it is the only copy.
+
+Remote tiers (the ones the catalog records, kind "s3") are checked too, unless
+``remote=False`` (``--local-only``): the objects under ``<prefix>/chunks/`` are listed and
+compared with the replica rows. A row whose object is missing is forgotten by ``--repair``,
+and the upload is queued again if a local tier holds a valid copy (the next mount makes
+it); an object no file references is an orphan, deleted by ``--repair`` unless an upload
+job for it is pending or another node wrote the prefix last (its writer lease names
+another writer: the orphan may be that node's chunk); ``--verify`` reads every object and
+checks its frame. A remote that cannot be reached is reported (exit 1) and changes
+nothing; its recorded copies count as unchecked, not lost. A remote whose writer lease is
+held by a live node is not checked at all (upload/lease.py).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .catalog import Catalog
 from .chunks import frame
-from .config import Config, TierConfig
-from .errors import CkptfsError, CorruptChunk
+from .config import Config, S3TierConfig, TierConfig
+from .errors import CkptfsError, CorruptChunk, TierError, TransientTierError
 from .mount import state_lock
 from .tiers.local import LocalTier
 
+if TYPE_CHECKING:
+    from .tiers.s3 import S3Tier
+
 log = logging.getLogger("ckptfs.fsck")
+
+SKIPPED = "skipped (--local-only)"  # FsckReport.remote_unchecked: not a problem
 
 
 @dataclass
@@ -36,6 +54,11 @@ class FsckReport:
     unlinked_inodes: int = 0
     repaired: int = 0
     problems: list[str] = field(default_factory=list)
+    remote_checked: list[str] = field(default_factory=list)  # remote tiers fully checked
+    remote_unchecked: dict[str, str] = field(default_factory=dict)  # tier -> why not
+    unreachable: list[str] = field(default_factory=list)  # remote tiers fsck could not reach
+    requeued_uploads: int = 0  # upload jobs queued again for copies missing on a remote
+    kept: int = 0  # problems --repair left alone on purpose (see the messages)
 
     @property
     def clean(self) -> bool:
@@ -44,7 +67,8 @@ class FsckReport:
     def unresolved(self, repaired: bool) -> bool:
         if not repaired:
             return bool(self.problems)
-        return self.lost_chunks > 0
+        unchecked = any(why != SKIPPED for why in self.remote_unchecked.values())
+        return self.lost_chunks > 0 or self.kept > 0 or unchecked
 
 
 def _recorded_tiers(catalog: Catalog, cfg: Config) -> list[LocalTier]:
@@ -52,7 +76,7 @@ def _recorded_tiers(catalog: Catalog, cfg: Config) -> list[LocalTier]:
     tiers = []
     for rec in catalog.recorded_tiers():
         if rec.get("kind", "local") != "local":
-            continue  # fsck checks the local tiers; remote copies are checked on read
+            continue  # remote tiers: _recorded_remotes
         tc = configured.get(rec["name"]) or TierConfig(
             name=rec["name"], kind=rec.get("kind", "local"), path=Path(rec["path"]),
             location=rec.get("location", "local"),
@@ -62,21 +86,52 @@ def _recorded_tiers(catalog: Catalog, cfg: Config) -> list[LocalTier]:
     return tiers
 
 
+def _recorded_remotes(catalog: Catalog, cfg: Config) -> list[S3TierConfig]:
+    """Every remote tier the catalog records (its replica rows name them). A configured
+    tier of the same name and bucket/prefix overrides how to reach it (endpoint, region,
+    profile, ...); one naming another bucket or prefix is not this catalog's: ignored."""
+    configured = {t.name: t for t in cfg.remote_tiers}
+    remotes = []
+    for rec in catalog.recorded_tiers():
+        if rec.get("kind") != "s3":
+            continue
+        prefix = rec.get("prefix", "")
+        current = configured.get(rec["name"])
+        if current is not None and (current.bucket, current.prefix) != (rec["bucket"], prefix):
+            log.warning("remote tier %s: the catalog records s3://%s/%s, not s3://%s/%s; "
+                        "checking the recorded one", rec["name"], rec["bucket"], prefix,
+                        current.bucket, current.prefix)
+            current = None
+        remotes.append(current or S3TierConfig(
+            name=rec["name"], bucket=rec["bucket"], prefix=prefix,
+            endpoint_url=rec.get("endpoint_url"), region=rec.get("region", "us-east-1"),
+            addressing_style=rec.get("addressing_style", "path"),
+            location=rec.get("location", "remote"),
+        ))
+    return remotes
+
+
 def run_fsck(
-    cfg: Config, *, repair: bool, verify: bool, say: Callable[[str], None] = print
+    cfg: Config, *, repair: bool, verify: bool, say: Callable[[str], None] = print,
+    remote: bool = True,
 ) -> FsckReport:
+    """``remote=False`` (``--local-only``): leave the remote tiers alone."""
     if not cfg.catalog_path.exists():
         raise CkptfsError(f"no catalog at {cfg.catalog_path}: nothing was ever mounted there")
     with state_lock(cfg.state_dir):
         catalog = Catalog(cfg.catalog_path)
         try:
-            return _check(catalog, _recorded_tiers(catalog, cfg), repair, verify, say)
+            remotes = _RemoteCheck(
+                _recorded_remotes(catalog, cfg), enabled=remote, state_dir=cfg.state_dir
+            )
+            return _check(catalog, _recorded_tiers(catalog, cfg), repair, verify, say, remotes)
         finally:
             catalog.close()
 
 
 def _check(
-    catalog: Catalog, tiers: list[LocalTier], repair: bool, verify: bool, say: Callable[[str], None]
+    catalog: Catalog, tiers: list[LocalTier], repair: bool, verify: bool, say: Callable[[str], None],
+    remotes: _RemoteCheck | None = None,
 ) -> FsckReport:
     rep = FsckReport()
 
@@ -153,6 +208,12 @@ def _check(
     if rep.orphans > 20:
         say(f"... {rep.orphans} orphan chunks in all")
 
+    if remotes is not None:
+        for tier_name, digests in remotes.run(catalog, rep, problem, say, repair, verify,
+                                              referenced, set(valid_somewhere)).items():
+            for digest in digests:
+                valid_somewhere.setdefault(digest, []).append(tier_name)
+
     for ino, idx, digest, _length in catalog.all_extents():
         if digest not in valid_somewhere:
             rep.lost_chunks += 1
@@ -165,3 +226,200 @@ def _check(
         )
         catalog.sync()
     return rep
+
+
+# -- remote tiers ------------------------------------------------------------------------------
+
+
+def _pending_uploads(catalog: Catalog) -> set[tuple[bytes, str]]:
+    return {(bytes(d), str(t)) for d, t in catalog.conn.execute("SELECT digest, tier FROM upload_jobs")}
+
+
+def _requeue_upload(catalog: Catalog, digest: bytes, tier: str) -> bool:
+    """Queue the copy of a chunk to a remote tier again (the row commit_file writes; one
+    statement, so one transaction). False if a job is queued already."""
+    cur = catalog.conn.execute(
+        "INSERT OR IGNORE INTO upload_jobs (digest, tier, length, enqueued_ns) "
+        "SELECT digest, ?, length, ? FROM chunks WHERE digest=?",
+        (tier, time.time_ns(), digest),
+    )
+    return cur.rowcount > 0
+
+
+def _is_checksum_error(exc: TierError) -> bool:
+    import botocore.exceptions as bce
+
+    return isinstance(exc.__cause__, bce.FlexibleChecksumError | bce.ChecksumError)
+
+
+def _read_object(tier: S3Tier, key: str) -> bytes | None:
+    """One object's body. A body that twice fails the S3 checksum the server stored is
+    damaged at rest: CorruptChunk (a TierError means the remote failed)."""
+    try:
+        return tier.get(key)
+    except TransientTierError as exc:
+        if not _is_checksum_error(exc):
+            raise
+    try:
+        return tier.get(key)
+    except TransientTierError as exc:
+        if _is_checksum_error(exc):
+            raise CorruptChunk(f"the stored object fails its S3 checksum: {exc}") from exc
+        raise
+
+
+class _RemoteCheck:
+    """The remote half of fsck: one pass per remote tier the catalog records."""
+
+    def __init__(self, configs: list[S3TierConfig], *, enabled: bool, state_dir: Path) -> None:
+        self.configs = configs
+        self.enabled = enabled
+        self.state_dir = state_dir
+
+    def run(
+        self, catalog: Catalog, rep: FsckReport, problem: Callable[[str], None],
+        say: Callable[[str], None], repair: bool, verify: bool, referenced: set[bytes],
+        local_valid: set[bytes],
+    ) -> dict[str, set[bytes]]:
+        """Check every remote tier; return the chunks each one holds (verified with
+        ``verify``). A tier not checked vouches for the copies recorded on it."""
+        held: dict[str, set[bytes]] = {}
+        pending = _pending_uploads(catalog)
+        for rc in self.configs:
+            found = None
+            if not self.enabled:
+                rep.remote_unchecked[rc.name] = SKIPPED
+            else:
+                found = self._check_tier(catalog, rc, rep, problem, say, repair, verify,
+                                         referenced, local_valid, pending)
+            held[rc.name] = found if found is not None else catalog.replica_keys(rc.name)
+        return held
+
+    def _check_tier(
+        self, catalog: Catalog, rc: S3TierConfig, rep: FsckReport,
+        problem: Callable[[str], None], say: Callable[[str], None], repair: bool, verify: bool,
+        referenced: set[bytes], local_valid: set[bytes], pending: set[tuple[bytes, str]],
+    ) -> set[bytes] | None:
+        from .tiers.s3 import S3Tier
+        from .upload.lease import (
+            describe_holder,
+            held_elsewhere,
+            lease_timing,
+            read_lease,
+            writer_id,
+        )
+
+        name = rc.name
+        url = f"s3://{rc.bucket}/{rc.prefix}" + (f" at {rc.endpoint_url}" if rc.endpoint_url else "")
+        timing = lease_timing()
+        tier: S3Tier | None = None
+        try:
+            tier = S3Tier(rc)
+            tier.check()
+            lease = read_lease(tier)
+            me = writer_id(self.state_dir, create=False)
+            now = time.time()
+            if held_elsewhere(lease, me, timing, now):
+                why = (f"in use by another writer ({describe_holder(lease, now)}); check it "
+                       "from that node, or after it unmounts")
+                rep.remote_unchecked[name] = why
+                problem(f"remote tier {name} ({url}) not checked: {why}")
+                return None
+            # Another node wrote the prefix last: objects our catalog does not know may be
+            # its chunks. Report them, never delete them from here.
+            foreign = None
+            if lease.lease is not None and lease.lease.writer_id != me:
+                foreign = describe_holder(lease, now)
+            return self._compare(catalog, tier, rep, problem, say, repair, verify,
+                                 referenced, local_valid, pending, foreign)
+        except TierError as exc:
+            rep.unreachable.append(name)
+            rep.remote_unchecked[name] = "cannot be reached (see above)"
+            problem(f"remote tier {name} ({url}) cannot be reached: {exc}; its copies were not "
+                    "checked (nothing was changed for it)")
+            return None
+        finally:
+            if tier is not None:
+                tier.close()
+
+    def _compare(
+        self, catalog: Catalog, tier: S3Tier, rep: FsckReport, problem: Callable[[str], None],
+        say: Callable[[str], None], repair: bool, verify: bool, referenced: set[bytes],
+        local_valid: set[bytes], pending: set[tuple[bytes, str]], foreign: str | None,
+    ) -> set[bytes]:
+        name = tier.name
+        keys = list(tier.list_keys())  # the whole listing first: a failure changes nothing
+        known = catalog.replica_keys(name)
+        pending_digests = {d for d, _t in pending}
+        on_remote: set[bytes] = set()
+        valid: set[bytes] = set()
+        orphans = 0
+
+        def requeue(digest: bytes) -> None:
+            if digest in referenced and digest in local_valid and _requeue_upload(
+                catalog, digest, name
+            ):
+                rep.requeued_uploads += 1
+                say(f"upload of chunk {digest.hex()[:16]} to remote tier {name} queued again")
+
+        for key in keys:
+            try:
+                digest = bytes.fromhex(key)
+                if len(digest) != frame.DIGEST_SIZE:
+                    raise ValueError(key)
+            except ValueError:
+                problem(f"remote tier {name}: stray object {key!r} in the chunk prefix")
+                continue
+            on_remote.add(digest)
+            if digest not in referenced:
+                orphans += 1
+                rep.orphans += 1
+                note = ""
+                if repair and digest in pending_digests:
+                    rep.kept += 1
+                    note = " (kept: an upload job for it is pending)"
+                elif repair and foreign:
+                    rep.kept += 1
+                    note = f" (kept: another node wrote this prefix last: {foreign})"
+                elif repair:
+                    rep.orphan_bytes += tier.delete(key)
+                    rep.repaired += 1
+                    note = " (reclaimed)"
+                if orphans <= 20:
+                    say(f"orphan chunk {key[:16]} on remote tier {name}{note}")
+                rep.problems.append(f"orphan {key} on {name}")
+                continue
+            if verify:
+                try:
+                    raw = _read_object(tier, key)
+                    if raw is None:
+                        raise CorruptChunk("vanished during the check")
+                    frame.verify(raw, digest)
+                except CorruptChunk as exc:
+                    rep.corrupt_replicas += 1
+                    problem(f"corrupt chunk {key[:16]} on remote tier {name}: {exc}")
+                    if repair:
+                        catalog.remove_replica(digest, name)
+                        tier.delete(key)
+                        rep.repaired += 1
+                        if digest in known:
+                            requeue(digest)
+                    continue
+            valid.add(digest)
+            if digest not in known and (digest, name) not in pending:
+                if repair:
+                    catalog.add_replica(digest, name, -1)
+                    rep.repaired += 1
+                else:
+                    problem(f"chunk {key[:16]} on remote tier {name} is not recorded as a replica")
+        if orphans > 20:
+            say(f"... {orphans} orphan chunks on remote tier {name} in all")
+        for digest in sorted(known - on_remote):
+            rep.missing_replicas += 1
+            problem(f"chunk {digest.hex()[:16]} recorded on remote tier {name} is missing there")
+            if repair:
+                catalog.remove_replica(digest, name)
+                rep.repaired += 1
+                requeue(digest)
+        rep.remote_checked.append(name)
+        return valid

@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -30,6 +31,9 @@ from .fuse.ops import FuseOps
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .vfs.filesystem import Filesystem
+
+if TYPE_CHECKING:
+    from .upload.lease import WriterLeases
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -211,10 +215,13 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
         os.replace(tmp, path)
         restored = Catalog(path)
         try:
-            files = restored.adopt_snapshot([r.name for r in remotes])
+            files, removed = restored.adopt_snapshot([r.name for r in remotes])
         finally:
             restored.close()
         log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)
+        for p in removed:
+            log.warning("not restored (its upload had not finished when the remote "
+                        "snapshot was taken): %s", p)
         return
     if problems and not answered:
         raise MountError(
@@ -266,13 +273,16 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     return chunk_size
 
 
-def run_mount(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None]) -> int:
+def run_mount(
+    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], *, takeover: bool = False
+) -> int:
     """Mount and serve until unmounted. ``on_ready(None)`` once live, ``on_ready(msg)`` on
-    a setup failure. Returns the process exit code."""
+    a setup failure. Returns the process exit code. ``takeover``: take the writer lease of
+    the remote prefixes even from a live holder (upload/lease.py)."""
     mountpoint = mountpoint.absolute()
     try:
         with state_lock(cfg.state_dir):
-            return _serve_locked(cfg, mountpoint, on_ready)
+            return _serve_locked(cfg, mountpoint, on_ready, takeover)
     except CkptfsError as exc:
         log.error("mount failed: %s", exc)
         on_ready(str(exc))
@@ -283,13 +293,40 @@ def run_mount(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], No
         return 1
 
 
-def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None]) -> int:
+def _serve_locked(
+    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], takeover: bool = False
+) -> int:
     clean_stale_mount(mountpoint, cfg.state_dir)
     if not mountpoint.is_dir():
         raise MountError(f"mountpoint {mountpoint} is not a directory")
     if find_mount(mountpoint) is not None:
         raise MountError(f"{mountpoint} is already a mount point")
     tiers = open_tiers(cfg)
+    leases = take_writer_leases(cfg.state_dir, tiers, takeover)  # LeaseConflict: refused
+    try:
+        return _serve_tiers(cfg, mountpoint, on_ready, tiers, leases)
+    finally:
+        if leases is not None:
+            leases.release()  # after the uploader stopped: the next writer may take over
+
+
+def take_writer_leases(state_dir: Path, tiers: list[Tier], takeover: bool) -> WriterLeases | None:
+    """One writer per bucket prefix: take the writer lease of every remote tier."""
+    from .tiers.s3 import S3Tier
+    from .upload.lease import WriterLeases
+
+    remotes = [t for t in tiers if isinstance(t, S3Tier)]
+    if not remotes:
+        return None
+    leases = WriterLeases(remotes, state_dir, takeover=takeover)
+    leases.acquire()
+    return leases
+
+
+def _serve_tiers(
+    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], tiers: list[Tier],
+    leases: WriterLeases | None,
+) -> int:
     if not cfg.catalog_path.exists():
         restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
     catalog = Catalog(cfg.catalog_path)
@@ -299,6 +336,9 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
             catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
             io_threads=cfg.io_threads, invalidate=_invalidate_inode,
             remote_copies=cfg.remote_copies, upload_concurrency=cfg.upload_concurrency,
+            on_local_full=cfg.on_local_full, local_full_timeout_s=cfg.local_full_timeout_s,
+            policies=cfg.policies,
+            remote_compression=cfg.remote_compression,
         )
         options = set(pyfuse3.default_options)
         options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
@@ -319,7 +359,7 @@ def _serve_locked(cfg: Config, mountpoint: Path, on_ready: Callable[[str | None]
         )
         unmounted = False
         try:
-            trio.run(_serve, fs, mountpoint, on_ready)
+            trio.run(_serve, fs, mountpoint, on_ready, leases)
             unmounted = find_mount(mountpoint) is None
         finally:
             pyfuse3.close(unmount=not unmounted)
@@ -339,9 +379,14 @@ def _invalidate_inode(ino: int) -> None:
             log.warning("could not invalidate inode %d in the kernel: %s", ino, exc)
 
 
-async def _serve(fs: Filesystem, mountpoint: Path, on_ready: Callable[[str | None], None]) -> None:
+async def _serve(
+    fs: Filesystem, mountpoint: Path, on_ready: Callable[[str | None], None],
+    leases: WriterLeases | None = None,
+) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
+        if leases is not None:
+            nursery.start_soon(leases.run)  # the heartbeat, cancelled with the uploader
         await fs.recover()
         nursery.start_soon(_watch_signals)
         nursery.start_soon(_after_init, mountpoint, on_ready)

@@ -97,11 +97,20 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
             return 1
         inos = files_under(path) if path is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout
+        uploaded_ns: int | None = None  # when every chunk under PATH was seen uploaded
         while True:
             pending = (catalog.pending_uploads_for(inos) if inos is not None
                        else catalog.backlog().chunks)
-            # Durable means recoverable: the chunks and the catalog snapshot naming them.
-            if pending == 0 and catalog.snapshot_is_current():
+            if pending:
+                uploaded_ns = None
+            elif uploaded_ns is None:
+                uploaded_ns = time.time_ns()
+            # Durable means recoverable: the chunks, and a catalog snapshot taken after they
+            # were uploaded (the daemon retakes it within seconds even under steady writes).
+            snap = catalog.snapshot_of_ns()
+            if uploaded_ns is not None and (
+                catalog.snapshot_is_current() or (snap is not None and snap >= uploaded_ns)
+            ):
                 print(f"ckptfs sync: {path or sd} is durable on the remote tier(s)")
                 return 0
             if deadline is not None and time.monotonic() >= deadline:

@@ -110,3 +110,23 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
     got = c2.lookup(R, b"keep")
     assert (got.ino, got.uid, got.gid) == (f.ino, 1, 2)
     c2.close()
+
+
+def test_adopting_a_snapshot_drops_files_whose_upload_was_pending(cat: Catalog) -> None:
+    import json
+
+    cat.set_meta("tiers", json.dumps([{"name": "l", "kind": "local"}, {"name": "s3", "kind": "s3"}]))
+    d = cat.create(R, b"ckpt", D, 0, 0)
+    done = cat.create(d.ino, b"done.pt", F, 0, 0)
+    pending = cat.create(d.ino, b"pending.pt", F, 0, 0)
+    up, local_only = b"\x01" * 32, b"\x02" * 32
+    cat.commit_file(done.ino, 10, 1, 1, 16, {0: ChunkRef(up, 10, ("l",))}, uploads={up: ["s3"]})
+    cat.commit_file(pending.ino, 10, 1, 1, 16, {0: ChunkRef(local_only, 10, ("l",))},
+                    uploads={local_only: ["s3"]})
+    assert cat.finish_upload(up, "s3")
+    kept, removed = cat.adopt_snapshot(["remote0"])
+    assert (kept, removed) == (1, ["/ckpt/pending.pt"])
+    assert cat.lookup(d.ino, b"done.pt").size == 10
+    assert _errno(cat.lookup, d.ino, b"pending.pt") == errno.ENOENT
+    assert cat.extents(done.ino)[0].tiers == ("remote0",)
+    assert cat.backlog().chunks == 0

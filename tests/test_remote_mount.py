@@ -204,3 +204,48 @@ def test_server_refuses_a_body_damaged_after_it_was_checked(s3_tier) -> None:  #
     wire.corrupt_puts = False
     wire.put(digest.hex(), [raw], expected_sha256=sha)
     frame.verify(s3_tier.get(digest.hex()) or b"", digest)
+
+
+def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_room(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    """Local tier capped at 6 chunks; 8 saves of 3 chunks each go through: writers wait for
+    uploads when needed, uploaded chunks are evicted, and every file reads back exact."""
+    url, prefix = remote
+    tier = tmp_path / "nvme0"
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text(
+        'chunk_size = "1MiB"\nlocal_full_timeout = 120\n'
+        f'[[tier]]\nname = "nvme0"\nkind = "local"\npath = "{tier}"\ncapacity = "{6 * (MiB + 64)}"\n'
+    )
+    saves = {f"step{i}.pt": os.urandom(3 * MiB) for i in range(8)}
+    with mounted(tmp_path, 0, ("--config", str(cfg), "--remote", url)) as m:
+        for name, data in saves.items():
+            write(m.mountpoint / name, data)
+        assert sum(p.stat().st_size for p in (tier / "chunks").glob("*/*")) <= 6 * (MiB + 64)
+        for name, data in saves.items():
+            assert (m.mountpoint / name).read_bytes() == data, name
+        assert "evicted" in m.log
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert len(remote_objects(seaweed, prefix)) == 8 * 3
+
+
+def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(
+    tmp_path: Path, remote: tuple[str, str]
+) -> None:
+    """Under ``durability = "remote"``, once close returns the file is recoverable from the
+    bucket alone: no `ckptfs sync` is needed before the node is lost."""
+    url, _prefix = remote
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "1MiB"\n[[policy]]\npath = "/final"\ndurability = "remote"\n')
+    data = os.urandom(5 * MiB + 3)
+    first = tmp_path / "node1"
+    with mounted(first, 1, ("--config", str(cfg), "--remote", url)) as m:
+        (m.mountpoint / "final").mkdir()
+        write(m.mountpoint / "final" / "model.pt", data)
+        m.kill9()  # no sync, no clean unmount: the node is lost right after close
+    shutil.rmtree(first)
+    # The lost node's writer lease is still fresh: the replacement takes it over.
+    with mounted(tmp_path / "node2", 1, ("--chunk-size", "1MiB", "--remote", url, "--takeover")) as m:
+        assert (m.mountpoint / "final" / "model.pt").read_bytes() == data

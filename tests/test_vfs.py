@@ -6,6 +6,7 @@ import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -22,9 +23,9 @@ RW = os.O_RDWR
 
 
 @asynccontextmanager
-async def make_fs(path: Path, tiers: list[Tier]) -> AsyncIterator[Filesystem]:
+async def make_fs(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Filesystem]:
     cat = Catalog(path / "catalog.sqlite")
-    fs = Filesystem(cat, tiers, chunk_size=CS, memory_budget=8 * CS, io_threads=2)
+    fs = Filesystem(cat, tiers, chunk_size=CS, memory_budget=8 * CS, io_threads=2, **options)
     try:
         async with trio.open_nursery() as nursery:
             fs.attach(nursery)

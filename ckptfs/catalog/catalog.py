@@ -15,7 +15,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -546,6 +546,34 @@ class Catalog:
         ]
         return [j for j in jobs if (j.digest, j.tier) not in skip][:limit]
 
+    def due_uploads_of(
+        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]]
+    ) -> list[UploadJob]:
+        """Ready jobs for the given chunks only (someone waits for them: expedite)."""
+        jobs: list[UploadJob] = []
+        for d in digests:
+            if len(jobs) >= limit:
+                break
+            rows = self.conn.execute(
+                "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
+                "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
+                "WHERE u.digest=? AND u.next_try_ns<=? GROUP BY u.digest, u.tier",
+                (d, now_ns),
+            ).fetchall()
+            jobs += [
+                UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
+                for d, t, n, e, a, s in rows
+                if (bytes(d), str(t)) not in skip
+            ]
+        return jobs[:limit]
+
+    def pending_digests(self, digests: Iterable[bytes]) -> int:
+        """How many of these chunks still have an upload job."""
+        return sum(
+            1 for d in set(digests)
+            if self.conn.execute("SELECT 1 FROM upload_jobs WHERE digest=? LIMIT 1", (d,)).fetchone()
+        )
+
     def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
         """Earliest retry time among jobs not running now."""
         rows = self.conn.execute(
@@ -559,8 +587,9 @@ class Catalog:
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:
         """Record a finished copy. False if the job was cancelled meanwhile (the chunk was
-        deleted): the caller then removes the copy it made."""
-        with self._tx() as c:
+        deleted): the caller then removes the copy it made. Touches the catalog: the next
+        remote snapshot must know the chunk is there."""
+        with self._tx(touch=True) as c:
             gone = c.execute(
                 "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
             ).rowcount == 0
@@ -591,6 +620,11 @@ class Catalog:
         return Backlog(int(n), int(size), None if oldest is None else int(oldest), int(blocked),
                        None if err is None else str(err[0]))
 
+    def snapshot_of_ns(self) -> int | None:
+        """When the catalog state last stored on the remotes was taken (None: never)."""
+        taken = self.get_meta("snapshot_of_ns")
+        return None if taken is None else int(taken)
+
     def snapshot_is_current(self) -> bool:
         """The remote catalog snapshot includes every namespace and content change."""
         changed = self.get_meta("changed_ns")
@@ -609,16 +643,47 @@ class Catalog:
                 dest.close()
             return (Path(d) / "snap.sqlite").read_bytes()
 
-    def adopt_snapshot(self, remote_tiers: list[str]) -> int:
-        """Turn a catalog restored from a remote snapshot into this node's catalog: every
-        chunk is assumed on the remote tiers (a snapshot is taken only when nothing was
-        pending), local replicas and upload jobs are forgotten. Returns the file count."""
-        with self._tx() as c:
+    def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
+        """Turn a catalog restored from a remote snapshot into this node's catalog.
+
+        A chunk the snapshot records on any remote tier is recorded on every configured
+        remote tier (reads try each; striping may differ on this node); local replicas
+        and upload jobs are forgotten. A file naming a chunk no remote held when the
+        snapshot was taken (its upload was still pending) cannot be recovered: it is
+        removed. Returns (files kept, paths of files removed)."""
+        recorded = {t["name"]: t.get("kind", "local") for t in self.recorded_tiers()}
+        snap_remotes = [n for n, k in recorded.items() if k != "local"]
+        with self._tx(touch=True) as c:
+            c.execute("CREATE TEMP TABLE held (digest BLOB PRIMARY KEY) WITHOUT ROWID")
+            if snap_remotes:
+                ph = ",".join("?" * len(snap_remotes))
+                c.execute(
+                    f"INSERT OR IGNORE INTO held SELECT digest FROM replicas "
+                    f"WHERE state='valid' AND tier IN ({ph})", snap_remotes,
+                )
+            lost = [
+                int(r[0]) for r in c.execute(
+                    "SELECT DISTINCT ino FROM extents WHERE digest NOT IN (SELECT digest FROM held)"
+                )
+            ]
+        removed = [self.path_of(ino) for ino in lost]
+        with self._tx(touch=True) as c:
+            for ino in lost:
+                for parent, in c.execute("SELECT parent FROM dentries WHERE ino=?", (ino,)).fetchall():
+                    c.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
+                              (time.time_ns(), time.time_ns(), parent))
+                c.execute("DELETE FROM dentries WHERE ino=?", (ino,))
+                c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+                c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
+            c.execute("DELETE FROM chunks WHERE digest NOT IN (SELECT digest FROM held)")
             c.execute("DELETE FROM upload_jobs")
             c.execute("DELETE FROM replicas")
             for tier in remote_tiers:
                 c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
-            return int(c.execute("SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
+            c.execute("DROP TABLE temp.held")
+            kept = int(c.execute(
+                "SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
+        return kept, removed
 
     def pending_uploads_for(self, inos: Iterable[int]) -> int:
         """Upload jobs still open for chunks the given files name."""
@@ -630,6 +695,50 @@ class Catalog:
             ).fetchone()
             total += int(row[0])
         return total
+
+    # -- local eviction ----------------------------------------------------------------------
+
+    def eviction_candidates(
+        self, local_tiers: Sequence[str], remote_tiers: Sequence[str], limit: int
+    ) -> list[tuple[bytes, str, int]]:
+        """Local replicas that may go: a remote tier holds the chunk and no upload still
+        needs the local copy. Chunks of the least recently modified files first (a restart
+        reads the newest checkpoint). Returns (digest, local tier, frame body length)."""
+        if not local_tiers or not remote_tiers:
+            return []
+        lp = ",".join("?" * len(local_tiers))
+        rp = ",".join("?" * len(remote_tiers))
+        rows = self.conn.execute(
+            f"SELECT r.digest, r.tier, c.length FROM replicas r JOIN chunks c ON c.digest = r.digest "
+            f"WHERE r.tier IN ({lp}) AND EXISTS (SELECT 1 FROM replicas x WHERE x.digest = r.digest "
+            f"AND x.state = 'valid' AND x.tier IN ({rp})) "
+            "AND NOT EXISTS (SELECT 1 FROM upload_jobs u WHERE u.digest = r.digest) "
+            "ORDER BY (SELECT max(i.mtime_ns) FROM extents e JOIN inodes i ON i.ino = e.ino "
+            "WHERE e.digest = r.digest) LIMIT ?",
+            (*local_tiers, *remote_tiers, limit),
+        ).fetchall()
+        return [(bytes(d), str(t), int(n)) for d, t, n in rows]
+
+    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
+        """Drop a local replica row if a remote copy still backs it and no upload needs it
+        (checked again in the transaction). The caller deletes the frame afterwards."""
+        rp = ",".join("?" * len(remote_tiers))
+        with self._tx() as c:
+            ok = c.execute(
+                f"SELECT 1 FROM replicas WHERE digest=? AND state='valid' AND tier IN ({rp}) "
+                "AND NOT EXISTS (SELECT 1 FROM upload_jobs WHERE digest=?) LIMIT 1",
+                (digest, *remote_tiers, digest),
+            ).fetchone()
+            if not ok:
+                return False
+            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+            return True
+
+    def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
+        rows = self.conn.execute(
+            "SELECT tier FROM replicas WHERE digest=? AND state='valid' ORDER BY tier", (digest,)
+        )
+        return tuple(str(r[0]) for r in rows)
 
     # -- fsck --------------------------------------------------------------------------------
 

@@ -69,6 +69,13 @@ def encode(parts: Sequence[Buffer], digest: bytes) -> list[Buffer]:
     return [header, *parts]
 
 
+def encode_lz4(body: Buffer, plain_len: int, digest: bytes) -> bytes:
+    """An LZ4 frame: ``body`` is ``lz4.block.compress(plaintext, store_size=False)`` (the
+    header carries plain_len instead). The caller must verify the result before trusting it."""
+    header = _HEADER.pack(MAGIC, VERSION, Codec.LZ4, 0, 0, 0, plain_len, len(body), digest)
+    return header + bytes(body)
+
+
 def parse_header(raw: Buffer) -> FrameHeader:
     if len(raw) < HEADER_SIZE:
         raise CorruptChunk(f"frame shorter than its header ({len(raw)} bytes)")

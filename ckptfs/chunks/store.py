@@ -43,7 +43,8 @@ class _Flight:
 class ChunkStore:
     def __init__(
         self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
-        db_limiter: trio.CapacityLimiter,
+        db_limiter: trio.CapacityLimiter, on_local_full: str = "block",
+        local_full_timeout_s: float = 600.0,
     ) -> None:
         self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
         # New chunks land on local tiers only; remote tiers get copies from the uploader.
@@ -66,6 +67,12 @@ class ChunkStore:
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+        self.on_local_full = on_local_full
+        self.local_full_timeout_s = local_full_timeout_s
+        self._room = trio.Event()  # set (and replaced) when uploads or deletions may free room
+        self.evicted_bytes = 0
+        self.waiting_for_room = 0  # writers blocked until uploads free local space
+        self._room_gen = 0  # bumped whenever room may have been freed
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -125,6 +132,83 @@ class ChunkStore:
         start = int.from_bytes(digest[:4], "big") % n
         return [self.remotes[(start + i) % n].name for i in range(min(copies, n))]
 
+    # -- room on the local tiers -----------------------------------------------------------
+
+    def room_may_have_freed(self) -> None:
+        """An upload finished or chunks were deleted: writers waiting for room look again."""
+        self._room_gen += 1
+        self._room.set()
+        self._room = trio.Event()
+
+    async def _make_room(self, need: int, exc: NoSpace, waited_since: float | None) -> float | None:
+        """Free local space for a chunk of ``need`` bytes, or raise NoSpace. Returns when
+        the caller first had to wait (None if eviction alone made room)."""
+        batch = max(2 * need, 64 * 1024 * 1024)  # evict in batches: fewer catalog scans
+        gen = self._room_gen
+        freed = await trio.to_thread.run_sync(self._evict, batch, limiter=self.db_limiter)
+        if freed or self._room_gen != gen:
+            self._full.clear()
+            self.room_may_have_freed()  # other writers waiting for room try again too
+            return waited_since
+        if not self.remotes:
+            raise exc  # nothing would ever free room but a deletion by the user
+        backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
+        if self.on_local_full == "enospc":
+            log.error("local tiers full and %d bytes (%d chunks) not yet on a remote: ENOSPC "
+                      "(on_local_full = \"enospc\")", backlog.bytes, backlog.chunks)
+            raise exc
+        now = time.monotonic()
+        if waited_since is None:
+            waited_since = now
+            log.warning("local tiers full; writers wait for %d bytes (%d chunks) to upload "
+                        "(on_local_full = \"block\", at most %.0f s)",
+                        backlog.bytes, backlog.chunks, self.local_full_timeout_s)
+        left = waited_since + self.local_full_timeout_s - now
+        if left <= 0:
+            log.error("local tiers still full after %.0f s of waiting for uploads: ENOSPC",
+                      self.local_full_timeout_s)
+            raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
+        # Woken by each finished upload; the periodic look covers room freed outside ckptfs.
+        self.waiting_for_room += 1
+        try:
+            with trio.move_on_after(min(left, 5.0)):
+                await self._room.wait()
+        finally:
+            self.waiting_for_room -= 1
+        self._full.clear()
+        return waited_since
+
+    def _evict(self, want: int) -> int:
+        """Blocking: delete local copies of chunks a remote tier holds, oldest files first,
+        until ``want`` bytes are freed. Never a chunk that is pinned or still to upload."""
+        remote_names = [t.name for t in self.remotes]
+        if not remote_names:
+            return 0
+        freed = 0
+        candidates = self.catalog.eviction_candidates(
+            list(self.local), remote_names, limit=max(1, want // 65536)
+        )
+        with self._pin_lock:  # a writer pins a digest before it puts a frame of it
+            for digest, tier_name, length in candidates:
+                if freed >= want:
+                    break
+                if digest in self._pins:
+                    continue
+                if not self.catalog.forget_local_replica(digest, tier_name, remote_names):
+                    continue
+                try:
+                    self.local[tier_name].delete(digest.hex())
+                except TierError as exc:
+                    log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
+                    continue
+                self._synced.discard(digest)
+                freed += length + frame.HEADER_SIZE
+        if freed:
+            self.evicted_bytes += freed
+            log.info("evicted %d bytes of chunks held by a remote tier from the local tiers",
+                     freed)
+        return freed
+
     # -- pins --------------------------------------------------------------------------------
 
     def _pin(self, digest: bytes) -> None:
@@ -143,7 +227,27 @@ class ChunkStore:
     # -- write -------------------------------------------------------------------------------
 
     async def write(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
-        """Store one chunk (given as parts) and return a verified, pinned reference to it."""
+        """Store one chunk (given as parts) and return a verified, pinned reference to it.
+        When every local tier is full, make room (evict chunks a remote holds, or wait for
+        uploads per ``on_local_full``) and try again; NoSpace when that fails."""
+        waited_since: float | None = None
+        while True:
+            gen = self._room_gen
+            try:
+                ref = await self._write_once(parts)
+            except NoSpace as exc:
+                if self._room_gen != gen:
+                    continue  # room was freed meanwhile (another writer evicted): try again
+                waited_since = await self._make_room(
+                    sum(len(p) for p in parts) + frame.HEADER_SIZE, exc, waited_since
+                )
+                continue
+            if waited_since is not None:
+                log.warning("local tiers have room again after %.1f s",
+                            time.monotonic() - waited_since)
+            return ref
+
+    async def _write_once(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
 
         def work() -> ChunkRef:
             digest = frame.digest_of_parts(parts)
@@ -218,9 +322,21 @@ class ChunkStore:
             flight = _Flight()
             self._flights[ref.digest] = flight
             try:
-                flight.data = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
+                try:
+                    flight.data = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
+                except ChunkMissing:
+                    # The caller's idea of where the chunk lives may be old (an upload added
+                    # a remote copy, an eviction removed a local one): ask the catalog.
+                    tiers = await trio.to_thread.run_sync(
+                        self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+                    )
+                    if not tiers or set(tiers) <= set(ref.tiers):
+                        raise
+                    fresh = ChunkRef(ref.digest, ref.length, tiers)
+                    flight.data = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
                 self._cache_put(ref.digest, flight.data)
             except CkptfsError as exc:
+                log.error("%s", exc)
                 flight.error = exc
             finally:
                 del self._flights[ref.digest]
@@ -256,9 +372,7 @@ class ChunkStore:
                 problems.append(f"{name}: length {len(data)} != {ref.length}")
                 continue
             return data
-        msg = f"no valid copy of chunk {ref.key[:16]} ({'; '.join(problems)})"
-        log.error(msg)
-        raise ChunkMissing(msg)
+        raise ChunkMissing(f"no valid copy of chunk {ref.key[:16]} ({'; '.join(problems)})")
 
     # -- garbage collection ------------------------------------------------------------------
 
@@ -285,7 +399,10 @@ class ChunkStore:
                             log.warning("could not delete chunk %s: %s", digest.hex()[:16], exc)
                 return list(gone)
 
-        for digest in await trio.to_thread.run_sync(work, limiter=self.db_limiter):
+        gone = await trio.to_thread.run_sync(work, limiter=self.db_limiter)
+        if gone:
+            self.room_may_have_freed()
+        for digest in gone:
             self._synced.discard(digest)
             data = self._cache.pop(digest, None)
             if data is not None:

@@ -91,8 +91,17 @@ class FaultyTier:
         self.corrupt_gets = False
         self.corrupt_puts = False  # flip a bit of every put body after the caller checked it
         self.corrupted = 0
+        # Hold puts (chunks and meta) until the gate opens; put_entered tells a put is held.
+        self.put_gate: threading.Event | None = None
+        self.put_entered = threading.Event()
+
+    def _hold(self) -> None:
+        self.put_entered.set()
+        if self.put_gate is not None and not self.put_gate.wait(timeout=60):
+            raise TierError(f"tier {self.name}: put gate never opened")
 
     def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
+        self._hold()
         if self.corrupt_puts:
             self.corrupted += 1
             damaged = bytearray(b"".join(bytes(p) for p in parts))
@@ -124,6 +133,7 @@ class FaultyTier:
         self.inner.sync(keys)
 
     def put_meta(self, name: str, data: bytes) -> None:
+        self._hold()
         if self.fail_puts:
             raise TierError(f"tier {self.name}: injected EIO on put")
         self.inner.put_meta(name, data)  # type: ignore[attr-defined]

@@ -19,6 +19,11 @@ the sum of the sizes of the objects this tier object has put or listed (and not 
 
 The boto3 client is built once per tier; botocore clients are thread-safe for calls, so the
 worker threads share it (``max_pool_connections`` bounds the open connections).
+
+Fencing: while this node does not hold the prefix's writer lease (ckptfs/upload/lease.py),
+``fence`` makes every write (chunk put and delete, ``put_meta``) fail at once; reads go on.
+The lease object itself is written with ``put_meta_if`` (a conditional PUT: If-None-Match or
+If-Match, which SeaweedFS 4.48 and AWS S3 honour atomically).
 """
 
 from __future__ import annotations
@@ -126,6 +131,14 @@ class ObjectInfo:
     metadata: dict[str, str]
 
 
+class PreconditionFailed(PermanentTierError):
+    """A conditional write lost: the object changed (or appeared) since it was read."""
+
+
+class ConditionalWriteUnsupported(PermanentTierError):
+    """The server refuses If-Match / If-None-Match on PutObject."""
+
+
 def _code(exc: bce.ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -165,6 +178,7 @@ class S3Tier:
         self._chunks_prefix = f"{cfg.prefix}/chunks/" if cfg.prefix else "chunks/"
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # objects seen (put, listed, headed), for usage()
+        self._fence: tuple[str, bool] | None = None  # (reason, permanent) while writes are refused
         client_config = botocore.config.Config(
             region_name=cfg.region,
             signature_version="s3v4",
@@ -241,6 +255,8 @@ class S3Tier:
             return PermanentTierError(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.endpoint}"
             )
+        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
+            return PreconditionFailed(f"{what}: precondition failed ({code or status}): {detail}")
         if code in _ACCESS_CODES or status == 403:
             hint = _ACCESS_HINTS.get(code) or (
                 # A HEAD answer has no body to say why: the code is the bare status.
@@ -267,6 +283,7 @@ class S3Tier:
     def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
         """``expected_sha256`` (base64): the checksum of the bytes the caller verified; the
         server refuses the object (BadDigest, retried) if what arrives differs."""
+        self._check_fence("put", key)
         body = b"".join(parts)
         metadata = {META_DIGEST: key}
         with contextlib.suppress(CorruptChunk):  # a tier stores what it is given
@@ -293,6 +310,11 @@ class S3Tier:
 
     def _get_object(self, object_key: str, what: str) -> bytes | None:
         """The body of one object, or None if it does not exist."""
+        found = self._get_object_tagged(object_key, what)
+        return None if found is None else found[0]
+
+    def _get_object_tagged(self, object_key: str, what: str) -> tuple[bytes, str] | None:
+        """The body and ETag of one object, or None if it does not exist."""
         with self._errors("get", what):
             try:
                 resp = self._client.get_object(Bucket=self.bucket, Key=object_key)
@@ -305,7 +327,7 @@ class S3Tier:
                 data: bytes = body.read()  # botocore checks length and returned checksum
             finally:
                 body.close()
-        return data
+        return data, str(resp.get("ETag") or "")
 
     def head(self, key: str) -> ObjectInfo | None:
         """The object's size, metadata and stored checksum, without its body (None: missing)."""
@@ -337,6 +359,7 @@ class S3Tier:
 
     def delete(self, key: str) -> int:
         """Idempotent. Returns the bytes freed: the size this tier saw, else a HEAD's answer."""
+        self._check_fence("delete", key)
         with self._lock:
             size = self._sizes.pop(key, None)
         with self._errors("delete", key):
@@ -403,6 +426,7 @@ class S3Tier:
         return (f"{self.prefix}/meta/" if self.prefix else "meta/") + name
 
     def put_meta(self, name: str, data: bytes) -> None:
+        self._check_fence("put", name)
         with self._errors("put", name):
             self._client.put_object(
                 Bucket=self.bucket, Key=self._meta_key(name), Body=data,
@@ -411,6 +435,61 @@ class S3Tier:
 
     def get_meta(self, name: str) -> bytes | None:
         return self._get_object(self._meta_key(name), name)
+
+    # -- the writer lease (ckptfs/upload/lease.py) -------------------------------------------
+
+    def get_meta_tagged(self, name: str) -> tuple[bytes, str] | None:
+        """A metadata object's body and ETag (for ``put_meta_if``), or None if missing."""
+        return self._get_object_tagged(self._meta_key(name), name)
+
+    def put_meta_if(
+        self, name: str, data: bytes, *, etag: str | None, conditional: bool = True
+    ) -> str:
+        """Write a metadata object only if it is as last read: unchanged since ``etag`` was
+        read (If-Match), or still missing when ``etag`` is None (If-None-Match: *). Returns
+        the new ETag. Raises PreconditionFailed when another writer came first, and
+        ConditionalWriteUnsupported when the server refuses the headers (then
+        ``conditional=False`` writes unconditionally). Not fenced: this writes the lease."""
+        cond: dict[str, str] = {}
+        if conditional:
+            cond = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+        try:
+            with self._errors("put", name):
+                resp = self._client.put_object(
+                    Bucket=self.bucket, Key=self._meta_key(name), Body=data,
+                    ContentType="application/json", ChecksumAlgorithm=self.checksum_algorithm,
+                    **cond,
+                )
+        except PreconditionFailed:
+            raise
+        except PermanentTierError as exc:
+            cause = exc.__cause__
+            if cond and isinstance(cause, bce.ClientError) and (
+                _code(cause) == "NotImplemented" or _status(cause) == 501
+            ):
+                raise ConditionalWriteUnsupported(
+                    f"tier {self.name}: the server does not support conditional writes: {exc}"
+                ) from exc
+            raise
+        return str(resp.get("ETag") or "")
+
+    def fence(self, reason: str | None, *, permanent: bool = False) -> None:
+        """Refuse every write (put, delete, put_meta) with ``reason`` until called with None.
+        ``permanent``: raise PermanentTierError (another node holds the writer lease) rather
+        than TransientTierError (the lease is not taken yet; worth retrying)."""
+        self._fence = None if reason is None else (reason, permanent)
+
+    @property
+    def fenced(self) -> str | None:
+        fence = self._fence
+        return None if fence is None else fence[0]
+
+    def _check_fence(self, op: str, key: str) -> None:
+        fence = self._fence
+        if fence is not None:
+            reason, permanent = fence
+            cls = PermanentTierError if permanent else TransientTierError
+            raise cls(f"tier {self.name}: {op} {key[:16]} refused: {reason}")
 
     def close(self) -> None:
         """Close the connection pool (the tier must not be used afterwards)."""

@@ -23,6 +23,7 @@ import trio
 from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
 from ..chunks import frame
+from ..chunks.compress import RemoteCompressor
 from ..chunks.store import ChunkStore
 from ..errors import ChunkMissing, CkptfsError, CorruptChunk, PermanentTierError, TierError
 
@@ -33,6 +34,12 @@ BACKOFF_MAX_S = 60.0
 BLOCKED_RETRY_S = 300.0
 SNAPSHOT_NAME = "catalog.snapshot"
 RATE_WINDOW_S = 2.0
+# Under a steady stream of commits the backlog is never empty; the snapshot is then
+# retaken this often, so a new node can recover everything uploaded until shortly before.
+SNAPSHOT_INTERVAL_S = 10.0
+# While a save is running, uploads run this many at a time, so they do not take the CPU
+# and disk from the save (its stall); the rest of the time, `concurrency` at once.
+CONCURRENCY_DURING_SAVES = 1
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -49,6 +56,8 @@ class Uploader:
         db_limiter: trio.CapacityLimiter,
         concurrency: int = 8,
         clock: Callable[[], int] = time.time_ns,
+        saving: Callable[[], bool] = lambda: False,
+        remote_compression: str = "auto",
     ) -> None:
         self.catalog = catalog
         self.store = store
@@ -62,10 +71,24 @@ class Uploader:
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
+        self.saving = saving  # a save is running: upload gently
+        self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
+        self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
+        self._snapshot_at = -math.inf  # monotonic time of the last snapshot
+        self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
+        self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
+        # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
+        self.compressor = RemoteCompressor(remote_compression)
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
         self._wake.set()
+
+    def _limit(self) -> int:
+        """How many uploads may run now: few while a save runs, unless someone waits."""
+        if self.saving() and not self._urgent and not self.store.waiting_for_room:
+            return min(self.concurrency, CONCURRENCY_DURING_SAVES)
+        return self.concurrency
 
     async def run(self) -> None:
         if not self.store.remotes:
@@ -73,27 +96,81 @@ class Uploader:
         async with trio.open_nursery() as nursery:
             while True:
                 self._wake = trio.Event()
-                snapshot_retry_s = math.inf
-                if not self.running:
-                    snapshot_retry_s = await self._maybe_snapshot()
-                free = self.concurrency - len(self.running)
+                snapshot_retry_s = await self._maybe_snapshot()
+                free = self._limit() - len(self.running)
                 if free > 0:
                     jobs = await trio.to_thread.run_sync(
-                        self.catalog.due_uploads, self.clock(), free, set(self.running),
+                        self._due_jobs, list(self._urgent), self.clock(), free, set(self.running),
                         limiter=self.db_limiter,
                     )
                     for job in jobs:
                         self.running.add((job.digest, job.tier))
                         nursery.start_soon(self._upload, job)
-                due = await trio.to_thread.run_sync(
+                due_ns = await trio.to_thread.run_sync(
                     self.catalog.next_upload_due_ns, set(self.running), limiter=self.db_limiter
                 )
-                delay = math.inf if due is None else max(0.0, (due - self.clock()) / 1e9)
+                delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
                 if free <= 0 or delay == 0.0:
                     delay = math.inf if self.running else delay  # a finishing job kicks us
+                if self.saving() and delay == math.inf:
+                    delay = 0.2  # the save's end raises the limit: look again soon
                 delay = min(delay, snapshot_retry_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()
+
+    def _due_jobs(
+        self, urgent: list[bytes], now: int, limit: int, skip: set[tuple[bytes, str]]
+    ) -> list[UploadJob]:
+        """Blocking: the jobs to start, those someone waits for first, then oldest first."""
+        jobs = self.catalog.due_uploads_of(urgent, now, limit, skip)
+        skip |= {(j.digest, j.tier) for j in jobs}
+        return jobs + self.catalog.due_uploads(now, limit - len(jobs), skip)
+
+    async def wait_durable(self, digests: set[bytes], timeout_s: float) -> bool:
+        """Upload these chunks before others, then wait until they are on the remote tiers
+        and a catalog snapshot naming them is stored there (recoverable by a new node).
+        False on timeout."""
+        if not self.store.remotes:
+            return True
+        for d in digests:
+            self._urgent[d] = self._urgent.get(d, 0) + 1
+        self.kick()
+        try:
+            with trio.move_on_after(timeout_s):
+                while True:
+                    progress = self._progress
+                    left = await trio.to_thread.run_sync(
+                        self.catalog.pending_digests, digests, limiter=self.db_limiter
+                    )
+                    if left == 0:
+                        break
+                    await progress.wait()
+                uploaded_ns = time.time_ns()
+                self._snapshot_wanted += 1
+                try:
+                    self.kick()
+                    while self.snapshot_of_ns < uploaded_ns:
+                        progress = self._progress
+                        if await trio.to_thread.run_sync(
+                            self.catalog.snapshot_is_current, limiter=self.db_limiter
+                        ):
+                            break  # nothing changed since the last snapshot
+                        await progress.wait()
+                finally:
+                    self._snapshot_wanted -= 1
+                return True
+            return False
+        finally:
+            for d in digests:
+                n = self._urgent.get(d, 0) - 1
+                if n > 0:
+                    self._urgent[d] = n
+                else:
+                    self._urgent.pop(d, None)
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
 
     async def _upload(self, job: UploadJob) -> None:
         key = (job.digest, job.tier)
@@ -120,26 +197,34 @@ class Uploader:
             )
             if kept:
                 self.uploaded_bytes += job.length
+                self.store.room_may_have_freed()  # its local copy may be evicted now
                 await self._record_rate()
             else:
                 await self._discard_copy(job)
         finally:
             self.running.discard(key)
+            self._progressed()
             self.kick()
 
     async def _maybe_snapshot(self) -> float:
-        """When nothing is pending and the namespace changed since the last snapshot, put
-        a verified copy of the catalog on every remote tier: what a fresh node restores.
-        Returns seconds until a failed snapshot should be retried (inf if none failed)."""
+        """When the catalog changed since the last snapshot and nothing is pending (or
+        someone waits for one, or the last is SNAPSHOT_INTERVAL_S old), put a verified copy
+        of the catalog on every remote tier: what a fresh node restores. Returns seconds
+        until the next look is due (a failed snapshot's retry, the next interval)."""
+        now = time.monotonic()
+        overdue = now - self._snapshot_at >= SNAPSHOT_INTERVAL_S
+        wanted = self._snapshot_wanted > 0
 
         def backup() -> tuple[int, bytes] | None:
-            if self.catalog.backlog().chunks or self.catalog.snapshot_is_current():
+            if self.catalog.snapshot_is_current():
+                return None
+            if not (wanted or overdue) and self.catalog.backlog().chunks:
                 return None
             return time.time_ns(), self.catalog.backup_bytes()
 
         taken = await trio.to_thread.run_sync(backup, limiter=self.db_limiter)
         if taken is None:
-            return math.inf
+            return math.inf if overdue else SNAPSHOT_INTERVAL_S - (now - self._snapshot_at)
         of_ns, data = taken
         digest = frame.digest_of(data)
         framed = b"".join(bytes(p) for p in frame.encode([data], digest))
@@ -154,9 +239,12 @@ class Uploader:
             log.warning("catalog snapshot upload failed (retry in %.1f s): %s", delay, exc)
             return delay
         self._snapshot_failures = 0
+        self._snapshot_at = time.monotonic()
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
         )
+        self.snapshot_of_ns = of_ns
+        self._progressed()
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
                  len(data), len(self.store.remotes))
         return math.inf
@@ -213,8 +301,12 @@ class Uploader:
             except CorruptChunk as exc:
                 problems.append(f"{name}: {exc}")
                 continue
-            # The server checks what arrives against the checksum of what we verified.
-            sha = base64.b64encode(hashlib.sha256(raw).digest()).decode()
-            remote.put(key, [raw], expected_sha256=sha)
+            # The raw frame, or a verified LZ4 frame of it when that pays (chunks/compress.py).
+            body, choice = self.compressor.frame_for(raw, job.digest)
+            # The server checks what arrives against the checksum of the bytes we send.
+            sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
+            started = time.monotonic()
+            remote.put(key, [body], expected_sha256=sha)
+            self.compressor.sent(choice, time.monotonic() - started)
             return
         raise ChunkMissing("; ".join(problems) or "no local replica recorded")

@@ -19,6 +19,7 @@ import trio
 
 from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
+from ..config import DurabilityPolicy, policy_for
 from ..errors import CkptfsError, InvalidArgument, IsADirectory, NameTooLong, NotADirectory
 from ..tiers.base import Tier, TierUsage
 from ..upload.uploader import Uploader
@@ -77,6 +78,10 @@ class Filesystem:
         invalidate: Callable[[int], None] | None = None,
         remote_copies: int = 1,
         upload_concurrency: int = 8,
+        remote_compression: str = "auto",
+        on_local_full: str = "block",
+        local_full_timeout_s: float = 600.0,
+        policies: tuple[DurabilityPolicy, ...] = (),
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
@@ -84,11 +89,17 @@ class Filesystem:
         self.db_limiter = trio.CapacityLimiter(1)
         self.store = ChunkStore(
             tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
-            catalog=catalog, db_limiter=self.db_limiter,
+            catalog=catalog, db_limiter=self.db_limiter, on_local_full=on_local_full,
+            local_full_timeout_s=local_full_timeout_s,
         )
         self.budget = MemoryBudget(memory_budget, spill=self._spill)
         self.remote_copies = remote_copies
-        self.uploader = Uploader(catalog, self.store, self.db_limiter, upload_concurrency)
+        self.uploader = Uploader(
+            catalog, self.store, self.db_limiter, upload_concurrency,
+            remote_compression=remote_compression,
+            saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
+        )
+        self.policies = policies
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -337,9 +348,29 @@ class Filesystem:
         f = self._handle(fh).file
         if f.is_dirty() or f.failed is not None:
             await self._commit(f, durable=False)
+            await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
-        await self._commit(self._handle(fh).file, durable=True)
+        f = self._handle(fh).file
+        await self._commit(f, durable=True)
+        await self._apply_durability(f)
+
+    async def _apply_durability(self, f: OpenFile) -> None:
+        """Under a ``durability = "remote"`` policy, return only once the file's chunks and
+        a catalog snapshot naming them are on the remote tiers; EIO after the timeout (the
+        file stays committed locally and its upload goes on)."""
+        if not self.policies or not self.store.remotes:
+            return
+        path = await self.db(self.catalog.path_of, f.ino)
+        policy = policy_for(self.policies, path)
+        if policy is None or policy.durability != "remote":
+            return
+        digests = {r.digest for r in f.committed.values()}
+        if not await self.uploader.wait_durable(digests, policy.timeout_s):
+            log.error('%s: not durable on the remote after %.0f s (durability = "remote" '
+                      "under %s); it is committed locally and its upload goes on",
+                      path, policy.timeout_s, policy.path)
+            raise CkptfsError(f"{path}: not durable on the remote in time", errno=errno.EIO)
 
     async def _commit(self, f: OpenFile, durable: bool) -> None:
         try:

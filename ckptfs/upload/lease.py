@@ -1,0 +1,440 @@
+"""The writer lease: one node at a time writes a bucket prefix.
+
+Two nodes mounting the same prefix read-write would overwrite each other's catalog
+snapshot (and delete each other's chunks as garbage). So a mount takes a lease on every
+remote tier, the object ``<prefix>/meta/writer``::
+
+    {"version": 1, "writer_id": "<hex>", "host": "node7", "pid": 1234,
+     "state_dir": "/var/lib/ckptfs", "heartbeat": 1767225600.25, "released": false}
+
+``writer_id`` is random, made once per state dir (the file ``<state dir>/writer_id``; not
+in the catalog, whose snapshot a new node restores). A tracked task of the daemon renews the
+heartbeat every ``heartbeat_s`` (30 s); a lease whose heartbeat is older than ``timeout_s``
+(3 heartbeats) is stale. At mount, a lease held by another writer id with a fresh heartbeat
+refuses the mount (``LeaseConflict``, naming the holder), unless ``--takeover``; a stale or
+released one is taken over. A clean unmount marks the lease released (the object stays, so
+fsck can tell which node wrote the prefix last).
+
+Every write of the lease is conditional (If-None-Match: * to create it, If-Match: <ETag of
+what was read> to replace it), and is read back: two nodes racing for a free lease cannot
+both win. A server without conditional writes gets plain PUTs plus the read-back, which
+leaves a window of one heartbeat in which both might believe they hold it (remote.md).
+
+While a node does not hold the lease of a tier, that tier is fenced (``S3Tier.fence``):
+uploads, deletions and snapshots to it fail, reads go on, data stays local. If the remote
+cannot be reached at mount, the mount goes on fenced and the heartbeat task keeps trying to
+take the lease. A node that finds its lease taken by another writer (``--takeover``
+elsewhere) stays fenced until it is remounted.
+
+Clocks: ages compare the holder's wall clock (``heartbeat``) with ours, so node clocks must
+agree to well within ``timeout_s`` (NTP does).
+
+Tests shorten the intervals with the environment variables ``CKPTFS_LEASE_HEARTBEAT_S`` and
+``CKPTFS_LEASE_TIMEOUT_S`` (seconds; the timeout defaults to 3 heartbeats).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import trio
+
+from ..errors import CkptfsError, ConfigError, TierError
+from ..tiers.s3 import ConditionalWriteUnsupported, PreconditionFailed, S3Tier
+
+log = logging.getLogger("ckptfs.lease")
+
+LEASE_NAME = "writer"
+WRITER_ID_FILE = "writer_id"
+DEFAULT_HEARTBEAT_S = 30.0
+TIMEOUT_HEARTBEATS = 3
+ENV_HEARTBEAT = "CKPTFS_LEASE_HEARTBEAT_S"
+ENV_TIMEOUT = "CKPTFS_LEASE_TIMEOUT_S"
+LEASE_VERSION = 1
+_ACQUIRE_ROUNDS = 5  # re-read and decide again after a lost race, at most this often
+
+
+class LeaseConflict(CkptfsError):
+    """Another node holds the writer lease of a prefix (the mount refuses)."""
+
+
+class TransientLeaseError(TierError):
+    """The lease object kept changing while a heartbeat tried to renew it."""
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    timeout_s: float = TIMEOUT_HEARTBEATS * DEFAULT_HEARTBEAT_S
+
+
+def _env_seconds(environ: Mapping[str, str], name: str) -> float | None:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0.01 <= value <= 86400:
+        raise ConfigError(f"{name}: expected seconds from 0.01 to 86400, got {raw!r}")
+    return value
+
+
+def lease_timing(environ: Mapping[str, str] = os.environ) -> LeaseTiming:
+    """The heartbeat interval and timeout: defaults, or the environment's (for tests)."""
+    heartbeat = _env_seconds(environ, ENV_HEARTBEAT) or DEFAULT_HEARTBEAT_S
+    timeout = _env_seconds(environ, ENV_TIMEOUT) or TIMEOUT_HEARTBEATS * heartbeat
+    if timeout <= heartbeat:
+        raise ConfigError(
+            f"{ENV_TIMEOUT}: the lease timeout ({timeout:g} s) must exceed the heartbeat "
+            f"interval ({heartbeat:g} s)"
+        )
+    return LeaseTiming(heartbeat, timeout)
+
+
+def writer_id(state_dir: Path, *, create: bool = True) -> str | None:
+    """This state dir's writer id, made on first use (None if absent and not ``create``)."""
+    path = state_dir / WRITER_ID_FILE
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        found = ""
+    if found or not create:
+        return found or None
+    new = uuid.uuid4().hex
+    tmp = path.with_name(f"{WRITER_ID_FILE}.tmp")
+    with open(tmp, "w") as f:
+        f.write(new + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return new
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The content of a lease object."""
+
+    writer_id: str
+    host: str
+    pid: int
+    state_dir: str
+    heartbeat: float  # unix time of the holder's last heartbeat
+    released: bool = False
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"version": LEASE_VERSION, **asdict(self)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Lease:
+        """Raises ValueError unless ``raw`` is a lease."""
+        try:
+            d = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        wid, beat = d.get("writer_id"), d.get("heartbeat")
+        if not isinstance(wid, str) or not wid:
+            raise ValueError("no writer_id")
+        if isinstance(beat, bool) or not isinstance(beat, int | float) or not math.isfinite(beat):
+            raise ValueError("no heartbeat time")
+        pid = d.get("pid")
+        return cls(
+            writer_id=wid,
+            host=str(d.get("host", "?")),
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else -1,
+            state_dir=str(d.get("state_dir", "?")),
+            heartbeat=float(beat),
+            released=d.get("released") is True,
+        )
+
+    def age(self, now: float) -> float:
+        return now - self.heartbeat
+
+    def describe(self, now: float) -> str:
+        return (f"host {self.host}, pid {self.pid}, state dir {self.state_dir}, "
+                f"last heartbeat {_ago(self.age(now))}")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 0:
+        return f"{-seconds:.0f} s in the future (clock skew?)"
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a read of the lease object found."""
+
+    etag: str | None  # None: no lease object
+    lease: Lease | None  # None: missing, or unreadable (then ``problem`` says why)
+    problem: str | None = None
+
+
+def read_lease(tier: S3Tier) -> LeaseState:
+    """The lease object of ``tier`` (TierError if the remote cannot be read)."""
+    found = tier.get_meta_tagged(LEASE_NAME)
+    if found is None:
+        return LeaseState(None, None)
+    raw, etag = found
+    try:
+        return LeaseState(etag, Lease.from_bytes(raw))
+    except ValueError as exc:
+        return LeaseState(etag, None, f"unreadable lease object: {exc}")
+
+
+def held_elsewhere(state: LeaseState, me: str | None, timing: LeaseTiming, now: float) -> bool:
+    """True if a live writer other than ``me`` holds the lease (fresh and not released)."""
+    lease = state.lease
+    if state.etag is None:
+        return False
+    if lease is None:
+        return True  # unreadable: assume the worst
+    return lease.writer_id != me and not lease.released and lease.age(now) < timing.timeout_s
+
+
+def where(tier: S3Tier) -> str:
+    return f"s3://{tier.bucket}/{tier.prefix}"
+
+
+class WriterLease:
+    """The writer lease on one remote tier. Blocking methods: call them from a thread."""
+
+    def __init__(
+        self, tier: S3Tier, me: Lease, timing: LeaseTiming, *, takeover: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.tier = tier
+        self.me = me
+        self.timing = timing
+        self.takeover = takeover
+        self.clock = clock
+        self.held = False
+        self.lost = False  # another writer took it: stay fenced until remounted
+        self.conditional = True  # False once the server refused conditional writes
+        self.failing = False  # the last attempt to reach the remote failed (log once)
+        self.renewed_at = 0.0  # time.monotonic() of the last successful write of the lease
+        self.expired = False  # fenced because the lease could not be renewed in time
+
+    # -- one write, conditional ----------------------------------------------------------------
+
+    def _write(self, lease: Lease, etag: str | None) -> None:
+        data = lease.to_bytes()
+        if self.conditional:
+            try:
+                self.tier.put_meta_if(LEASE_NAME, data, etag=etag)
+                return
+            except ConditionalWriteUnsupported as exc:
+                log.warning("tier %s: %s; the writer lease falls back to write-then-read-back "
+                            "(two nodes racing may both win for one heartbeat)", self.tier.name, exc)
+                self.conditional = False
+        self.tier.put_meta_if(LEASE_NAME, data, etag=etag, conditional=False)
+
+    def _mine(self) -> LeaseState | None:
+        """Read back: the state if the lease names us, else None."""
+        state = read_lease(self.tier)
+        if state.lease is not None and state.lease.writer_id == self.me.writer_id:
+            return state
+        return None
+
+    # -- mount, heartbeat, unmount -----------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the lease, or raise LeaseConflict naming the holder. TierError passes
+        through (the remote cannot be reached)."""
+        for _ in range(_ACQUIRE_ROUNDS):
+            state = read_lease(self.tier)
+            now = self.clock()
+            other = state.lease
+            if state.etag is not None:
+                if other is None:
+                    if not self.takeover:
+                        raise LeaseConflict(
+                            f"remote tier {self.tier.name} ({where(self.tier)}): {state.problem}; "
+                            "refusing to mount read-write (use --takeover if no other node "
+                            "writes this prefix)"
+                        )
+                    log.warning("--takeover: replacing the %s of remote tier %s (%s)",
+                                state.problem, self.tier.name, where(self.tier))
+                elif other.writer_id == self.me.writer_id:
+                    log.info("writer lease of remote tier %s (%s): ours from an earlier mount",
+                             self.tier.name, where(self.tier))
+                elif other.released:
+                    log.info("taking the writer lease of remote tier %s (%s), released by %s",
+                             self.tier.name, where(self.tier), other.describe(now))
+                elif other.age(now) >= self.timing.timeout_s:
+                    log.info("taking over the stale writer lease of remote tier %s (%s) from %s",
+                             self.tier.name, where(self.tier), other.describe(now))
+                elif self.takeover:
+                    log.warning("--takeover: taking the writer lease of remote tier %s (%s) from "
+                                "a live holder: %s", self.tier.name, where(self.tier),
+                                other.describe(now))
+                else:
+                    raise LeaseConflict(
+                        f"remote tier {self.tier.name} ({where(self.tier)}) is in use by another "
+                        f"writer: {other.describe(now)}; refusing to mount read-write "
+                        f"(unmount it there, or use --takeover if that node is gone)"
+                    )
+            try:
+                self._write(replace(self.me, heartbeat=now, released=False), state.etag)
+            except PreconditionFailed:
+                continue  # someone wrote it since we read it: look again
+            if self._mine() is not None:
+                self.held = True
+                self.lost = False
+                self.renewed_at = time.monotonic()
+                if state.etag is None:
+                    log.info("took the writer lease of remote tier %s (%s)", self.tier.name,
+                             where(self.tier))
+                return
+        raise LeaseConflict(
+            f"remote tier {self.tier.name} ({where(self.tier)}): the writer lease changed hands "
+            f"{_ACQUIRE_ROUNDS} times while this node tried to take it; refusing to mount"
+        )
+
+    def heartbeat(self) -> None:
+        """Renew the lease (or take it, if the mount could not). Never raises TierError:
+        a failure is logged and fences the tier as needed."""
+        if self.lost:
+            return
+        try:
+            if not self.held:
+                self.acquire()
+                self.tier.fence(None)
+                log.info("writer lease of remote tier %s (%s) held now; writes to it go on",
+                         self.tier.name, where(self.tier))
+            else:
+                self._renew()
+                self.renewed_at = time.monotonic()
+                if self.expired:
+                    self.tier.fence(None)
+                    self.expired = False
+            if self.failing:
+                log.info("writer lease of remote tier %s renewed again", self.tier.name)
+                self.failing = False
+        except LeaseConflict as exc:
+            self._lose(str(exc))
+        except TierError as exc:
+            if not self.failing:
+                log.warning("writer lease of remote tier %s: cannot reach the remote (%s); "
+                            "retrying every %.0f s", self.tier.name, exc, self.timing.heartbeat_s)
+                self.failing = True
+            if not self.held:
+                self.tier.fence(f"the writer lease of this prefix is not taken yet ({exc})")
+            elif time.monotonic() - self.renewed_at > self.timing.timeout_s - self.timing.heartbeat_s:
+                # Others will soon see our lease as stale and may take it: stop writing a
+                # heartbeat before that, until a renewal shows the lease is still ours.
+                self.expired = True
+                self.tier.fence(f"the writer lease of this prefix could not be renewed ({exc})")
+
+    def _renew(self) -> None:
+        for _ in range(_ACQUIRE_ROUNDS):
+            state = read_lease(self.tier)
+            now = self.clock()
+            if state.etag is not None and (
+                state.lease is None or state.lease.writer_id != self.me.writer_id
+            ):
+                holder = state.lease.describe(now) if state.lease else str(state.problem)
+                raise LeaseConflict(f"taken over by another writer: {holder}")
+            try:
+                self._write(replace(self.me, heartbeat=now, released=False), state.etag)
+            except PreconditionFailed:
+                continue
+            if self._mine() is None:
+                continue
+            return
+        raise TransientLeaseError(f"tier {self.tier.name}: the lease kept changing while renewing it")
+
+    def _lose(self, why: str) -> None:
+        self.held = False
+        self.lost = True
+        self.tier.fence(f"another node holds the writer lease of this prefix ({why})",
+                        permanent=True)
+        log.error("writer lease of remote tier %s (%s) lost: %s; this node no longer writes to "
+                  "it (new data stays local) until it is remounted", self.tier.name,
+                  where(self.tier), why)
+
+    def release(self) -> None:
+        """Mark the lease released (clean unmount), if it is still ours. Best effort."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            state = self._mine()
+            if state is None:
+                return
+            self._write(replace(self.me, heartbeat=self.clock(), released=True), state.etag)
+            log.info("released the writer lease of remote tier %s", self.tier.name)
+        except TierError as exc:
+            log.warning("could not release the writer lease of remote tier %s (%s); it expires "
+                        "%.0f s after the last heartbeat", self.tier.name, exc,
+                        self.timing.timeout_s)
+
+
+class WriterLeases:
+    """The writer leases of a mount, one per remote tier."""
+
+    def __init__(
+        self, remotes: Sequence[S3Tier], state_dir: Path, *, takeover: bool = False,
+        timing: LeaseTiming | None = None,
+    ) -> None:
+        self.timing = timing or lease_timing()
+        wid = writer_id(state_dir)
+        assert wid is not None
+        me = Lease(writer_id=wid, host=socket.gethostname(), pid=os.getpid(),
+                   state_dir=str(state_dir), heartbeat=0.0)
+        self.leases = [WriterLease(t, me, self.timing, takeover=takeover) for t in remotes]
+        self._limiter = trio.CapacityLimiter(1)
+
+    def acquire(self) -> None:
+        """At mount, before anything is written: take every lease. LeaseConflict (after
+        releasing the ones taken) refuses the mount; an unreachable remote only fences its
+        tier until the heartbeat task can take the lease."""
+        for lease in self.leases:
+            try:
+                lease.acquire()
+            except LeaseConflict:
+                self.release()
+                raise
+            except TierError as exc:
+                lease.tier.fence(f"the writer lease of this prefix is not taken yet ({exc})")
+                log.warning("writer lease of remote tier %s not taken (%s); uploads to it wait "
+                            "until it is", lease.tier.name, exc)
+                lease.failing = True
+
+    async def run(self) -> None:
+        """The heartbeat: a task in the mount's nursery, cancelled at unmount."""
+        if not self.leases:
+            return
+        while True:
+            await trio.sleep(self.timing.heartbeat_s)
+            for lease in self.leases:
+                try:
+                    await trio.to_thread.run_sync(lease.heartbeat, limiter=self._limiter)
+                except Exception:  # a bug here must not take the mount down
+                    log.exception("writer lease heartbeat of tier %s failed", lease.tier.name)
+
+    def release(self) -> None:
+        for lease in self.leases:
+            lease.release()
+
+
+def describe_holder(state: LeaseState, now: float) -> str:
+    if state.lease is None:
+        return str(state.problem or "no lease")
+    return state.lease.describe(now) + (" (released)" if state.lease.released else "")
