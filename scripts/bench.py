@@ -23,6 +23,7 @@ Each pass runs the three targets in turn, and by default there are 3 passes (1 w
 The table shows the median of the passes, followed by the range.
 
     python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT] [--repeat N]
+    python scripts/bench.py --remote [--files N --file-mib M]   # the remote tier (bench_remote.py)
 """
 
 from __future__ import annotations
@@ -759,7 +760,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--chunk-size", default=None, help="passed to ckptfs mount --chunk-size")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (for debugging)")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--remote", action="store_true",
+        help="run the remote-tier benchmark instead (scripts/bench_remote.py: stall with and "
+        "without a remote tier, time to durable vs a boto3 upload, on a local SeaweedFS)",
+    )
+    args, rest = ap.parse_known_args(argv)
+    if args.remote:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import bench_remote
+
+        return bench_remote.main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
 
     size_gib = args.size_gib if args.size_gib is not None else (0.25 if args.quick else 2.0)
     single_bytes = int(size_gib * GiB) // BLOCK * BLOCK

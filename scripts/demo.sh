@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), then run the main job end to end on the embedded default config:
 #
-#   mount ckptfs (temporary mount point and state dir, no --local: the default tier under the
-#   state dir) -> torch.save and safetensors save of a small model into it -> list the mount
-#   and the tier directory holding the chunks -> unmount -> mount again -> load both files and
-#   check they are bit-identical -> unmount -> ckptfs fsck.
+#   start a throwaway S3 server (SeaweedFS) on 127.0.0.1 -> mount ckptfs (temporary mount
+#   point and state dir, no --local: the default tier under the state dir; the bucket as a
+#   remote tier) -> torch.save and safetensors save of a small model into it -> list the mount
+#   and the tier directory holding the chunks -> ckptfs sync (durable on the remote) and
+#   status -> unmount, mount again, load both files and check they are bit-identical (warm
+#   restore) -> "lose the node": delete the state dir and every local chunk, mount on an empty
+#   state dir, load again from the bucket alone (cold restore) -> unmount -> ckptfs fsck.
 #
-# Whatever happens, the mount is unmounted and the temporary directory removed on exit
-# (KEEP=1 keeps the directory for a look afterwards).
+# Whatever happens, the mount is unmounted, the S3 server stopped (by PID) and the temporary
+# directory removed on exit (KEEP=1 keeps the directory for a look afterwards).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +26,7 @@ REF="$WORK/reference"   # the same files written to a plain directory, for compa
 TIER="$STATE/tiers/local0"
 mkdir -p "$MNT" "$REF"
 DAEMONS=()
+S3_PID=""
 
 step() { printf '\n== %s\n' "$*"; }
 ckptfs() { "$PY" -m ckptfs "$@"; }
@@ -36,7 +40,11 @@ cleanup() {
         echo "demo: cleaning up: unmounting $MNT"
         ckptfs umount "$MNT" || fusermount3 -u -z "$MNT"
     fi
-    # Only daemons this script started, by pid.
+    # Only processes this script started, by pid.
+    if [ -n "$S3_PID" ] && kill -0 "$S3_PID" 2>/dev/null; then
+        kill "$S3_PID" 2>/dev/null   # local_s3.py stops SeaweedFS by its PID, then exits
+        wait "$S3_PID" 2>/dev/null
+    fi
     for pid in "${DAEMONS[@]}"; do
         if kill -0 "$pid" 2>/dev/null; then
             kill "$pid" 2>/dev/null
@@ -60,7 +68,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 do_mount() {
-    ckptfs mount "$MNT" --state-dir "$STATE"
+    ckptfs mount "$MNT" --state-dir "$STATE" "$@"
     local pid
     pid="$(cat "$STATE/daemon.pid")"
     DAEMONS+=("$pid")
@@ -78,8 +86,21 @@ echo "mount point $MNT"
 echo "state dir   $STATE  (temporary, so /var/lib/ckptfs is not touched)"
 echo "config      embedded default (no --config, no --local): one tier at $TIER"
 
-step "1. mount"
-do_mount
+step "0. a throwaway S3 server for the remote tier: SeaweedFS on 127.0.0.1"
+"$PY" scripts/local_s3.py "$WORK/seaweed" "$WORK/s3.env" &
+S3_PID=$!
+for _ in $(seq 1 600); do   # up to 60 s for the server to answer
+    [ -f "$WORK/s3.env" ] && break
+    kill -0 "$S3_PID" 2>/dev/null || { echo "demo: the S3 server did not start" >&2; exit 1; }
+    sleep 0.1
+done
+[ -f "$WORK/s3.env" ] || { echo "demo: the S3 server did not answer in 60 s" >&2; exit 1; }
+set -a; . "$WORK/s3.env"; set +a   # endpoint, bucket, and credentials for the AWS chain
+REMOTE="s3://$S3_BUCKET/demo?endpoint=$S3_ENDPOINT"
+echo "S3 server pid $S3_PID at $S3_ENDPOINT, bucket $S3_BUCKET; remote tier $REMOTE"
+
+step "1. mount, with the bucket as a remote tier"
+do_mount --remote "$REMOTE"
 
 step "2. save a checkpoint into the mount with torch.save and safetensors"
 "$PY" - "$MNT/run1/checkpoint-100" "$REF" <<'EOF'
@@ -118,15 +139,26 @@ echo "$nframes files, $(du -sh "$TIER" | cut -f1) in $TIER; the first few:"
 find "$TIER" -type f -printf '%10s  %P\n' | sort -k2 | head -n 8
 echo "state dir holds: $(find "$STATE" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort | tr '\n' ' ')"
 
-step "5. ckptfs status: the tiers and the remote backlog"
+step "5. ckptfs sync: wait until the checkpoint is durable on the remote (exit 0), then status"
+ckptfs sync "$MNT/run1/checkpoint-100" --timeout 120
+"$PY" - "$S3_ENDPOINT" "$S3_BUCKET" <<'EOF'
+import sys
+import boto3
+from ckptfs.chunks import frame
+
+endpoint, bucket = sys.argv[1], sys.argv[2]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+keys = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="demo/")
+        for o in p.get("Contents", ())]
+chunks = [k for k in keys if "/chunks/" in k]
+for k in chunks:  # every object verifies against the digest it is named by
+    frame.verify(s3.get_object(Bucket=bucket, Key=k)["Body"].read(), bytes.fromhex(k.rsplit("/", 1)[1]))
+print(f"bucket {bucket}: {len(chunks)} chunk objects, all verified; metadata: "
+      + ", ".join(k for k in keys if "/meta/" in k))
+EOF
 ckptfs status "$MNT"
 
-step "6. unmount, mount again (nothing cached in the daemon)"
-do_umount
-do_mount
-
-step "7. load the checkpoint back and compare, bit for bit"
-"$PY" - "$MNT/run1/checkpoint-100" "$REF" <<'EOF'
+cat > "$WORK/compare.py" <<'EOF'
 import hashlib, os, sys
 import torch
 from safetensors.torch import load_file
@@ -150,10 +182,25 @@ print("OK" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
 
-step "8. unmount"
+step "6. unmount, mount again (nothing cached in the daemon), load and compare bit for bit"
+do_umount
+do_mount
+"$PY" "$WORK/compare.py" "$MNT/run1/checkpoint-100" "$REF"
+
+step "7. lose the node: unmount, delete the state dir and every local chunk"
+do_umount
+rm -rf "$STATE"
+echo "removed $STATE (catalog, log, the local tier with its chunks)"
+
+step "8. a new node: mount on an empty state dir with the same bucket; load from the remote alone"
+do_mount --remote "$REMOTE"
+grep -h "restored the catalog" "$STATE/ckptfs.log" || true
+"$PY" "$WORK/compare.py" "$MNT/run1/checkpoint-100" "$REF"
+
+step "9. unmount"
 do_umount
 
-step "9. ckptfs fsck --state-dir $STATE"
+step "10. ckptfs fsck --state-dir $STATE"
 ckptfs fsck --state-dir "$STATE"
 
 step "demo finished: every step passed"

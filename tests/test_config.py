@@ -361,3 +361,16 @@ def test_default_state_dir_for_root_or_user(
     monkeypatch.setattr(C.os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert C.default_state_dir() == tmp_path / "xdg" / "ckptfs"
+
+
+def test_the_documented_full_example_is_a_valid_config() -> None:
+    import tomllib
+
+    from ckptfs.config import config_from_dict
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    block = doc.split("## Full example", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
+    cfg = config_from_dict(tomllib.loads(block), "docs/configuration.md")
+    assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]
+    assert [t.name for t in cfg.remote_tiers] == ["s3a"]
+    assert [(p.path, p.durability) for p in cfg.policies] == [("/final", "remote")]

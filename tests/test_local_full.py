@@ -202,3 +202,21 @@ async def test_remote_policy_times_out_with_eio_and_keeps_the_file(tmp_path: Pat
         fs.uploader.clock = skip_backoff
         fs.uploader.kick()
         await wait_backlog_empty(fs)
+
+
+async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_path: Path) -> None:
+    remote = MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [MemoryTier("l"), remote]) as fs:
+        await write_file(fs, b"done", os.urandom(2 * CS))
+        fh = await mkfile(fs, ROOT_INODE, b"saving")
+        await fs.write(fh, 0, os.urandom(CS // 2))  # a save in progress: a buffer in memory
+        assert fs.uploader.saving()
+        assert fs.uploader._limit() == 0  # no upload competes with the save
+        fs.store.waiting_for_room += 1  # ... unless a writer waits for uploads to free room
+        assert fs.uploader._limit() == fs.uploader.concurrency
+        fs.store.waiting_for_room -= 1
+        await fs.flush(fh)
+        await fs.release(fh)
+        assert not fs.uploader.saving()
+        await wait_backlog_empty(fs)  # once the save committed, everything goes up
+        assert len(remote.frames) == 3

@@ -82,18 +82,23 @@ def test_fsck_finds_missing_corrupt_and_orphan_objects_and_repair_uploads_again(
     url, prefix = remote
     client = seaweed.client()
     with mounted(tmp_path, 2, ("--chunk-size", "1MiB", "--remote", url)) as m:
-        files = {"a.bin": os.urandom(3 * MiB), "b.bin": os.urandom(2 * MiB + 5)}
+        text = b"step 100 loss 0.25 lr 3e-4\n" * (MiB // 16)  # 1.6 MiB that lz4 shrinks
+        files = {"a.bin": os.urandom(3 * MiB), "b.bin": os.urandom(2 * MiB + 5), "log.txt": text}
         for name, data in files.items():
             write(m.mountpoint / name, data)
         assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
         m.stop()
 
-        code, out = fsck(m)
+        code, out = fsck(m, "--verify")
         assert code == 0 and "fsck: clean" in out and "checked: remote0" in out, out
 
-        keys = sorted(remote_objects(seaweed, prefix))
-        assert len(keys) == 6
-        missing, corrupt = keys[0], keys[1]
+        objects = remote_objects(seaweed, prefix)
+        keys = sorted(objects)
+        assert len(keys) == 8
+        codecs = {k: frame.parse_header(raw).codec for k, raw in objects.items()}
+        assert frame.Codec.LZ4 in codecs.values(), "no lz4 remote copy: --verify not shown on one"
+        raw_keys = sorted(k for k, c in codecs.items() if c == frame.Codec.RAW)
+        missing, corrupt = raw_keys[0], sorted(k for k, c in codecs.items() if c == frame.Codec.LZ4)[0]
         client.delete_object(Bucket=seaweed.bucket, Key=f"{prefix}/chunks/{missing}")
         client.put_object(Bucket=seaweed.bucket, Key=f"{prefix}/chunks/{corrupt}",
                           Body=os.urandom(4096))
@@ -134,7 +139,6 @@ def test_fsck_finds_missing_corrupt_and_orphan_objects_and_repair_uploads_again(
 
         code, out = fsck(m, "--verify")
         assert code == 0 and "fsck: clean" in out, out
-        m.start()  # mounted() unmounts at the end
     client.close()
 
 
@@ -166,7 +170,6 @@ def test_fsck_reports_an_unreachable_remote_and_changes_nothing(
         code, out = fsck(m, *tier_args, "--remote", dead, "--local-only")
         assert code == 0 and "fsck: clean" in out, out
         assert "remote tier remote0 not checked: skipped (--local-only)" in out, out
-        m.start()
 
 
 def test_fsck_leaves_a_prefix_held_by_a_live_writer_alone(

@@ -418,16 +418,17 @@ class WriterLeases:
                 lease.failing = True
 
     async def run(self) -> None:
-        """The heartbeat: a task in the mount's nursery, cancelled at unmount."""
+        """The heartbeat: a task in the mount's nursery, cancelled at unmount. The first
+        one runs at once (setup, such as a catalog restore, may have taken a while)."""
         if not self.leases:
             return
         while True:
-            await trio.sleep(self.timing.heartbeat_s)
             for lease in self.leases:
                 try:
                     await trio.to_thread.run_sync(lease.heartbeat, limiter=self._limiter)
                 except Exception:  # a bug here must not take the mount down
                     log.exception("writer lease heartbeat of tier %s failed", lease.tier.name)
+            await trio.sleep(self.timing.heartbeat_s)
 
     def release(self) -> None:
         for lease in self.leases:

@@ -37,9 +37,11 @@ RATE_WINDOW_S = 2.0
 # Under a steady stream of commits the backlog is never empty; the snapshot is then
 # retaken this often, so a new node can recover everything uploaded until shortly before.
 SNAPSHOT_INTERVAL_S = 10.0
-# While a save is running, uploads run this many at a time, so they do not take the CPU
-# and disk from the save (its stall); the rest of the time, `concurrency` at once.
-CONCURRENCY_DURING_SAVES = 1
+# While a save is running, uploads wait, so they do not take the CPU and disk from the save
+# (its stall); they start when it has committed, `concurrency` at once. A save longer than
+# MAX_DEFER_S (or a stream of back-to-back saves) gets one upload at a time meanwhile, so
+# the backlog cannot grow without bound.
+MAX_DEFER_S = 30.0
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -71,7 +73,8 @@ class Uploader:
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
-        self.saving = saving  # a save is running: upload gently
+        self.saving = saving  # a save is running: defer uploads
+        self._saving_since: float | None = None
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # monotonic time of the last snapshot
@@ -85,10 +88,17 @@ class Uploader:
         self._wake.set()
 
     def _limit(self) -> int:
-        """How many uploads may run now: few while a save runs, unless someone waits."""
-        if self.saving() and not self._urgent and not self.store.waiting_for_room:
-            return min(self.concurrency, CONCURRENCY_DURING_SAVES)
-        return self.concurrency
+        """How many uploads may start now: none while a save runs (one once it has run for
+        MAX_DEFER_S), unless a writer or a durability policy waits for uploads."""
+        if not self.saving():
+            self._saving_since = None
+            return self.concurrency
+        now = time.monotonic()
+        if self._saving_since is None:
+            self._saving_since = now
+        if self._urgent or self.store.waiting_for_room:
+            return self.concurrency
+        return 0 if now - self._saving_since < MAX_DEFER_S else 1
 
     async def run(self) -> None:
         if not self.store.remotes:
@@ -112,8 +122,8 @@ class Uploader:
                 delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
                 if free <= 0 or delay == 0.0:
                     delay = math.inf if self.running else delay  # a finishing job kicks us
-                if self.saving() and delay == math.inf:
-                    delay = 0.2  # the save's end raises the limit: look again soon
+                if free <= 0 and self.saving():
+                    delay = 0.2  # deferred: the save's end (or its age) raises the limit
                 delay = min(delay, snapshot_retry_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()
