@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mountutil  # noqa: E402
 from mountutil import Mount  # noqa: E402
 
+# The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
+from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: E402, F401
+
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024
 TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")

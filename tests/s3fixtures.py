@@ -1,8 +1,7 @@
 """pytest fixtures for tests against a real S3 server (SeaweedFS, see s3server.py).
 
-Import them into a test module (they are not in conftest.py)::
-
-    from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: F401
+tests/conftest.py imports these fixtures, so one server serves the whole session (a test
+module that imported them itself would get a server of its own)::
 
 ``seaweed``          one SeaweedFS for the whole session (skipped if ``weed`` is missing);
                      a test that stops it must start it again (in a ``finally``)

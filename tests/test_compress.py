@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from s3fixtures import s3_tier_factory, seaweed  # noqa: F401
 from test_upload import wait_backlog_empty
 from test_vfs import make_fs, read_file, write_file
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
-from s3fixtures import remove_prefix, seaweed  # noqa: F401
+from s3fixtures import remove_prefix
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, free_ports
 
 from ckptfs.chunks import frame

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
-from s3fixtures import remove_prefix, s3_tier, s3_tier_factory, seaweed  # noqa: F401
+from s3fixtures import remove_prefix
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import Catalog

@@ -18,7 +18,7 @@ import boto3
 import botocore.exceptions as bce
 import pytest
 import urllib3.exceptions
-from s3fixtures import remove_prefix, s3_tier, s3_tier_factory, seaweed  # noqa: F401
+from s3fixtures import remove_prefix
 from s3server import (
     ACCESS_KEY,
     READER_ACCESS_KEY,

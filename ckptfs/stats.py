@@ -1,0 +1,130 @@
+"""Live statistics of a running daemon: per-tier read speed and health, integrity counters.
+
+Worker threads update them (under one lock); the daemon writes a JSON snapshot to
+``STATE_DIR/stats.json`` about once a second, which ``ckptfs status`` reads. The read path
+orders tiers by the expected time of a read from these moving averages, so "fastest"
+follows what the devices really do, not only their kind or config order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EWMA = 0.2  # weight of the newest observation
+BIG_READ = 1 << 20  # reads at least this large measure throughput; smaller ones, latency
+# Starting guesses until a tier has been measured: a local device, an object store.
+PRIOR = {"local": (0.0002, 1 / 2e9), "remote": (0.03, 1 / 3e8)}
+
+
+@dataclass
+class TierStats:
+    name: str
+    kind: str
+    latency_s: float
+    s_per_byte: float
+    reads: int = 0
+    read_bytes: int = 0
+    errors: int = 0
+    degraded: str | None = None  # why the tier is avoided (an I/O error, a missing dir)
+    degraded_since: float | None = None
+
+    def expected_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes * self.s_per_byte
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "kind": self.kind, "reads": self.reads,
+            "read_bytes": self.read_bytes, "errors": self.errors,
+            "latency_ms": round(self.latency_s * 1e3, 3),
+            "read_mb_s": round(1 / self.s_per_byte / 1e6, 1) if self.s_per_byte > 0 else None,
+            "state": "degraded" if self.degraded else "healthy",
+            "degraded_reason": self.degraded,
+        }
+
+
+@dataclass
+class Stats:
+    tiers: dict[str, TierStats] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add_tier(self, name: str, kind: str) -> None:
+        lat, spb = PRIOR["local" if kind == "local" else "remote"]
+        self.tiers[name] = TierStats(name, kind, lat, spb)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0) + n
+
+    def get(self, name: str) -> int:
+        return self.counters.get(name, 0)
+
+    def record_read(self, tier: str, nbytes: int, seconds: float) -> None:
+        t = self.tiers.get(tier)
+        if t is None:
+            return
+        with self._lock:
+            t.reads += 1
+            t.read_bytes += nbytes
+            if nbytes >= BIG_READ:
+                spb = max(seconds - t.latency_s, seconds / 2) / nbytes
+                t.s_per_byte += EWMA * (spb - t.s_per_byte)
+            else:
+                t.latency_s += EWMA * (seconds - t.latency_s)
+
+    def record_error(self, tier: str, why: str) -> None:
+        t = self.tiers.get(tier)
+        if t is None:
+            return
+        with self._lock:
+            t.errors += 1
+            if t.degraded is None:
+                t.degraded_since = time.time()
+            t.degraded = why[:300]
+
+    def record_ok(self, tier: str) -> None:
+        t = self.tiers.get(tier)
+        if t is not None and t.degraded is not None:
+            with self._lock:
+                t.degraded = None
+                t.degraded_since = None
+
+    def is_degraded(self, tier: str) -> bool:
+        t = self.tiers.get(tier)
+        return t is not None and t.degraded is not None
+
+    def read_order(self, names: list[str], nbytes: int) -> list[str]:
+        """The tiers to try for a read of ``nbytes``: healthy before degraded, then by the
+        expected time from their measured latency and throughput."""
+        def key(n: str) -> tuple[bool, float]:
+            t = self.tiers.get(n)
+            return (True, float("inf")) if t is None else (t.degraded is not None, t.expected_s(nbytes))
+        return sorted(names, key=key)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            tiers = [t.as_dict() for t in self.tiers.values()]
+            counters = dict(sorted(self.counters.items()))
+        order = self.read_order(list(self.tiers), 16 << 20)
+        return {"time": time.time(), "pid": os.getpid(), "tiers": tiers,
+                "read_order_16mib": order, "counters": counters}
+
+    def write(self, path: Path) -> None:
+        """Blocking: replace ``path`` with the current snapshot (atomically)."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.snapshot(), indent=1) + "\n")
+        os.replace(tmp, path)
+
+
+def read_stats(state_dir: Path) -> dict[str, Any] | None:
+    """The last snapshot a daemon wrote for this state dir (None if there is none)."""
+    try:
+        return dict(json.loads((state_dir / "stats.json").read_text()))
+    except (FileNotFoundError, ValueError):
+        return None
