@@ -135,6 +135,10 @@ class Config:
     remote_copies: int = 1  # how many remote tiers hold each chunk
     upload_concurrency: int = 8  # uploads in flight at once
     remote_compression: str = "auto"  # one of REMOTE_COMPRESSION_MODES
+    # Reads: bytes fetched ahead of each sequential reader (0: none), and when a chunk read
+    # from a remote tier only is written to a local tier too.
+    readahead: int = 32 * MiB
+    copy_back: str = "sequential"
     # When the local tiers are full of chunks not yet on a remote: wait for uploads to
     # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
     on_local_full: str = "block"
@@ -154,7 +158,7 @@ class Config:
 _TOP_KEYS = {
     "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
     "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
-    "remote_compression",
+    "remote_compression", "readahead", "copy_back",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
@@ -488,6 +492,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
             f"remote_compression: expected one of {', '.join(REMOTE_COMPRESSION_MODES)}, "
             f"got {remote_compression!r}"
         )
+    readahead = parse_size(data.get("readahead", 32 * MiB), "readahead")
+    if readahead > 4 * GiB:
+        raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
+    copy_back = _choice(data.get("copy_back", "sequential"), "copy_back",
+                        ("sequential", "always", "never"))
     on_local_full = _choice(data.get("on_local_full", "block"), "on_local_full", _ON_LOCAL_FULL)
     local_full_timeout_s = _seconds(
         data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
@@ -517,6 +526,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         remote_copies=remote_copies,
         upload_concurrency=upload_concurrency,
         remote_compression=remote_compression,
+        readahead=readahead,
+        copy_back=copy_back,
         on_local_full=on_local_full,
         local_full_timeout_s=local_full_timeout_s,
         policies=policies,

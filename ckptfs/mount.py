@@ -337,7 +337,8 @@ def _serve_tiers(
             io_threads=cfg.io_threads, invalidate=_invalidate_inode,
             remote_copies=cfg.remote_copies, upload_concurrency=cfg.upload_concurrency,
             on_local_full=cfg.on_local_full, local_full_timeout_s=cfg.local_full_timeout_s,
-            policies=cfg.policies,
+            policies=cfg.policies, stats_path=cfg.state_dir / "stats.json",
+            readahead=cfg.readahead, copy_back=cfg.copy_back,
             remote_compression=cfg.remote_compression,
         )
         options = set(pyfuse3.default_options)

@@ -6,12 +6,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .catalog import Catalog
 from .catalog.catalog import Backlog
 from .config import default_state_dir
 from .errors import CkptfsError, InvalidArgument
-from .mount import FSTYPE, find_mount
+from .mount import FSTYPE, find_mount, read_pid
+from .stats import read_stats
 
 SYNC_POLL_S = 0.1
 
@@ -123,14 +125,49 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
         catalog.close()
 
 
+def live_stats(state_dir: Path) -> dict[str, Any] | None:
+    """The running daemon's statistics (None if no daemon runs for this state dir)."""
+    stats = read_stats(state_dir)
+    if stats is None or read_pid(state_dir) != stats.get("pid"):
+        return None
+    return stats
+
+
+def describe_tier(t: dict[str, str], live: dict[str, Any] | None) -> str:
+    where = t.get("path") or t.get("url") or ""
+    text = f"tier {t['name']}: {t.get('kind', 'local')} {where}"
+    if live is None:
+        return text
+    s = live.get(t["name"])
+    if s is None:
+        return text
+    text += f" - {s['state']}"
+    if s.get("degraded_reason"):
+        text += f" ({s['degraded_reason']})"
+    speed = f"{s['read_mb_s']} MB/s" if s.get("read_mb_s") else "?"
+    text += f"; reads {s['reads']} ({s['read_bytes'] / 2**20:.0f} MiB), {speed}, latency {s['latency_ms']} ms"
+    if s.get("errors"):
+        text += f", {s['errors']} error(s)"
+    return text
+
+
 def cmd_status(path: Path | None, state_dir: str | None) -> int:
     sd = resolve_state_dir(path, state_dir)
     catalog = open_catalog(sd)
     try:
         print(f"state dir: {sd}")
+        stats = live_stats(sd)
+        per_tier = None if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         for t in catalog.recorded_tiers():
-            where = t.get("path") or t.get("url") or ""
-            print(f"tier {t['name']}: {t.get('kind', 'local')} {where}")
+            print(describe_tier(t, per_tier))
+        if stats is not None:
+            print("read order (fastest valid copy first, measured): "
+                  + " > ".join(stats.get("read_order_16mib", [])))
+            counters = stats.get("counters", {})
+            if counters:
+                print("counters: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
+        else:
+            print("daemon: not running (no live statistics)")
         if remote_tier_names(catalog):
             print(describe(catalog.backlog(), upload_rate(catalog)))
             rate = upload_rate(catalog)

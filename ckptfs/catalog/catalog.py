@@ -740,6 +740,37 @@ class Catalog:
         )
         return tuple(str(r[0]) for r in rows)
 
+    # -- self-healing ------------------------------------------------------------------------
+
+    def mark_replica_bad(self, digest: bytes, tier: str) -> None:
+        """A read found this copy missing or corrupt: readers skip it until it is healed."""
+        with self._tx() as c:
+            c.execute(
+                "UPDATE replicas SET state='bad' WHERE digest=? AND tier=?", (digest, tier)
+            )
+
+    def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
+        """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
+        False if the chunk was dropped meanwhile: the caller deletes the copy it made."""
+        with self._tx() as c:
+            if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
+                return False
+            c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
+            return True
+
+    def requeue_upload(self, digest: bytes, tier: str) -> bool:
+        """Copy a chunk to a remote tier again (its copy there is missing or corrupt)."""
+        with self._tx() as c:
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+            if row is None:
+                return False
+            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+            c.execute(
+                "INSERT OR IGNORE INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                "VALUES (?, ?, ?, ?)", (digest, tier, int(row[0]), time.time_ns()),
+            )
+            return True
+
     # -- fsck --------------------------------------------------------------------------------
 
     def replica_keys(self, tier: str) -> set[bytes]:

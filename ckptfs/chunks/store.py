@@ -17,12 +17,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import trio
 
 from ..catalog import Catalog, ChunkRef
 from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, TierError
+from ..stats import Stats
 from ..tiers.base import Tier
 from . import frame
 
@@ -38,6 +40,17 @@ class _Flight:
         self.done = trio.Event()
         self.data: frame.Buffer | None = None
         self.error: CkptfsError | None = None
+
+
+@dataclass
+class _Fetched:
+    """What a fetch found: the verified plaintext and its tier, and the copies to heal."""
+
+    data: frame.Buffer | None = None
+    source: str | None = None
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (tier, missing|corrupt)
+    problems: list[str] = field(default_factory=list)
+    refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
 
 
 class ChunkStore:
@@ -73,6 +86,13 @@ class ChunkStore:
         self.evicted_bytes = 0
         self.waiting_for_room = 0  # writers blocked until uploads free local space
         self._room_gen = 0  # bumped whenever room may have been freed
+        self.stats = Stats()
+        for t in tiers:
+            self.stats.add_tier(t.name, t.kind)
+        self._nursery: trio.Nursery | None = None
+        self._healing: set[bytes] = set()
+        self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
+        self.on_requeue: Callable[[], None] | None = None  # tell the uploader of new jobs
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -83,6 +103,7 @@ class ChunkStore:
             t for t in self.local.values()
             if now - self._unhealthy.get(t.name, -1e9) > _UNHEALTHY_RETRY_S
             and now - self._full.get(t.name, -1e9) > 1.0
+            and not self.stats.is_degraded(t.name)  # reads failed there: a device going bad
         ]
         # Ties (nothing queued) go round-robin by weight: each placement advances the
         # chosen tier's pass by size/weight (stride scheduling).
@@ -310,9 +331,11 @@ class ChunkStore:
         """True if reading this chunk costs no new device read (cached or being fetched)."""
         return digest in self._cache or digest in self._flights
 
-    async def read(self, ref: ChunkRef) -> frame.Buffer:
+    async def read(self, ref: ChunkRef, copy_back: bool = False) -> frame.Buffer:
         """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
-        tier holds a valid copy."""
+        tier holds a valid copy. Copies found missing or corrupt on the way are marked bad
+        and healed in the background; with ``copy_back``, a chunk read from a remote tier
+        only is also written to a local tier (a sequential restore stages the file)."""
         data = self._cache.get(ref.digest)
         if data is not None:
             self._cache.move_to_end(ref.digest)
@@ -322,19 +345,26 @@ class ChunkStore:
             flight = _Flight()
             self._flights[ref.digest] = flight
             try:
-                try:
-                    flight.data = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
-                except ChunkMissing:
+                got = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
+                if got.data is None and got.refresh:
                     # The caller's idea of where the chunk lives may be old (an upload added
                     # a remote copy, an eviction removed a local one): ask the catalog.
                     tiers = await trio.to_thread.run_sync(
                         self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
                     )
-                    if not tiers or set(tiers) <= set(ref.tiers):
-                        raise
-                    fresh = ChunkRef(ref.digest, ref.length, tiers)
-                    flight.data = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
-                self._cache_put(ref.digest, flight.data)
+                    if tiers and not set(tiers) <= set(ref.tiers):
+                        fresh = ChunkRef(ref.digest, ref.length, tiers)
+                        again = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
+                        again.failures[:0] = got.failures
+                        again.problems[:0] = got.problems
+                        got = again
+                if got.data is None:
+                    raise ChunkMissing(
+                        f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
+                    )
+                flight.data = got.data
+                self._cache_put(ref.digest, got.data)
+                self._after_read(ref, got, copy_back)
             except CkptfsError as exc:
                 log.error("%s", exc)
                 flight.error = exc
@@ -348,31 +378,149 @@ class ChunkStore:
         assert flight.data is not None
         return flight.data
 
-    def _fetch(self, ref: ChunkRef) -> frame.Buffer:
-        """Blocking: try each tier holding the chunk; verify; fall back on miss or damage."""
-        problems = []
+    def _fetch(self, ref: ChunkRef) -> _Fetched:
+        """Blocking: try the tiers holding the chunk, the fastest first (measured); verify;
+        fall back on a miss, damage or an I/O error, noting which copies need healing."""
+        got = _Fetched()
         names = list(ref.tiers) or list(self.local)
-        names.sort(key=lambda n: (self.tiers[n].kind != "local") if n in self.tiers else True)
-        for name in names:
+        got.refresh = True
+        for name in self.stats.read_order(names, ref.length):
             tier = self.tiers.get(name)
             if tier is None:
-                problems.append(f"{name}: tier not configured")
+                got.problems.append(f"{name}: tier not configured")
                 continue
+            started = time.perf_counter()
             try:
                 raw = tier.get(ref.key)
-                if raw is None:
-                    problems.append(f"{name}: missing")
-                    continue
-                data = frame.decode_view(raw, ref.digest)
-            except (TierError, CorruptChunk) as exc:
+            except TierError as exc:
                 log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
-                problems.append(f"{name}: {exc}")
+                self.stats.record_error(name, str(exc))
+                got.failures.append((name, "error"))
+                got.problems.append(f"{name}: {exc}")
                 continue
-            if len(data) != ref.length:
-                problems.append(f"{name}: length {len(data)} != {ref.length}")
+            if raw is None:
+                self.stats.count("missing_copies")
+                got.failures.append((name, "missing"))
+                got.problems.append(f"{name}: missing")
                 continue
-            return data
-        raise ChunkMissing(f"no valid copy of chunk {ref.key[:16]} ({'; '.join(problems)})")
+            self.stats.record_read(name, len(raw), time.perf_counter() - started)
+            self.stats.record_ok(name)
+            try:
+                data = frame.decode_view(raw, ref.digest)
+                if len(data) != ref.length:
+                    raise CorruptChunk(f"length {len(data)} != {ref.length}")
+            except CorruptChunk as exc:
+                log.error("chunk %s on tier %s is corrupt: %s", ref.key[:16], name, exc)
+                self.stats.count("integrity_failures")
+                got.failures.append((name, "corrupt"))
+                got.problems.append(f"{name}: {exc}")
+                continue
+            got.data, got.source = data, name
+            got.refresh = False
+            return got
+        return got
+
+    # -- healing and copy-back ---------------------------------------------------------------
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where background heals and copy-backs run (the mount's nursery)."""
+        self._nursery = nursery
+
+    def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
+        if self._nursery is None or got.data is None or got.source is None:
+            return
+        bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
+        failed = {t for t, _ in got.failures}
+        remote_only = got.source not in self.local and not any(
+            t in self.local for t in ref.tiers if t not in failed
+        )
+        if not bad and not (copy_back and remote_only):
+            return
+        if ref.digest in self._healing:
+            return
+        self._healing.add(ref.digest)
+        self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
+
+    async def _heal(
+        self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]], copy_back: bool
+    ) -> None:
+        """Repair the copies a read found missing or corrupt from the good bytes it got:
+        a local copy is written again (verified), a remote one is uploaded again."""
+        try:
+            # Only copies the catalog still lists are damage: a copy evicted (or a chunk
+            # deleted) since the caller looked up the chunk is simply gone.
+            listed = set(await trio.to_thread.run_sync(
+                self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+            ))
+            bad = [(n, why) for n, why in bad if n in listed]
+            usable = {n for n in listed - {b for b, _ in bad} if not self.stats.is_degraded(n)}
+            copy_back = copy_back and not any(n in self.local for n in usable)
+            if not bad and not copy_back:
+                return
+            for name, why in bad:
+                await trio.to_thread.run_sync(
+                    self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
+                )
+                log.warning("chunk %s: copy on tier %s %s; healing it", ref.key[:16], name, why)
+            local_bad = [n for n, _ in bad if n in self.local]
+            remote_bad = [n for n, _ in bad if n not in self.local]
+            if local_bad or copy_back or remote_bad:
+                placed = await trio.to_thread.run_sync(
+                    self._write_local_copy, ref, data, local_bad, limiter=self._bg
+                )
+                if placed is not None:
+                    self.stats.count("copy_backs" if copy_back and not local_bad else "heals")
+                    log.info("chunk %s: valid copy written to local tier %s", ref.key[:16], placed)
+                elif local_bad:
+                    self.stats.count("heal_failures")
+            for name in remote_bad:
+                if await trio.to_thread.run_sync(
+                    self.catalog.requeue_upload, ref.digest, name, limiter=self.db_limiter
+                ):
+                    self.stats.count("heals")
+                    log.info("chunk %s: upload to tier %s queued again", ref.key[:16], name)
+                    if self.on_requeue is not None:
+                        self.on_requeue()
+        except CkptfsError as exc:
+            self.stats.count("heal_failures")
+            log.warning("chunk %s: heal failed: %s", ref.key[:16], exc)
+        finally:
+            self._healing.discard(ref.digest)
+
+    def _write_local_copy(
+        self, ref: ChunkRef, data: frame.Buffer, prefer: list[str]
+    ) -> str | None:
+        """Blocking: put a verified frame of ``data`` on a local tier (``prefer``red ones
+        first, e.g. the one whose copy was bad) and record it; None if none has room."""
+        digest = ref.digest
+        framed = frame.encode([data], digest)
+        size = sum(len(p) for p in framed)
+        self._pin(digest)  # garbage collection must not drop the chunk under us
+        try:
+            placed = None
+            for name in prefer:
+                tier = self.local[name]
+                if self.stats.is_degraded(name):
+                    continue
+                try:
+                    tier.put(ref.key, framed)
+                    tier.verify(ref.key, digest)
+                except (TierError, CorruptChunk, ChunkMissing) as exc:
+                    log.warning("chunk %s: rewriting on tier %s failed: %s", ref.key[:16], name, exc)
+                    continue
+                placed = name
+                break
+            if placed is None:
+                try:
+                    placed = self._put_somewhere(digest, framed, size)
+                except (NoSpace, TierError):
+                    return None  # no room: the chunk stays on the remote, reads still work
+            if not self.catalog.add_replica_if_known(digest, placed):
+                self.local[placed].delete(ref.key)  # the chunk was deleted meanwhile
+                return None
+            return placed
+        finally:
+            self.unpin([digest])
 
     # -- garbage collection ------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -30,6 +31,7 @@ log = logging.getLogger("ckptfs.vfs")
 T = TypeVar("T")
 
 NAME_MAX = 255
+STATS_INTERVAL_S = 1.0
 
 
 def _check_name(name: bytes) -> bytes:
@@ -82,6 +84,9 @@ class Filesystem:
         on_local_full: str = "block",
         local_full_timeout_s: float = 600.0,
         policies: tuple[DurabilityPolicy, ...] = (),
+        stats_path: Path | None = None,
+        readahead: int = 32 * 1024 * 1024,
+        copy_back: str = "sequential",
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
@@ -100,6 +105,9 @@ class Filesystem:
             saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
         )
         self.policies = policies
+        self.stats_path = stats_path
+        self.readahead = readahead
+        self.copy_back = copy_back
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -111,7 +119,23 @@ class Filesystem:
         """Give the filesystem the mount's nursery for its chunk writes, prefetches and
         the upload queue (which replays the jobs left by an earlier run at once)."""
         self._nursery = nursery
+        self.store.attach(nursery)
+        self.store.on_requeue = self.uploader.kick
         nursery.start_soon(self.uploader.run)
+        if self.stats_path is not None:
+            nursery.start_soon(self._publish_stats, self.stats_path)
+
+    async def _publish_stats(self, path: Path) -> None:
+        """Write the live statistics for `ckptfs status` about once a second."""
+        stats = self.store.stats
+        while True:
+            stats.counters["evicted_bytes"] = self.store.evicted_bytes
+            stats.counters["uploaded_bytes"] = self.uploader.uploaded_bytes
+            try:
+                await trio.to_thread.run_sync(stats.write, path)
+            except OSError as exc:
+                log.warning("could not write %s: %s", path, exc)
+            await trio.sleep(STATS_INTERVAL_S)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
@@ -143,6 +167,7 @@ class Filesystem:
             store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
             chunk_size=self.chunk_size, db_limiter=self.db_limiter, invalidate=self.invalidate,
             remote_copies=self.remote_copies, on_commit=self.uploader.kick,
+            readahead=self.readahead, copy_back=self.copy_back,
         )
 
     # -- attributes --------------------------------------------------------------------------

@@ -77,6 +77,10 @@ class Services:
     # Remote replication: how many remote tiers hold each chunk, and who to tell of a commit.
     remote_copies: int = 1
     on_commit: Callable[[], None] | None = None
+    # Reads: bytes fetched ahead of a sequential reader; when a chunk read from a remote
+    # tier only is copied to a local one ("sequential", "always", "never").
+    readahead: int = READAHEAD_BYTES
+    copy_back: str = "sequential"
 
 
 class OpenFile:
@@ -339,28 +343,46 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    self._readahead(idx)
-                    data = await self.svc.store.read(ref)
+                    sequential = self._readahead(idx)
+                    try:
+                        data = await self.svc.store.read(ref, self._copy_back(sequential))
+                    except CkptfsError as exc:
+                        await self._log_read_error(base + lo, idx, exc)
+                        raise
                     piece = bytes(memoryview(data)[lo:hi])
             if len(piece) < hi - lo:
                 piece += bytes(hi - lo - len(piece))  # past the chunk's data: a hole
             out.append(piece)
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def _readahead(self, idx: int) -> None:
-        """On a sequential pattern, fetch the next chunks in parallel into the cache."""
-        sequential = idx in (self._last_read_idx, self._last_read_idx + 1)
+    def _copy_back(self, sequential: bool) -> bool:
+        mode = self.svc.copy_back
+        return mode == "always" or (mode == "sequential" and sequential)
+
+    async def _log_read_error(self, offset: int, idx: int, exc: CkptfsError) -> None:
+        path = await trio.to_thread.run_sync(
+            self.svc.catalog.path_of, self.ino, limiter=self.svc.db_limiter
+        )
+        log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
+
+    def _readahead(self, idx: int) -> bool:
+        """On a sequential pattern (the first chunk counts), fetch the next chunks in
+        parallel into the cache. Returns whether the read is sequential."""
+        sequential = idx in (self._last_read_idx, self._last_read_idx + 1) or (
+            idx == 0 and self._last_read_idx == -2
+        )
         self._last_read_idx = idx
-        if not sequential:
-            return
+        if not sequential or self.svc.readahead <= 0:
+            return sequential
         store = self.svc.store
-        for nxt in range(idx + 1, idx + 1 + max(1, READAHEAD_BYTES // self.cs)):
+        for nxt in range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)):
             ref = self._ref(nxt)
             if ref is None or nxt in self.dirty or nxt in self.inflight or store.cached(ref.digest):
                 continue
             self.svc.nursery.start_soon(self._prefetch, ref)
+        return sequential
 
     async def _prefetch(self, ref: ChunkRef) -> None:
         # The reader that needs this chunk will see (and log) any error itself.
         with contextlib.suppress(CkptfsError):
-            await self.svc.store.read(ref)
+            await self.svc.store.read(ref, self._copy_back(True))
