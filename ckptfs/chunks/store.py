@@ -465,9 +465,22 @@ class ChunkStore:
             local_bad = [n for n, _ in bad if n in self.local]
             remote_bad = [n for n, _ in bad if n not in self.local]
             if local_bad or copy_back or remote_bad:
-                placed = await trio.to_thread.run_sync(
-                    self._write_local_copy, ref, data, local_bad, limiter=self._bg
-                )
+                self._pin(ref.digest)  # garbage collection must not drop the chunk under us
+                try:
+                    placed = await trio.to_thread.run_sync(
+                        self._write_local_copy, ref, data, local_bad, limiter=self._bg
+                    )
+                    if placed is not None and not await trio.to_thread.run_sync(
+                        self.catalog.add_replica_if_known, ref.digest, placed,
+                        limiter=self.db_limiter,
+                    ):
+                        # The chunk was deleted meanwhile: remove the copy just made.
+                        await trio.to_thread.run_sync(
+                            self.local[placed].delete, ref.key, limiter=self._bg
+                        )
+                        placed = None
+                finally:
+                    self.unpin([ref.digest])
                 if placed is not None:
                     self.stats.count("copy_backs" if copy_back and not local_bad else "heals")
                     log.info("chunk %s: valid copy written to local tier %s", ref.key[:16], placed)
@@ -490,37 +503,26 @@ class ChunkStore:
     def _write_local_copy(
         self, ref: ChunkRef, data: frame.Buffer, prefer: list[str]
     ) -> str | None:
-        """Blocking: put a verified frame of ``data`` on a local tier (``prefer``red ones
-        first, e.g. the one whose copy was bad) and record it; None if none has room."""
+        """Blocking (no catalog access): put a verified frame of ``data`` on a local tier,
+        ``prefer``red ones first (the one whose copy was bad); None if none has room."""
         digest = ref.digest
         framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
-        self._pin(digest)  # garbage collection must not drop the chunk under us
+        for name in prefer:
+            tier = self.local[name]
+            if self.stats.is_degraded(name):
+                continue
+            try:
+                tier.put(ref.key, framed)
+                tier.verify(ref.key, digest)
+            except (TierError, CorruptChunk, ChunkMissing) as exc:
+                log.warning("chunk %s: rewriting on tier %s failed: %s", ref.key[:16], name, exc)
+                continue
+            return name
         try:
-            placed = None
-            for name in prefer:
-                tier = self.local[name]
-                if self.stats.is_degraded(name):
-                    continue
-                try:
-                    tier.put(ref.key, framed)
-                    tier.verify(ref.key, digest)
-                except (TierError, CorruptChunk, ChunkMissing) as exc:
-                    log.warning("chunk %s: rewriting on tier %s failed: %s", ref.key[:16], name, exc)
-                    continue
-                placed = name
-                break
-            if placed is None:
-                try:
-                    placed = self._put_somewhere(digest, framed, size)
-                except (NoSpace, TierError):
-                    return None  # no room: the chunk stays on the remote, reads still work
-            if not self.catalog.add_replica_if_known(digest, placed):
-                self.local[placed].delete(ref.key)  # the chunk was deleted meanwhile
-                return None
-            return placed
-        finally:
-            self.unpin([digest])
+            return self._put_somewhere(digest, framed, size)
+        except (NoSpace, TierError):
+            return None  # no room: the chunk stays on the remote, reads still work
 
     # -- garbage collection ------------------------------------------------------------------
 
