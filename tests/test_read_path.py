@@ -10,7 +10,7 @@ from test_vfs import CS, make_fs, read_file, write_file
 
 from ckptfs.chunks import frame
 from ckptfs.stats import Stats
-from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.testing.tiers import MemoryTier
 
 
 def test_read_order_follows_measured_speed_and_health() -> None:
