@@ -70,6 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state-dir", metavar="DIR", help="without PATH: the whole state dir")
     s.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 1)")
 
+    pf = sub.add_parser(
+        "prefetch", help="stage files (e.g. a checkpoint dir) from the remote into the local tiers"
+    )
+    pf.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                    help="files or directories in a ckptfs mount")
+    pf.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 1)")
+    pf.add_argument("--jobs", "-j", type=int, default=4, metavar="N",
+                    help="files read at once (default 4)")
+
+    ls = sub.add_parser("ls", help="the checkpoints under PATH (a table, or --json)")
+    ls.add_argument("path", type=Path, help="a directory in a ckptfs mount")
+    ls.add_argument("--json", action="store_true")
+    sh = sub.add_parser("show", help="one checkpoint: state, files, sizes, tiers, timings")
+    sh.add_argument("path", type=Path, help="a checkpoint (directory or file) in a ckptfs mount")
+    sh.add_argument("--json", action="store_true")
+    la = sub.add_parser("latest", help="print the newest committed, complete checkpoint under RUN_DIR")
+    la.add_argument("path", type=Path, metavar="RUN_DIR")
+    tg = sub.add_parser("tag", help="tag a checkpoint (e.g. milestone: kept by retention)")
+    tg.add_argument("path", type=Path, metavar="CKPT")
+    tg.add_argument("tag")
+    vf = sub.add_parser(
+        "verify", help="read a checkpoint as a restore would, check every digest, report speed"
+    )
+    vf.add_argument("path", type=Path, metavar="CKPT")
+
     st = sub.add_parser("status", help="tiers and remote backlog of a ckptfs state dir")
     st.add_argument("path", nargs="?", type=Path, help="a path in a ckptfs mount")
     st.add_argument("--state-dir", metavar="DIR")
@@ -190,10 +215,31 @@ def cmd_umount(args: argparse.Namespace) -> int:
         return 1
     if state_dir is None or not (state_dir / "lock").exists():
         return 0
-    if wait_unlocked(state_dir, args.timeout):
+    deadline = time.monotonic() + args.timeout
+    # The daemon releases its state lock last, then its process exits: wait for both, so
+    # that a caller may start a new daemon on this state dir (or stop the machine) at once.
+    if wait_unlocked(state_dir, args.timeout) and (
+        pid is None or _wait_exit(pid, max(0.0, deadline - time.monotonic()))
+    ):
         return 0
     print(f"ckptfs: daemon (pid {pid}) still running after {args.timeout:.0f}s", file=sys.stderr)
     return 1
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait until process ``pid`` is gone (a zombie counts as gone)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)  # the daemon is not our child: poll its /proc entry
 
 
 def cmd_fsck(args: argparse.Namespace) -> int:
@@ -236,6 +282,22 @@ def main(argv: list[str] | None = None) -> int:
             from .remote_cli import cmd_sync
 
             return cmd_sync(args.path, args.state_dir, args.timeout)
+        if args.command == "prefetch":
+            from .prefetch import cmd_prefetch
+
+            return cmd_prefetch(args.paths, args.timeout, args.jobs)
+        if args.command in ("ls", "show", "latest", "tag", "verify"):
+            from .checkpoints import commands
+
+            if args.command == "ls":
+                return commands.cmd_ls(args.path, args.json)
+            if args.command == "show":
+                return commands.cmd_show(args.path, args.json)
+            if args.command == "latest":
+                return commands.cmd_latest(args.path)
+            if args.command == "tag":
+                return commands.cmd_tag(args.path, args.tag)
+            return commands.cmd_verify(args.path)
         if args.command == "status":
             from .remote_cli import cmd_status
 

@@ -19,9 +19,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import (
     AlreadyExists,
+    CkptfsError,
     InvalidArgument,
     IsADirectory,
     NotADirectory,
@@ -87,6 +89,19 @@ CREATE TABLE IF NOT EXISTS upload_jobs (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
+-- Checkpoints the detectors found (checkpoints/detectors.py): a directory or a file, by path
+-- inside the mount. state: writing | committed | partial | expired | deleted.
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    root       TEXT NOT NULL UNIQUE,
+    framework  TEXT NOT NULL,
+    step       INTEGER,
+    state      TEXT NOT NULL,
+    begin_ns   INTEGER,
+    commit_ns  INTEGER,
+    reason     TEXT,
+    tags       TEXT NOT NULL DEFAULT ''
+);
 """
 
 
@@ -770,6 +785,95 @@ class Catalog:
                 "VALUES (?, ?, ?, ?)", (digest, tier, int(row[0]), time.time_ns()),
             )
             return True
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def resolve(self, path: str) -> Inode | None:
+        """The inode at ``path`` (absolute inside the mount), or None."""
+        ino = ROOT_INODE
+        for part in [p for p in path.split("/") if p]:
+            row = self.conn.execute(
+                "SELECT ino FROM dentries WHERE parent=? AND name=?", (ino, part.encode())
+            ).fetchone()
+            if row is None:
+                return None
+            ino = int(row[0])
+        try:
+            return self.get_inode(ino)
+        except CkptfsError:
+            return None
+
+    def list_names(self, ino: int) -> list[str]:
+        return [
+            bytes(r[0]).decode(errors="surrogateescape")
+            for r in self.conn.execute("SELECT name FROM dentries WHERE parent=? ORDER BY id", (ino,))
+        ]
+
+    def checkpoint_begin(self, root: str, framework: str, step: int | None, t_ns: int) -> bool:
+        """A checkpoint is being written. A committed or partial one at the same path that
+        is written again (an overwrite) starts over. True if the row changed."""
+        with self._tx() as c:
+            row = c.execute("SELECT state FROM checkpoints WHERE root=?", (root,)).fetchone()
+            if row is not None and row[0] == "writing":
+                return False
+            c.execute(
+                "INSERT INTO checkpoints (root, framework, step, state, begin_ns) "
+                "VALUES (?, ?, ?, 'writing', ?) ON CONFLICT (root) DO UPDATE SET "
+                "framework=excluded.framework, step=excluded.step, state='writing', "
+                "begin_ns=excluded.begin_ns, commit_ns=NULL, reason=NULL",
+                (root, framework, step, t_ns),
+            )
+            return True
+
+    def checkpoint_commit(
+        self, root: str, framework: str, step: int | None, t_ns: int, reason: str
+    ) -> None:
+        with self._tx(touch=True) as c:
+            c.execute(
+                "INSERT INTO checkpoints (root, framework, step, state, begin_ns, commit_ns, reason) "
+                "VALUES (?, ?, ?, 'committed', ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
+                "framework=excluded.framework, step=coalesce(excluded.step, step), "
+                "state='committed', begin_ns=coalesce(begin_ns, excluded.begin_ns), "
+                "commit_ns=excluded.commit_ns, reason=excluded.reason",
+                (root, framework, step, t_ns, t_ns, reason),
+            )
+
+    def checkpoint_set_state(self, root: str, state: str, reason: str | None = None) -> None:
+        with self._tx(touch=True) as c:
+            c.execute(
+                "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
+                (state, reason, root),
+            )
+
+    def checkpoint_tag(self, root: str, tag: str) -> bool:
+        with self._tx(touch=True) as c:
+            row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (root,)).fetchone()
+            if row is None:
+                return False
+            tags = {t for t in str(row[0]).split(",") if t} | {tag}
+            c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), root))
+            return True
+
+    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
+        """Checkpoint rows at or under ``under``, oldest first."""
+        prefix = under.rstrip("/")
+        rows = self.conn.execute(
+            "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
+            "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
+            (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
+        ).fetchall()
+        keys = ("id", "root", "framework", "step", "state", "begin_ns", "commit_ns", "reason", "tags")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def rename_checkpoints(self, old: str, new: str) -> None:
+        """A directory or file was renamed: checkpoints at or under it move with it."""
+        with self._tx() as c:
+            for cid, root in c.execute(
+                "SELECT id, root FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ?",
+                (old, len(old) + 1, old + "/"),
+            ).fetchall():
+                c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (new + str(root)[len(old):], cid))
+                c.execute("UPDATE checkpoints SET root=? WHERE id=?", (new + str(root)[len(old):], cid))
 
     # -- fsck --------------------------------------------------------------------------------
 

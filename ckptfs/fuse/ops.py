@@ -214,18 +214,22 @@ class FuseOps(pyfuse3.Operations):
         out.f_namemax = s.name_max
         return out
 
-    # Extended attributes are not stored (yet): say so cleanly.
+    # Extended attributes: only ckptfs's own, on checkpoints (``user.ckptfs.*``); others are
+    # not stored and are refused cleanly.
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        await self.fs.setxattr(inode, name, value)
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = await self.fs.getxattr(inode, name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
 
     @boundary
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return []
+        return await self.fs.listxattr(inode)
 
     @boundary
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:

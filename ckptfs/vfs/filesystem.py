@@ -8,9 +8,11 @@ work in the ChunkStore's threads; nothing here blocks the trio loop.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +21,18 @@ from typing import Any, TypeVar
 import trio
 
 from ..catalog import Catalog, ChunkRef, Inode
+from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
+from ..checkpoints.tracker import CheckpointTracker
 from ..chunks.store import ChunkStore
 from ..config import DurabilityPolicy, policy_for
-from ..errors import CkptfsError, InvalidArgument, IsADirectory, NameTooLong, NotADirectory
+from ..errors import (
+    CkptfsError,
+    InvalidArgument,
+    IsADirectory,
+    NameTooLong,
+    NotADirectory,
+    NotSupported,
+)
 from ..tiers.base import Tier, TierUsage
 from ..upload.uploader import Uploader
 from .openfile import MemoryBudget, OpenFile, Services
@@ -31,6 +42,10 @@ log = logging.getLogger("ckptfs.vfs")
 T = TypeVar("T")
 
 NAME_MAX = 255
+XATTR_STATE = b"user.ckptfs.state"
+XATTR_RECORD = b"user.ckptfs.checkpoint"
+XATTR_TAG = b"user.ckptfs.tag"
+XATTRS = (XATTR_STATE, XATTR_RECORD)
 STATS_INTERVAL_S = 1.0
 
 
@@ -51,6 +66,11 @@ def uses_direct_io(flags: int) -> bool:
 class Handle:
     file: OpenFile
     flags: int
+    wrote: bool = False
+
+    @property
+    def writable(self) -> bool:
+        return (self.flags & os.O_ACCMODE) != os.O_RDONLY
 
     @property
     def direct_io(self) -> bool:
@@ -87,6 +107,8 @@ class Filesystem:
         stats_path: Path | None = None,
         readahead: int = 32 * 1024 * 1024,
         copy_back: str = "sequential",
+        detectors: object | None = None,
+        partial_after_s: float = 600.0,
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
@@ -108,6 +130,10 @@ class Filesystem:
         self.stats_path = stats_path
         self.readahead = readahead
         self.copy_back = copy_back
+        # Checkpoint awareness: operations become events for the detectors (None: off).
+        self.tracker = None if detectors is None else CheckpointTracker(
+            catalog, self.db_limiter, detectors, self._writing_inos, partial_after_s
+        )
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -122,6 +148,8 @@ class Filesystem:
         self.store.attach(nursery)
         self.store.on_requeue = self.uploader.kick
         nursery.start_soon(self.uploader.run)
+        if self.tracker is not None:
+            nursery.start_soon(self.tracker.run)
         if self.stats_path is not None:
             nursery.start_soon(self._publish_stats, self.stats_path)
 
@@ -136,6 +164,40 @@ class Filesystem:
             except OSError as exc:
                 log.warning("could not write %s: %s", path, exc)
             await trio.sleep(STATS_INTERVAL_S)
+
+    def _writing_inos(self) -> list[int]:
+        return sorted({h.file.ino for h in self.handles.values() if h.writable})
+
+    async def _path(self, parent: int, name: bytes) -> str:
+        base = await self.db(self.catalog.path_of, parent)
+        return base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+
+    async def _event(self, kind: str, parent: int, name: bytes, **kw: Any) -> None:
+        """Tell the checkpoint tracker what just happened (after it took effect)."""
+        if self.tracker is None:
+            return
+        path = await self._path(parent, name)
+        self.tracker.push(FsEvent(kind, path, time.time_ns(), **kw))
+
+    async def _release_event(self, h: Handle) -> None:
+        if self.tracker is None or not h.writable:
+            return
+        f = h.file
+        last = not any(o.file is f and o.writable for o in self.handles.values())
+        content = tail = None
+        try:
+            if f.size <= SMALL_FILE:
+                content = await f.read(0, f.size)
+                tail = content[-TAIL:]
+            else:
+                tail = await f.read(f.size - TAIL, TAIL)
+        except CkptfsError:
+            pass  # the read logged it; the event goes without the bytes
+        path = await self.db(self.catalog.path_of, f.ino)
+        self.tracker.push(FsEvent(
+            "release", path, time.time_ns(), size=f.size, mode=f.inode.mode,
+            last_writer=last, content=content, tail=tail,
+        ))
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
@@ -220,6 +282,10 @@ class Filesystem:
                 if mtime_ns is not None:
                     f.mtime_ns = mtime_ns
                 f.ctime_ns = new.ctime_ns
+            if mode is not None and self.tracker is not None:
+                path = await self.db(self.catalog.path_of, ino)
+                self.tracker.push(FsEvent("chmod", path, time.time_ns(), mode=new.mode,
+                                          size=new.size, is_dir=new.is_dir))
         return await self.getattr(ino)
 
     # -- namespace ---------------------------------------------------------------------------
@@ -230,10 +296,14 @@ class Filesystem:
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
-        return await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+        await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
+        return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
-        return await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777, uid, gid, target)
+        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777, uid, gid, target)
+        await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
+        return inode
 
     async def readlink(self, ino: int) -> bytes:
         inode = await self.db(self.catalog.get_inode, ino)
@@ -252,10 +322,12 @@ class Filesystem:
     async def unlink(self, parent: int, name: bytes) -> None:
         inode = await self.db(self.catalog.unlink, parent, name)
         await self._maybe_delete(inode)
+        await self._event("unlink", parent, name)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.db(self.catalog.rmdir, parent, name)
         await self._delete_inode(inode.ino)
+        await self._event("rmdir", parent, name, is_dir=True)
 
     async def rename(
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
@@ -268,6 +340,11 @@ class Filesystem:
         )
         if replaced is not None:
             await self._maybe_delete(replaced)
+        if self.tracker is not None:
+            src = await self._path(old_parent, old_name)
+            moved = await self.db(self.catalog.lookup, new_parent, new_name)
+            await self._event("rename", new_parent, new_name, src=src, is_dir=moved.is_dir,
+                              size=moved.size, mode=moved.mode)
 
     async def _maybe_delete(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
@@ -355,6 +432,7 @@ class Filesystem:
             self.catalog.create, parent, _check_name(name), stat.S_IFREG | stat.S_IMODE(mode), uid, gid
         )
         fh = await self.open(inode.ino, flags & ~os.O_TRUNC)
+        await self._event("create", parent, name, mode=inode.mode)
         return fh, self.handles[fh].file.attrs()
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -366,7 +444,13 @@ class Filesystem:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
         if h.direct_io:
             h.file.bypassed_cache = True
-        return await h.file.write(off, data)
+        n = await h.file.write(off, data)
+        if not h.wrote:
+            h.wrote = True  # one event per handle, not per write
+            if self.tracker is not None:
+                path = await self.db(self.catalog.path_of, h.file.ino)
+                self.tracker.push(FsEvent("write", path, time.time_ns(), size=h.file.size))
+        return n
 
     async def flush(self, fh: int) -> None:
         """close(2): commit what this file has, so the caller sees any error now."""
@@ -418,10 +502,44 @@ class Filesystem:
         h = self.handles.pop(fh, None)
         if h is None:
             return
+        await self._release_event(h)
         await self._drop_handle_ref(h.file)
 
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
+
+    # -- checkpoint state as extended attributes -----------------------------------------
+
+    async def _checkpoint_of(self, ino: int) -> dict[str, Any] | None:
+        path = await self.db(self.catalog.path_of, ino)
+        rows = [c for c in await self.db(self.catalog.checkpoints, path) if c["root"] == path]
+        return rows[0] if rows else None
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes | None:
+        """``user.ckptfs.state`` (writing, committed, partial, ...) and
+        ``user.ckptfs.checkpoint`` (the whole record, JSON) on a checkpoint's root."""
+        if name not in XATTRS:
+            return None
+        ckpt = await self._checkpoint_of(ino)
+        if ckpt is None:
+            return None
+        if name == XATTR_STATE:
+            return str(ckpt["state"]).encode()
+        return json.dumps(ckpt, sort_keys=True).encode()
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return list(XATTRS) if await self._checkpoint_of(ino) is not None else []
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        """``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint."""
+        if name != XATTR_TAG:
+            raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
+        tag = value.decode(errors="replace").strip()
+        if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
+            raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")
+        path = await self.db(self.catalog.path_of, ino)
+        if not await self.db(self.catalog.checkpoint_tag, path, tag):
+            raise InvalidArgument(f"{path} is not a known checkpoint")
 
     # -- statfs ------------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Checkpoint awareness: detecting checkpoints and their commit from filesystem events."""

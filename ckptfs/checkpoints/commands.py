@@ -1,0 +1,235 @@
+"""`ckptfs ls | show | latest | tag | verify`: checkpoints of a live mount.
+
+They are named by paths inside the mount (like `ckptfs sync PATH`). ls, show and latest
+read the catalog read-only beside the daemon; tag goes through the mount (an extended
+attribute the daemon records); verify reads every file of a checkpoint through the mount,
+so the daemon serves it from the tier a restore would use and checks every digest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..catalog import Catalog
+from ..errors import InvalidArgument
+from ..remote_cli import mount_of, open_catalog
+
+READ_BLOCK = 8 << 20
+
+
+@dataclass
+class CheckpointInfo:
+    path: str  # on this machine (mount point + root)
+    root: str  # inside the mount
+    framework: str
+    step: int | None
+    state: str
+    tags: list[str]
+    namespace: str  # first path component inside the mount
+    run: str  # the directory holding the checkpoint, inside the mount
+    files: int = 0
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    durable_on: list[str] = field(default_factory=list)  # tiers holding every chunk
+    missing_chunks: int = 0  # chunks with no valid copy anywhere
+    write_s: float | None = None  # first write to commit
+    completion_skew_s: float | None = None  # last minus first file mtime
+    reason: str | None = None
+
+
+def _inside(path: Path) -> tuple[Path, Path, str]:
+    found = mount_of(path)
+    if found is None:
+        raise InvalidArgument(f"{path} is not inside a ckptfs mount")
+    mnt, state_dir = found
+    rel = os.path.relpath(path.absolute(), mnt)
+    return mnt, state_dir, "/" if rel == "." else "/" + rel
+
+
+def _files(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
+    """(ino, size, mtime_ns) of the regular files at or under root."""
+    top = catalog.resolve(root)
+    if top is None:
+        return []
+    out = []
+    stack = [top]
+    while stack:
+        inode = stack.pop()
+        if stat.S_ISREG(inode.mode):
+            out.append((inode.ino, inode.size, inode.mtime_ns))
+        elif stat.S_ISDIR(inode.mode):
+            for name in catalog.list_names(inode.ino):
+                child = catalog.resolve(catalog.path_of(inode.ino).rstrip("/") + "/" + name)
+                if child is not None:
+                    stack.append(child)
+    return out
+
+
+def describe(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointInfo:
+    root = str(row["root"])
+    parts = [p for p in root.split("/") if p]
+    info = CheckpointInfo(
+        path=str(mnt) + root, root=root, framework=str(row["framework"]), step=row["step"],
+        state=str(row["state"]), tags=[t for t in str(row["tags"]).split(",") if t],
+        namespace=parts[0] if len(parts) > 1 else "", run="/" + "/".join(parts[:-1]),
+        reason=row.get("reason"),
+    )
+    files = _files(catalog, root)
+    info.files = len(files)
+    info.logical_bytes = sum(size for _, size, _ in files)
+    chunks: dict[bytes, int] = {}
+    tiers: dict[bytes, set[str]] = {}
+    for ino, _, _ in files:
+        for ref in catalog.extents(ino).values():
+            chunks[ref.digest] = ref.length
+            tiers[ref.digest] = set(ref.tiers)
+    info.stored_bytes = sum(chunks.values())
+    info.missing_chunks = sum(1 for d in chunks if not tiers[d])
+    names = [t["name"] for t in catalog.recorded_tiers()]
+    info.durable_on = [n for n in names if chunks and all(n in tiers[d] for d in chunks)]
+    if row["begin_ns"] is not None and row["commit_ns"] is not None:
+        info.write_s = (int(row["commit_ns"]) - int(row["begin_ns"])) / 1e9
+    if files:
+        mtimes = [m for _, _, m in files]
+        info.completion_skew_s = (max(mtimes) - min(mtimes)) / 1e9
+    return info
+
+
+def _table(infos: list[CheckpointInfo]) -> str:
+    head = ("CHECKPOINT", "FRAMEWORK", "STEP", "STATE", "FILES", "SIZE", "DURABLE ON", "TAGS")
+    rows = [head] + [
+        (i.root, i.framework, "" if i.step is None else str(i.step), i.state, str(i.files),
+         f"{i.logical_bytes / 2**20:.1f} MiB", ",".join(i.durable_on) or "-", ",".join(i.tags))
+        for i in infos
+    ]
+    widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def cmd_ls(path: Path, as_json: bool) -> int:
+    mnt, state_dir, inner = _inside(path)
+    catalog = open_catalog(state_dir)
+    try:
+        infos = [describe(catalog, mnt, r) for r in catalog.checkpoints(inner)]
+    finally:
+        catalog.close()
+    if as_json:
+        print(json.dumps([asdict(i) for i in infos], indent=1))
+    elif infos:
+        print(_table(infos))
+    else:
+        print(f"no checkpoints under {path}")
+    return 0
+
+
+def cmd_show(path: Path, as_json: bool) -> int:
+    mnt, state_dir, inner = _inside(path)
+    catalog = open_catalog(state_dir)
+    try:
+        rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
+        if not rows:
+            print(f"ckptfs show: {path} is not a known checkpoint", file=sys.stderr)
+            return 1
+        info = describe(catalog, mnt, rows[0])
+    finally:
+        catalog.close()
+    if as_json:
+        print(json.dumps(asdict(info), indent=1))
+    else:
+        for k, v in asdict(info).items():
+            print(f"{k:>18}: {v}")
+    return 0
+
+
+def latest(catalog: Catalog, inner: str) -> dict[str, Any] | None:
+    """The newest committed checkpoint under ``inner`` whose every chunk has a valid copy:
+    highest step, then latest commit; never a partial or writing one."""
+    candidates = sorted(
+        (r for r in catalog.checkpoints(inner) if r["state"] == "committed" and r["root"] != inner),
+        key=lambda r: (-1 if r["step"] is None else int(r["step"]), int(r["commit_ns"] or 0)),
+        reverse=True,
+    )
+    for row in candidates:
+        files = _files(catalog, str(row["root"]))
+        if files and all(ref.tiers for ino, _, _ in files for ref in catalog.extents(ino).values()):
+            return row
+    return None
+
+
+def cmd_latest(path: Path) -> int:
+    mnt, state_dir, inner = _inside(path)
+    catalog = open_catalog(state_dir)
+    try:
+        row = latest(catalog, inner)
+    finally:
+        catalog.close()
+    if row is None:
+        print(f"ckptfs latest: no committed checkpoint under {path}", file=sys.stderr)
+        return 1
+    print(str(mnt) + str(row["root"]))
+    return 0
+
+
+def cmd_tag(path: Path, tag: str) -> int:
+    _inside(path)
+    try:
+        os.setxattr(path, "user.ckptfs.tag", tag.encode())
+    except OSError as exc:
+        print(f"ckptfs tag: {path}: {exc.strerror} (is it a checkpoint? see `ckptfs ls`)",
+              file=sys.stderr)
+        return 1
+    print(f"tagged {path}: {tag}")
+    return 0
+
+
+def cmd_verify(path: Path) -> int:
+    """Read every file of the checkpoint through the mount (page cache dropped first), so
+    the daemon verifies each chunk from the tier a restore would use; report throughput."""
+    mnt, state_dir, inner = _inside(path)
+    catalog = open_catalog(state_dir)
+    try:
+        rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
+        sizes = {catalog.path_of(ino): size for ino, size, _ in _files(catalog, inner)}
+    finally:
+        catalog.close()
+    if not rows:
+        print(f"ckptfs verify: {path} is not a known checkpoint", file=sys.stderr)
+        return 1
+    problems = []
+    total = 0
+    started = time.perf_counter()
+    for rel, size in sorted(sizes.items()):
+        p = Path(str(mnt) + rel)
+        n = 0
+        try:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read from the tiers
+                while chunk := os.read(fd, READ_BLOCK):
+                    n += len(chunk)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            problems.append(f"{rel}: {exc.strerror} after {n} bytes")
+            continue
+        if n != size:
+            problems.append(f"{rel}: read {n} bytes, the catalog says {size}")
+        total += n
+    elapsed = time.perf_counter() - started
+    state = rows[0]["state"]
+    if state != "committed":
+        problems.append(f"state is {state}, not committed")
+    rate = total / elapsed / 1e6 if elapsed > 0 else 0.0
+    print(f"ckptfs verify: {path}: {len(sizes)} file(s), {total / 2**20:.1f} MiB read and "
+          f"verified in {elapsed:.2f} s ({rate:.0f} MB/s)")
+    for problem in problems:
+        print(f"  problem: {problem}", file=sys.stderr)
+    return 1 if problems else 0

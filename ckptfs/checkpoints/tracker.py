@@ -1,0 +1,152 @@
+"""The daemon side of checkpoint awareness: filesystem events in, checkpoint rows out.
+
+The filesystem pushes an ``FsEvent`` after each operation that took effect (never
+blocking: an unbounded channel, drained by one task). The tracker runs the detectors in a
+worker thread under the catalog limiter (their namespace questions are catalog queries)
+and records each Detection in the ``checkpoints`` table. Once a second it also ticks the
+detectors (quiescence patterns) and marks as *partial* a checkpoint that began but did not
+commit while nothing under it was open for writing for ``partial_after_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import stat
+import time
+from collections.abc import Callable
+
+import trio
+
+from ..catalog import Catalog
+from .events import Detection, FsEvent
+
+log = logging.getLogger("ckptfs.checkpoints")
+
+TICK_S = 1.0
+
+
+class CatalogView:
+    """NamespaceView over the catalog (blocking: call under the catalog limiter)."""
+
+    def __init__(self, catalog: Catalog, writing: list[str]) -> None:
+        self.catalog = catalog
+        self.writing = writing  # paths of files open for writing now
+
+    def exists(self, path: str) -> bool:
+        return self.catalog.resolve(path) is not None
+
+    def is_dir(self, path: str) -> bool:
+        inode = self.catalog.resolve(path)
+        return inode is not None and stat.S_ISDIR(inode.mode)
+
+    def listdir(self, path: str) -> list[str]:
+        inode = self.catalog.resolve(path)
+        if inode is None or not stat.S_ISDIR(inode.mode):
+            return []
+        return self.catalog.list_names(inode.ino)
+
+    def open_writers_under(self, path: str) -> int:
+        root = path.rstrip("/")
+        return sum(1 for p in self.writing if p == root or p.startswith(root + "/"))
+
+
+class CheckpointTracker:
+    def __init__(
+        self,
+        catalog: Catalog,
+        db_limiter: trio.CapacityLimiter,
+        detectors: object,  # a DetectorSet: observe(ev, ns) and tick(now_ns, ns)
+        writing_inos: Callable[[], list[int]],
+        partial_after_s: float = 600.0,
+    ) -> None:
+        self.catalog = catalog
+        self.db_limiter = db_limiter
+        self.detectors = detectors
+        self.writing_inos = writing_inos
+        self.partial_after_s = partial_after_s
+        self._send, self._recv = trio.open_memory_channel[FsEvent](math.inf)
+        self.commits = 0
+        self._quiet_since: dict[str, float] = {}  # writing checkpoints with no open writer
+
+    def push(self, ev: FsEvent) -> None:
+        """Called by the filesystem after an operation; never blocks."""
+        self._send.send_nowait(ev)
+
+    async def run(self) -> None:
+        next_tick = time.monotonic() + TICK_S
+        while True:
+            with trio.move_on_at(trio.current_time() + max(0.0, next_tick - time.monotonic())):
+                ev = await self._recv.receive()
+                batch = [ev]
+                while True:  # drain what is queued: one thread hop per batch
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await trio.to_thread.run_sync(self._observe, batch, limiter=self.db_limiter)
+                continue
+            next_tick = time.monotonic() + TICK_S
+            inos = self.writing_inos()
+            await trio.to_thread.run_sync(self._tick, inos, limiter=self.db_limiter)
+
+    def _view(self, inos: list[int] | None = None) -> CatalogView:
+        paths = [self.catalog.path_of(i) for i in (inos if inos is not None else self.writing_inos())]
+        return CatalogView(self.catalog, paths)
+
+    def _observe(self, batch: list[FsEvent]) -> None:
+        for ev in batch:
+            if ev.kind == "rename" and ev.src is not None:
+                self.catalog.rename_checkpoints(ev.src, ev.path)
+            try:
+                found = self.detectors.observe(ev, self._view())  # type: ignore[attr-defined]
+            except Exception:  # a detector bug must not stop the filesystem
+                log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
+                continue
+            for d in found:
+                self._record(d)
+
+    def _tick(self, inos: list[int]) -> None:
+        view = self._view(inos)
+        now_ns = time.time_ns()
+        try:
+            found = self.detectors.tick(now_ns, view)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("checkpoint detectors failed on tick")
+            found = []
+        for d in found:
+            self._record(d)
+        self._mark_partial(view)
+
+    def _record(self, d: Detection) -> None:
+        if d.kind == "begin":
+            if self.catalog.checkpoint_begin(d.root, d.framework, d.step, d.time_ns):
+                log.info("checkpoint %s (%s, step %s): writing", d.root, d.framework, d.step)
+        elif d.kind == "commit":
+            self.catalog.checkpoint_commit(d.root, d.framework, d.step, d.time_ns, d.reason)
+            self.commits += 1
+            log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
+                     d.reason)
+
+    def _mark_partial(self, view: CatalogView) -> None:
+        """A checkpoint still "writing" with no writer open under it for partial_after_s
+        (its writer died, or the save was abandoned) is partial: never the latest."""
+        now = time.monotonic()
+        writing = [c for c in self.catalog.checkpoints("/") if c["state"] == "writing"]
+        live = set()
+        for c in writing:
+            root = str(c["root"])
+            live.add(root)
+            if view.open_writers_under(root):
+                self._quiet_since.pop(root, None)
+                continue
+            since = self._quiet_since.setdefault(root, now)
+            if now - since >= self.partial_after_s:
+                self.catalog.checkpoint_set_state(
+                    root, "partial", f"no commit, no writer for {self.partial_after_s:.0f} s"
+                )
+                self._quiet_since.pop(root, None)
+                log.warning("checkpoint %s is partial: it began but never committed", root)
+        for root in list(self._quiet_since):
+            if root not in live:
+                del self._quiet_since[root]
