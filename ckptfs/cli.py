@@ -17,6 +17,7 @@ from pathlib import Path
 from . import __version__
 from .config import Config, load_config
 from .errors import CkptfsError, ConfigError
+from .plan import add_plan_arguments
 
 EXIT_USAGE = 2
 DAEMON_READY_TIMEOUT_S = 120
@@ -94,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="read a checkpoint as a restore would, check every digest, report speed"
     )
     vf.add_argument("path", type=Path, metavar="CKPT")
+    gc = sub.add_parser("gc", help="apply the retention policies now (or --dry-run: show the plan)")
+    gc.add_argument("path", type=Path, help="a path in a ckptfs mount (its checkpoints)")
+    gc.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
+
+    pl = sub.add_parser(
+        "plan", help="capacity and bandwidth each tier needs (exit 1 if one given is too small)"
+    )
+    add_plan_arguments(pl)
 
     st = sub.add_parser("status", help="tiers and remote backlog of a ckptfs state dir")
     st.add_argument("path", nargs="?", type=Path, help="a path in a ckptfs mount")
@@ -286,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             from .prefetch import cmd_prefetch
 
             return cmd_prefetch(args.paths, args.timeout, args.jobs)
-        if args.command in ("ls", "show", "latest", "tag", "verify"):
+        if args.command in ("ls", "show", "latest", "tag", "verify", "gc"):
             from .checkpoints import commands
 
             if args.command == "ls":
@@ -297,7 +306,13 @@ def main(argv: list[str] | None = None) -> int:
                 return commands.cmd_latest(args.path)
             if args.command == "tag":
                 return commands.cmd_tag(args.path, args.tag)
+            if args.command == "gc":
+                return commands.cmd_gc(args.path, args.dry_run)
             return commands.cmd_verify(args.path)
+        if args.command == "plan":
+            from .plan import cmd_plan
+
+            return cmd_plan(args)
         if args.command == "status":
             from .remote_cli import cmd_status
 

@@ -139,6 +139,12 @@ class Config:
     # from a remote tier only is written to a local tier too.
     readahead: int = 32 * MiB
     copy_back: str = "sequential"
+    # Checkpoint awareness (checkpoints.md): detection, partial timeout, retention.
+    checkpoints: bool = True
+    checkpoint_partial_after_s: float = 600.0
+    checkpoint_patterns: tuple[Any, ...] = ()  # PatternConfig (checkpoints/detectors.py)
+    retention: tuple[Any, ...] = ()  # RetentionPolicy (checkpoints/retention.py)
+    local_high_watermark: float = 0.9
     # When the local tiers are full of chunks not yet on a remote: wait for uploads to
     # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
     on_local_full: str = "block"
@@ -158,7 +164,8 @@ class Config:
 _TOP_KEYS = {
     "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
     "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
-    "remote_compression", "readahead", "copy_back",
+    "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
+    "checkpoint_pattern", "retention", "local_high_watermark",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
@@ -497,6 +504,23 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
     copy_back = _choice(data.get("copy_back", "sequential"), "copy_back",
                         ("sequential", "always", "never"))
+    checkpoints = data.get("checkpoints", True)
+    if not isinstance(checkpoints, bool):
+        raise ConfigError(f"checkpoints: expected true or false, got {checkpoints!r}")
+    partial_after = _seconds(
+        data.get("checkpoint_partial_after", 600), "checkpoint_partial_after", 0.001, 7 * 86400
+    )
+    hwm = data.get("local_high_watermark", 0.9)
+    if isinstance(hwm, bool) or not isinstance(hwm, int | float) or not 0.5 <= hwm <= 0.99:
+        raise ConfigError(f"local_high_watermark: expected a fraction from 0.5 to 0.99, got {hwm!r}")
+    from .checkpoints.retention import policies_from_config
+
+    retention = policies_from_config(data.get("retention", []))
+    patterns: tuple[Any, ...] = ()
+    if "checkpoint_pattern" in data:
+        from .checkpoints.detectors import patterns_from_config
+
+        patterns = tuple(patterns_from_config(data["checkpoint_pattern"]))
     on_local_full = _choice(data.get("on_local_full", "block"), "on_local_full", _ON_LOCAL_FULL)
     local_full_timeout_s = _seconds(
         data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
@@ -528,6 +552,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         remote_compression=remote_compression,
         readahead=readahead,
         copy_back=copy_back,
+        checkpoints=checkpoints,
+        checkpoint_partial_after_s=partial_after,
+        checkpoint_patterns=patterns,
+        retention=retention,
+        local_high_watermark=float(hwm),
         on_local_full=on_local_full,
         local_full_timeout_s=local_full_timeout_s,
         policies=policies,

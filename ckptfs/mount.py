@@ -8,6 +8,7 @@ catalog is closed last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -270,6 +271,8 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
                         now[name].get("path") or now[name].get("url"))
     merged = {**old, **now}
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
+    # For `ckptfs gc --dry-run`, which plans beside the daemon from the catalog alone.
+    catalog.set_meta("retention", json.dumps([dataclasses.asdict(p) for p in cfg.retention]))
     return chunk_size
 
 
@@ -339,6 +342,9 @@ def _serve_tiers(
             on_local_full=cfg.on_local_full, local_full_timeout_s=cfg.local_full_timeout_s,
             policies=cfg.policies, stats_path=cfg.state_dir / "stats.json",
             readahead=cfg.readahead, copy_back=cfg.copy_back,
+            detectors=_detectors(cfg), partial_after_s=cfg.checkpoint_partial_after_s,
+            invalidate_entry=_invalidate_entry, retention=cfg.retention,
+            high_watermark=cfg.local_high_watermark,
             remote_compression=cfg.remote_compression,
         )
         options = set(pyfuse3.default_options)
@@ -370,6 +376,22 @@ def _serve_tiers(
         return 0
     finally:
         catalog.close()
+
+
+def _detectors(cfg: Config) -> object | None:
+    if not cfg.checkpoints:
+        return None
+    from .checkpoints.detectors import DetectorSet
+
+    return DetectorSet.default(cfg.checkpoint_patterns)
+
+
+def _invalidate_entry(parent: int, name: bytes) -> None:
+    try:
+        pyfuse3.invalidate_entry(pyfuse3.InodeT(parent), pyfuse3.FileNameT(name))
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("could not invalidate a name in the kernel: %s", exc)
 
 
 def _invalidate_inode(ino: int) -> None:

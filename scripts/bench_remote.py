@@ -7,7 +7,15 @@
    returns (chunks uploaded and the catalog snapshot stored);
 3. the same bytes uploaded by a hand-written boto3 thread pool (one object per 16 MiB,
    SHA-256 checksums, as ckptfs sends them), and by boto3's managed multipart upload of
-   each file; the ratio is ckptfs's time to durable over the faster of the two.
+   each file; the ratio is ckptfs's time to durable over the faster of the two;
+4. restore: cold, a node restored from the bucket alone (fresh state dir, empty local
+   tiers, page cache dropped) reads the 16 files with 4 threads through ckptfs, against a
+   hand-written boto3 thread pool (8) downloading the same bytes (the 16 MiB objects of 3.)
+   into memory; then `ckptfs prefetch` finishes the copy-back, the mount is remounted (its
+   chunk cache empty), the page cache dropped, and the files are read again (warm: local
+   tiers) against the same read of the plain directory staged for the multipart upload.
+   Every read checks every byte. ``--restore-only`` writes and uploads the checkpoint
+   untimed and measures only this part.
 
 SeaweedFS, the daemons and the mounts are started here and stopped by PID in all cases.
 The machine is noted; the S3 server runs on the same 2 cores as everything else.
@@ -18,8 +26,10 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,7 +85,7 @@ def save(mnt: Path, files: list[bytes], threads: int = 4) -> float:
 
 def mount(base: Path, remote: str | None) -> Path:
     mnt = base / "mnt"
-    mnt.mkdir(parents=True)
+    mnt.mkdir(parents=True, exist_ok=True)  # exists when the same state dir is mounted again
     args = ["mount", str(mnt), "--state-dir", str(base / "state"),
             "--local", str(base / "t0"), "--local", str(base / "t1")]
     if remote:
@@ -121,11 +131,183 @@ def boto3_multipart(client, bucket: str, prefix: str, paths: list[Path], workers
     return time.perf_counter() - t0
 
 
+def loadavg() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def settle(pause: float = 3.0) -> None:
+    """Before a timed read: write back dirty pages, drop the page cache (root), and give
+    the 2 cores a quiet moment (the VM faults in fresh pages; see performance.md)."""
+    subprocess.run(["sync"], check=False)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    time.sleep(pause)
+
+
+def read_all(paths: list[Path], files: list[bytes], threads: int, read_size: int) -> float:
+    """Read every file sequentially, ``threads`` files at once, ``read_size`` bytes per
+    read() into a reused buffer, and check every byte. Returns the wall time."""
+    errors: list[str] = []
+
+    def reader(k: int) -> None:
+        buf = bytearray(read_size)
+        view = memoryview(buf)
+        for i in range(k, len(paths), threads):
+            expect = memoryview(files[i])
+            off = 0
+            with open(paths[i], "rb", buffering=0) as f:
+                while n := f.readinto(view):
+                    same = (buf == expect[off : off + n]) if n == read_size else (
+                        bytes(view[:n]) == expect[off : off + n])
+                    if not same:
+                        errors.append(f"{paths[i]}: bytes differ in [{off}, {off + n})")
+                        return
+                    off += n
+            if off != len(expect):
+                errors.append(f"{paths[i]}: read {off} bytes, expected {len(expect)}")
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=reader, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise SystemExit("read check failed: " + "; ".join(errors[:5]))
+    return elapsed
+
+
+def boto3_download(client, bucket: str, prefix: str, files: list[bytes], workers: int) -> float:  # type: ignore[no-untyped-def]
+    """GET the 16 MiB objects boto3_parts stored, ``workers`` at once, into memory, and
+    check every byte (the hand-written restore ckptfs is compared with)."""
+    jobs = [(i, off) for i, f in enumerate(files) for off in range(0, len(f), PART)]
+
+    def get(job: tuple[int, int]) -> None:
+        i, off = job
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{i}/{off}")["Body"]
+        try:
+            data = body.read()
+        finally:
+            body.close()
+        if data != files[i][off : off + PART]:
+            raise SystemExit(f"boto3 download: object {prefix}/{i}/{off} differs")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(get, jobs))
+    return time.perf_counter() - t0
+
+
+def daemon_stats(state: Path, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
+    """The daemon's stats.json, once it was written after this call (about every second)."""
+    now = time.time()
+    deadline = time.monotonic() + timeout
+    st: dict = {}  # type: ignore[type-arg]
+    while time.monotonic() < deadline:
+        try:
+            st = dict(json.loads((state / "stats.json").read_text()))
+        except (OSError, ValueError):
+            st = {}
+        if st.get("time", 0) > now:
+            break
+        time.sleep(0.1)  # the daemon rewrites the file about once a second
+    return st
+
+
+def py_spy_start(state: Path, out: Path) -> subprocess.Popen[bytes] | None:
+    """Record the daemon (its pid file) with py-spy until stopped; raw collapsed stacks."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        print("py-spy not found next to this Python: no profile", file=sys.stderr)
+        return None
+    pid = (state / "daemon.pid").read_text().strip()
+    return subprocess.Popen([str(spy), "record", "--pid", pid, "--threads", "--format", "raw",
+                             "--rate", "200", "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def py_spy_stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def restore(base: Path, url: str, files: list[bytes], client, bucket: str, b3prefix: str,  # type: ignore[no-untyped-def]
+            staged: list[Path], args: argparse.Namespace, mounts: list[Path]) -> dict[str, float]:
+    """Cold restore (ckptfs vs boto3) and warm restore (ckptfs vs plain), see the docstring."""
+    res: dict[str, float] = {}
+    read_size = args.read_mib * MiB
+    node = base / "restored"
+    names = [f"part{i}.bin" for i in range(len(files))]
+    settle(0)
+    t0 = time.perf_counter()
+    mnt = mount(node, url)  # empty state dir: the catalog snapshot comes from the bucket
+    mounts.append(mnt)
+    res["restore_mount"] = time.perf_counter() - t0
+    print(f"restore: mounted a node restored from the bucket in {res['restore_mount']:.2f} s; "
+          f"{loadavg()}", flush=True)
+
+    settle()
+    spy = py_spy_start(node / "state", Path(args.py_spy)) if args.py_spy else None
+    try:
+        res["cold_ckptfs"] = read_all([mnt / n for n in names], files, args.read_threads, read_size)
+    finally:
+        py_spy_stop(spy)
+    st = daemon_stats(node / "state")
+    print(f"restore: cold ckptfs read {res['cold_ckptfs']:.2f} s; {loadavg()}; tiers "
+          + ", ".join(f"{t['name']} {t['reads']} reads" for t in st.get("tiers", ())), flush=True)
+    t0 = time.perf_counter()
+    out = ckptfs("prefetch", str(mnt), "--timeout", "900")
+    res["copyback_after_read"] = time.perf_counter() - t0
+    if out.returncode:
+        raise SystemExit(f"ckptfs prefetch failed: {out.stderr}")
+    st = daemon_stats(node / "state")
+    print(f"restore: copy-back complete {res['copyback_after_read']:.2f} s after the read "
+          f"({out.stdout.strip()}); counters {st.get('counters')}", flush=True)
+
+    # boto3 twice, around nothing else: SeaweedFS is as warm for it as it was for ckptfs
+    # (its volume files are dropped from the page cache before each).
+    for k in ("cold_boto3_1", "cold_boto3_2"):
+        settle()
+        res[k] = boto3_download(client, bucket, b3prefix, files, args.workers)
+        print(f"restore: boto3 download {res[k]:.2f} s; {loadavg()}", flush=True)
+
+    umount(mnt)  # a fresh daemon: its decoded-chunk cache is empty, reads go to the tiers
+    mounts.remove(mnt)
+    mnt = mount(node, url)
+    mounts.append(mnt)
+    settle()
+    res["warm_ckptfs"] = read_all([mnt / n for n in names], files, args.read_threads, read_size)
+    st = daemon_stats(node / "state")
+    print(f"restore: warm ckptfs read {res['warm_ckptfs']:.2f} s; {loadavg()}; tiers "
+          + ", ".join(f"{t['name']} {t['reads']} reads" for t in st.get("tiers", ())), flush=True)
+    settle()
+    res["warm_plain"] = read_all(staged, files, args.read_threads, read_size)
+    print(f"restore: plain directory read {res['warm_plain']:.2f} s; {loadavg()}", flush=True)
+    umount(mnt)
+    mounts.remove(mnt)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=16)
     ap.add_argument("--file-mib", type=int, default=128)
     ap.add_argument("--workers", type=int, default=8, help="boto3 threads (ckptfs uses 8 too)")
+    ap.add_argument("--restore-only", action="store_true",
+                    help="write and upload the checkpoint untimed; measure only the restore")
+    ap.add_argument("--no-restore", action="store_true", help="skip the restore measurements")
+    ap.add_argument("--read-threads", type=int, default=4, help="restore reader threads (4)")
+    ap.add_argument("--read-mib", type=int, default=8, help="restore read() size in MiB (8)")
+    ap.add_argument("--py-spy", metavar="FILE",
+                    help="record the daemon with py-spy during the cold restore read (raw "
+                         "collapsed stacks; costs CPU, so not for the measured run)")
     args = ap.parse_args(argv)
     weed = find_weed()
     if weed is None:
@@ -134,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{platform.system()} {platform.release()}; SeaweedFS, ckptfs and this script share them")
     print(f"checkpoint: {args.files} files x {args.file_mib} MiB = {total / 1e9:.2f} GB, 4 writer threads")
+    print(f"start: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, {loadavg()}", flush=True)
+    if args.restore_only and args.no_restore:
+        ap.error("--restore-only and --no-restore exclude each other")
     files = make_files(args.files, args.file_mib * MiB)
     with tempfile.TemporaryDirectory(dir=REPO.parent) as tmp:
         base = Path(tmp)
@@ -145,14 +330,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server.start()
             client = server.client()
-            results = {}
+            results: dict[str, float] = {}
 
-            mnt = mount(base / "local-only", None)
-            mounts.append(mnt)
-            subprocess.run(["sync"], check=False)
-            results["stall_local"] = save(mnt, files)
-            umount(mnt)
-            mounts.remove(mnt)
+            if not args.restore_only:
+                mnt = mount(base / "local-only", None)
+                mounts.append(mnt)
+                subprocess.run(["sync"], check=False)
+                results["stall_local"] = save(mnt, files)
+                umount(mnt)
+                mounts.remove(mnt)
+                shutil.rmtree(base / "local-only", ignore_errors=True)
 
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
             url = f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}"
@@ -177,23 +364,53 @@ def main(argv: list[str] | None = None) -> int:
                 p.write_bytes(data)
                 paths.append(p)
             subprocess.run(["sync"], check=False)
-            results["boto3_multipart"] = boto3_multipart(client, server.bucket, f"b3m-{prefix}", paths, args.workers)
+            if not args.restore_only:
+                results["boto3_multipart"] = boto3_multipart(
+                    client, server.bucket, f"b3m-{prefix}", paths, args.workers)
+            if not args.no_restore:
+                shutil.rmtree(base / "with-remote", ignore_errors=True)  # that node is gone
+                results.update(restore(base, url, files, client, server.bucket, f"b3p-{prefix}",
+                                       paths, args, mounts))
         finally:
             for m in mounts:
                 umount(m)
             server.close()
-    best = min(results["boto3_parts"], results["boto3_multipart"])
     gb = total / 1e9
-    print("\n| measurement | seconds | GB/s |")
-    print("|---|---|---|")
-    for k, label in [("stall_local", "save stall, ckptfs without remote"),
-                     ("stall_remote", "save stall, ckptfs with remote"),
-                     ("durable_after_close", "ckptfs: end of save -> durable on remote (sync)"),
-                     ("boto3_parts", "boto3 thread pool, 16 MiB objects"),
-                     ("boto3_multipart", "boto3 upload_file, multipart 16 MiB")]:
-        print(f"| {label} | {results[k]:.2f} | {gb / results[k]:.2f} |")
-    print(f"\nstall with remote / without: {results['stall_remote'] / results['stall_local']:.2f}")
-    print(f"time to durable / best boto3 upload: {results['durable_after_close'] / best:.2f}")
+    print(f"\nend: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, {loadavg()}")
+    if not args.restore_only:
+        best = min(results["boto3_parts"], results["boto3_multipart"])
+        print("\n| measurement | seconds | GB/s |")
+        print("|---|---|---|")
+        for k, label in [("stall_local", "save stall, ckptfs without remote"),
+                         ("stall_remote", "save stall, ckptfs with remote"),
+                         ("durable_after_close", "ckptfs: end of save -> durable on remote (sync)"),
+                         ("boto3_parts", "boto3 thread pool, 16 MiB objects"),
+                         ("boto3_multipart", "boto3 upload_file, multipart 16 MiB")]:
+            print(f"| {label} | {results[k]:.2f} | {gb / results[k]:.2f} |")
+        print(f"\nstall with remote / without: {results['stall_remote'] / results['stall_local']:.2f}")
+        print(f"time to durable / best boto3 upload: {results['durable_after_close'] / best:.2f}")
+    if not args.no_restore:
+        boto = min(results["cold_boto3_1"], results["cold_boto3_2"])
+        t, r = args.read_threads, args.read_mib
+        print(f"\nRestore ({gb:.2f} GB, {args.files} files; ckptfs and plain: {t} reader threads, "
+              f"{r} MiB reads; boto3: {args.workers} threads, whole 16 MiB objects; every byte "
+              "checked)\n")
+        print("| measurement | seconds | GB/s |")
+        print("|---|---|---|")
+        rows = [("cold_ckptfs", "cold: ckptfs, node restored from the bucket, local tiers empty"),
+                ("cold_boto3_1", "cold: boto3 GETs into memory (1st)"),
+                ("cold_boto3_2", "cold: boto3 GETs into memory (2nd)"),
+                ("copyback_after_read", "copy-back finished after the cold read (`prefetch`)"),
+                ("warm_ckptfs", "warm: ckptfs after copy-back, remounted, page cache dropped"),
+                ("warm_plain", "warm: plain directory, page cache dropped")]
+        for k, label in rows:
+            rate = f"{gb / results[k]:.2f}" if k != "copyback_after_read" else "-"
+            print(f"| {label} | {results[k]:.2f} | {rate} |")
+        print(f"| mount of the restored node (catalog snapshot from the bucket) | "
+              f"{results['restore_mount']:.2f} | - |")
+        print(f"\ncold: ckptfs / best boto3 download (throughput): {boto / results['cold_ckptfs']:.2f}")
+        print(f"warm: ckptfs / plain directory (throughput): "
+              f"{results['warm_plain'] / results['warm_ckptfs']:.2f}")
     return 0
 
 

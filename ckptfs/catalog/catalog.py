@@ -100,7 +100,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     begin_ns   INTEGER,
     commit_ns  INTEGER,
     reason     TEXT,
-    tags       TEXT NOT NULL DEFAULT ''
+    tags       TEXT NOT NULL DEFAULT '',
+    leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
 );
 """
 
@@ -845,6 +846,17 @@ class Catalog:
                 (state, reason, root),
             )
 
+    def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
+        with self._tx() as c:
+            c.execute("UPDATE checkpoints SET leftover=? WHERE root=?",
+                      (json.dumps([d.hex() for d in digests]) if digests else None, root))
+
+    def expired_leftovers(self) -> dict[str, list[bytes]]:
+        rows = self.conn.execute(
+            "SELECT root, leftover FROM checkpoints WHERE state='expired' AND leftover IS NOT NULL"
+        )
+        return {str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
+
     def checkpoint_tag(self, root: str, tag: str) -> bool:
         with self._tx(touch=True) as c:
             row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (root,)).fetchone()
@@ -874,6 +886,35 @@ class Catalog:
             ).fetchall():
                 c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (new + str(root)[len(old):], cid))
                 c.execute("UPDATE checkpoints SET root=? WHERE id=?", (new + str(root)[len(old):], cid))
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def digests_under(self, roots: Iterable[str]) -> dict[bytes, int]:
+        """Chunks (digest -> length) named by the files at or under these paths."""
+        out: dict[bytes, int] = {}
+        for root in roots:
+            top = self.resolve(root)
+            if top is None:
+                continue
+            stack = [top]
+            while stack:
+                inode = stack.pop()
+                if stat.S_ISDIR(inode.mode):
+                    for r in self.conn.execute("SELECT ino FROM dentries WHERE parent=?", (inode.ino,)):
+                        stack.append(self.get_inode(int(r[0])))
+                elif stat.S_ISREG(inode.mode):
+                    for d, n in self.conn.execute(
+                        "SELECT digest, length FROM extents WHERE ino=?", (inode.ino,)
+                    ):
+                        out[bytes(d)] = int(n)
+        return out
+
+    def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
+        """Forget pending uploads of these chunks (a superseded checkpoint's)."""
+        with self._tx() as c:
+            return sum(
+                c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,)).rowcount for d in set(digests)
+            )
 
     # -- fsck --------------------------------------------------------------------------------
 

@@ -233,3 +233,45 @@ def cmd_verify(path: Path) -> int:
     for problem in problems:
         print(f"  problem: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def cmd_gc(path: Path, dry_run: bool) -> int:
+    """Run retention now (through the mount: the daemon applies it and returns when done),
+    or with ``dry_run`` print what it would do, from the policies the daemon recorded."""
+    from .janitor import to_ckpts
+    from .retention import RetentionPolicy, plan_all
+
+    mnt, state_dir, inner = _inside(path)
+    catalog = open_catalog(state_dir)
+    try:
+        before = {str(r["root"]): str(r["state"]) for r in catalog.checkpoints(inner)}
+        raw = catalog.get_meta("retention")
+        policies = tuple(RetentionPolicy(**p) for p in json.loads(raw)) if raw else ()
+        plans = plan_all(to_ckpts(catalog.checkpoints(inner)), policies, time.time_ns())
+    finally:
+        catalog.close()
+    if not policies:
+        print("ckptfs gc: no [[retention]] policy is configured: nothing expires")
+    if dry_run:
+        for run, plan in sorted(plans.items()):
+            print(f"run {run}:")
+            for label, roots in (("keep local", plan.keep_local), ("remote only", plan.evict_local),
+                                 ("expire", plan.expire), ("skip upload", plan.skip_upload)):
+                for r in roots:
+                    print(f"  {label:<12} {r}  ({plan.why.get(r, '')})")
+        return 0
+    try:
+        os.setxattr(str(mnt), "user.ckptfs.gc", b"1")
+    except OSError as exc:
+        print(f"ckptfs gc: {exc.strerror}", file=sys.stderr)
+        return 1
+    catalog = open_catalog(state_dir)
+    try:
+        after = {str(r["root"]): str(r["state"]) for r in catalog.checkpoints(inner)}
+    finally:
+        catalog.close()
+    changed = [(r, before.get(r), s) for r, s in after.items() if before.get(r) != s]
+    for root, old, new in changed:
+        print(f"{root}: {old} -> {new}")
+    print(f"ckptfs gc: done, {len(changed)} checkpoint(s) changed state")
+    return 0

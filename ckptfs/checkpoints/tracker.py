@@ -67,6 +67,7 @@ class CheckpointTracker:
         self.partial_after_s = partial_after_s
         self._send, self._recv = trio.open_memory_channel[FsEvent](math.inf)
         self.commits = 0
+        self.on_commit: Callable[[], None] | None = None  # retention runs after a commit
         self._quiet_since: dict[str, float] = {}  # writing checkpoints with no open writer
 
     def push(self, ev: FsEvent) -> None:
@@ -84,22 +85,29 @@ class CheckpointTracker:
                         batch.append(self._recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                await trio.to_thread.run_sync(self._observe, batch, limiter=self.db_limiter)
+                before = self.commits
+                inos = self.writing_inos()  # read on the trio thread, which owns the handles
+                await trio.to_thread.run_sync(self._observe, batch, inos, limiter=self.db_limiter)
+                if self.commits != before and self.on_commit is not None:
+                    self.on_commit()  # on the trio thread: retention may run now
                 continue
             next_tick = time.monotonic() + TICK_S
             inos = self.writing_inos()
+            before = self.commits
             await trio.to_thread.run_sync(self._tick, inos, limiter=self.db_limiter)
+            if self.commits != before and self.on_commit is not None:
+                self.on_commit()
 
-    def _view(self, inos: list[int] | None = None) -> CatalogView:
-        paths = [self.catalog.path_of(i) for i in (inos if inos is not None else self.writing_inos())]
-        return CatalogView(self.catalog, paths)
+    def _view(self, inos: list[int]) -> CatalogView:
+        return CatalogView(self.catalog, [self.catalog.path_of(i) for i in inos])
 
-    def _observe(self, batch: list[FsEvent]) -> None:
+    def _observe(self, batch: list[FsEvent], inos: list[int]) -> None:
+        view = self._view(inos)
         for ev in batch:
             if ev.kind == "rename" and ev.src is not None:
                 self.catalog.rename_checkpoints(ev.src, ev.path)
             try:
-                found = self.detectors.observe(ev, self._view())  # type: ignore[attr-defined]
+                found = self.detectors.observe(ev, view)  # type: ignore[attr-defined]
             except Exception:  # a detector bug must not stop the filesystem
                 log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
                 continue

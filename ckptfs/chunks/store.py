@@ -230,6 +230,45 @@ class ChunkStore:
                      freed)
         return freed
 
+    def evict_digests(self, digests: Iterable[bytes]) -> int:
+        """Blocking (under the catalog limiter): drop the local copies of these chunks where
+        a remote tier holds them and no upload needs them. Returns the bytes freed."""
+        remote_names = [t.name for t in self.remotes]
+        if not remote_names:
+            return 0
+        freed = 0
+        with self._pin_lock:
+            for digest in digests:
+                if digest in self._pins:
+                    continue
+                for name in self.catalog.replica_tiers(digest):
+                    tier = self.local.get(name)
+                    if tier is None or not self.catalog.forget_local_replica(digest, name, remote_names):
+                        continue
+                    try:
+                        freed += tier.delete(digest.hex())
+                    except TierError as exc:
+                        log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
+                    self._synced.discard(digest)
+        self.evicted_bytes += freed
+        return freed
+
+    def local_fill(self) -> tuple[int, int]:
+        """Blocking: (bytes in use, bytes in all) over the local tiers: a capped tier counts
+        its cap, an uncapped one its device (once per device, whoever fills it)."""
+        used = total = 0
+        seen: set[int] = set()
+        for t in self.local.values():
+            try:
+                u = t.usage()
+            except CkptfsError:
+                continue
+            if u.capped or u.device not in seen:
+                used += u.total - u.free
+                total += u.total
+                seen.add(u.device)
+        return used, total
+
     # -- pins --------------------------------------------------------------------------------
 
     def _pin(self, digest: bytes) -> None:

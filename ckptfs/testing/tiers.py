@@ -48,6 +48,9 @@ class MemoryTier:
     def get(self, key: str) -> bytes | None:
         return self.frames.get(key)
 
+    def has(self, key: str) -> bool:
+        return key in self.frames
+
     def verify(self, key: str, digest: bytes) -> None:
         verify_by_reading(self, key, digest)
 
@@ -122,6 +125,11 @@ class FaultyTier:
             flipped[-1] ^= 0xFF
             return bytes(flipped)
         return data
+
+    def has(self, key: str) -> bool:
+        if self.fail_gets:
+            raise TierError(f"tier {self.name}: injected EIO on get")
+        return self.inner.has(key)
 
     def verify(self, key: str, digest: bytes) -> None:
         verify_by_reading(self, key, digest)

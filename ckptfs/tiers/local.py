@@ -120,6 +120,9 @@ class LocalTier:
         except OSError as exc:
             raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
 
+    def has(self, key: str) -> bool:
+        return self._path(key).exists()
+
     def verify(self, key: str, digest: bytes) -> None:
         verify_by_reading(self, key, digest)
 

@@ -329,6 +329,9 @@ class S3Tier:
                 body.close()
         return data, str(resp.get("ETag") or "")
 
+    def has(self, key: str) -> bool:
+        return self.head(key) is not None
+
     def head(self, key: str) -> ObjectInfo | None:
         """The object's size, metadata and stored checksum, without its body (None: missing)."""
         with self._errors("head", key):

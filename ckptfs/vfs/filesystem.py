@@ -21,7 +21,10 @@ from typing import Any, TypeVar
 import trio
 
 from ..catalog import Catalog, ChunkRef, Inode
+from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
+from ..checkpoints.janitor import Janitor
+from ..checkpoints.retention import RetentionPolicy
 from ..checkpoints.tracker import CheckpointTracker
 from ..chunks.store import ChunkStore
 from ..config import DurabilityPolicy, policy_for
@@ -45,6 +48,7 @@ NAME_MAX = 255
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTR_TAG = b"user.ckptfs.tag"
+XATTR_GC = b"user.ckptfs.gc"
 XATTRS = (XATTR_STATE, XATTR_RECORD)
 STATS_INTERVAL_S = 1.0
 
@@ -109,6 +113,9 @@ class Filesystem:
         copy_back: str = "sequential",
         detectors: object | None = None,
         partial_after_s: float = 600.0,
+        invalidate_entry: Callable[[int, bytes], None] | None = None,
+        retention: tuple[RetentionPolicy, ...] = (),
+        high_watermark: float = 0.9,
     ) -> None:
         self.catalog = catalog
         self.invalidate = invalidate
@@ -130,10 +137,15 @@ class Filesystem:
         self.stats_path = stats_path
         self.readahead = readahead
         self.copy_back = copy_back
+        self.invalidate_entry = invalidate_entry
         # Checkpoint awareness: operations become events for the detectors (None: off).
-        self.tracker = None if detectors is None else CheckpointTracker(
+        self.tracker: CheckpointTracker | None = None if detectors is None else CheckpointTracker(
             catalog, self.db_limiter, detectors, self._writing_inos, partial_after_s
         )
+        # Retention after each checkpoint commit, and the local high watermark.
+        self.janitor = Janitor(self, retention, high_watermark, max(0.5, high_watermark - 0.1))
+        if self.tracker is not None:
+            self.tracker.on_commit = self.janitor.kick
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
@@ -150,6 +162,7 @@ class Filesystem:
         nursery.start_soon(self.uploader.run)
         if self.tracker is not None:
             nursery.start_soon(self.tracker.run)
+        nursery.start_soon(self.janitor.run)
         if self.stats_path is not None:
             nursery.start_soon(self._publish_stats, self.stats_path)
 
@@ -346,6 +359,34 @@ class Filesystem:
             await self._event("rename", new_parent, new_name, src=src, is_dir=moved.is_dir,
                               size=moved.size, mode=moved.mode)
 
+    async def remove_tree(self, path: str) -> None:
+        """Delete a file or a directory tree by its path inside the mount (retention), as
+        unlink and rmdir would, and tell the kernel to forget the names."""
+        parts = [p.encode(errors="surrogateescape") for p in path.split("/") if p]
+        if not parts:
+            raise InvalidArgument("refusing to delete the root")
+        parent = ROOT_INODE
+        for name in parts[:-1]:
+            parent = (await self.lookup(parent, name)).ino
+        await self._remove(parent, parts[-1])
+
+    async def _remove(self, parent: int, name: bytes) -> None:
+        inode = await self.lookup(parent, name)
+        if inode.is_dir:
+            after = 0
+            while True:
+                batch = await self.readdir(inode.ino, after)
+                if not batch:
+                    break
+                for _, child, _ in batch:
+                    await self._remove(inode.ino, child)
+                after = batch[-1][0]
+            await self.rmdir(parent, name)
+        else:
+            await self.unlink(parent, name)
+        if self.invalidate_entry is not None:
+            await trio.to_thread.run_sync(self.invalidate_entry, parent, name)
+
     async def _maybe_delete(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
         if f is not None:
@@ -531,7 +572,13 @@ class Filesystem:
         return list(XATTRS) if await self._checkpoint_of(ino) is not None else []
 
     async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        """``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint."""
+        """``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
+        ``user.ckptfs.gc`` (any value, on any directory) runs retention now and returns when
+        the pass is done (``ckptfs gc``)."""
+        if name == XATTR_GC:
+            report = await self.janitor.run_now()
+            log.info("gc requested: %s", report)
+            return
         if name != XATTR_TAG:
             raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
         tag = value.decode(errors="replace").strip()

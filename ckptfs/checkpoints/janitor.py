@@ -1,0 +1,210 @@
+"""Applies retention in the daemon, in the background, with the safety rules.
+
+After each checkpoint commit (and on `ckptfs gc`), the janitor plans retention per run
+(retention.py) and carries it out:
+
+* **skip_upload**: drop pending uploads of chunks only superseded checkpoints name;
+* **evict_local**: drop local copies of chunks a remote holds and no upload needs, except
+  chunks a checkpoint kept local also names (never evict data not yet uploaded);
+* **expire**: delete the checkpoint's files and directories (their chunks go from every
+  tier by garbage collection), unless a file under it is open (never delete a checkpoint
+  being read); then check on every tier that its chunks are gone before calling it deleted.
+
+Every few seconds it also keeps the local tiers under a high watermark by evicting the
+oldest chunks a remote already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import CkptfsError
+from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of
+
+if TYPE_CHECKING:
+    from ..vfs.filesystem import Filesystem
+
+log = logging.getLogger("ckptfs.retention")
+
+WATERMARK_CHECK_S = 5.0
+LEFTOVER_RETRY_S = 30.0  # deletions that failed (a tier down) are retried this often
+
+
+@dataclass
+class JanitorReport:
+    skipped_upload_jobs: int = 0
+    evicted_bytes: int = 0
+    expired: int = 0
+    deleted: int = 0
+    busy: int = 0  # expiries postponed: a file under the checkpoint is open
+
+
+def to_ckpts(rows: list[dict[str, Any]]) -> list[Ckpt]:
+    return [
+        Ckpt(str(r["root"]), run_of(str(r["root"])), r["step"], str(r["state"]),
+             int(r["commit_ns"] or 0), tuple(t for t in str(r["tags"]).split(",") if t))
+        for r in rows
+    ]
+
+
+class Janitor:
+    def __init__(
+        self, fs: Filesystem, policies: tuple[RetentionPolicy, ...],
+        high_watermark: float = 0.9, low_watermark: float = 0.8,
+    ) -> None:
+        self.fs = fs
+        self.policies = policies
+        self.high = high_watermark
+        self.low = low_watermark
+        self._wake = trio.Event()
+        self._done = trio.Event()  # set (and replaced) after each retention pass
+        self.passes = 0
+        self._leftovers_at = time.monotonic()
+        self.last = JanitorReport()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def run_now(self) -> JanitorReport:
+        """Ask for a pass and wait for it (``ckptfs gc``)."""
+        done = self._done
+        self.kick()
+        await done.wait()
+        return self.last
+
+    async def run(self) -> None:
+        while True:
+            with trio.move_on_after(WATERMARK_CHECK_S):
+                await self._wake.wait()
+            woken = self._wake.is_set()
+            self._wake = trio.Event()
+            if woken and self.policies:
+                try:
+                    self.last = await self.retention_pass()
+                    await self.retry_leftovers()
+                except CkptfsError as exc:
+                    log.error("retention pass failed: %s", exc)
+                self.passes += 1
+            elif time.monotonic() - self._leftovers_at > LEFTOVER_RETRY_S:
+                self._leftovers_at = time.monotonic()
+                try:
+                    await self.retry_leftovers()
+                except CkptfsError as exc:
+                    log.warning("retrying deletions failed: %s", exc)
+            done, self._done = self._done, trio.Event()
+            done.set()
+            await self._watermark()
+
+    async def _watermark(self) -> None:
+        store = self.fs.store
+        if not store.remotes:
+            return
+        used, total = await trio.to_thread.run_sync(store.local_fill)
+        if total <= 0 or used / total < self.high:
+            return
+        want = int(used - self.low * total)
+        freed = await trio.to_thread.run_sync(store._evict, want, limiter=self.fs.db_limiter)
+        log.info("local tiers at %.0f%% (high watermark %.0f%%): evicted %d bytes held by a "
+                 "remote tier", 100 * used / total, 100 * self.high, freed)
+
+    async def retention_pass(self) -> JanitorReport:
+        fs = self.fs
+        rows = await fs.db(fs.catalog.checkpoints, "/")
+        plans = plan_all(to_ckpts(rows), self.policies, time.time_ns())
+        report = JanitorReport()
+        for run, plan in plans.items():
+            await self._apply(run, plan, report)
+        if report.expired or report.evicted_bytes or report.skipped_upload_jobs:
+            log.info("retention: %d upload job(s) skipped, %d bytes evicted from local tiers, "
+                     "%d checkpoint(s) expired, %d deleted, %d postponed (open)",
+                     report.skipped_upload_jobs, report.evicted_bytes, report.expired,
+                     report.deleted, report.busy)
+        return report
+
+    async def _apply(self, run: str, plan: Plan, report: JanitorReport) -> None:
+        fs = self.fs
+        kept_local = await fs.db(fs.catalog.digests_under, plan.keep_local)
+        if plan.skip_upload:
+            skip = await fs.db(fs.catalog.digests_under, plan.skip_upload)
+            living = [r for r in plan.keep_local + plan.evict_local if r not in plan.skip_upload]
+            needed = await fs.db(fs.catalog.digests_under, living)
+            drop = [d for d in skip if d not in needed]
+            if drop:
+                report.skipped_upload_jobs += await fs.db(fs.catalog.drop_upload_jobs, drop)
+        if plan.evict_local and fs.store.remotes:
+            victims = await fs.db(fs.catalog.digests_under, plan.evict_local)
+            report.evicted_bytes += await fs.db(
+                fs.store.evict_digests, [d for d in victims if d not in kept_local]
+            )
+        for root in plan.expire:
+            await self._expire(root, plan.why.get(root, ""), report)
+
+    async def _expire(self, root: str, why: str, report: JanitorReport) -> None:
+        fs = self.fs
+        if await self._open_under(root):
+            report.busy += 1
+            return
+        digests = await fs.db(fs.catalog.digests_under, [root])
+        await fs.db(fs.catalog.checkpoint_set_state, root, "expired", why)
+        report.expired += 1
+        log.info("checkpoint %s expired (%s): deleting it", root, why)
+        # Remembered before the files go: the chunks to verify gone (or delete again).
+        await fs.db(fs.catalog.checkpoint_leftover, root, list(digests))
+        try:
+            await fs.remove_tree(root)
+        except CkptfsError as exc:
+            log.warning("could not delete expired checkpoint %s: %s", root, exc)
+            return
+        if await self._finish(root, list(digests)):
+            report.deleted += 1
+
+    async def _finish(self, root: str, digests: list[bytes]) -> bool:
+        """Verify that no tier holds the chunks of an expired checkpoint (deleting what is
+        left, e.g. on a remote that was down); then it is *deleted*. False: try later."""
+        fs = self.fs
+        referenced = await fs.db(fs.catalog.referenced_digests)
+        candidates = [d for d in digests if d not in referenced]  # shared ones are kept
+        left = await trio.to_thread.run_sync(self._delete_everywhere, candidates)
+        await fs.db(fs.catalog.checkpoint_leftover, root, left)
+        if left:
+            log.warning("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
+                        "(a tier unreachable?); retrying later", root, len(left))
+            return False
+        await fs.db(fs.catalog.checkpoint_set_state, root, "deleted", None)
+        log.info("checkpoint %s deleted: verified gone from every tier", root)
+        return True
+
+    def _delete_everywhere(self, digests: list[bytes]) -> list[bytes]:
+        """Blocking: delete these chunks from every tier (idempotent) and check they are
+        gone; return those that are not (yet)."""
+        left = []
+        for d in digests:
+            for tier in self.fs.store.tiers.values():
+                try:
+                    if tier.has(d.hex()):
+                        tier.delete(d.hex())
+                        if tier.has(d.hex()):
+                            raise CkptfsError(f"{d.hex()[:16]} still on tier {tier.name}")
+                except CkptfsError:
+                    left.append(d)
+                    break
+        return left
+
+    async def retry_leftovers(self) -> None:
+        fs = self.fs
+        for root, digests in (await fs.db(fs.catalog.expired_leftovers)).items():
+            await self._finish(root, digests)
+
+    async def _open_under(self, root: str) -> bool:
+        fs = self.fs
+        inos = sorted({h.file.ino for h in fs.handles.values()})
+        for ino in inos:
+            path = await fs.db(fs.catalog.path_of, ino)
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return True
+        return False

@@ -1,0 +1,154 @@
+"""Checkpoint awareness on real mounts: detection by the daemon, state as an xattr,
+`ckptfs ls/show/latest/tag/verify/gc`, partial checkpoints, retention across tiers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
+from test_remote_mount import MiB, remote  # noqa: F401
+
+from ckptfs.chunks import frame
+
+pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
+        time.sleep(0.05)  # polling a condition, with a deadline
+
+
+def ls(path: Path) -> list[dict[str, Any]]:
+    res = run_cli("ls", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    return list(json.loads(res.stdout))
+
+
+def states(path: Path) -> dict[str, str]:
+    return {c["root"]: c["state"] for c in ls(path)}
+
+
+def hf_save(ckdir: Path, step: int, payload: bytes) -> None:
+    """The file sequence of a Hugging Face Trainer save (framework-io.md): trainer_state.json
+    last."""
+    d = ckdir / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", payload),
+                       ("optimizer.pt", payload[::-1]), ("scheduler.pt", b"s"),
+                       ("rng_state.pth", b"r"), ("trainer_state.json", json.dumps({"step": step}).encode())):
+        with open(d / name, "wb") as f:
+            f.write(data)
+
+
+def test_torch_save_is_detected_with_state_visible_in_the_mount(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB")) as m:
+        run = m.mountpoint / "run"
+        run.mkdir()
+        torch.save({"w": torch.arange(300_000)}, run / "step-100.pt")
+        wait_until(lambda: states(run).get("/run/step-100.pt") == "committed", what="commit")
+        assert os.getxattr(run / "step-100.pt", "user.ckptfs.state") == b"committed"
+        rec = json.loads(os.getxattr(run / "step-100.pt", "user.ckptfs.checkpoint"))
+        assert rec["framework"] == "torch" and rec["step"] == 100
+        [info] = ls(run)
+        assert info["files"] == 1 and info["logical_bytes"] == (run / "step-100.pt").stat().st_size
+        assert "local0" in info["durable_on"]
+
+
+def test_hf_checkpoints_latest_tag_verify_and_partial(tmp_path: Path) -> None:
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "1MiB"\ncheckpoint_partial_after = 0.5\n')
+    with mounted(tmp_path, 1, ("--config", str(cfg))) as m:
+        out = m.mountpoint / "job" / "out"
+        payload = os.urandom(2 * MiB + 3)
+        hf_save(out, 10, payload)
+        wait_until(lambda: states(out).get("/job/out/checkpoint-10") == "committed", what="commit 10")
+        res = run_cli("latest", str(out))
+        assert res.returncode == 0 and res.stdout.strip() == str(out / "checkpoint-10"), res
+        # A save whose writer dies: files but never trainer_state.json.
+        d = out / "checkpoint-20"
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(payload)
+        wait_until(lambda: states(out).get("/job/out/checkpoint-20") == "partial", what="partial")
+        assert run_cli("latest", str(out)).stdout.strip() == str(out / "checkpoint-10")
+        assert os.getxattr(d, "user.ckptfs.state") == b"partial"
+        # tag and show
+        assert run_cli("tag", str(out / "checkpoint-10"), "milestone").returncode == 0
+        shown = json.loads(run_cli("show", str(out / "checkpoint-10"), "--json").stdout)
+        assert shown["tags"] == ["milestone"] and shown["step"] == 10 and shown["files"] == 6
+        assert shown["write_s"] is not None and shown["write_s"] >= 0
+        # verify reads it all back through the daemon's verified read path
+        res = run_cli("verify", str(out / "checkpoint-10"))
+        assert res.returncode == 0 and "verified" in res.stdout and "MB/s" in res.stdout, res
+        m.stop()
+        chunk = frame.digest_of(payload[:MiB]).hex()
+        victim = next(p for p in (m.locals[0] / "chunks").glob("*/*") if p.name == chunk)
+        raw = bytearray(victim.read_bytes())
+        raw[frame.HEADER_SIZE + 10] ^= 1
+        victim.write_bytes(bytes(raw))
+        m.start()
+        res = run_cli("verify", str(out / "checkpoint-10"))
+        assert res.returncode == 1 and "model.safetensors" in res.stderr, res
+
+
+def test_ls_outside_a_mount_is_a_clear_error(tmp_path: Path) -> None:
+    res = run_cli("ls", str(tmp_path))
+    assert res.returncode != 0 and "not inside a ckptfs mount" in res.stderr
+
+
+@pytest.mark.allow_log_errors
+def test_retention_over_twelve_steps_with_a_remote_outage(
+    tmp_path: Path, seaweed: Any, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    """keep_local 2, keep 3, a milestone every 4 steps; the remote is down for steps 5-8.
+    After each step `ckptfs latest` is right; at the end the right checkpoints are on the
+    right tiers, the rest are gone, and everything kept reads back exactly."""
+    url, _ = remote
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text(
+        'chunk_size = "1MiB"\n'
+        '[[retention]]\npath = "/run"\nkeep_local = 2\nkeep = 3\nmilestone_every = 4\n'
+        'skip_superseded_uploads = false\n'
+    )
+    payloads = {}
+    with mounted(tmp_path, 1, ("--config", str(cfg), "--remote", url)) as m:
+        run = m.mountpoint / "run"
+        for step in range(1, 13):
+            if step == 5:
+                seaweed.stop()
+            if step == 9:
+                seaweed.start()
+            payloads[step] = os.urandom(MiB + step)
+            hf_save(run, step, payloads[step])
+            root = f"/run/checkpoint-{step}"
+            wait_until(lambda r=root: states(run).get(r) == "committed", what=f"commit {step}")
+            assert run_cli("latest", str(run)).stdout.strip() == str(run / f"checkpoint-{step}")
+        assert run_cli("sync", str(run), "--timeout", "120").returncode == 0
+        res = run_cli("gc", str(run))
+        assert res.returncode == 0, res.stderr
+        by_root = {c["root"]: c for c in ls(run)}
+        expired = {1, 2, 3, 5, 6, 7}
+        for step in range(1, 13):
+            c = by_root[f"/run/checkpoint-{step}"]
+            if step in expired:
+                assert c["state"] in ("expired", "deleted"), (step, c)
+                assert not (run / f"checkpoint-{step}").exists()
+                continue
+            assert c["state"] == "committed", (step, c)
+            assert (run / f"checkpoint-{step}" / "model.safetensors").read_bytes() == payloads[step]
+            local = "local0" in c["durable_on"]
+            assert "remote0" in c["durable_on"], (step, c)
+            assert local == (step in (11, 12)), (step, c)  # the newest two stay local
+        assert run_cli("latest", str(run)).stdout.strip() == str(run / "checkpoint-12")
+        assert {c["state"] for c in by_root.values() if c["state"] != "committed"} <= {"deleted"}
