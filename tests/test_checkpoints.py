@@ -152,3 +152,55 @@ def test_retention_over_twelve_steps_with_a_remote_outage(
             assert local == (step in (11, 12)), (step, c)  # the newest two stay local
         assert run_cli("latest", str(run)).stdout.strip() == str(run / "checkpoint-12")
         assert {c["state"] for c in by_root.values() if c["state"] != "committed"} <= {"deleted"}
+
+
+DCP_SAVE = r"""
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+
+def main(rank: int, world: int, path: str, port: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    state = {f"w{rank}": torch.randn(256, 1024), "step": torch.tensor(5)}
+    dcp.save(state, checkpoint_id=path)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(2, sys.argv[1], sys.argv[2]), nprocs=2, join=True)
+"""
+
+
+def test_torch_dcp_with_two_processes_and_safetensors_are_detected(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "dcp_save.py"
+    script.write_text(DCP_SAVE)
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB")) as m:
+        run = m.mountpoint / "run"
+        run.mkdir()
+        res = subprocess.run([sys.executable, str(script), str(run / "step-5"), port],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        st.save_file({"t": torch.ones(1000)}, str(run / "model-7.safetensors"))
+        got = wait_until(lambda: (lambda s: s if len(s) == 2 and set(s.values()) == {"committed"}
+                                  else None)(states(run)), what="both commits")
+        assert set(got) == {"/run/step-5", "/run/model-7.safetensors"}
+        by_root = {c["root"]: c for c in ls(run)}
+        assert by_root["/run/step-5"]["framework"] == "dcp"
+        assert by_root["/run/step-5"]["files"] >= 3  # two ranks' .distcp and .metadata
+        assert by_root["/run/model-7.safetensors"]["framework"] == "safetensors"
