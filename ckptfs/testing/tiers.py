@@ -94,6 +94,7 @@ class FaultyTier:
         self.corrupt_gets = False
         self.corrupt_puts = False  # flip a bit of every put body after the caller checked it
         self.corrupted = 0
+        self.fail_deletes = False
         # Hold puts (chunks and meta) until the gate opens; put_entered tells a put is held.
         self.put_gate: threading.Event | None = None
         self.put_entered = threading.Event()
@@ -135,6 +136,8 @@ class FaultyTier:
         verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
+        if self.fail_deletes:
+            raise TierError(f"tier {self.name}: injected EIO on delete")
         return self.inner.delete(key)
 
     def sync(self, keys: Sequence[str]) -> None:

@@ -1,0 +1,117 @@
+"""Retention safety rules at the filesystem level (in-memory tiers): never delete a
+checkpoint being read, never evict data not yet uploaded, expired data verified gone."""
+
+import json
+import os
+from pathlib import Path
+
+import trio
+from test_local_full import wait_for
+from test_upload import skip_backoff, wait_backlog_empty
+from test_vfs import RW, make_fs
+
+from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.checkpoints.detectors import DetectorSet
+from ckptfs.checkpoints.retention import RetentionPolicy
+from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.vfs.filesystem import Filesystem
+
+POLICY = (RetentionPolicy("/run", keep_local=1, keep=1, skip_superseded_uploads=False),)
+
+
+async def save(fs: Filesystem, run: int, step: int) -> int:
+    """An HF-style checkpoint-N directory, trainer_state.json last."""
+    d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, 0, 0)
+    for name, data in ((b"model.safetensors", os.urandom(70_000)),
+                       (b"trainer_state.json", json.dumps({"step": step}).encode())):
+        fh, _ = await fs.create(d.ino, name, 0o644, RW, 0, 0)
+        await fs.write(fh, 0, data)
+        await fs.flush(fh)
+        await fs.release(fh)
+    return d.ino
+
+
+async def state(fs: Filesystem, root: str) -> str | None:
+    rows = [c for c in await fs.db(fs.catalog.checkpoints, root) if c["root"] == root]
+    return str(rows[0]["state"]) if rows else None
+
+
+def options() -> dict:  # type: ignore[type-arg]
+    return {"detectors": DetectorSet.default(), "retention": POLICY}
+
+
+async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")], **options()) as fs:
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        d1 = await save(fs, run.ino, 1)
+        model = await fs.lookup(d1, b"model.safetensors")
+        fh = await fs.open(model.ino, os.O_RDONLY)  # a restore is reading step 1
+        await save(fs, run.ino, 2)
+        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
+        report = await fs.janitor.run_now()
+        assert report.busy == 1 and await state(fs, "/run/checkpoint-1") == "committed"
+        assert len(await fs.read(fh, 0, 10)) == 10
+        await fs.release(fh)
+        report = await fs.janitor.run_now()
+        assert report.expired == 1 and await state(fs, "/run/checkpoint-1") == "deleted"
+
+
+async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
+    local = MemoryTier("l")
+    remote = FaultyTier(MemoryTier("r", kind="remote"))
+    remote.fail_puts = True  # the remote is down: nothing gets uploaded
+    policy = (RetentionPolicy("/run", keep_local=1, keep=5, skip_superseded_uploads=False),)
+    async with make_fs(tmp_path, [local, remote], detectors=DetectorSet.default(),
+                       retention=policy) as fs:
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        for step in (1, 2, 3):
+            await save(fs, run.ino, step)
+        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 3)
+        frames = len(local.frames)
+        report = await fs.janitor.run_now()
+        assert report.evicted_bytes == 0 and len(local.frames) == frames  # only copies
+        remote.fail_puts = False
+        fs.uploader.clock = skip_backoff
+        fs.uploader.kick()
+        await wait_backlog_empty(fs)
+        report = await fs.janitor.run_now()
+        assert report.evicted_bytes > 0  # now the remote holds them: steps 1-2 leave
+        with trio.fail_after(5):
+            assert await state(fs, "/run/checkpoint-1") == "committed"
+
+
+async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path: Path) -> None:
+    local, remote = MemoryTier("l"), FaultyTier(MemoryTier("r", kind="remote"))
+    async with make_fs(tmp_path, [local, remote], **options()) as fs:
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        await save(fs, run.ino, 1)
+        await wait_backlog_empty(fs)
+        uploaded = set(remote.inner.frames)  # type: ignore[attr-defined]
+        assert uploaded
+        remote.fail_gets = remote.fail_deletes = True  # the remote is unreachable now
+        await save(fs, run.ino, 2)
+        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
+        await fs.janitor.run_now()
+        assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
+        assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
+        remote.fail_gets = remote.fail_deletes = False
+        await fs.janitor.retry_leftovers()
+        assert await state(fs, "/run/checkpoint-1") == "deleted"
+        assert not uploaded & set(remote.inner.frames)  # type: ignore[attr-defined]
+
+
+async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path) -> None:
+    remote = FaultyTier(MemoryTier("r", kind="remote"))
+    remote.fail_puts = True  # a slow or absent remote: the backlog would grow
+    policy = (RetentionPolicy("/run", keep_local=3, keep=5, milestone_every=4),)
+    async with make_fs(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
+                       retention=policy) as fs:
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        for step in (3, 4, 5, 6):
+            await save(fs, run.ino, step)
+        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 4)
+        await fs.janitor.run_now()
+        pending = await fs.db(fs.catalog.digests_under, ["/run/checkpoint-4", "/run/checkpoint-6"])
+        backlog = await fs.db(fs.catalog.backlog)
+        # Only the newest (6) and the milestone (4) still wait for the remote: 2 chunks each.
+        assert backlog.chunks == len(pending) == 4
