@@ -24,7 +24,6 @@ from ckptfs.checkpoints.detectors import (
     DetectorSet,
     PatternConfig,
     PatternDetector,
-    default_detectors,
     is_temp_name,
     patterns_from_config,
     step_from_name,
@@ -904,7 +903,7 @@ def _noise_ops(max_size: int = 40) -> st.SearchStrategy[list[Op]]:
 def _apply_noise(s: Script, op: Op) -> None:
     """One unrelated operation (the Script asserts that nothing fires)."""
     kind, a, b, c = op
-    files = s.ns.files
+    files = {p: n for p, n in s.ns.files.items() if p.startswith(("/logs/", "/data/"))}
     new = f"{NOISE_DIRS[a % len(NOISE_DIRS)]}/{NOISE_NAMES[b % len(NOISE_NAMES)]}"
     data = NOISE_DATA[c % len(NOISE_DATA)]
     open_files = _pick((p for p, n in files.items() if n > 0), a)
@@ -986,14 +985,14 @@ VOCAB_FILES = ["model.pt", "x.safetensors", ".tmpabcdef", "trainer_state.json", 
                "rng_state_1.pth", "mp_rank_00_model_states.pt", "model_optim_rng.pt", "DONE"]
 VOCAB_DATA = [ZIP, ZIP, TORN, b"global_step1", b"1", b"2", b"release", b"best", b"checkpoint",
               b"junk", ST]
-VOCAB_KINDS = ["mkdir", "mkdir", "create", "create", "create", "write", "open", "release",
+VOCAB_KINDS = ["mkdir", "mkdir", "put", "put", "put", "create", "write", "open", "release",
                "release", "release", "rename", "renamedir", "unlink", "rmtree", "chmod", "link",
                "tick"]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(VOCAB_KINDS), st.integers(0, 1000),
-                          st.integers(0, 1000), st.integers(0, 1000)), max_size=80))
+                          st.integers(0, 1000), st.integers(0, 1000)), min_size=30, max_size=120))
 def test_detector_set_invariants(ops: list[Op]) -> None:
     ns = FakeNS(["/r"])
     pats = (PatternConfig("/r/best", "file:DONE"), PatternConfig("/r/2", "quiescence", 1.0))
@@ -1003,10 +1002,10 @@ def test_detector_set_invariants(ops: list[Op]) -> None:
     dirty: dict[str, bool] = {}  # committed roots -> written since
 
     def feed(ev: FsEvent) -> None:
+        changes = ev.kind in (CREATE, WRITE, MKDIR, SYMLINK, RENAME, UNLINK, RMDIR)
         for r in dirty:
-            if _under(ev.path, r) or (ev.src is not None and _under(ev.src, r)):
-                if ev.kind in (CREATE, WRITE, MKDIR, SYMLINK, RENAME, UNLINK, RMDIR):
-                    dirty[r] = True
+            if changes and (_under(ev.path, r) or (ev.src is not None and _under(ev.src, r))):
+                dirty[r] = True
         for d in ds.observe(ev, ns):
             check(d)
 
@@ -1030,9 +1029,14 @@ def test_detector_set_invariants(ops: list[Op]) -> None:
         if kind == "mkdir" and new_dir not in ns.dirs and new_dir.rsplit("/", 1)[0] in ns.dirs:
             ns.dirs.add(new_dir)
             feed(FsEvent(MKDIR, new_dir, t, is_dir=True))
-        elif kind == "create" and not ns.exists(new_file) and new_file not in ns.dirs:
+        elif kind in ("create", "put") and not ns.exists(new_file) and new_file not in ns.dirs:
             ns.files[new_file] = 1
             feed(FsEvent(CREATE, new_file, t))
+            if kind == "put":  # write and close at once
+                feed(FsEvent(WRITE, new_file, t))
+                ns.files[new_file] = 0
+                feed(FsEvent(RELEASE, new_file, t, size=len(data), last_writer=True,
+                             tail=data[-TAIL:], content=data))
         elif kind == "write" and open_f is not None:
             feed(FsEvent(WRITE, open_f, t))
         elif kind == "open" and any_f is not None:

@@ -420,11 +420,12 @@ class HFTrainerDetector(BaseDetector):
                     _HF_FINAL_RE.match(_base(p)):
                 self._committed.add(p)
                 return [self._d(COMMIT, p, t, f"rename {_base(ev.src)} -> {_base(p)}")]
-        elif k in (RMDIR, UNLINK):
+        elif k == RMDIR:
             self._forget(p)
         return []
 
     def _forget(self, path: str) -> None:
+        """A directory went away (roots are directories: unlinks cannot remove one)."""
         for r in [r for r in self._committed if _under(r, path)]:
             self._committed.discard(r)
             self._late_rng.pop(r, None)
@@ -482,7 +483,7 @@ class DeepSpeedDetector(BaseDetector):
                 return []  # a torn rewrite, or not DeepSpeed's `latest`
             self._tags.add(root)
             return [self._d(COMMIT, root, t, f"latest closed naming {tag}")]
-        elif k in (RMDIR, UNLINK) or (k == RENAME and ev.src is not None):
+        elif (k == RMDIR or (k == RENAME and ev.is_dir)) and self._tags:
             gone = ev.src if k == RENAME and ev.src is not None else p
             self._tags = {r for r in self._tags if not _under(r, gone)}
         return []
@@ -604,12 +605,14 @@ class OrbaxDetector(BaseDetector):
             ):
                 self._committed.add(d)
                 return [self._d(COMMIT, d, t, f"{ORBAX_COMMIT_FILE} closed (commit-file mode)")]
-        elif k in (RMDIR, UNLINK):
+        elif k == RMDIR:
             self._forget(p)
         return []
 
     def _forget(self, path: str) -> None:
-        self._committed = {r for r in self._committed if not _under(r, path)}
+        """A directory went away (roots are directories: unlinks cannot remove one)."""
+        if self._committed:
+            self._committed = {r for r in self._committed if not _under(r, path)}
 
     def owns(self, path: str, ns: NamespaceView) -> str | None:
         tmp = self._outer_tmp(path)
@@ -770,10 +773,13 @@ class PatternDetector(BaseDetector):
     * ``quiescence``: at ``tick``, ``quiet_s`` after the last event under the root, if no
       writer is open under it.
 
-    Patterns outrank every built-in detector.
+    Patterns outrank every built-in detector. Their file and rename commits are not held
+    for open writers (the user chose the signal; a broad root may keep a log file open).
     """
 
     priority = 100
+    # The user chose the signal: trust it (a broad root may hold a log file open forever).
+    hold_for_writers = False
 
     def __init__(self, glob: str, commit: str, quiet_s: float = DEFAULT_QUIET_S,
                  framework: str = "pattern") -> None:
@@ -1067,7 +1073,11 @@ class DetectorSet:
             if st is not None and not st.open:
                 st.dirty = True
 
-    def _drop_roots_under(self, path: str) -> None:
+    def _drop_roots_under(self, path: str, is_dir: bool) -> None:
+        if not is_dir:
+            self._roots.pop(path, None)
+            self._held.pop(path, None)
+            return
         for r in [r for r in self._roots if _under(r, path)]:
             del self._roots[r]
         for r in [r for r in self._held if _under(r, path)]:
@@ -1084,17 +1094,25 @@ class DetectorSet:
         elif k == RENAME and ev.src is not None:
             # A root renamed away is forgotten like a deleted one (the tracker sees the
             # rename itself); the new name is new content for whatever holds it.
-            self._drop_roots_under(ev.src)
+            src = ev.src
+            self._drop_roots_under(src, ev.is_dir)
             self._mark_dirty(p)
-            self._mark_dirty(ev.src, include_self=False)
-            for q in [q for q in self._first_write if _under(q, ev.src)]:
-                self._first_write[p + q[len(ev.src):]] = self._first_write.pop(q)
+            self._mark_dirty(src, include_self=False)
+            if ev.is_dir:
+                for q in [q for q in self._first_write if _under(q, src)]:
+                    self._first_write[p + q[len(src):]] = self._first_write.pop(q)
+            elif src in self._first_write:
+                self._first_write[p] = self._first_write.pop(src)
             self._first_write.setdefault(p, ev.time_ns)
         elif k in (UNLINK, RMDIR):
-            self._drop_roots_under(p)
+            # rmtree unlinks file by file: only a directory costs a scan.
+            self._drop_roots_under(p, k == RMDIR)
             self._mark_dirty(p, include_self=False)
-            for q in [q for q in self._first_write if _under(q, p)]:
-                del self._first_write[q]
+            if k == RMDIR:
+                for q in [q for q in self._first_write if _under(q, p)]:
+                    del self._first_write[q]
+            else:
+                self._first_write.pop(p, None)
 
 
 def run(detectors: DetectorSet, events: Iterable[FsEvent], ns: NamespaceView) -> list[Detection]:

@@ -64,6 +64,7 @@ class Janitor:
         self._wake = trio.Event()
         self._done = trio.Event()  # set (and replaced) after each retention pass
         self.passes = 0
+        self._started = self._finished = 0  # loop iterations begun and ended
         self._leftovers_at = time.monotonic()
         self.last = JanitorReport()
 
@@ -71,10 +72,11 @@ class Janitor:
         self._wake.set()
 
     async def run_now(self) -> JanitorReport:
-        """Ask for a pass and wait for it (``ckptfs gc``)."""
-        done = self._done
+        """Ask for a pass and wait for one that started after this call (``ckptfs gc``)."""
+        wanted = self._started + 1
         self.kick()
-        await done.wait()
+        while self._finished < wanted:
+            await self._done.wait()
         return self.last
 
     async def run(self) -> None:
@@ -83,6 +85,7 @@ class Janitor:
                 await self._wake.wait()
             woken = self._wake.is_set()
             self._wake = trio.Event()
+            self._started += 1
             if woken and self.policies:
                 try:
                     self.last = await self.retention_pass()
@@ -96,6 +99,7 @@ class Janitor:
                     await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.warning("retrying deletions failed: %s", exc)
+            self._finished = self._started
             done, self._done = self._done, trio.Event()
             done.set()
             await self._watermark()

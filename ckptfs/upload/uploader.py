@@ -78,6 +78,7 @@ class Uploader:
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # monotonic time of the last snapshot
+        self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
         self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
         self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
         # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
@@ -222,6 +223,8 @@ class Uploader:
         of the catalog on every remote tier: what a fresh node restores. Returns seconds
         until the next look is due (a failed snapshot's retry, the next interval)."""
         now = time.monotonic()
+        if now < self._snapshot_retry_at:  # a failed snapshot waits out its backoff
+            return self._snapshot_retry_at - now
         overdue = now - self._snapshot_at >= SNAPSHOT_INTERVAL_S
         wanted = self._snapshot_wanted > 0
 
@@ -247,6 +250,7 @@ class Uploader:
             self._snapshot_failures += 1
             delay = backoff_s(self._snapshot_failures)
             log.warning("catalog snapshot upload failed (retry in %.1f s): %s", delay, exc)
+            self._snapshot_retry_at = time.monotonic() + delay
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = time.monotonic()
