@@ -12,15 +12,17 @@ The rules the ``DetectorSet`` enforces (docs/checkpoints.md):
   Megatron's ``iter_N`` or HF's FSDP subdir is Megatron's or HF's, and a user pattern beats
   everything. Name-based claims are unconditional: a plain torch.save file inside a dir
   named ``checkpoint-5`` belongs to HF and commits only with HF's signal.
-* **One begin, one commit.** A root gets one "begin" until its "commit". A second commit
+* **One begin, one commit.** Detectors may repeat "begin" (on every write under a root
+  they recognise); a root gets one until its "commit". A second commit
   signal for a root counts only after something under it was written again (created,
   written, renamed in, unlinked); torch.save overwriting the same file later is a new
   commit. A commit with no begin seen first (the temp file of safetensors 0.8, a DeepSpeed
   custom tag) is preceded by a synthesized begin carrying the first-write time under the
   root, so every commit has a begin before it.
 * **Held commits.** Most commit signals are one rank's (HF's ``trainer_state.json``,
-  DeepSpeed's ``latest``): other ranks may still be writing. Unless the detector says the
-  signal is final (safetensors renames its file while the fd is still open), a commit waits
+  DeepSpeed's ``latest``): other ranks may still be writing, and FUSE releases arrive
+  asynchronously. Unless the detector says the signal is final (safetensors renames its
+  file while the fd is still open; a user pattern's signal is trusted), a commit waits
   until no writer is open under the root and fires at the release of the last one.
 """
 

@@ -192,25 +192,43 @@ class Filesystem:
         path = await self._path(parent, name)
         self.tracker.push(FsEvent(kind, path, time.time_ns(), **kw))
 
-    async def _release_event(self, h: Handle) -> None:
-        if self.tracker is None or not h.writable:
-            return
-        f = h.file
-        last = not any(o.file is f and o.writable for o in self.handles.values())
+    async def _release_event(self, h: Handle, last: bool) -> None:
+        """After a writing handle closed: the committed size, mode, tail (and content of a
+        small file) from the catalog and the chunks, never from the open file's state,
+        which a concurrent request (the kernel sends RELEASE asynchronously) may change."""
+        assert self.tracker is not None
+        ino = h.file.ino
+
+        def committed() -> tuple[str, Inode, dict[int, ChunkRef]]:
+            return (self.catalog.path_of(ino), self.catalog.get_inode(ino),
+                    self.catalog.extents(ino))
+
+        try:
+            path, inode, refs = await self.db(committed)
+        except CkptfsError:
+            return  # deleted meanwhile
         content = tail = None
         try:
-            if f.size <= SMALL_FILE:
-                content = await f.read(0, f.size)
-                tail = content[-TAIL:]
-            else:
-                tail = await f.read(f.size - TAIL, TAIL)
+            lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
+            data = await self._read_committed(refs, lo, inode.size)
+            content = data if inode.size <= SMALL_FILE else None
+            tail = data[-TAIL:]
         except CkptfsError:
             pass  # the read logged it; the event goes without the bytes
-        path = await self.db(self.catalog.path_of, f.ino)
         self.tracker.push(FsEvent(
-            "release", path, time.time_ns(), size=f.size, mode=f.inode.mode,
+            "release", path, time.time_ns(), size=inode.size, mode=inode.mode,
             last_writer=last, content=content, tail=tail,
         ))
+
+    async def _read_committed(self, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes:
+        out = bytearray()
+        for idx in range(lo // self.chunk_size, (hi - 1) // self.chunk_size + 1 if hi else 0):
+            base = idx * self.chunk_size
+            ref = refs.get(idx)
+            a, b = max(lo, base) - base, min(hi, base + self.chunk_size) - base
+            piece = b"" if ref is None else bytes(memoryview(await self.store.read(ref))[a:b])
+            out += piece + bytes(b - a - len(piece))
+        return bytes(out)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
@@ -543,8 +561,12 @@ class Filesystem:
         h = self.handles.pop(fh, None)
         if h is None:
             return
-        await self._release_event(h)
+        last = h.writable and not any(
+            o.file is h.file and o.writable for o in self.handles.values()
+        )
         await self._drop_handle_ref(h.file)
+        if self.tracker is not None and h.writable:
+            await self._release_event(h, last)
 
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
