@@ -66,7 +66,7 @@ def test_a_flipped_byte_is_served_right_counted_and_repaired(
         write(m.mountpoint / "model.pt", data)
         assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
         m.stop()
-        victim = frames(m.locals[0])[1]
+        victim = next(p for p in frames(m.locals[0]) if p.stat().st_size > MiB)  # a full chunk
         flip_byte(victim)
         assert not frame_ok(victim)
         m.start()  # nothing cached: the read must go to the tiers
