@@ -102,7 +102,7 @@ echo "S3 server pid $S3_PID at $S3_ENDPOINT, bucket $S3_BUCKET; remote tier $REM
 step "1. mount, with the bucket as a remote tier"
 do_mount --remote "$REMOTE"
 
-step "2. save a checkpoint into the mount with torch.save and safetensors"
+step "2. save a checkpoint the way a Hugging Face Trainer lays it out: safetensors, torch.save, trainer_state.json last"
 "$PY" - "$MNT/run1/checkpoint-100" "$REF" <<'EOF'
 import os, sys, time
 import torch
@@ -124,7 +124,9 @@ for d in (out, ref):
     t0 = time.perf_counter()
     torch.save(sd, os.path.join(d, "model.pt"))
     save_file(sd, os.path.join(d, "model.safetensors"), metadata={"step": "100"})
-    torch.save({"step": 100, "lr": 3e-4}, os.path.join(d, "trainer_state.pt"))
+    torch.save({"step": 100, "lr": 3e-4}, os.path.join(d, "optimizer.pt"))
+    with open(os.path.join(d, "trainer_state.json"), "w") as f:  # written last: the commit
+        f.write('{"global_step": 100}')
     if d == out:
         print(f"saved {len(sd)} tensors, {n:,} parameters ({n * 4 / 2**20:.1f} MiB of float32) "
               f"into {out} in {time.perf_counter() - t0:.2f} s")
@@ -157,6 +159,12 @@ print(f"bucket {bucket}: {len(chunks)} chunk objects, all verified; metadata: "
       + ", ".join(k for k in keys if "/meta/" in k))
 EOF
 ckptfs status "$MNT"
+
+step "5b. checkpoint awareness: ckptfs detected the save and knows when it committed"
+ckptfs ls "$MNT/run1"
+echo "user.ckptfs.state of checkpoint-100: $(getfattr --only-values -n user.ckptfs.state "$MNT/run1/checkpoint-100" 2>/dev/null || "$PY" -c 'import os,sys; print(os.getxattr(sys.argv[1], "user.ckptfs.state").decode())' "$MNT/run1/checkpoint-100")"
+echo "ckptfs latest run1 -> $(ckptfs latest "$MNT/run1")"
+ckptfs verify "$MNT/run1/checkpoint-100"
 
 cat > "$WORK/compare.py" <<'EOF'
 import hashlib, os, sys
@@ -195,7 +203,10 @@ echo "removed $STATE (catalog, log, the local tier with its chunks)"
 step "8. a new node: mount on an empty state dir with the same bucket; load from the remote alone"
 do_mount --remote "$REMOTE"
 grep -h "restored the catalog" "$STATE/ckptfs.log" || true
+echo "ckptfs latest run1 -> $(ckptfs latest "$MNT/run1")   (the checkpoint catalog came back too)"
 "$PY" "$WORK/compare.py" "$MNT/run1/checkpoint-100" "$REF"
+echo "the restore read the chunks from the bucket (verified) and staged them on the local tier:"
+ckptfs status "$MNT" | grep -E "^tier|read order|counters"
 
 step "9. unmount"
 do_umount
