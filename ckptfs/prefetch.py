@@ -9,8 +9,9 @@ valid replica on a local tier the daemon serves, and exits:
 
 * 0 when everything is local;
 * 1 on a read error (the file is named), on ``--timeout``, or when the copy-backs stopped
-  making progress (the number of chunks still only on a remote is given, with a hint when
-  the local tiers look full: the daemon skips a copy-back that finds no room);
+  making progress after a second read pass (the number of chunks still only on a remote
+  is given, with the files and how full the local tiers are: the daemon skips a copy-back
+  that finds no room, and one of a chunk it answers from its memory cache);
 * 2 on bad arguments (a path that does not exist or is outside a ckptfs mount).
 
 Reads drop the pages they brought into the kernel page cache (``POSIX_FADV_DONTNEED``),
@@ -282,11 +283,12 @@ class Progress:
         self._last = now
         secs = max(now - self.t0, 1e-6)
         frac = local / self.total if self.total else 1.0
-        bar = "#" * int(frac * 30)
-        line = (f"prefetch [{bar:<30}] {frac * 100:5.1f}% local {local / 1e9:.2f}/"
-                f"{self.total / 1e9:.2f} GB, read {read / 1e9:.2f} GB at "
-                f"{read / secs / 1e6:.0f} MB/s, {remote_only} chunk(s) remote-only, {secs:.0f} s")
+        bar = "#" * int(frac * 20)
+        line = (f"prefetch [{bar:<20}] {frac * 100:3.0f}% {local / 1e9:.2f}/{self.total / 1e9:.2f} "
+                f"GB local, read {read / secs / 1e6:.0f} MB/s, {remote_only} chunk(s) remote, "
+                f"{secs:.0f} s")
         if self.tty:
+            line = line[: max(20, shutil.get_terminal_size().columns - 1)]  # one line: no wrap
             pad = " " * max(0, self._width - len(line))
             self.out.write("\r" + line + pad)
             self._width = len(line)
@@ -330,7 +332,6 @@ def cmd_prefetch(paths: Sequence[Path], timeout: float | None, jobs: int) -> int
 def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None, jobs: int) -> int:
     catalog = open_catalog(job.state_dir)
     reader = Reader(jobs)
-    progress: Progress | None = None
     try:
         local = local_tier_names(catalog, job.state_dir)
         if not local:
@@ -377,7 +378,7 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
                 progress.finish()
                 print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only on a "
                       f"remote tier after {timeout:.0f} s", file=sys.stderr)
-                _hint_room(catalog, job.state_dir)
+                _diagnose(catalog, job.state_dir, st, by_ino)
                 return EXIT_FAILED
             if reader.done and now - last_change >= STALL_S:
                 if passes < REREADS:
@@ -391,7 +392,7 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
                     print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only "
                           f"on a remote tier: no copy-back for {STALL_S:.0f} s after reading "
                           "everything", file=sys.stderr)
-                    _hint_room(catalog, job.state_dir)
+                    _diagnose(catalog, job.state_dir, st, by_ino)
                     return EXIT_FAILED
             time.sleep(POLL_S)  # the daemon records copy-backs in its own process: poll
     finally:
@@ -399,10 +400,16 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
         catalog.close()
 
 
-def _hint_room(catalog: Catalog, state_dir: Path) -> None:
-    """Tell the operator where the local tiers stand: a full one makes the daemon skip
-    copy-backs (the data stays readable from the remote)."""
-    lines = local_usage(catalog, state_dir)
-    print("ckptfs prefetch: the daemon skips a copy-back when no local tier has room "
-          "(device full or `capacity` reached); local tiers: " + "; ".join(lines),
+def _diagnose(catalog: Catalog, state_dir: Path, st: Status, by_ino: dict[int, FileItem]) -> None:
+    """Name the files not yet local and where the local tiers stand. The daemon skips a
+    copy-back when no local tier has room, and does not copy back a chunk it answers from
+    its decoded-chunk cache (one read non-sequentially before, e.g. through mmap)."""
+    names = [str(by_ino[i].path) for i in sorted(st.incomplete) if i in by_ino]
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    print(f"ckptfs prefetch: not yet local: {', '.join(names[:5])}{more}", file=sys.stderr)
+    print("ckptfs prefetch: local tiers: " + "; ".join(local_usage(catalog, state_dir)),
           file=sys.stderr)
+    print("ckptfs prefetch: a copy-back is skipped when no local tier has room (device full or "
+          "its `capacity` reached), or when the daemon serves the chunk from its memory cache "
+          "(after a non-sequential read of it); in that case run prefetch again later or "
+          "after a remount", file=sys.stderr)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 EWMA = 0.2  # weight of the newest observation
+REMOTE_PENALTY = 3.0
 BIG_READ = 1 << 20  # reads at least this large measure throughput; smaller ones, latency
 # Starting guesses until a tier has been measured: a local device, an object store.
 PRIOR = {"local": (0.0002, 1 / 2e9), "remote": (0.03, 1 / 3e8)}
@@ -104,7 +105,14 @@ class Stats:
         expected time from their measured latency and throughput."""
         def key(n: str) -> tuple[bool, float]:
             t = self.tiers.get(n)
-            return (True, float("inf")) if t is None else (t.degraded is not None, t.expected_s(nbytes))
+            if t is None:
+                return (True, float("inf"))
+            expected = t.expected_s(nbytes)
+            if t.kind != "local":
+                # A remote must be clearly faster to beat a healthy local copy: a local
+                # device measured under load should not send reads over the network.
+                expected *= REMOTE_PENALTY
+            return (t.degraded is not None, expected)
         return sorted(names, key=key)
 
     def snapshot(self) -> dict[str, Any]:

@@ -83,13 +83,16 @@ def save(mnt: Path, files: list[bytes], threads: int = 4) -> float:
     return time.perf_counter() - t0
 
 
-def mount(base: Path, remote: str | None) -> Path:
+def mount(base: Path, remote: str | None, config: str | None = None) -> Path:
     mnt = base / "mnt"
     mnt.mkdir(parents=True, exist_ok=True)  # exists when the same state dir is mounted again
     args = ["mount", str(mnt), "--state-dir", str(base / "state"),
             "--local", str(base / "t0"), "--local", str(base / "t1")]
     if remote:
         args += ["--remote", remote]
+    if config:
+        (base / "ckptfs.toml").write_text(config)
+        args += ["--config", str(base / "ckptfs.toml")]
     res = ckptfs(*args)
     if res.returncode:
         raise SystemExit(f"mount failed: {res.stderr}")
@@ -238,61 +241,162 @@ def py_spy_stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(10)
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time a process has used so far (0 if it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def boto3_to_files(client, bucket: str, prefix: str, files: list[bytes], workers: int,  # type: ignore[no-untyped-def]
+                   out: Path) -> float:
+    """The same GETs as boto3_download, each object written at its offset into a local
+    file (a restore to local disk, as ckptfs's copy-back leaves it), then checked."""
+    out.mkdir(parents=True, exist_ok=True)
+    fds = []
+    for i, f in enumerate(files):
+        fd = os.open(out / f"part{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, len(f))
+        fds.append(fd)
+    jobs = [(i, off) for i, f in enumerate(files) for off in range(0, len(f), PART)]
+
+    def get(job: tuple[int, int]) -> None:
+        i, off = job
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{i}/{off}")["Body"]
+        try:
+            data = body.read()
+        finally:
+            body.close()
+        if data != files[i][off : off + PART]:
+            raise SystemExit(f"boto3 download: object {prefix}/{i}/{off} differs")
+        os.pwrite(fds[i], data, off)
+
+    t0 = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(workers) as ex:
+            list(ex.map(get, jobs))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+class Steps:
+    """Times restore steps and the CPU the daemon, SeaweedFS and this script used in them."""
+
+    def __init__(self, server: SeaweedServer) -> None:
+        self.server = server
+        self.results: dict[str, float] = {}
+        self.cpu: dict[str, tuple[float, float, float]] = {}
+
+    def run(self, key: str, label: str, fn, daemon: Path | None = None) -> float:  # type: ignore[no-untyped-def]
+        dpid = int((daemon / "daemon.pid").read_text()) if daemon else None
+        before = (cpu_seconds(dpid), cpu_seconds(self.server.pid), cpu_seconds(os.getpid()))
+        secs = float(fn())
+        after = (cpu_seconds(dpid), cpu_seconds(self.server.pid), cpu_seconds(os.getpid()))
+        self.results[key] = secs
+        self.cpu[key] = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
+        extra = ""
+        if daemon is not None:
+            st = daemon_stats(daemon)
+            extra = "; tier reads " + ", ".join(
+                f"{t['name']} {t['reads']}" for t in st.get("tiers", ()))
+            extra += f"; counters {st.get('counters')}"
+        c = self.cpu[key]
+        print(f"restore: {label}: {secs:.2f} s; CPU s: daemon {c[0]:.1f}, SeaweedFS {c[1]:.1f}, "
+              f"script {c[2]:.1f}; {loadavg()}{extra}", flush=True)
+        return secs
+
+
 def restore(base: Path, url: str, files: list[bytes], client, bucket: str, b3prefix: str,  # type: ignore[no-untyped-def]
-            staged: list[Path], args: argparse.Namespace, mounts: list[Path]) -> dict[str, float]:
-    """Cold restore (ckptfs vs boto3) and warm restore (ckptfs vs plain), see the docstring."""
-    res: dict[str, float] = {}
+            staged: list[Path], args: argparse.Namespace, mounts: list[Path],
+            server: SeaweedServer) -> tuple[dict[str, float], dict[str, tuple[float, float, float]]]:
+    """Cold restore (ckptfs vs boto3) and warm restore (ckptfs vs plain), see the docstring.
+    Only one ckptfs node mounts the prefix at a time (the writer lease)."""
+    steps = Steps(server)
     read_size = args.read_mib * MiB
-    node = base / "restored"
     names = [f"part{i}.bin" for i in range(len(files))]
+    threads = args.read_threads
+
+    def read_through(mnt: Path) -> float:
+        return read_all([mnt / n for n in names], files, threads, read_size)
+
+    # 1. cold, default settings (copy_back = "sequential"): the restore as a job sees it.
+    node = base / "restored"
     settle(0)
     t0 = time.perf_counter()
-    mnt = mount(node, url)  # empty state dir: the catalog snapshot comes from the bucket
-    mounts.append(mnt)
-    res["restore_mount"] = time.perf_counter() - t0
-    print(f"restore: mounted a node restored from the bucket in {res['restore_mount']:.2f} s; "
-          f"{loadavg()}", flush=True)
-
+    mnt = mount_node(node, url, mounts)  # empty state dir: the catalog comes from the bucket
+    steps.results["restore_mount"] = time.perf_counter() - t0
+    print(f"restore: mount of a node restored from the bucket: "
+          f"{steps.results['restore_mount']:.2f} s", flush=True)
     settle()
     spy = py_spy_start(node / "state", Path(args.py_spy)) if args.py_spy else None
     try:
-        res["cold_ckptfs"] = read_all([mnt / n for n in names], files, args.read_threads, read_size)
+        steps.run("cold_ckptfs", "cold ckptfs read (local tiers empty)",
+                  lambda: read_through(mnt), node / "state")
     finally:
         py_spy_stop(spy)
-    st = daemon_stats(node / "state")
-    print(f"restore: cold ckptfs read {res['cold_ckptfs']:.2f} s; {loadavg()}; tiers "
-          + ", ".join(f"{t['name']} {t['reads']} reads" for t in st.get("tiers", ())), flush=True)
-    t0 = time.perf_counter()
-    out = ckptfs("prefetch", str(mnt), "--timeout", "900")
-    res["copyback_after_read"] = time.perf_counter() - t0
-    if out.returncode:
-        raise SystemExit(f"ckptfs prefetch failed: {out.stderr}")
-    st = daemon_stats(node / "state")
-    print(f"restore: copy-back complete {res['copyback_after_read']:.2f} s after the read "
-          f"({out.stdout.strip()}); counters {st.get('counters')}", flush=True)
 
-    # boto3 twice, around nothing else: SeaweedFS is as warm for it as it was for ckptfs
-    # (its volume files are dropped from the page cache before each).
-    for k in ("cold_boto3_1", "cold_boto3_2"):
-        settle()
-        res[k] = boto3_download(client, bucket, b3prefix, files, args.workers)
-        print(f"restore: boto3 download {res[k]:.2f} s; {loadavg()}", flush=True)
+    def prefetch() -> float:
+        t0 = time.perf_counter()
+        out = ckptfs("prefetch", str(mnt), "--timeout", "900")
+        if out.returncode:
+            raise SystemExit(f"ckptfs prefetch failed: {out.stderr}")
+        print(f"restore: {out.stdout.strip()}", flush=True)
+        return time.perf_counter() - t0
 
-    umount(mnt)  # a fresh daemon: its decoded-chunk cache is empty, reads go to the tiers
-    mounts.remove(mnt)
-    mnt = mount(node, url)
-    mounts.append(mnt)
-    settle()
-    res["warm_ckptfs"] = read_all([mnt / n for n in names], files, args.read_threads, read_size)
-    st = daemon_stats(node / "state")
-    print(f"restore: warm ckptfs read {res['warm_ckptfs']:.2f} s; {loadavg()}; tiers "
-          + ", ".join(f"{t['name']} {t['reads']} reads" for t in st.get("tiers", ())), flush=True)
-    settle()
-    res["warm_plain"] = read_all(staged, files, args.read_threads, read_size)
-    print(f"restore: plain directory read {res['warm_plain']:.2f} s; {loadavg()}", flush=True)
+    steps.run("copyback_after_read", "ckptfs prefetch after the cold read (copy-back done)",
+              prefetch, node / "state")
     umount(mnt)
     mounts.remove(mnt)
-    return res
+
+    # 2. boto3, into memory and into local files (SeaweedFS's files dropped from the cache).
+    settle()
+    steps.run("cold_boto3_1", "boto3 GETs into memory (1st)",
+              lambda: boto3_download(client, bucket, b3prefix, files, args.workers))
+    settle()
+    steps.run("cold_boto3_disk", "boto3 GETs written to local files",
+              lambda: boto3_to_files(client, bucket, b3prefix, files, args.workers,
+                                     base / "boto3-restore"))
+    shutil.rmtree(base / "boto3-restore", ignore_errors=True)
+
+    # 3. diagnostic: cold ckptfs without copy-back, on another fresh node.
+    other = base / "restored-nocopy"
+    settle(0)
+    mnt2 = mount_node(other, url, mounts, 'copy_back = "never"\n')
+    settle()
+    steps.run("cold_ckptfs_nocopy", "cold ckptfs read, copy_back = never",
+              lambda: read_through(mnt2), other / "state")
+    umount(mnt2)
+    mounts.remove(mnt2)
+    shutil.rmtree(other, ignore_errors=True)
+    settle()
+    steps.run("cold_boto3_2", "boto3 GETs into memory (2nd)",
+              lambda: boto3_download(client, bucket, b3prefix, files, args.workers))
+
+    # 4. warm: the first node again (its local tiers hold every chunk), a fresh daemon with
+    # an empty chunk cache, page cache dropped; then the plain directory.
+    mnt = mount_node(node, url, mounts)
+    settle()
+    steps.run("warm_ckptfs", "warm ckptfs read (local tiers, remounted)",
+              lambda: read_through(mnt), node / "state")
+    umount(mnt)
+    mounts.remove(mnt)
+    settle()
+    steps.run("warm_plain", "plain directory read",
+              lambda: read_all(staged, files, threads, read_size))
+    return steps.results, steps.cpu
+
+
+def mount_node(node: Path, url: str, mounts: list[Path], config: str | None = None) -> Path:
+    mnt = mount(node, url, config)
+    mounts.append(mnt)  # unmounted in main's finally if a step fails
+    return mnt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                     client, server.bucket, f"b3m-{prefix}", paths, args.workers)
             if not args.no_restore:
                 shutil.rmtree(base / "with-remote", ignore_errors=True)  # that node is gone
-                results.update(restore(base, url, files, client, server.bucket, f"b3p-{prefix}",
-                                       paths, args, mounts))
+                restored, cpu = restore(base, url, files, client, server.bucket,
+                                        f"b3p-{prefix}", paths, args, mounts, server)
+                results.update(restored)
         finally:
             for m in mounts:
                 umount(m)
@@ -395,20 +500,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nRestore ({gb:.2f} GB, {args.files} files; ckptfs and plain: {t} reader threads, "
               f"{r} MiB reads; boto3: {args.workers} threads, whole 16 MiB objects; every byte "
               "checked)\n")
-        print("| measurement | seconds | GB/s |")
-        print("|---|---|---|")
-        rows = [("cold_ckptfs", "cold: ckptfs, node restored from the bucket, local tiers empty"),
+        print("| measurement | seconds | GB/s | CPU s: daemon / SeaweedFS / script |")
+        print("|---|---|---|---|")
+        rows = [("cold_ckptfs", "cold: ckptfs, restored node, local tiers empty (copy-back on)"),
+                ("cold_ckptfs_nocopy", "cold: ckptfs, restored node, `copy_back = \"never\"`"),
                 ("cold_boto3_1", "cold: boto3 GETs into memory (1st)"),
                 ("cold_boto3_2", "cold: boto3 GETs into memory (2nd)"),
-                ("copyback_after_read", "copy-back finished after the cold read (`prefetch`)"),
-                ("warm_ckptfs", "warm: ckptfs after copy-back, remounted, page cache dropped"),
-                ("warm_plain", "warm: plain directory, page cache dropped")]
+                ("cold_boto3_disk", "cold: boto3 GETs written to local files"),
+                ("copyback_after_read", "`ckptfs prefetch` right after the cold read"),
+                ("warm_ckptfs", "warm: ckptfs, local tiers after copy-back, remounted"),
+                ("warm_plain", "warm: plain directory")]
         for k, label in rows:
             rate = f"{gb / results[k]:.2f}" if k != "copyback_after_read" else "-"
-            print(f"| {label} | {results[k]:.2f} | {rate} |")
+            c = cpu.get(k, (0.0, 0.0, 0.0))
+            print(f"| {label} | {results[k]:.2f} | {rate} | {c[0]:.1f} / {c[1]:.1f} / {c[2]:.1f} |")
         print(f"| mount of the restored node (catalog snapshot from the bucket) | "
-              f"{results['restore_mount']:.2f} | - |")
-        print(f"\ncold: ckptfs / best boto3 download (throughput): {boto / results['cold_ckptfs']:.2f}")
+              f"{results['restore_mount']:.2f} | - | - |")
+        print(f"\ncold: ckptfs / best boto3 download into memory (throughput): "
+              f"{boto / results['cold_ckptfs']:.2f} (copy_back never: "
+              f"{boto / results['cold_ckptfs_nocopy']:.2f})")
+        print(f"cold: ckptfs / boto3 download to local files (throughput): "
+              f"{results['cold_boto3_disk'] / results['cold_ckptfs']:.2f}")
         print(f"warm: ckptfs / plain directory (throughput): "
               f"{results['warm_plain'] / results['warm_ckptfs']:.2f}")
     return 0

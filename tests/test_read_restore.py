@@ -124,8 +124,12 @@ def assert_log_clean(m: Mount) -> None:
 
 
 @contextlib.contextmanager
-def restored_node(tmp_path: Path, url: str, files: dict[str, bytes], n_local: int = 2) -> Iterator[Mount]:
-    """A node restored from the remote alone, serving ``files`` (relative paths)."""
+def restored_node(
+    tmp_path: Path, url: str, files: dict[str, bytes], n_local: int = 2,
+    args: tuple[str, ...] = MOUNT_ARGS,
+) -> Iterator[Mount]:
+    """A node restored from the remote alone, serving ``files`` (relative paths); ``args``
+    are the second node's mount options besides the remote."""
     first = tmp_path / "node1"
     with mounted(first, 2, (*MOUNT_ARGS, "--remote", url)) as m:
         for name, data in files.items():
@@ -133,7 +137,7 @@ def restored_node(tmp_path: Path, url: str, files: dict[str, bytes], n_local: in
         res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
         assert res.returncode == 0, res.stdout + res.stderr
     shutil.rmtree(first)  # every local tier and the state dir are gone
-    with mounted(tmp_path / "node2", n_local, (*MOUNT_ARGS, "--remote", url)) as m:
+    with mounted(tmp_path / "node2", n_local, (*args, "--remote", url)) as m:
         assert "restored the catalog" in m.log
         assert not local_chunk_keys(m.locals), "a restored node starts with empty local tiers"
         yield m
@@ -169,7 +173,7 @@ def test_prefetch_makes_a_restored_checkpoint_readable_without_the_remote(
         # A fresh mount of the same state dir (cold page cache, cold daemon cache) with the
         # remote down reads everything back bit-identical from the local tiers alone.
         m.stop()
-        seaweed.stop()
+        seaweed.stop(timeout=0.5)  # the filer lingers 15 s on SIGTERM; nothing is lost
         try:
             m.start()
             for name, data in files.items():
@@ -243,7 +247,7 @@ def test_prefetch_names_the_file_it_cannot_read(
 ) -> None:
     files = {"ckpt/a.bin": os.urandom(2 * CHUNK)}
     with restored_node(tmp_path, remote, files) as m:
-        seaweed.stop()
+        seaweed.stop(timeout=0.5)  # the filer lingers 15 s on SIGTERM; nothing is lost
         try:
             res = run_cli("prefetch", str(m.mountpoint / "ckpt"), "--timeout", "60")
         finally:
@@ -251,6 +255,27 @@ def test_prefetch_names_the_file_it_cannot_read(
         assert res.returncode == 1, res.stdout + res.stderr
         assert "a.bin" in res.stderr and "Input/output error" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_prefetch_reports_local_tiers_without_room(tmp_path: Path, remote: str) -> None:
+    """A local tier capped at two chunks: the daemon copies two back and skips the rest;
+    prefetch gives up at its timeout, counting the chunks still remote-only."""
+    files = {"ckpt/big.bin": os.urandom(5 * CHUNK)}
+    tier = tmp_path / "nvme0"
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text(
+        'chunk_size = "1MiB"\n[[tier]]\nname = "nvme0"\nkind = "local"\n'
+        f'path = "{tier}"\ncapacity = "{2 * (CHUNK + frame.HEADER_SIZE)}"\n'
+    )
+    with restored_node(tmp_path, remote, files, 0, ("--config", str(cfg))) as m:
+        res = run_cli("prefetch", str(m.mountpoint / "ckpt"), "--timeout", "4")
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "3 of 5 chunk(s) still only on a remote tier" in res.stderr, res.stderr
+        assert "big.bin" in res.stderr and "capacity" in res.stderr, res.stderr
+        assert len(local_chunk_keys([tier])) == 2
+        # Reads are unaffected: the chunks without a local copy come from the remote.
+        assert read_sequential(m.mountpoint / "ckpt" / "big.bin") == files["ckpt/big.bin"]
+        assert_log_clean(m)
 
 
 def test_prefetch_outside_a_mount_is_a_usage_error(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ from . import frame
 log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
+COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
+COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 
 
 class _Flight:
@@ -93,6 +95,10 @@ class ChunkStore:
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
         self.on_requeue: Callable[[], None] | None = None  # tell the uploader of new jobs
+        self._copy_backs: OrderedDict[bytes, tuple[ChunkRef, frame.Buffer]] = OrderedDict()
+        self._copy_back_bytes = 0
+        self._copy_back_wake = trio.Event()
+        self._last_fetch = 0.0
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -383,6 +389,7 @@ class ChunkStore:
         if flight is None:
             flight = _Flight()
             self._flights[ref.digest] = flight
+            self._last_fetch = time.monotonic()
             try:
                 got = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
                 if got.data is None and got.refresh:
@@ -464,6 +471,7 @@ class ChunkStore:
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background heals and copy-backs run (the mount's nursery)."""
         self._nursery = nursery
+        nursery.start_soon(self.run_copy_backs)
 
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
         if self._nursery is None or got.data is None or got.source is None:
@@ -477,8 +485,38 @@ class ChunkStore:
             return
         if ref.digest in self._healing:
             return
+        if not bad:
+            # A plain copy-back waits until reads pause: during a restore the CPU and the
+            # disk belong to the reader. Beyond the buffer, chunks are left on the remote
+            # (`ckptfs prefetch` stages them later).
+            if ref.digest in self._copy_backs:
+                return
+            if self._copy_back_bytes + len(got.data) > COPY_BACK_BUFFER:
+                self.stats.count("copy_backs_skipped")
+                return
+            self._copy_backs[ref.digest] = (ref, got.data)
+            self._copy_back_bytes += len(got.data)
+            self._copy_back_wake.set()
+            return
         self._healing.add(ref.digest)
         self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
+
+    async def run_copy_backs(self) -> None:
+        """The copy-back worker: one chunk at a time, only while no read is in progress."""
+        while True:
+            if not self._copy_backs:
+                self._copy_back_wake = trio.Event()
+                await self._copy_back_wake.wait()
+            # Poll for a pause in reads (a daemon loop, not a test).
+            while self._flights or time.monotonic() - self._last_fetch < COPY_BACK_IDLE_S:
+                await trio.sleep(COPY_BACK_IDLE_S / 2)
+            digest, (ref, data) = next(iter(self._copy_backs.items()))
+            del self._copy_backs[digest]
+            self._copy_back_bytes -= len(data)
+            if digest in self._healing:
+                continue
+            self._healing.add(digest)
+            await self._heal(ref, data, [], True)
 
     async def _heal(
         self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]], copy_back: bool
@@ -525,6 +563,8 @@ class ChunkStore:
                     log.info("chunk %s: valid copy written to local tier %s", ref.key[:16], placed)
                 elif local_bad:
                     self.stats.count("heal_failures")
+                else:
+                    self.stats.count("copy_backs_no_room")
             for name in remote_bad:
                 if await trio.to_thread.run_sync(
                     self.catalog.requeue_upload, ref.digest, name, limiter=self.db_limiter

@@ -186,6 +186,9 @@ class S3Tier:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             retries={"total_max_attempts": 1, "mode": "standard"},  # our own retry layer
+            # Every frame read back is blake3-verified: a second (SHA-256) check of each
+            # response costs CPU a restore needs. Uploads keep their SHA-256.
+            response_checksum_validation="when_required",
             s3={"addressing_style": cfg.addressing_style},
             tcp_keepalive=True,
             user_agent_extra="ckptfs",
