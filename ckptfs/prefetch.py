@@ -22,6 +22,7 @@ cached earlier (a read the page cache answers never reaches the daemon).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -230,6 +231,17 @@ class Reader:
                 self._pending -= 1
 
     def _read_file(self, path: Path) -> None:
+        # The daemon stages the file itself (fetch, verify, write locally) and returns when
+        # done; reading through the mount is the fallback for an older daemon.
+        try:
+            os.setxattr(path, "user.ckptfs.prefetch", b"1", follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        else:
+            with self._lock:
+                self.bytes_read += path.stat().st_size
+            return
         buf = self._buffer()
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
@@ -356,8 +368,13 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
                 reader.shutdown()
                 progress.finish()
                 for path, exc in reader.errors:
-                    print(f"ckptfs prefetch: read of {path} failed: {exc.strerror or exc}",
+                    print(f"ckptfs prefetch: staging {path} failed: {exc.strerror or exc}",
                           file=sys.stderr)
+                if any(exc.errno == errno.ENOSPC for _, exc in reader.errors):
+                    st = chunk_status(catalog, inos, local)
+                    print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only "
+                          "on a remote tier: the local tiers have no room", file=sys.stderr)
+                    _diagnose(catalog, job.state_dir, st, by_ino)
                 return EXIT_FAILED
             if st.remote_only == 0:
                 reader.shutdown()

@@ -501,6 +501,33 @@ class ChunkStore:
         self._healing.add(ref.digest)
         self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
 
+    async def stage(self, ref: ChunkRef) -> bool:
+        """Make sure a local tier holds a valid copy of this chunk (``ckptfs prefetch``):
+        fetch it (verified) and write it locally now. False if no local tier has room."""
+        tiers = await trio.to_thread.run_sync(
+            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+        )
+        if any(t in self.local and not self.stats.is_degraded(t) for t in tiers):
+            return True
+        data = await self.read(ChunkRef(ref.digest, ref.length, tiers or ref.tiers))
+        self._pin(ref.digest)
+        try:
+            placed = await trio.to_thread.run_sync(
+                self._write_local_copy, ref, data, [], limiter=self._bg
+            )
+            if placed is None:
+                self.stats.count("copy_backs_no_room")
+                return False
+            if not await trio.to_thread.run_sync(
+                self.catalog.add_replica_if_known, ref.digest, placed, limiter=self.db_limiter
+            ):
+                await trio.to_thread.run_sync(self.local[placed].delete, ref.key, limiter=self._bg)
+                return True  # the chunk is gone: nothing to stage
+        finally:
+            self.unpin([ref.digest])
+        self.stats.count("copy_backs")
+        return True
+
     async def run_copy_backs(self) -> None:
         """The copy-back worker: one chunk at a time, only while no read is in progress."""
         while True:

@@ -33,6 +33,7 @@ from ..errors import (
     InvalidArgument,
     IsADirectory,
     NameTooLong,
+    NoSpace,
     NotADirectory,
     NotSupported,
 )
@@ -49,6 +50,8 @@ XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTR_TAG = b"user.ckptfs.tag"
 XATTR_GC = b"user.ckptfs.gc"
+XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
+STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 XATTRS = (XATTR_STATE, XATTR_RECORD)
 STATS_INTERVAL_S = 1.0
 
@@ -601,6 +604,9 @@ class Filesystem:
             report = await self.janitor.run_now()
             log.info("gc requested: %s", report)
             return
+        if name == XATTR_PREFETCH:
+            await self.stage_file(ino)
+            return
         if name != XATTR_TAG:
             raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
         tag = value.decode(errors="replace").strip()
@@ -609,6 +615,25 @@ class Filesystem:
         path = await self.db(self.catalog.path_of, ino)
         if not await self.db(self.catalog.checkpoint_tag, path, tag):
             raise InvalidArgument(f"{path} is not a known checkpoint")
+
+    async def stage_file(self, ino: int) -> None:
+        """Copy every chunk of a file that only a remote holds to a local tier, verified,
+        a few in parallel; returns when done. ENOSPC if the local tiers have no room."""
+        refs = list((await self.db(self.catalog.extents, ino)).values())
+        no_room = 0
+        limiter = trio.CapacityLimiter(STAGE_PARALLEL)
+
+        async def one(ref: ChunkRef) -> None:
+            nonlocal no_room
+            async with limiter:
+                if not await self.store.stage(ref):
+                    no_room += 1
+
+        async with trio.open_nursery() as n:
+            for ref in refs:
+                n.start_soon(one, ref)
+        if no_room:
+            raise NoSpace(f"{no_room} chunk(s) could not be staged: no local tier has room")
 
     # -- statfs ------------------------------------------------------------------------------
 
