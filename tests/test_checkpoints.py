@@ -204,3 +204,45 @@ def test_torch_dcp_with_two_processes_and_safetensors_are_detected(tmp_path: Pat
         assert by_root["/run/step-5"]["framework"] == "dcp"
         assert by_root["/run/step-5"]["files"] >= 3  # two ranks' .distcp and .metadata
         assert by_root["/run/model-7.safetensors"]["framework"] == "safetensors"
+
+
+KILLED_SAVE = r"""
+import os, sys, time
+d = sys.argv[1]
+os.makedirs(d)
+for name in ("config.json", "model.safetensors"):
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(os.urandom(300_000))
+f = open(os.path.join(d, "optimizer.pt"), "wb")
+f.write(os.urandom(100_000))
+f.flush()
+print("writing", flush=True)
+time.sleep(600)  # killed here, mid-save: trainer_state.json never comes
+"""
+
+
+def test_a_writer_killed_mid_save_leaves_a_partial_checkpoint(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "1MiB"\ncheckpoint_partial_after = 0.5\n')
+    script = tmp_path / "killed_save.py"
+    script.write_text(KILLED_SAVE)
+    with mounted(tmp_path, 1, ("--config", str(cfg))) as m:
+        out = m.mountpoint / "out"
+        hf_save(out, 1, os.urandom(1000))
+        proc = subprocess.Popen([sys.executable, str(script), str(out / "checkpoint-2")],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+            wait_until(lambda: states(out).get("/out/checkpoint-2") == "writing", what="begin")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        wait_until(lambda: states(out).get("/out/checkpoint-2") == "partial", what="partial")
+        assert run_cli("latest", str(out)).stdout.strip() == str(out / "checkpoint-1")

@@ -115,3 +115,28 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
         backlog = await fs.db(fs.catalog.backlog)
         # Only the newest (6) and the milestone (4) still wait for the remote.
         assert len(pending) == 6 and backlog.chunks == len(pending)
+
+
+async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
+    tmp_path: Path,
+) -> None:
+    from test_vfs import CS, write_file
+
+    from ckptfs.chunks import frame
+
+    local = MemoryTier("l", capacity=10 * (CS + frame.HEADER_SIZE))
+    remote = MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [local, remote], high_watermark=0.9) as fs:
+        for i in range(3):  # 9 of 10 chunks' room: above the 0.9 watermark... almost
+            await write_file(fs, f"f{i}".encode(), os.urandom(3 * CS))
+        await wait_backlog_empty(fs)
+        await fs.janitor._watermark()
+        assert len(local.frames) == 9  # 0.9 is not above the mark
+        await write_file(fs, b"f3", os.urandom(CS))
+        await wait_backlog_empty(fs)
+        await fs.janitor._watermark()
+        used, total = fs.store.local_fill()
+        assert used / total <= 0.8 + 1e-9  # down to the low mark (0.1 below)
+        assert set(local.frames) <= set(remote.frames)
+        refs = await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"f3")).ino)
+        assert all("l" in r.tiers for r in refs.values())  # the newest file stays local

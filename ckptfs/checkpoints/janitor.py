@@ -109,7 +109,7 @@ class Janitor:
         if not store.remotes:
             return
         used, total = await trio.to_thread.run_sync(store.local_fill)
-        if total <= 0 or used / total < self.high:
+        if total <= 0 or used / total <= self.high:
             return
         want = int(used - self.low * total)
         freed = await trio.to_thread.run_sync(store._evict, want, limiter=self.fs.db_limiter)
