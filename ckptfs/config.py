@@ -35,6 +35,8 @@ MIN_CHUNK_SIZE = 64 * KiB
 # chunk only when a sample says it pays, "off" never, "always" whenever it is smaller.
 REMOTE_COMPRESSION_MODES = ("auto", "off", "always")
 MAX_CHUNK_SIZE = 64 * MiB
+# Prometheus metrics (ckptfs/metrics.py): localhost only unless configured otherwise.
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": KiB, "M": MiB, "G": GiB, "T": 1024 * GiB}
@@ -150,6 +152,8 @@ class Config:
     on_local_full: str = "block"
     local_full_timeout_s: float = 600.0
     policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability
+    # Prometheus metrics: "HOST:PORT" to listen on ("" disables; port 0 picks a free one).
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     source: str = field(default="<embedded default>", compare=False)
 
     @property
@@ -165,7 +169,7 @@ _TOP_KEYS = {
     "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
     "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
-    "checkpoint_pattern", "retention", "local_high_watermark",
+    "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
@@ -435,22 +439,34 @@ def _choice(value: object, key: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
+def array_of_tables(
+    raw: object, name: str, allowed: set[str], required: tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """Check a ``[[name]]`` array of tables: each item a table with only ``allowed`` keys
+    and every ``required`` one. Returns (where, table) pairs; "where" names the item in
+    error messages (``name[i]``)."""
     if not isinstance(raw, list):
-        raise ConfigError("policy: expected an array of tables ([[policy]])")
-    out: list[DurabilityPolicy] = []
+        raise ConfigError(f"{name}: expected an array of tables ([[{name}]])")
+    out = []
     for i, table in enumerate(raw):
-        where = f"policy[{i}]"
+        where = f"{name}[{i}]"
         if not isinstance(table, dict):
             raise ConfigError(f"{where}: expected a table")
         for key in table:
-            if key not in _POLICY_KEYS:
+            if key not in allowed:
                 raise ConfigError(
-                    f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_POLICY_KEYS))})"
+                    f"{where}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})"
                 )
-        for key in ("path", "durability"):
+        for key in required:
             if key not in table:
-                raise ConfigError(f"{where}.{key}: missing")
+                raise ConfigError(f"{where}.{key}: missing required key")
+        out.append((where, table))
+    return out
+
+
+def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
+    out: list[DurabilityPolicy] = []
+    for where, table in array_of_tables(raw, "policy", _POLICY_KEYS, ("path", "durability")):
         path = table["path"]
         if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
             raise ConfigError(
@@ -468,6 +484,30 @@ def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
             _seconds(table.get("timeout", 600), f"{where}.timeout", 0.001, 7 * 86400),
         ))
     return tuple(out)
+
+
+def parse_metrics_address(value: object, key: str = "metrics_address") -> str:
+    """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6; port 0 picks a free one) or ``""``
+    (no metrics). Returned normalized; raises ConfigError naming ``key``."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string such as \"127.0.0.1:9464\", got {value!r}")
+    if value == "":
+        return ""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if ":" not in host:
+            raise ConfigError(f"{key}: brackets are for IPv6 addresses, got {value!r}")
+    elif ":" in host:
+        raise ConfigError(f"{key}: write an IPv6 address in brackets, e.g. \"[::1]:9464\", got {value!r}")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"{key}: expected HOST:PORT with a port from 0 to 65535 (or \"\" for no metrics), "
+            f"got {value!r}"
+        )
+    if any(ch.isspace() or ch in "/[]@" for ch in host):
+        raise ConfigError(f"{key}: {host!r} is not a host name or address")
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
@@ -526,6 +566,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
     )
     policies = _policies_from(data.get("policy", []))
+    metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
     allow_other = data.get("allow_other", False)
     if not isinstance(allow_other, bool):
         raise ConfigError(f"allow_other: expected true or false, got {allow_other!r}")
@@ -560,6 +601,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         on_local_full=on_local_full,
         local_full_timeout_s=local_full_timeout_s,
         policies=policies,
+        metrics_address=metrics_address,
         source=source,
     )
 

@@ -851,21 +851,12 @@ _LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 def patterns_from_config(raw: object) -> tuple[PatternConfig, ...]:
     """Validate the ``[[checkpoint_pattern]]`` array of tables (the value of the
     ``checkpoint_pattern`` key). Every error names its key and raises ConfigError."""
-    if not isinstance(raw, list):
-        raise ConfigError("checkpoint_pattern: expected an array of tables ([[checkpoint_pattern]])")
+    from ..config import array_of_tables
+
     out: list[PatternConfig] = []
-    for i, table in enumerate(raw):
-        where = f"checkpoint_pattern[{i}]"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: expected a table")
-        for key in table:
-            if key not in _PATTERN_KEYS:
-                raise ConfigError(
-                    f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_PATTERN_KEYS))})"
-                )
-        for key in ("glob", "commit"):
-            if key not in table:
-                raise ConfigError(f"{where}.{key}: missing required key")
+    for where, table in array_of_tables(
+        raw, "checkpoint_pattern", set(_PATTERN_KEYS), ("glob", "commit")
+    ):
         glob = _pattern_glob(table["glob"], f"{where}.glob")
         if any(p.glob == glob for p in out):
             raise ConfigError(f"{where}.glob: {glob!r} has two patterns")

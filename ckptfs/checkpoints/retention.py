@@ -157,16 +157,10 @@ def _int(table: dict[str, Any], key: str, where: str, default: int, lo: int) -> 
 
 def policies_from_config(raw: object) -> tuple[RetentionPolicy, ...]:
     """Parse ``[[retention]]`` tables strictly (every error names its key)."""
-    if not isinstance(raw, list):
-        raise ConfigError("retention: expected an array of tables ([[retention]])")
+    from ..config import array_of_tables
+
     out = []
-    for i, table in enumerate(raw):
-        where = f"retention[{i}]"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: expected a table")
-        for key in table:
-            if key not in _KEYS:
-                raise ConfigError(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(_KEYS))})")
+    for where, table in array_of_tables(raw, "retention", _KEYS):
         path = table.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
             raise ConfigError(f"{where}.path: expected a glob of run directories starting with "
