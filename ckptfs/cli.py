@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(m)
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
     m.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    m.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="stderr log lines with --foreground: text (journald levels under "
+                        "systemd) or JSON objects")
+    m.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help='serve Prometheus metrics here (overrides metrics_address; "" disables)')
     m.add_argument(
         "--takeover", action="store_true",
         help="take the writer lease of the remote prefixes even from a live holder "
@@ -104,9 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_plan_arguments(pl)
 
-    st = sub.add_parser("status", help="tiers and remote backlog of a ckptfs state dir")
+    st = sub.add_parser(
+        "status", help="tiers, capacity, backlog, latest checkpoints and metrics address"
+    )
     st.add_argument("path", nargs="?", type=Path, help="a path in a ckptfs mount")
     st.add_argument("--state-dir", metavar="DIR")
+    st.add_argument("--json", action="store_true", help="the same facts as JSON")
+    st.add_argument("--watch", action="store_true",
+                    help="redraw every second until Ctrl-C (exit 0)")
 
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
@@ -119,23 +129,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    return load_config(
+    cfg = load_config(
         args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
         remote_urls=args.remote,
     )
+    if getattr(args, "metrics_address", None) is not None:
+        from dataclasses import replace
+
+        from .config import parse_metrics_address
+
+        cfg = replace(cfg, metrics_address=parse_metrics_address(
+            args.metrics_address, "--metrics-address"))
+    return cfg
 
 
-def _setup_logging(cfg: Config, level: str, to_stderr: bool) -> None:
+def _setup_logging(cfg: Config, level: str, to_stderr: bool, fmt: str = "text") -> None:
+    from .logsetup import setup
+
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [logging.FileHandler(cfg.log_path)]
-    if to_stderr:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=handlers,
-        force=True,
-    )
+    setup(level, cfg.log_path, to_stderr, fmt)
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -144,7 +156,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     cfg = _config(args)
     check_mountpoint(args.mountpoint)
     if args.foreground:
-        _setup_logging(cfg, args.log_level, to_stderr=args.ready_fd is None)
+        _setup_logging(cfg, args.log_level, to_stderr=args.ready_fd is None, fmt=args.log_format)
 
         def on_ready(error: str | None) -> None:
             if args.ready_fd is not None:
@@ -173,6 +185,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--remote", url]
     if args.takeover:
         cmd.append("--takeover")
+    if args.metrics_address is not None:
+        cmd += ["--metrics-address", cfg.metrics_address]
     with open(cfg.log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
@@ -314,10 +328,14 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_plan(args)
         if args.command == "status":
-            from .remote_cli import cmd_status
+            from .status import cmd_status
 
-            return cmd_status(args.path, args.state_dir)
+            return cmd_status(args.path, args.state_dir, as_json=args.json, watch=args.watch)
         return cmd_fsck(args)
+    except KeyboardInterrupt:
+        # Ctrl-C in a long command (sync, prefetch, verify, gc): stop cleanly, no traceback.
+        print(f"ckptfs {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ConfigError as exc:
         print(f"ckptfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

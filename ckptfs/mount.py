@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
-from . import __version__
+from . import __version__, service
 from .catalog import Catalog
 from .config import Config, S3TierConfig, TierConfig
 from .errors import CkptfsError, InvalidArgument, PermanentTierError, TierError
@@ -288,6 +288,7 @@ def run_mount(
             return _serve_locked(cfg, mountpoint, on_ready, takeover)
     except CkptfsError as exc:
         log.error("mount failed: %s", exc)
+        service.notify(f"STATUS=mount failed: {exc}")
         on_ready(str(exc))
         return 1
     except Exception as exc:
@@ -364,12 +365,18 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
+        from .metrics import serve as serve_metrics
+
+        fs.telemetry.mountpoint = str(mountpoint)
+        metrics = serve_metrics(cfg.metrics_address, fs.telemetry, cfg.state_dir)
         unmounted = False
         try:
             trio.run(_serve, fs, mountpoint, on_ready, leases)
             unmounted = find_mount(mountpoint) is None
         finally:
             pyfuse3.close(unmount=not unmounted)
+            if metrics is not None:
+                metrics.stop()
             with contextlib.suppress(OSError):
                 pid_file.unlink()
         log.info("ckptfs unmounted from %s", mountpoint)
@@ -413,7 +420,9 @@ async def _serve(
         await fs.recover()
         nursery.start_soon(_watch_signals)
         nursery.start_soon(_after_init, mountpoint, on_ready)
+        nursery.start_soon(service.watchdog)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
+        service.notify("STOPPING=1", f"STATUS=unmounted from {mountpoint}; committing open files")
         await fs.shutdown()
         nursery.cancel_scope.cancel()
 
@@ -425,6 +434,10 @@ async def _after_init(mountpoint: Path, on_ready: Callable[[str | None], None]) 
         await trio.to_thread.run_sync(os.statvfs, mountpoint)
     except OSError as exc:
         log.warning("self-check of %s failed: %s", mountpoint, exc)
+        service.notify(f"STATUS=self-check of {mountpoint} failed: {exc}")
+    else:
+        # systemd (Type=notify): the mount answers now, so units ordered after us may start.
+        service.notify("READY=1", f"STATUS=serving {mountpoint}")
     tune_read_ahead(mountpoint)
     on_ready(None)
 
@@ -433,6 +446,7 @@ async def _watch_signals() -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("signal %d: unmounting", signum)
+            service.notify("STOPPING=1", f"STATUS=signal {signum}: unmounting")
             pyfuse3.terminate()
             return
 

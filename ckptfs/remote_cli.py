@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -13,6 +14,7 @@ from .catalog.catalog import Backlog
 from .config import default_state_dir
 from .errors import CkptfsError, InvalidArgument
 from .mount import FSTYPE, find_mount, read_pid
+from .progress import progress
 from .stats import read_stats
 
 SYNC_POLL_S = 0.1
@@ -92,6 +94,7 @@ def describe(b: Backlog, rate: tuple[float, float] | None = None) -> str:
 def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) -> int:
     sd = resolve_state_dir(path, state_dir)
     catalog = open_catalog(sd)
+    bars = contextlib.ExitStack()
     try:
         if not remote_tier_names(catalog):
             print("ckptfs sync: no remote tier is configured: nothing is durable remotely",
@@ -100,9 +103,13 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
         inos = files_under(path) if path is not None else None
         deadline = None if timeout is None else time.monotonic() + timeout
         uploaded_ns: int | None = None  # when every chunk under PATH was seen uploaded
+        update = bars.enter_context(progress("chunks uploaded", None))  # on a terminal only
+        most = 0
         while True:
             pending = (catalog.pending_uploads_for(inos) if inos is not None
                        else catalog.backlog().chunks)
+            most = max(most, pending)
+            update(most - pending, most)
             if pending:
                 uploaded_ns = None
             elif uploaded_ns is None:
@@ -122,6 +129,7 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
                 return 1
             time.sleep(SYNC_POLL_S)  # the daemon commits in its own process: poll the catalog
     finally:
+        bars.close()
         catalog.close()
 
 
@@ -149,32 +157,3 @@ def describe_tier(t: dict[str, str], live: dict[str, Any] | None) -> str:
     if s.get("errors"):
         text += f", {s['errors']} error(s)"
     return text
-
-
-def cmd_status(path: Path | None, state_dir: str | None) -> int:
-    sd = resolve_state_dir(path, state_dir)
-    catalog = open_catalog(sd)
-    try:
-        print(f"state dir: {sd}")
-        stats = live_stats(sd)
-        per_tier = None if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
-        for t in catalog.recorded_tiers():
-            print(describe_tier(t, per_tier))
-        if stats is not None:
-            print("read order (fastest valid copy first, measured): "
-                  + " > ".join(stats.get("read_order_16mib", [])))
-            counters = stats.get("counters", {})
-            if counters:
-                print("counters: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
-        else:
-            print("daemon: not running (no live statistics)")
-        if remote_tier_names(catalog):
-            print(describe(catalog.backlog(), upload_rate(catalog)))
-            rate = upload_rate(catalog)
-            if rate is not None:
-                print(f"last measured upload rate: {rate[0] / 1e6:.1f} MB/s ({rate[1]:.0f} s ago)")
-        else:
-            print("backlog: none (no remote tier configured; data is on the local tiers only)")
-    finally:
-        catalog.close()
-    return 0

@@ -31,6 +31,8 @@ class TierStats:
     s_per_byte: float
     reads: int = 0
     read_bytes: int = 0
+    writes: int = 0  # chunks stored on this tier (new chunks, heals, copy-backs, uploads)
+    write_bytes: int = 0  # their payload bytes (before framing and compression)
     errors: int = 0
     degraded: str | None = None  # why the tier is avoided (an I/O error, a missing dir)
     degraded_since: float | None = None
@@ -41,7 +43,8 @@ class TierStats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "kind": self.kind, "reads": self.reads,
-            "read_bytes": self.read_bytes, "errors": self.errors,
+            "read_bytes": self.read_bytes, "writes": self.writes,
+            "write_bytes": self.write_bytes, "errors": self.errors,
             "latency_ms": round(self.latency_s * 1e3, 3),
             "read_mb_s": round(1 / self.s_per_byte / 1e6, 1) if self.s_per_byte > 0 else None,
             "state": "degraded" if self.degraded else "healthy",
@@ -53,6 +56,10 @@ class TierStats:
 class Stats:
     tiers: dict[str, TierStats] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    # Facts the daemon gathers once a second (ckptfs/metrics.py Telemetry): merged into the
+    # snapshot, top level and per tier (capacity), for `ckptfs status`.
+    extra: dict[str, Any] = field(default_factory=dict)
+    tier_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add_tier(self, name: str, kind: str) -> None:
@@ -78,6 +85,14 @@ class Stats:
                 t.s_per_byte += EWMA * (spb - t.s_per_byte)
             else:
                 t.latency_s += EWMA * (seconds - t.latency_s)
+
+    def record_write(self, tier: str, nbytes: int) -> None:
+        t = self.tiers.get(tier)
+        if t is None:
+            return
+        with self._lock:
+            t.writes += 1
+            t.write_bytes += nbytes
 
     def record_error(self, tier: str, why: str) -> None:
         t = self.tiers.get(tier)
@@ -117,10 +132,11 @@ class Stats:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            tiers = [t.as_dict() for t in self.tiers.values()]
+            tiers = [{**t.as_dict(), **self.tier_extra.get(t.name, {})}
+                     for t in self.tiers.values()]
             counters = dict(sorted(self.counters.items()))
         order = self.read_order(list(self.tiers), 16 << 20)
-        return {"time": time.time(), "pid": os.getpid(), "tiers": tiers,
+        return {**self.extra, "time": time.time(), "pid": os.getpid(), "tiers": tiers,
                 "read_order_16mib": order, "counters": counters}
 
     def write(self, path: Path) -> None:

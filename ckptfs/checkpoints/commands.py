@@ -19,6 +19,7 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..errors import InvalidArgument
+from ..progress import progress
 from ..remote_cli import mount_of, open_catalog
 
 READ_BLOCK = 8 << 20
@@ -206,23 +207,25 @@ def cmd_verify(path: Path) -> int:
     problems = []
     total = 0
     started = time.perf_counter()
-    for rel, size in sorted(sizes.items()):
-        p = Path(str(mnt) + rel)
-        n = 0
-        try:
-            fd = os.open(p, os.O_RDONLY)
+    with progress("verified", sum(sizes.values()), unit="bytes") as update:  # terminal only
+        for rel, size in sorted(sizes.items()):
+            p = Path(str(mnt) + rel)
+            n = 0
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read from the tiers
-                while chunk := os.read(fd, READ_BLOCK):
-                    n += len(chunk)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            problems.append(f"{rel}: {exc.strerror} after {n} bytes")
-            continue
-        if n != size:
-            problems.append(f"{rel}: read {n} bytes, the catalog says {size}")
-        total += n
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read from the tiers
+                    while chunk := os.read(fd, READ_BLOCK):
+                        n += len(chunk)
+                        update(total + n, None)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                problems.append(f"{rel}: {exc.strerror} after {n} bytes")
+                continue
+            if n != size:
+                problems.append(f"{rel}: read {n} bytes, the catalog says {size}")
+            total += n
     elapsed = time.perf_counter() - started
     state = rows[0]["state"]
     if state != "committed":
@@ -261,7 +264,8 @@ def cmd_gc(path: Path, dry_run: bool) -> int:
                     print(f"  {label:<12} {r}  ({plan.why.get(r, '')})")
         return 0
     try:
-        os.setxattr(str(mnt), "user.ckptfs.gc", b"1")
+        with progress("applying retention", None):  # a spinner on a terminal
+            os.setxattr(str(mnt), "user.ckptfs.gc", b"1")
     except OSError as exc:
         print(f"ckptfs gc: {exc.strerror}", file=sys.stderr)
         return 1

@@ -146,6 +146,7 @@ class ChunkStore:
                     self._inflight_bytes[tier.name] -= size
             self._unhealthy.pop(tier.name, None)
             self._full.pop(tier.name, None)
+            self.stats.record_write(tier.name, size - frame.HEADER_SIZE)
             return tier.name
         if errors and all(isinstance(e, NoSpace) for e in errors):
             raise NoSpace("no tier has room for a chunk: " + "; ".join(str(e) for e in errors))
@@ -624,6 +625,7 @@ class ChunkStore:
             except (TierError, CorruptChunk, ChunkMissing) as exc:
                 log.warning("chunk %s: rewriting on tier %s failed: %s", ref.key[:16], name, exc)
                 continue
+            self.stats.record_write(name, size - frame.HEADER_SIZE)
             return name
         try:
             return self._put_somewhere(digest, framed, size)
@@ -657,6 +659,7 @@ class ChunkStore:
 
         gone = await trio.to_thread.run_sync(work, limiter=self.db_limiter)
         if gone:
+            self.stats.count("chunks_deleted", len(gone))
             self.room_may_have_freed()
         for digest in gone:
             self._synced.discard(digest)

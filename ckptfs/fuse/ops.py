@@ -9,11 +9,13 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import pyfuse3
 
+from .. import metrics
 from ..catalog import Inode
 from ..errors import CkptfsError
 from ..vfs.filesystem import Filesystem, uses_direct_io
@@ -29,19 +31,29 @@ ATTR_TIMEOUT = 1.0
 
 
 def boundary(fn: F) -> F:
+    # Every request is timed as the application waits for it (ckptfs_fuse_op_seconds).
+    op = fn.__name__
+    observe = metrics.op_observer(op)
+
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as exc:
+            metrics.count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
             raise
         except CkptfsError as exc:
             if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA):
                 log.debug("%s -> %s: %s", fn.__name__, errno.errorcode.get(exc.errno), exc)
+            metrics.count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
             raise pyfuse3.FUSEError(exc.errno) from None
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
+            metrics.count_op_error(op, "EIO")
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            observe(time.perf_counter() - started)
 
     return cast(F, wrapper)
 
@@ -154,11 +166,15 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.fs.read(fh, off, size)
+        data = await self.fs.read(fh, off, size)
+        metrics.APP.read += len(data)
+        return data
 
     @boundary
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self.fs.write(fh, off, buf)
+        n = await self.fs.write(fh, off, buf)
+        metrics.APP.written += n
+        return n
 
     @boundary
     async def flush(self, fh: int) -> None:

@@ -208,6 +208,7 @@ class Uploader:
             )
             if kept:
                 self.uploaded_bytes += job.length
+                self.store.stats.record_write(job.tier, job.length)
                 self.store.room_may_have_freed()  # its local copy may be evicted now
                 await self._record_rate()
             else:

@@ -37,6 +37,8 @@ from ..errors import (
     NotADirectory,
     NotSupported,
 )
+from ..metrics import Telemetry
+from ..service import syncfs_all
 from ..tiers.base import Tier, TierUsage
 from ..upload.uploader import Uploader
 from .openfile import MemoryBudget, OpenFile, Services
@@ -153,6 +155,8 @@ class Filesystem:
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
+        # Capacity, backlog and checkpoint facts for `ckptfs status` and the metrics.
+        self.telemetry = Telemetry(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -175,6 +179,7 @@ class Filesystem:
         while True:
             stats.counters["evicted_bytes"] = self.store.evicted_bytes
             stats.counters["uploaded_bytes"] = self.uploader.uploaded_bytes
+            await self.telemetry.refresh()
             try:
                 await trio.to_thread.run_sync(stats.write, path)
             except OSError as exc:
@@ -249,6 +254,10 @@ class Filesystem:
                     await f.commit(durable=True)
                 except CkptfsError as exc:
                     log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
+        # Every file closed earlier is durable locally too: its frames reach the devices
+        # before the catalog that names them is synced.
+        roots = [getattr(t, "root", None) for t in self.store.local.values()]
+        await trio.to_thread.run_sync(syncfs_all, roots)
         await self.db(self.catalog.sync)
 
     def _spill(self) -> None:

@@ -1,0 +1,546 @@
+"""Prometheus metrics of a running daemon, and the live facts `ckptfs status` shows.
+
+* The FUSE adapter times every request (``ckptfs_fuse_op_seconds{op}``: what the application
+  waits for in write, flush (close), fsync, release, read, ...) and counts the bytes
+  applications write and read. These live in this module's own registry (never the
+  prometheus_client global one).
+* ``Telemetry`` gathers, once a second from the daemon's stats loop, what needs the catalog
+  or a statvfs: capacity per tier, the upload backlog, checkpoint states, the newest
+  checkpoint per run and the newest one durable on the remote, save durations and skews.
+  It keeps them in a snapshot (also merged into ``STATE_DIR/stats.json``).
+* ``FsCollector`` turns that snapshot and the thread-safe live counters (``ckptfs.stats``)
+  into metrics at scrape time. The scrape runs in the HTTP server's thread: it never
+  touches the SQLite connection.
+* ``MetricsServer`` serves ``/metrics`` on ``metrics_address`` (config; localhost by
+  default, "" disables, port 0 picks a free port) and writes the bound address to
+  ``STATE_DIR/metrics.addr``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .errors import CkptfsError
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from .vfs.filesystem import Filesystem
+
+log = logging.getLogger("ckptfs.metrics")
+
+REGISTRY = CollectorRegistry()
+disable_created_metrics()  # no *_created series: they double the scrape for nothing
+ADDR_FILE = "metrics.addr"
+
+# From 50 µs (a cached read) to 2 minutes (a close that waits for room or the remote).
+LATENCY_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)
+SAVE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+
+FUSE_OP_SECONDS = Histogram(
+    "ckptfs_fuse_op_seconds",
+    "Time the daemon took to answer a FUSE request: the pause the application sees in "
+    "write, flush (every close), fsync, release, read, ...",
+    ["op"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
+)
+FUSE_OP_ERRORS = Counter(
+    "ckptfs_fuse_op_errors", "FUSE requests answered with an error, by errno name",
+    ["op", "errno"], registry=REGISTRY,
+)
+
+
+class AppBytes:
+    """Bytes applications wrote and read through the mount. Only the trio thread adds to
+    them (FUSE handlers), so plain ints do; the scrape thread reads them."""
+
+    written = 0
+    read = 0
+
+
+APP = AppBytes()
+CHECKPOINT_SAVE_SECONDS = Histogram(
+    "ckptfs_checkpoint_save_seconds",
+    "Checkpoint save duration, first write to commit, of checkpoints committed since start",
+    buckets=SAVE_BUCKETS, registry=REGISTRY,
+)
+CHECKPOINT_SKEW_SECONDS = Histogram(
+    "ckptfs_checkpoint_completion_skew_seconds",
+    "Per-file completion skew of a checkpoint: last minus first file completed",
+    buckets=SAVE_BUCKETS, registry=REGISTRY,
+)
+
+
+def op_observer(op: str) -> Callable[[float], None]:
+    """The latency recorder of one FUSE operation (bound once, cheap per call)."""
+    return FUSE_OP_SECONDS.labels(op=op).observe
+
+
+_error_children: dict[tuple[str, str], Any] = {}
+
+
+def count_op_error(op: str, errno_name: str) -> None:
+    child = _error_children.get((op, errno_name))
+    if child is None:
+        child = _error_children[(op, errno_name)] = FUSE_OP_ERRORS.labels(op=op, errno=errno_name)
+    child.inc()
+
+
+# Counters of ckptfs.stats exported under their own names (others: ckptfs_events_total).
+_COUNTERS = {
+    "integrity_failures": "Chunk copies found corrupt by a read (served from another copy)",
+    "missing_copies": "Chunk copies found missing by a read",
+    "heals": "Bad or missing chunk copies repaired",
+    "heal_failures": "Repairs of bad chunk copies that failed",
+    "copy_backs": "Chunks read from a remote tier only and copied to a local tier",
+    "chunks_deleted": "Chunks deleted because nothing references them any more",
+}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` (as config.parse_metrics_address returns)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def read_address(state_dir: Path) -> str | None:
+    """The address a daemon serves metrics on (None: none, or no daemon wrote one)."""
+    try:
+        return (state_dir / ADDR_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _run_of(root: str) -> str:
+    parts = [p for p in root.split("/") if p]
+    return "/" + "/".join(parts[:-1])
+
+
+class Telemetry:
+    """Facts refreshed once a second by the daemon's stats loop (``refresh``), kept in
+    ``facts`` (a dict replaced whole: the scrape thread reads it without a lock)."""
+
+    DURABLE_CHECK_S = 5.0  # how often the newest remote-durable checkpoint is looked for
+
+    def __init__(self, fs: Filesystem) -> None:
+        self.fs = fs
+        self.facts: dict[str, Any] = {}
+        self.mountpoint: str | None = None
+        self.metrics_address: str | None = None
+        self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
+        self._primed = False  # checkpoints committed before this daemon started: not observed
+        self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
+        self._remote_durable: dict[str, dict[str, Any]] = {}
+        self._durable_checked = -math.inf
+        self._rate_mark: tuple[float, float, float] | None = None
+        self._rates = (0.0, 0.0)
+        self._failing = False
+
+    async def refresh(self) -> None:
+        """Gather the facts (statvfs in a thread, catalog under the db limiter) and publish
+        them into the stats snapshot. Errors are logged once, never raised."""
+        try:
+            capacity = await trio.to_thread.run_sync(self._capacity)
+            catalog_facts = await self.fs.db(self._catalog_facts)
+        except (CkptfsError, OSError, RuntimeError) as exc:
+            if not self._failing:
+                log.warning("could not gather live statistics: %s", exc)
+                self._failing = True
+            return
+        except Exception as exc:  # sqlite3.Error and the like: statistics must not stop the daemon
+            if not self._failing:
+                log.warning("could not gather live statistics: %r", exc)
+                self._failing = True
+            return
+        self._failing = False
+        now = time.monotonic()
+        written, read = APP.written, APP.read
+        if self._rate_mark is not None and now - self._rate_mark[0] > 0:
+            dt = now - self._rate_mark[0]
+            self._rates = ((written - self._rate_mark[1]) / dt, (read - self._rate_mark[2]) / dt)
+        self._rate_mark = (now, written, read)
+        budget = self.fs.budget
+        self.facts = {
+            "capacity": capacity,
+            **catalog_facts,
+            "app": {"written_bytes": int(written), "read_bytes": int(read),
+                    "write_bytes_per_s": round(self._rates[0]),
+                    "read_bytes_per_s": round(self._rates[1])},
+            "memory": {"used": budget.used, "limit": budget.limit,
+                       "writers_waiting_for_room": self.fs.store.waiting_for_room},
+            "refreshed": time.time(),
+        }
+        stats = self.fs.store.stats
+        stats.tier_extra = {name: {"capacity": c} for name, c in capacity.items()}
+        stats.extra = {
+            "mountpoint": self.mountpoint,
+            "metrics": self.metrics_address,
+            "backlog": self.facts.get("backlog"),
+            "remote_durable": self.facts.get("remote_durable", {}),
+            "checkpoint_states": self.facts.get("checkpoint_states", {}),
+            "app": self.facts["app"],
+            "memory": self.facts["memory"],
+        }
+
+    def _capacity(self) -> dict[str, dict[str, Any]]:
+        """Blocking: capacity of every tier (a remote reports only what ckptfs stored)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, tier in self.fs.store.tiers.items():
+            try:
+                u = tier.usage()
+            except CkptfsError as exc:
+                out[name] = {"total": None, "free": None, "used": None, "error": str(exc)[:200]}
+                continue
+            if tier.kind == "local":
+                out[name] = {"total": u.total, "free": u.free, "used": u.used, "capped": u.capped}
+            else:
+                out[name] = {"total": None, "free": None, "used": u.used, "capped": False}
+        return out
+
+    def _catalog_facts(self) -> dict[str, Any]:
+        """Blocking, in the catalog's thread (db limiter held)."""
+        cat = self.fs.catalog
+        remotes = [t.name for t in self.fs.store.remotes]
+        out: dict[str, Any] = {}
+        if remotes:
+            b = cat.backlog()
+            age = None if b.oldest_enqueued_ns is None else max(0.0, (time.time_ns() - b.oldest_enqueued_ns) / 1e9)
+            rate = None
+            raw = cat.get_meta("upload_rate")
+            if raw is not None:
+                bps, at_ns = raw.split()
+                if (time.time_ns() - int(at_ns)) / 1e9 < 60:
+                    rate = float(bps)
+            out["backlog"] = {
+                "chunks": b.chunks, "bytes": b.bytes, "oldest_age_s": age, "blocked": b.blocked,
+                "last_error": b.last_error, "upload_rate_bytes_s": rate,
+                "eta_s": (b.bytes / rate) if rate and b.bytes else (0.0 if not b.bytes else None),
+                "uploaded_bytes": self.fs.uploader.uploaded_bytes,
+            }
+        rows = cat.checkpoints("/")
+        states: dict[str, int] = {}
+        latest: dict[str, dict[str, Any]] = {}
+        committed: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            states[str(r["state"])] = states.get(str(r["state"]), 0) + 1
+            if r["state"] != "committed":
+                continue
+            run = _run_of(str(r["root"]))
+            committed.setdefault(run, []).append(r)
+            if self._seen.get(int(r["id"])) != r["commit_ns"]:
+                self._seen[int(r["id"])] = r["commit_ns"]
+                if self._primed:
+                    self._observe(r)
+        self._primed = True
+        for run, rs in committed.items():
+            rs.sort(key=_newest_first, reverse=True)
+            latest[run] = _brief(rs[0])
+        now = time.monotonic()
+        if remotes and now - self._durable_checked >= self.DURABLE_CHECK_S:
+            self._durable_checked = now
+            self._remote_durable = self._find_remote_durable(committed, set(remotes))
+        out["checkpoint_states"] = states
+        out["latest"] = latest
+        out["remote_durable"] = self._remote_durable if remotes else {}
+        return out
+
+    def _observe(self, row: dict[str, Any]) -> None:
+        """A checkpoint committed while this daemon runs: its save time and skew."""
+        from .checkpoints.commands import describe
+
+        try:
+            info = describe(self.fs.catalog, Path(self.mountpoint or "/"), row)
+        except CkptfsError:
+            return
+        if info.write_s is not None:
+            CHECKPOINT_SAVE_SECONDS.observe(max(0.0, info.write_s))
+        if info.completion_skew_s is not None:
+            CHECKPOINT_SKEW_SECONDS.observe(max(0.0, info.completion_skew_s))
+
+    def _find_remote_durable(
+        self, committed: dict[str, list[dict[str, Any]]], remotes: set[str]
+    ) -> dict[str, dict[str, Any]]:
+        """Per run, the newest committed checkpoint a new node would recover from the
+        remote: every chunk has a valid remote copy and no pending upload, and a catalog
+        snapshot newer than its commit is on the remote."""
+        cat = self.fs.catalog
+        snap = cat.snapshot_of_ns() or 0
+        out: dict[str, dict[str, Any]] = {}
+        for run, rows in committed.items():  # newest first (sorted by the caller)
+            for r in rows[:8]:
+                key = (str(r["root"]), int(r["commit_ns"] or 0))
+                if key not in self._durable:
+                    if snap < key[1]:
+                        continue
+                    digests = cat.digests_under([key[0]])
+                    if not digests or cat.pending_digests(digests):
+                        continue
+                    if not all(remotes & set(cat.replica_tiers(d)) for d in digests):
+                        continue
+                    self._durable.add(key)
+                out[run] = _brief(r)
+                break
+        return out
+
+
+def _newest_first(row: dict[str, Any]) -> tuple[int, int]:
+    return (-1 if row["step"] is None else int(row["step"]), int(row["commit_ns"] or 0))
+
+
+def _brief(row: dict[str, Any]) -> dict[str, Any]:
+    return {"root": row["root"], "step": row["step"], "framework": row["framework"],
+            "commit_ns": row["commit_ns"]}
+
+
+class FsCollector(Collector):
+    """Metrics read at scrape time from the telemetry snapshot and live counters."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.t = telemetry
+
+    def collect(self) -> Iterator[Metric]:
+        fs = self.t.fs
+        facts = self.t.facts
+        stats = fs.store.stats
+        yield from self._info()
+        kinds = {n: ("local" if t.kind == "local" else "remote") for n, t in fs.store.tiers.items()}
+        labels = ["tier", "kind"]
+        rb = CounterMetricFamily("ckptfs_tier_read_bytes", "Chunk bytes read from each tier",
+                                 labels=labels)
+        wb = CounterMetricFamily(
+            "ckptfs_tier_written_bytes",
+            "Chunk payload bytes written to each tier (new chunks and repairs on local tiers, "
+            "uploads on remote ones)", labels=labels)
+        reads = CounterMetricFamily("ckptfs_tier_reads", "Chunk reads from each tier", labels=labels)
+        errs = CounterMetricFamily("ckptfs_tier_errors", "I/O errors of each tier", labels=labels)
+        up = GaugeMetricFamily("ckptfs_tier_healthy",
+                               "1 if the tier is healthy, 0 while degraded (reads failed there)",
+                               labels=labels)
+        lat = GaugeMetricFamily("ckptfs_tier_read_latency_seconds",
+                                "Measured latency of small reads (moving average)", labels=labels)
+        for name, ts in list(stats.tiers.items()):
+            lv = [name, kinds.get(name, ts.kind)]
+            rb.add_metric(lv, ts.read_bytes)
+            wb.add_metric(lv, ts.write_bytes)
+            reads.add_metric(lv, ts.reads)
+            errs.add_metric(lv, ts.errors)
+            up.add_metric(lv, 0 if ts.degraded else 1)
+            lat.add_metric(lv, ts.latency_s)
+        yield from (rb, wb, reads, errs, up, lat)
+        total = GaugeMetricFamily("ckptfs_tier_capacity_bytes",
+                                  "Bytes a local tier may hold (device size or its cap)",
+                                  labels=labels)
+        free = GaugeMetricFamily("ckptfs_tier_free_bytes",
+                                 "Bytes still available to ckptfs on a local tier", labels=labels)
+        used = GaugeMetricFamily("ckptfs_tier_used_bytes",
+                                 "Bytes of chunk frames ckptfs holds on each tier", labels=labels)
+        for name, c in facts.get("capacity", {}).items():
+            lv = [name, kinds.get(name, "local")]
+            if c.get("total") is not None:
+                total.add_metric(lv, c["total"])
+            if c.get("free") is not None:
+                free.add_metric(lv, c["free"])
+            if c.get("used") is not None:
+                used.add_metric(lv, c["used"])
+        yield from (total, free, used)
+        counters = dict(stats.counters)
+        for key, doc in _COUNTERS.items():
+            yield CounterMetricFamily(f"ckptfs_{key}", doc, value=counters.pop(key, 0))
+        other = CounterMetricFamily("ckptfs_events", "Other daemon event counters", labels=["event"])
+        for key, n in sorted(counters.items()):
+            if key not in ("evicted_bytes", "uploaded_bytes"):
+                other.add_metric([key], n)
+        yield other
+        yield CounterMetricFamily(
+            "ckptfs_evicted_bytes",
+            "Bytes of local chunk copies evicted (a remote tier holds them)",
+            value=fs.store.evicted_bytes)
+        yield CounterMetricFamily("ckptfs_app_written_bytes",
+                                  "Bytes applications wrote through the mount", value=APP.written)
+        yield CounterMetricFamily(
+            "ckptfs_app_read_bytes",
+            "Bytes applications read through the mount (restore throughput: its rate)",
+            value=APP.read)
+        yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
+                                  value=fs.uploader.uploaded_bytes)
+        yield from self._backlog(facts.get("backlog"))
+        yield from self._checkpoints(facts)
+        mem = facts.get("memory", {})
+        yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
+                                "Memory budget held by chunk buffers of files being written",
+                                value=fs.budget.used)
+        yield GaugeMetricFamily("ckptfs_memory_budget_limit_bytes", "The memory budget",
+                                value=fs.budget.limit)
+        yield GaugeMetricFamily(
+            "ckptfs_writers_waiting_for_room",
+            "Chunk writes waiting for uploads to free local room (backpressure)",
+            value=mem.get("writers_waiting_for_room", fs.store.waiting_for_room))
+        refreshed = facts.get("refreshed")
+        yield GaugeMetricFamily(
+            "ckptfs_stats_age_seconds",
+            "Seconds since the daemon last refreshed its statistics (should stay near 1)",
+            value=(time.time() - refreshed) if refreshed else math.nan)
+
+    def _info(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("ckptfs_info", "The daemon: version, mount point",
+                                 labels=["version", "mountpoint"])
+        info.add_metric([__version__, self.t.mountpoint or ""], 1)
+        yield info
+
+    @staticmethod
+    def _backlog(b: dict[str, Any] | None) -> Iterator[Metric]:
+        b = b or {}
+        yield GaugeMetricFamily("ckptfs_upload_backlog_bytes",
+                                "Chunk bytes committed but not yet on the remote tiers",
+                                value=b.get("bytes", 0))
+        yield GaugeMetricFamily("ckptfs_upload_backlog_chunks",
+                                "Upload jobs pending (a chunk per remote copy)",
+                                value=b.get("chunks", 0))
+        yield GaugeMetricFamily("ckptfs_upload_backlog_oldest_age_seconds",
+                                "Age of the oldest pending upload (0 when none)",
+                                value=b.get("oldest_age_s") or 0.0)
+        yield GaugeMetricFamily("ckptfs_upload_blocked_chunks",
+                                "Upload jobs blocked by a permanent error (credentials, bucket)",
+                                value=b.get("blocked", 0))
+        rate = b.get("upload_rate_bytes_s")
+        yield GaugeMetricFamily("ckptfs_upload_rate_bytes_per_second",
+                                "Upload rate measured over the last window (NaN: none recent)",
+                                value=math.nan if rate is None else rate)
+
+    @staticmethod
+    def _checkpoints(facts: dict[str, Any]) -> Iterator[Metric]:
+        st = GaugeMetricFamily("ckptfs_checkpoints", "Checkpoints known to the catalog, by state",
+                               labels=["state"])
+        for state, n in sorted(facts.get("checkpoint_states", {}).items()):
+            st.add_metric([state], n)
+        yield st
+        for key, what in (("latest", "the newest committed checkpoint"),
+                          ("remote_durable", "the newest checkpoint durable on the remote")):
+            step = GaugeMetricFamily(f"ckptfs_checkpoint_{key}_step",
+                                     f"Step of {what}, per run (-1: no step)", labels=["run"])
+            ts = GaugeMetricFamily(f"ckptfs_checkpoint_{key}_timestamp_seconds",
+                                   f"Commit time of {what}, per run", labels=["run"])
+            for run, c in sorted(facts.get(key, {}).items()):
+                step.add_metric([run], -1 if c["step"] is None else c["step"])
+                ts.add_metric([run], (c["commit_ns"] or 0) / 1e9)
+            yield step
+            yield ts
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP in a thread of its own, on the configured address."""
+
+    def __init__(self, address: str, telemetry: Telemetry, state_dir: Path) -> None:
+        self.requested = address
+        self.telemetry = telemetry
+        self.state_dir = state_dir
+        self.address: str | None = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._collector = FsCollector(telemetry)
+
+    def start(self) -> str:
+        """Listen; return the bound address ("host:port"). Raises OSError."""
+        host, port = split_address(self.requested)
+        REGISTRY.register(self._collector)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=REGISTRY)
+        except BaseException:
+            REGISTRY.unregister(self._collector)
+            raise
+        self.address = join_address(host, self._server.server_port)
+        self.telemetry.metrics_address = self.address
+        tmp = self.state_dir / (ADDR_FILE + ".tmp")
+        tmp.write_text(self.address + "\n")
+        os.replace(tmp, self.state_dir / ADDR_FILE)
+        return self.address
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.state_dir / ADDR_FILE).unlink()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(self._collector)
+        self.telemetry.metrics_address = None
+        self._server = self._thread = None
+
+
+def serve(address: str, telemetry: Telemetry, state_dir: Path) -> MetricsServer | None:
+    """Start the metrics server, or log why not (the mount goes on without metrics)."""
+    with contextlib.suppress(OSError):
+        (state_dir / ADDR_FILE).unlink()  # a daemon killed earlier may have left one
+    if not address:
+        log.info("metrics disabled (metrics_address = \"\")")
+        return None
+    server = MetricsServer(address, telemetry, state_dir)
+    try:
+        bound = server.start()
+    except OSError as exc:
+        log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
+                    exc.strerror or exc)
+        return None
+    log.info("metrics at http://%s/metrics", bound)
+    return server
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """``{'name{label="v",...}': value}`` from a scrape (for tests and tools)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        out[key] = float(value)
+    return out
+
+
+def sample(samples: dict[str, float], name: str, **labels: str) -> float:
+    """One value out of ``parse_exposition``'s result (labels in any order)."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        got = set(_split_labels(rest.rstrip("}"))) if rest else set()
+        if want <= got:
+            return value
+    raise KeyError(f"{name}{labels}")
+
+
+def _split_labels(text: str) -> Iterable[str]:
+    part, quoted = "", False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            yield part
+            part = ""
+        else:
+            part += ch
+    if part:
+        yield part

@@ -1,0 +1,394 @@
+"""`ckptfs status [PATH] [--json] [--watch]`: one screen to read at a glance.
+
+The facts come from the catalog (read-only, beside the daemon) and from the running
+daemon's ``STATE_DIR/stats.json`` (written each second): tiers with capacity and health,
+the upload backlog with an ETA, the latest checkpoints of each run with their state and
+the newest one durable on the remote, the counters, and where the metrics are served.
+
+* On a terminal: a rich layout (capacity bars, colours). ``--watch`` redraws it each second
+  until Ctrl-C (exit 0).
+* Piped: plain lines (stable, for grep and for people reading logs).
+* ``--json``: the same facts as one JSON object (docs/operations.md lists the keys);
+  with ``--watch``, one object per line each second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .catalog import Catalog
+from .errors import CkptfsError
+from .metrics import read_address
+from .mount import FSTYPE, fsname, read_pid
+from .remote_cli import (
+    describe,
+    describe_tier,
+    live_stats,
+    open_catalog,
+    remote_tier_names,
+    resolve_state_dir,
+    upload_rate,
+)
+
+LATEST_PER_RUN = 3
+WATCH_INTERVAL_S = 1.0
+
+
+def _mountpoint_of(state_dir: Path) -> str | None:
+    """Where the daemon of ``state_dir`` is mounted (from /proc/mounts)."""
+    want = fsname(state_dir)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == FSTYPE and _unescape(parts[0]) == want:
+                    return _unescape(parts[1])
+    except OSError:
+        return None
+    return None
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def _local_capacity(path: str | None) -> dict[str, Any] | None:
+    """Without a daemon: the device under a local tier (statvfs; a cap is not seen)."""
+    if not path:
+        return None
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return {"total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize,
+            "used": None, "capped": False}
+
+
+def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
+                     ) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    from .checkpoints.commands import describe as describe_checkpoint
+
+    rows = [r for r in catalog.checkpoints("/") if r["state"] != "deleted"]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        parts = [p for p in str(r["root"]).split("/") if p]
+        runs.setdefault("/" + "/".join(parts[:-1]), []).append(r)
+    durable = (live or {}).get("remote_durable") or {}
+    out = []
+    for run in sorted(runs):
+        newest = sorted(runs[run], key=lambda r: int(r["id"]), reverse=True)[:LATEST_PER_RUN]
+        latest = []
+        for r in newest:
+            info = asdict(describe_checkpoint(catalog, mnt or Path(""), r))
+            info["path"] = (str(mnt) + info["root"]) if mnt else None
+            info["begin_ns"], info["commit_ns"] = r["begin_ns"], r["commit_ns"]
+            latest.append(info)
+        out.append({"run": run, "checkpoints": len(runs[run]), "latest": latest,
+                    "remote_durable": durable.get(run)})
+    return out
+
+
+def collect(state_dir: Path) -> dict[str, Any]:
+    """Every fact `ckptfs status` shows, as plain data (the ``--json`` output)."""
+    catalog = open_catalog(state_dir)
+    try:
+        stats = live_stats(state_dir)
+        per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
+        mountpoint = (stats or {}).get("mountpoint") or _mountpoint_of(state_dir)
+        tiers = []
+        for t in catalog.recorded_tiers():
+            s = per_tier.get(t["name"], {})
+            kind = t.get("kind", "local")
+            capacity = s.get("capacity")
+            if capacity is None and kind == "local":
+                capacity = _local_capacity(t.get("path"))
+            tiers.append({
+                "name": t["name"], "kind": kind, "location": t.get("path") or t.get("url"),
+                "state": s.get("state", "unknown" if stats is None else "unused"),
+                "degraded_reason": s.get("degraded_reason"),
+                "capacity": capacity,
+                "reads": s.get("reads"), "read_bytes": s.get("read_bytes"),
+                "read_mb_s": s.get("read_mb_s"), "latency_ms": s.get("latency_ms"),
+                "writes": s.get("writes"), "write_bytes": s.get("write_bytes"),
+                "errors": s.get("errors"),
+            })
+        remotes = remote_tier_names(catalog)
+        backlog: dict[str, Any] | None = None
+        if remotes:
+            b = catalog.backlog()
+            rate = upload_rate(catalog)
+            fresh = rate[0] if rate is not None and rate[1] < 60 else None
+            backlog = {
+                "remote_tiers": remotes, "chunks": b.chunks, "bytes": b.bytes,
+                "oldest_age_s": None if b.oldest_enqueued_ns is None
+                else max(0.0, (time.time_ns() - b.oldest_enqueued_ns) / 1e9),
+                "blocked": b.blocked, "last_error": b.last_error,
+                "upload_rate_bytes_s": fresh,
+                "last_upload_rate": None if rate is None
+                else {"bytes_s": rate[0], "age_s": rate[1]},
+                "eta_s": 0.0 if not b.bytes else (b.bytes / fresh if fresh else None),
+            }
+        runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
+    finally:
+        catalog.close()
+    metrics = None
+    if stats is not None:
+        metrics = stats.get("metrics") or read_address(state_dir)
+    return {
+        "state_dir": str(state_dir),
+        "mountpoint": mountpoint,
+        "daemon": {
+            "running": stats is not None,
+            "pid": read_pid(state_dir) if stats is not None else None,
+            "stats_age_s": None if stats is None else round(time.time() - stats["time"], 1),
+        },
+        "tiers": tiers,
+        "read_order": (stats or {}).get("read_order_16mib", []),
+        "counters": (stats or {}).get("counters", {}),
+        "backlog": backlog,
+        "checkpoint_states": (stats or {}).get("checkpoint_states"),
+        "runs": runs,
+        "app": (stats or {}).get("app"),
+        "memory": (stats or {}).get("memory"),
+        "metrics": metrics,
+        "metrics_url": f"http://{metrics}/metrics" if metrics else None,
+    }
+
+
+# -- plain text ------------------------------------------------------------------------------
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if s < 120:
+        return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _capacity_text(c: dict[str, Any] | None) -> str | None:
+    if not c or c.get("total") is None:
+        return None if not c or c.get("used") is None else f"{_size(c['used'])} stored"
+    used = c["total"] - c["free"]
+    pct = 100 * used / c["total"] if c["total"] else 0
+    text = f"{pct:.0f}% full, {_size(c['free'])} free of {_size(c['total'])}"
+    if c.get("used") is not None:
+        text += f" ({_size(c['used'])} chunks)"
+    return text + (" [capacity cap]" if c.get("capped") else "")
+
+
+def plain(s: dict[str, Any]) -> str:
+    """The status as plain lines (what a pipe or a log gets)."""
+    lines = [f"state dir: {s['state_dir']}"]
+    if s["mountpoint"]:
+        lines.append(f"mounted at: {s['mountpoint']}")
+    running = s["daemon"]["running"]
+    live = {t["name"]: t for t in s["tiers"] if t["state"] not in ("unknown", "unused")}
+    for t in s["tiers"]:
+        rec = {"name": t["name"], "kind": t["kind"]}
+        rec["url" if t["kind"] != "local" else "path"] = t["location"] or ""
+        text = describe_tier(rec, live if running else None)
+        cap = _capacity_text(t["capacity"])
+        if cap:
+            text += f"; capacity {cap}"
+        lines.append(text)
+    if running:
+        lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
+        if s["counters"]:
+            lines.append("counters: " + ", ".join(f"{k} {v}" for k, v in s["counters"].items()))
+    else:
+        lines.append("daemon: not running (no live statistics)")
+    b = s["backlog"]
+    if b is None:
+        lines.append("backlog: none (no remote tier configured; data is on the local tiers only)")
+    else:
+        from .catalog.catalog import Backlog
+
+        oldest = None if b["oldest_age_s"] is None else time.time_ns() - int(b["oldest_age_s"] * 1e9)
+        rate = b["last_upload_rate"]
+        lines.append(describe(
+            Backlog(b["chunks"], b["bytes"], oldest, b["blocked"], b["last_error"]),
+            None if rate is None else (rate["bytes_s"], rate["age_s"]),
+        ))
+        if rate is not None:
+            lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
+                         f"({rate['age_s']:.0f} s ago)")
+    for run in s["runs"]:
+        items = []
+        for c in run["latest"]:
+            step = "" if c["step"] is None else f", step {c['step']}"
+            items.append(f"{c['root']} ({c['state']}{step}, {_size(c['logical_bytes'])})")
+        lines.append(f"checkpoints in {run['run']}: " + "; ".join(items))
+        if run["remote_durable"]:
+            lines.append(f"  newest durable on the remote: {run['remote_durable']['root']}")
+    if s["metrics"]:
+        lines.append(f"metrics: {s['metrics_url']}")
+    elif running:
+        lines.append("metrics: off")
+    return "\n".join(lines)
+
+
+# -- rich --------------------------------------------------------------------------------------
+
+
+def render(s: dict[str, Any]) -> Any:
+    """The status as a rich renderable (one screen)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    running = s["daemon"]["running"]
+    head = Text()
+    head.append("ckptfs ", style="bold")
+    head.append(s["mountpoint"] or "(not mounted)", style="bold cyan")
+    head.append(f"   state {s['state_dir']}   ")
+    if running:
+        head.append(f"● daemon pid {s['daemon']['pid']}", style="green")
+    else:
+        head.append("○ daemon not running", style="yellow")
+    head.append("   metrics ")
+    head.append(s["metrics_url"] or "off", style="cyan" if s["metrics"] else "dim")
+
+    tiers = Table(title="tiers", title_justify="left", expand=True, box=None, pad_edge=False)
+    for col in ("tier", "kind", "health", "capacity", "", "free", "reads", "MB/s", "ms", "location"):
+        tiers.add_column(col, no_wrap=col != "location", overflow="fold")
+    for t in s["tiers"]:
+        state = t["state"]
+        style = {"healthy": "green", "degraded": "bold red"}.get(state, "dim")
+        health = Text(state, style=style)
+        if t["degraded_reason"]:
+            health.append(f" {t['degraded_reason'][:40]}", style="red")
+        c = t["capacity"] or {}
+        if c.get("total"):
+            used = c["total"] - c["free"]
+            frac = used / c["total"]
+            bar: Any = ProgressBar(total=c["total"], completed=used, width=20,
+                                   complete_style="red" if frac > 0.9 else "green")
+            pct = f"{100 * frac:.0f}% of {_size(c['total'])}"
+            free = _size(c["free"])
+        else:
+            bar, pct, free = Text(""), (f"{_size(c['used'])} stored" if c.get("used") else ""), ""
+        reads = "" if t["reads"] is None else f"{t['reads']} ({_size(t['read_bytes'])})"
+        tiers.add_row(t["name"], t["kind"], health, bar, pct, free, reads,
+                      "" if t["read_mb_s"] is None else str(t["read_mb_s"]),
+                      "" if t["latency_ms"] is None else str(t["latency_ms"]),
+                      t["location"] or "")
+
+    b = s["backlog"]
+    if b is None:
+        backlog = Text("no remote tier: data is on the local tiers only", style="dim")
+    elif not b["chunks"]:
+        backlog = Text("empty: everything committed is durable on the remote", style="green")
+    else:
+        backlog = Text(f"{b['chunks']} chunk(s), {_size(b['bytes'])}, oldest {_secs(b['oldest_age_s'])}",
+                       style="yellow")
+        if b["upload_rate_bytes_s"]:
+            backlog.append(f", uploading {b['upload_rate_bytes_s'] / 1e6:.1f} MB/s, "
+                           f"ETA {_secs(b['eta_s'])}")
+        else:
+            backlog.append(", ETA ? (no recent upload)")
+        if b["blocked"]:
+            backlog.append(f", {b['blocked']} blocked", style="bold red")
+        if b["last_error"]:
+            backlog.append(f"\nlast error: {b['last_error'][:200]}", style="red")
+
+    ck = Table(title="latest checkpoints", title_justify="left", expand=True, box=None,
+               pad_edge=False)
+    for col in ("run", "checkpoint", "step", "state", "files", "size", "save", "skew", "durable on"):
+        ck.add_column(col, overflow="fold")
+    state_style = {"committed": "green", "writing": "cyan", "partial": "bold red",
+                   "expired": "dim"}
+    for run in s["runs"]:
+        durable_root = (run["remote_durable"] or {}).get("root")
+        for i, c in enumerate(run["latest"]):
+            name = Text(c["root"][len(run["run"]):].lstrip("/") or c["root"])
+            if c["root"] == durable_root:
+                name.append(" ☁", style="cyan")
+            ck.add_row(run["run"] if i == 0 else "", name,
+                       "" if c["step"] is None else str(c["step"]),
+                       Text(c["state"], style=state_style.get(c["state"], "")),
+                       str(c["files"]), _size(c["logical_bytes"]),
+                       "" if c["write_s"] is None else _secs(c["write_s"]),
+                       "" if c["completion_skew_s"] is None else _secs(c["completion_skew_s"]),
+                       ",".join(c["durable_on"]) or "-")
+    parts: list[Any] = [head, tiers, Panel(backlog, title="upload backlog", title_align="left")]
+    parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
+    if s["counters"]:
+        counters = Text("counters: ", style="bold")
+        for k, v in s["counters"].items():
+            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures")
+            counters.append(f"{k} {v}  ", style="bold red" if bad else "")
+        parts.append(counters)
+    return Group(*parts)
+
+
+def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = False,
+               watch: bool = False) -> int:
+    sd = resolve_state_dir(path, state_dir)
+    open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
+    if as_json:
+        return _loop(lambda: print(json.dumps(collect(sd), indent=None if watch else 1),
+                                   flush=True), watch)
+    if not sys.stdout.isatty():
+        first = [True]
+
+        def show() -> None:
+            if not first[0]:
+                print()
+            first[0] = False
+            print(plain(collect(sd)), flush=True)
+
+        return _loop(show, watch)
+    from rich.console import Console
+
+    console = Console()
+    if not watch:
+        console.print(render(collect(sd)))
+        return 0
+    from rich.live import Live
+
+    try:
+        with Live(render(collect(sd)), console=console, auto_refresh=False,
+                  screen=False) as live:
+            while True:
+                time.sleep(WATCH_INTERVAL_S)  # the refresh period itself, not a wait for a condition
+                live.update(render(collect(sd)), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _loop(show: Any, watch: bool) -> int:
+    try:
+        while True:
+            try:
+                show()
+            except CkptfsError as exc:
+                if not watch:
+                    raise
+                print(f"ckptfs status: {exc}", file=sys.stderr)
+            if not watch:
+                return 0
+            time.sleep(WATCH_INTERVAL_S)  # the refresh period of --watch
+    except KeyboardInterrupt:
+        return 0
