@@ -377,7 +377,9 @@ class ChunkStore:
         """True if reading this chunk costs no new device read (cached or being fetched)."""
         return digest in self._cache or digest in self._flights
 
-    async def read(self, ref: ChunkRef, copy_back: bool = False) -> frame.Buffer:
+    async def read(
+        self, ref: ChunkRef, copy_back: bool = False, log_missing: bool = True
+    ) -> frame.Buffer:
         """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
         tier holds a valid copy. Copies found missing or corrupt on the way are marked bad
         and healed in the background; with ``copy_back``, a chunk read from a remote tier
@@ -413,7 +415,8 @@ class ChunkStore:
                 self._cache_put(ref.digest, got.data)
                 self._after_read(ref, got, copy_back)
             except CkptfsError as exc:
-                log.error("%s", exc)
+                if log_missing or not isinstance(exc, ChunkMissing):
+                    log.error("%s", exc)
                 flight.error = exc
             finally:
                 del self._flights[ref.digest]
