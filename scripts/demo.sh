@@ -166,6 +166,27 @@ echo "user.ckptfs.state of checkpoint-100: $(getfattr --only-values -n user.ckpt
 echo "ckptfs latest run1 -> $(ckptfs latest "$MNT/run1")"
 ckptfs verify "$MNT/run1/checkpoint-100"
 
+step "5c. Prometheus metrics of the daemon (a few of them; the address is in \$STATE/metrics.addr)"
+"$PY" - "$STATE" <<'EOF'
+import sys, time, urllib.request
+from pathlib import Path
+
+addr_file = Path(sys.argv[1]) / "metrics.addr"
+if not addr_file.exists():
+    print("metrics are off (another process holds the port?)")
+    sys.exit(0)
+url = f"http://{addr_file.read_text().strip()}/metrics"
+time.sleep(1.5)  # the daemon refreshes its statistics once a second
+text = urllib.request.urlopen(url, timeout=10).read().decode()
+wanted = ("ckptfs_app_written_bytes_total", "ckptfs_tier_written_bytes_total",
+          "ckptfs_upload_backlog_bytes", "ckptfs_checkpoints{", "ckptfs_checkpoint_latest_step",
+          "ckptfs_checkpoint_remote_durable_step", "ckptfs_fuse_op_seconds_count{op=\"flush\"}")
+print(f"served at {url}")
+for line in text.splitlines():
+    if line.startswith(wanted):
+        print("  " + line)
+EOF
+
 cat > "$WORK/compare.py" <<'EOF'
 import hashlib, os, sys
 import torch

@@ -57,7 +57,13 @@ class Mount:
         a = ["--state-dir", str(self.state_dir)]
         for d in self.locals:
             a += ["--local", str(d)]
-        return a + list(self.extra_args)
+        extra = list(self.extra_args)
+        if "--metrics-address" not in extra and "--config" not in extra:
+            # Each test daemon serves metrics on a port of its own (never the default 9464,
+            # which a demo or a real daemon on this machine may hold). A test's config file
+            # says what it wants itself.
+            extra += ["--metrics-address", "127.0.0.1:0"]
+        return a + extra
 
     def start(self) -> None:
         try:
