@@ -7,7 +7,8 @@
 #    builds against them), installed only when missing; apt-get update only if an install is due.
 # 2. A virtual environment in <repo>/.venv, created if missing (PYTHON picks the interpreter,
 #    default python3; it must be 3.11 or newer).
-# 3. pip install -e '.[test]' into it (torch==2.13.0 is in the test extra). Skipped when
+# 3. pip install -e '.[test,compat]' into it (torch==2.13.0 is in the test extra, the training
+#    frameworks of tests/compat in the compat extra). Skipped when
 #    pyproject.toml has not changed since the last successful install (stamp in .venv).
 set -euo pipefail
 
@@ -76,8 +77,8 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && .venv/bin/python -c 'import ckptfs' 2>/dev/null; then
     log "python packages up to date (pyproject.toml unchanged)"
 else
-    log "pip install -e '.[test]' (first run takes a few minutes: torch)"
-    .venv/bin/python -m pip install -q --progress-bar off -e '.[test]'
+    log "pip install -e '.[test,compat]' (first run takes a few minutes: torch)"
+    .venv/bin/python -m pip install -q --progress-bar off -e '.[test,compat]'
     printf '%s\n' "$want" > "$STAMP"
 fi
 log "ready: $(.venv/bin/python --version 2>&1), ckptfs $(.venv/bin/python -c 'import ckptfs; print(ckptfs.__version__)')"

@@ -246,3 +246,16 @@ def test_a_writer_killed_mid_save_leaves_a_partial_checkpoint(tmp_path: Path) ->
                 proc.wait(timeout=30)
         wait_until(lambda: states(out).get("/out/checkpoint-2") == "partial", what="partial")
         assert run_cli("latest", str(out)).stdout.strip() == str(out / "checkpoint-1")
+
+
+def test_a_checkpoint_the_framework_rotates_away_is_deleted(tmp_path: Path) -> None:
+    import shutil
+
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB")) as m:
+        out = m.mountpoint / "out"
+        hf_save(out, 1, os.urandom(1000))
+        hf_save(out, 2, os.urandom(1000))
+        wait_until(lambda: states(out).get("/out/checkpoint-2") == "committed", what="commit")
+        shutil.rmtree(out / "checkpoint-1")  # save_total_limit rotation
+        wait_until(lambda: states(out).get("/out/checkpoint-1") == "deleted", what="deleted")
+        assert states(out)["/out/checkpoint-2"] == "committed"

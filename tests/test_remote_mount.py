@@ -264,3 +264,23 @@ def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(
     # The lost node's writer lease is still fresh: the replacement takes it over.
     with mounted(tmp_path / "node2", 1, ("--chunk-size", "1MiB", "--remote", url, "--takeover")) as m:
         assert (m.mountpoint / "final" / "model.pt").read_bytes() == data
+
+
+def test_a_rename_alone_reaches_the_remote_snapshot(
+    tmp_path: Path, remote: tuple[str, str]
+) -> None:
+    """A namespace-only change (no upload queued: DCP, Lightning and Orbax commit by rename)
+    still makes it into the bucket's catalog snapshot, and `ckptfs sync` says so."""
+    url, _prefix = remote
+    data = os.urandom(2 * MiB)
+    first = tmp_path / "node1"
+    with mounted(first, 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        write(m.mountpoint / ".metadata.tmp", data)
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+        os.rename(m.mountpoint / ".metadata.tmp", m.mountpoint / ".metadata")
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "30")
+        assert res.returncode == 0, res.stdout + res.stderr
+    shutil.rmtree(first)
+    with mounted(tmp_path / "node2", 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        assert (m.mountpoint / ".metadata").read_bytes() == data
+        assert not (m.mountpoint / ".metadata.tmp").exists()

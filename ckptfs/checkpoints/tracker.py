@@ -106,6 +106,8 @@ class CheckpointTracker:
         for ev in batch:
             if ev.kind == "rename" and ev.src is not None:
                 self.catalog.rename_checkpoints(ev.src, ev.path)
+            if ev.kind in ("unlink", "rmdir"):
+                self._removed(ev.path)
             try:
                 found = self.detectors.observe(ev, view)  # type: ignore[attr-defined]
             except Exception:  # a detector bug must not stop the filesystem
@@ -113,6 +115,14 @@ class CheckpointTracker:
                 continue
             for d in found:
                 self._record(d)
+
+    def _removed(self, path: str) -> None:
+        """The application deleted a checkpoint's root (rotation by the framework): it is
+        deleted. (Retention's own deletions are already "expired" and finish themselves.)"""
+        for row in self.catalog.checkpoints(path):
+            if row["root"] == path and row["state"] not in ("expired", "deleted"):
+                self.catalog.checkpoint_set_state(path, "deleted", "removed by the application")
+                log.info("checkpoint %s deleted by the application", path)
 
     def _tick(self, inos: list[int]) -> None:
         view = self._view(inos)

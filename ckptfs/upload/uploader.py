@@ -37,6 +37,7 @@ RATE_WINDOW_S = 2.0
 # Under a steady stream of commits the backlog is never empty; the snapshot is then
 # retaken this often, so a new node can recover everything uploaded until shortly before.
 SNAPSHOT_INTERVAL_S = 10.0
+SNAPSHOT_RECHECK_S = 1.0  # how often an idle uploader looks for catalog changes
 # While a save is running, uploads wait, so they do not take the CPU and disk from the save
 # (its stall); they start when it has committed, `concurrency` at once. A save longer than
 # MAX_DEFER_S (or a stream of back-to-back saves) gets one upload at a time meanwhile, so
@@ -238,7 +239,11 @@ class Uploader:
 
         taken = await trio.to_thread.run_sync(backup, limiter=self.db_limiter)
         if taken is None:
-            return math.inf if overdue else SNAPSHOT_INTERVAL_S - (now - self._snapshot_at)
+            # Namespace-only changes (a rename, a symlink, a checkpoint state) queue no
+            # upload and wake nobody: look again soon, so they reach the remote too.
+            return SNAPSHOT_RECHECK_S if overdue else max(
+                SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at)
+            )
         of_ns, data = taken
         digest = frame.digest_of(data)
         framed = b"".join(bytes(p) for p in frame.encode([data], digest))
@@ -262,7 +267,7 @@ class Uploader:
         self._progressed()
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
                  len(data), len(self.store.remotes))
-        return math.inf
+        return SNAPSHOT_RECHECK_S
 
     async def _record_rate(self) -> None:
         """Publish the upload rate (bytes/s over the last window) in the catalog's meta,

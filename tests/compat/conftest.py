@@ -1,0 +1,38 @@
+"""Fixtures of the framework compatibility suite (issue 6; see compatkit.py).
+
+tests/conftest.py applies too: it starts the one SeaweedFS of the session (``seaweed``).
+``remote`` (credentials in the environment, a fresh bucket prefix) comes from
+tests/test_remote_mount.py; ``nodes`` gives node 1 and its replacement on that prefix.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
+
+from compatkit import Nodes  # noqa: E402
+from mountutil import FUSE_AVAILABLE, SKIP_REASON  # noqa: E402
+from test_remote_mount import remote  # noqa: E402, F401
+
+
+@pytest.fixture
+def nodes(
+    tmp_path: Path, remote: tuple[str, str], request: pytest.FixtureRequest  # noqa: F811
+) -> Iterator[Nodes]:
+    if not FUSE_AVAILABLE:
+        pytest.skip(SKIP_REASON)
+    url, _prefix = remote
+    n = Nodes(tmp_path, url, request)
+    failed = True
+    try:
+        yield n
+        failed = False
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        n.close(failed=failed or (rep is not None and rep.failed))
