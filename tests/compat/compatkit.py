@@ -158,7 +158,6 @@ class Nodes:
         self.extra: tuple[str, ...] = ()
         self.mounts: list[Mount] = []
         self.mountpoint = base / "ckpt"
-        self.kicks = 0
 
     def args(self) -> tuple[str, ...]:
         return ("--chunk-size", "1MiB", "--remote", self.url, *self.extra)
@@ -206,12 +205,6 @@ class Nodes:
         root has a copy on the remote tier (``durable_on`` names remote0)."""
         for root in roots:
             wait_state(run, root, "committed")
-        # Work around a ckptfs bug (reported with this suite): a catalog change that
-        # queues no upload (a rename, a symlink, a checkpoint marked partial) does not
-        # wake the uploader, so the bucket's catalog snapshot is not retaken and `ckptfs
-        # sync` waits for it until its timeout. New data wakes the uploader.
-        self.kicks += 1
-        (self.mountpoint / f".compat-kick-{self.kicks}").write_bytes(os.urandom(64))
         res = run_cli("sync", str(run), "--timeout", str(int(timeout)), timeout=timeout + 30)
         assert res.returncode == 0, f"ckptfs sync failed ({res.returncode}): {res.stdout}{res.stderr}"
         got = ls(run)
