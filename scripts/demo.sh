@@ -176,8 +176,12 @@ if not addr_file.exists():
     print("metrics are off (another process holds the port?)")
     sys.exit(0)
 url = f"http://{addr_file.read_text().strip()}/metrics"
-time.sleep(1.5)  # the daemon refreshes its statistics once a second
-text = urllib.request.urlopen(url, timeout=10).read().decode()
+deadline = time.monotonic() + 10
+while True:  # the daemon refreshes its checkpoint facts once a second: wait for them
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    if "ckptfs_checkpoint_remote_durable_step{" in text or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
 wanted = ("ckptfs_app_written_bytes_total", "ckptfs_tier_written_bytes_total",
           "ckptfs_upload_backlog_bytes", "ckptfs_checkpoints{", "ckptfs_checkpoint_latest_step",
           "ckptfs_checkpoint_remote_durable_step", "ckptfs_fuse_op_seconds_count{op=\"flush\"}")

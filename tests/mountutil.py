@@ -13,9 +13,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 FUSE_AVAILABLE = os.path.exists("/dev/fuse") and any(
     os.access(os.path.join(d, "fusermount3"), os.X_OK) for d in os.environ.get("PATH", "").split(":")
@@ -107,6 +108,17 @@ class Mount:
                     os.kill(pid, signal.SIGKILL)
                     _wait_pid_gone(pid, 10)
         self._started.clear()
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy (returned); fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
+        time.sleep(0.05)  # polling a condition, with a deadline
 
 
 def pid_alive(pid: int) -> bool:

@@ -5,28 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
 from test_remote_mount import MiB, remote  # noqa: F401
 
 from ckptfs.chunks import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
-        time.sleep(0.05)  # polling a condition, with a deadline
 
 
 def ls(path: Path) -> list[dict[str, Any]]:

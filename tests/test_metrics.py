@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from s3server import SECRET_KEY, SeaweedServer
 from test_remote_mount import MiB, remote  # noqa: F401
 
@@ -26,16 +23,6 @@ from ckptfs.metrics import parse_exposition, sample
 ROOT = Path(__file__).resolve().parent.parent
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 CHUNK = 256 * 1024
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
-        time.sleep(0.05)  # polling a condition, with a deadline
 
 
 def metrics_config(tmp_path: Path, extra: str = "") -> Path:

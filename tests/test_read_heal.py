@@ -7,12 +7,10 @@ import errno
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from test_remote_mount import MiB, remote, write  # noqa: F401
 
 from ckptfs.chunks import frame
@@ -35,13 +33,6 @@ def flip_byte(path: Path, offset: int = frame.HEADER_SIZE + 100) -> None:
 def stats(m: Mount) -> dict:  # type: ignore[type-arg]
     p = m.state_dir / "stats.json"
     return json.loads(p.read_text()) if p.exists() else {}
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)  # polling a condition, with a deadline
 
 
 def counter(m: Mount, name: str) -> int:

@@ -12,44 +12,18 @@ import json
 import os
 import sqlite3
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
-from s3fixtures import remove_prefix
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, free_ports
+from s3server import SeaweedServer, free_ports
+from test_remote_mount import remote, remote_objects  # noqa: F401
 
 from ckptfs.chunks import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def remote(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:  # noqa: F811
-    """A fresh prefix; credentials in the environment the CLI and the daemon inherit."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    prefix = f"f-{uuid.uuid4().hex[:10]}"
-    yield f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}", prefix
-    remove_prefix(seaweed, seaweed.bucket, prefix)
-
-
-def remote_objects(server: SeaweedServer, prefix: str) -> dict[str, bytes]:
-    client = server.client()
-    out = {}
-    for page in client.get_paginator("list_objects_v2").paginate(
-        Bucket=server.bucket, Prefix=f"{prefix}/chunks/"
-    ):
-        for o in page.get("Contents") or ():
-            out[o["Key"].rsplit("/", 1)[1]] = client.get_object(
-                Bucket=server.bucket, Key=o["Key"]
-            )["Body"].read()
-    client.close()
-    return out
 
 
 def local_chunk_files(m: Mount) -> dict[str, bytes]:

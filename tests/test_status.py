@@ -20,22 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, ckptfs_cmd, mounted, run_cli
+from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, ckptfs_cmd, mounted, run_cli, wait_until
 
 from ckptfs.catalog import Catalog
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 CHUNK = 256 * 1024
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
-        time.sleep(0.05)  # polling a condition, with a deadline
 
 
 def hf_save(run: Path, step: int, size: int) -> None:

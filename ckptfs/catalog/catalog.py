@@ -889,24 +889,29 @@ class Catalog:
 
     # -- retention ---------------------------------------------------------------------------
 
+    def files_under(self, root: str) -> list[Inode]:
+        """The regular files at or under ``root`` (a path inside the mount)."""
+        top = self.resolve(root)
+        out: list[Inode] = []
+        stack = [] if top is None else [top]
+        while stack:
+            inode = stack.pop()
+            if stat.S_ISDIR(inode.mode):
+                for r in self.conn.execute("SELECT ino FROM dentries WHERE parent=?", (inode.ino,)):
+                    stack.append(self.get_inode(int(r[0])))
+            elif stat.S_ISREG(inode.mode):
+                out.append(inode)
+        return out
+
     def digests_under(self, roots: Iterable[str]) -> dict[bytes, int]:
         """Chunks (digest -> length) named by the files at or under these paths."""
         out: dict[bytes, int] = {}
         for root in roots:
-            top = self.resolve(root)
-            if top is None:
-                continue
-            stack = [top]
-            while stack:
-                inode = stack.pop()
-                if stat.S_ISDIR(inode.mode):
-                    for r in self.conn.execute("SELECT ino FROM dentries WHERE parent=?", (inode.ino,)):
-                        stack.append(self.get_inode(int(r[0])))
-                elif stat.S_ISREG(inode.mode):
-                    for d, n in self.conn.execute(
-                        "SELECT digest, length FROM extents WHERE ino=?", (inode.ino,)
-                    ):
-                        out[bytes(d)] = int(n)
+            for inode in self.files_under(root):
+                for d, n in self.conn.execute(
+                    "SELECT digest, length FROM extents WHERE ino=?", (inode.ino,)
+                ):
+                    out[bytes(d)] = int(n)
         return out
 
     def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,21 +55,7 @@ def _inside(path: Path) -> tuple[Path, Path, str]:
 
 def _files(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
     """(ino, size, mtime_ns) of the regular files at or under root."""
-    top = catalog.resolve(root)
-    if top is None:
-        return []
-    out = []
-    stack = [top]
-    while stack:
-        inode = stack.pop()
-        if stat.S_ISREG(inode.mode):
-            out.append((inode.ino, inode.size, inode.mtime_ns))
-        elif stat.S_ISDIR(inode.mode):
-            for name in catalog.list_names(inode.ino):
-                child = catalog.resolve(catalog.path_of(inode.ino).rstrip("/") + "/" + name)
-                if child is not None:
-                    stack.append(child)
-    return out
+    return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
 
 
 def describe(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointInfo:

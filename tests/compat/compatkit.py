@@ -20,13 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import Mount, is_mounted, run_cli
+from mountutil import Mount, is_mounted, run_cli, wait_until
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -35,16 +34,6 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 PARTIAL_AFTER_S = 1.0
 
 _LOG_BAD_MARKERS = ("ERROR", "Traceback")
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
-        time.sleep(0.1)  # polling a condition, with a deadline
 
 
 def ls(path: Path) -> dict[str, dict[str, Any]]:
