@@ -140,3 +140,19 @@ async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
         assert set(local.frames) <= set(remote.frames)
         refs = await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"f3")).ino)
         assert all("l" in r.tiers for r in refs.values())  # the newest file stays local
+
+
+async def test_a_close_reports_the_tail_without_reading_the_chunk_back(tmp_path: Path) -> None:
+    """The detectors get a closed file's last bytes from what the open file stored, not from
+    a read of its last chunk on the tier (that would be extra I/O on every save)."""
+    local = FaultyTier(MemoryTier("l"))
+    zip_like = b"PK\x03\x04" + os.urandom(150_000) + b"PK\x05\x06" + bytes(18)
+    async with make_fs(tmp_path, [local], detectors=DetectorSet.default()) as fs:
+        fh, _ = await fs.create(ROOT_INODE, b"step-3.pt", 0o644, RW, 0, 0)
+        await fs.write(fh, 0, zip_like)
+        await fs.flush(fh)
+        local.fail_gets = True  # any read of a chunk now fails
+        await fs.release(fh)
+        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 1)
+        assert await state(fs, "/step-3.pt") == "committed"
+        local.fail_gets = False

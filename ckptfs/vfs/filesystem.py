@@ -218,9 +218,11 @@ class Filesystem:
         if inode.nlink <= 0:
             return  # unlinked before its last close: no checkpoint to detect
         content = tail = None
+        lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
+        data = self._known_end(h.file, refs, lo, inode.size)
         try:
-            lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
-            data = await self._read_committed(refs, lo, inode.size)
+            if data is None:  # not what this open file stored last: read it back
+                data = await self._read_committed(refs, lo, inode.size)
             content = data if inode.size <= SMALL_FILE else None
             tail = data[-TAIL:]
         except CkptfsError:
@@ -229,6 +231,21 @@ class Filesystem:
             "release", path, time.time_ns(), size=inode.size, mode=inode.mode,
             last_writer=last, content=content, tail=tail,
         ))
+
+    def _known_end(self, f: OpenFile, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes | None:
+        """Bytes [lo, hi) of the committed file from what the open file stored last, if
+        that chunk is the one the catalog names at the end and the range is in memory."""
+        if f.chunk_end is None or hi == 0:
+            return None
+        idx, digest, end = f.chunk_end
+        ref = refs.get(idx)
+        base = idx * self.chunk_size
+        if ref is None or ref.digest != digest or (hi - 1) // self.chunk_size != idx:
+            return None
+        start = base + ref.length - len(end)  # file offset of end[0]
+        if base + ref.length != hi or lo < start:
+            return None
+        return end[lo - start:]
 
     async def _read_committed(self, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes:
         out = bytearray()

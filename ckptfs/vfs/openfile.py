@@ -29,6 +29,7 @@ from .chunkbuffer import ChunkBuffer
 log = logging.getLogger("ckptfs.vfs")
 
 READAHEAD_BYTES = 32 * 1024 * 1024  # per sequential reader, fetched in parallel
+END_BYTES = 4096  # kept of each file's last stored chunk (checkpoints/events.SMALL_FILE)
 
 
 class MemoryBudget:
@@ -106,6 +107,10 @@ class OpenFile:
         self.lock = trio.Lock()
         self.handles = 0
         self._last_read_idx = -2
+        # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
+        # A close reports a file's tail (and a small file's content) to the checkpoint
+        # detectors from here, instead of reading the chunk back from its tier.
+        self.chunk_end: tuple[int, bytes, bytes] | None = None
 
     @property
     def ino(self) -> int:
@@ -190,6 +195,9 @@ class OpenFile:
             self.written.append(ref)
             if self.inflight.get(idx) is pending:
                 self.changes[idx] = ref
+            if self.chunk_end is None or idx >= self.chunk_end[0]:
+                n = pending.data.length
+                self.chunk_end = (idx, ref.digest, pending.data.slice(max(0, n - END_BYTES), n))
         finally:
             if self.inflight.get(idx) is pending:
                 del self.inflight[idx]
