@@ -220,3 +220,66 @@ async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_pat
         assert not fs.uploader.saving()
         await wait_backlog_empty(fs)  # once the save committed, everything goes up
         assert len(remote.frames) == 3
+
+
+# -- a file larger than the local tiers ------------------------------------------------------
+
+
+async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: Path) -> None:
+    """The only way to make room is the file's own uncommitted chunks: they go to the
+    remote, which then serves them (verified), and the commit records them there, with no
+    upload job queued for them."""
+    local, remote = small_local(2), MemoryTier("r", kind="remote")
+    data = os.urandom(6 * CS + 11)
+    async with make_fs(tmp_path, [local, remote], local_full_timeout_s=600) as fs:
+        fh, inode = await fs.create(ROOT_INODE, b"big", 0o644, RW, 0, 0)
+        with trio.fail_after(20):  # not the 600 s timeout
+            for off in range(0, len(data), 10_000):
+                await fs.write(fh, off, data[off : off + 10_000])
+            assert await fs.read(fh, 0, len(data)) == data  # before the commit, too
+            await fs.flush(fh)
+        await fs.release(fh)
+        assert fs.store.spilled_bytes > 0
+        refs = await fs.db(fs.catalog.extents, inode.ino)
+        moved = [r for r in refs.values() if r.tiers == ("r",)]
+        assert moved, refs  # recorded where they are: on the remote only
+        assert all(r.key in remote.frames and r.key not in local.frames for r in moved)
+        assert all(r.key in local.frames for r in refs.values() if "l" in r.tiers)
+        jobs = await fs.db(fs.catalog.due_uploads, 1 << 62, 100, set())
+        assert not {j.digest for j in jobs} & {r.digest for r in moved}
+        assert await read_file(fs, b"big") == data
+        await wait_backlog_empty(fs)
+    async with make_fs(tmp_path, [local, remote]) as fs:  # after a restart too
+        assert await read_file(fs, b"big") == data
+
+
+@pytest.mark.allow_log_errors
+async def test_block_fails_at_once_when_nothing_can_free_room(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chunk larger than the whole (empty) local tier: no upload, nothing to evict or
+    move, so no event could ever make room: ENOSPC now, not after local_full_timeout."""
+    local = MemoryTier("l", capacity=FRAME // 2)
+    async with make_fs(tmp_path, [local, MemoryTier("r", kind="remote")],
+                       local_full_timeout_s=600) as fs:
+        with trio.fail_after(10), pytest.raises(NoSpace):
+            await write_file(fs, b"a", os.urandom(CS))
+        assert "nothing can free room" in caplog.text
+        assert "writers wait for 0 bytes" not in caplog.text
+
+
+@pytest.mark.allow_log_errors
+async def test_a_failing_remote_makes_block_wait_then_enospc(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer's chunks could move, but the remote refuses them: the writer waits (the
+    remote may come back) for at most local_full_timeout, and loses nothing committed."""
+    local, remote = small_local(2), FaultyTier(MemoryTier("r", kind="remote"))
+    remote.fail_puts = True
+    async with make_fs(tmp_path, [local, remote], local_full_timeout_s=0.5) as fs:
+        with trio.fail_after(10), pytest.raises(NoSpace):
+            await write_file(fs, b"a", os.urandom(4 * CS))
+        assert "could not move uncommitted chunk" in caplog.text
+        assert "still full after" in caplog.text
+        ino = (await fs.lookup(ROOT_INODE, b"a")).ino
+        assert (await fs.db(fs.catalog.get_inode, ino)).size == 0  # nothing of it committed

@@ -13,11 +13,12 @@ All blocking work runs in worker threads under one CapacityLimiter.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -31,6 +32,7 @@ from . import frame
 log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
+SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 
@@ -55,6 +57,20 @@ class _Fetched:
     refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
 
 
+@dataclass
+class _Where:
+    """Where the store keeps a chunk no commit names yet (it is pinned). ``tiers`` is
+    replaced, never changed in place, so the trio thread reads it without a lock."""
+
+    length: int
+    tiers: tuple[str, ...] = ()
+
+
+# Uploads an uncommitted chunk (digest, length, local tiers holding it, remote tier) to a
+# remote tier, verified, in a worker thread under the uploader's limiter.
+SpillCopy = Callable[[bytes, int, Sequence[str], str], Awaitable[None]]
+
+
 class ChunkStore:
     def __init__(
         self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
@@ -76,7 +92,18 @@ class ChunkStore:
         self._unhealthy: dict[str, float] = {}
         self._full: dict[str, float] = {}
         self._pins: dict[bytes, int] = {}
-        self._pin_lock = threading.Lock()  # guards _pins; GC deletes under it
+        self._pin_lock = threading.Lock()  # guards _pins, _where, _putting; GC deletes under it
+        # Uncommitted (pinned) chunks: where they are. A commit records these tiers, not the
+        # writer's old idea: a full local tier may have moved a chunk to a remote meanwhile.
+        self._where: dict[bytes, _Where] = {}
+        self._putting: dict[bytes, int] = {}  # puts of a digest in progress
+        self._spilling: set[bytes] = set()  # uncommitted chunks being moved to a remote
+        self.spill_copy: SpillCopy | None = None  # set by the filesystem (the uploader)
+        self.remote_copies = 1
+        self.spilled_bytes = 0
+        self._spill_running = False
+        self._spill_retry_at = -1e9
+        self._spill_skip: set[bytes] = set()  # uncommitted chunks a committed file names too
         self._synced: set[bytes] = set()
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
@@ -180,23 +207,37 @@ class ChunkStore:
             return waited_since
         if not self.remotes:
             raise exc  # nothing would ever free room but a deletion by the user
-        backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
         if self.on_local_full == "enospc":
+            backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
             log.error("local tiers full and %d bytes (%d chunks) not yet on a remote: ENOSPC "
                       "(on_local_full = \"enospc\")", backlog.bytes, backlog.chunks)
+            raise exc
+        # The writers' own uncommitted chunks: move them to their remote tiers (a round
+        # in the background, which wakes us when done), so the remote serves them and
+        # their local frames make room.
+        moving = self._start_spill(batch)
+        backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
+        if moving == "none" and not backlog.chunks and self._room_gen == gen:
+            # No upload job, nothing evictable, no uncommitted chunk to move: no event
+            # could ever free room, so waiting would only delay the error.
+            log.error("local tiers full and nothing can free room (no upload pending, nothing "
+                      "evictable, no uncommitted chunk to move to a remote): ENOSPC")
             raise exc
         now = time.monotonic()
         if waited_since is None:
             waited_since = now
-            log.warning("local tiers full; writers wait for %d bytes (%d chunks) to upload "
+            log.warning("local tiers full; writers wait for %d bytes (%d chunks) of upload "
+                        "jobs and %d bytes of uncommitted chunks to reach a remote "
                         "(on_local_full = \"block\", at most %.0f s)",
-                        backlog.bytes, backlog.chunks, self.local_full_timeout_s)
+                        backlog.bytes, backlog.chunks, self._movable_bytes(),
+                        self.local_full_timeout_s)
         left = waited_since + self.local_full_timeout_s - now
         if left <= 0:
             log.error("local tiers still full after %.0f s of waiting for uploads: ENOSPC",
                       self.local_full_timeout_s)
             raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
-        # Woken by each finished upload; the periodic look covers room freed outside ckptfs.
+        # Woken by each finished upload or move; the periodic look covers room freed
+        # outside ckptfs and retries a move that failed.
         self.waiting_for_room += 1
         try:
             with trio.move_on_after(min(left, 5.0)):
@@ -205,6 +246,132 @@ class ChunkStore:
             self.waiting_for_room -= 1
         self._full.clear()
         return waited_since
+
+    def _spill_candidates(self, want: int) -> list[tuple[bytes, int, tuple[str, ...]]]:
+        """Uncommitted chunks with a local frame and no move running, about ``want`` bytes."""
+        picked: list[tuple[bytes, int, tuple[str, ...]]] = []
+        total = 0
+        for digest, where in self._where.copy().items():  # copy(): atomic under the GIL
+            if total >= want:
+                break
+            sources = tuple(t for t in where.tiers if t in self.local)
+            if (not sources or digest in self._spilling or digest in self._spill_skip
+                    or self._putting.get(digest)):
+                continue
+            picked.append((digest, where.length, sources))
+            total += where.length + frame.HEADER_SIZE
+        return picked
+
+    def _movable_bytes(self) -> int:
+        """Bytes of uncommitted chunks with a local frame (being moved, or to move)."""
+        return sum(w.length + frame.HEADER_SIZE for w in self._where.copy().values()
+                   if any(t in self.local for t in w.tiers))
+
+    def _start_spill(self, want: int) -> str:
+        """Start a round of moves unless one runs: "running", "retry" (candidates, but the
+        last round failed: the next look tries again) or "none" (nothing to move)."""
+        if self._spill_running:
+            return "running"
+        if self.spill_copy is None or self._nursery is None:
+            return "none"
+        picked = self._spill_candidates(want)
+        if not picked:
+            return "none"
+        if time.monotonic() < self._spill_retry_at:
+            return "retry"
+        self._spill_running = True
+        self._spilling.update(d for d, _, _ in picked)
+        self._nursery.start_soon(self._spill, picked)
+        return "running"
+
+    async def _spill(self, picked: list[tuple[bytes, int, tuple[str, ...]]]) -> None:
+        """Upload uncommitted chunks (the writers' own, pinned) to their remote tiers, then
+        drop their local frames; wake the writers waiting for room."""
+        freed = 0
+        failed = False
+
+        async def one(digest: bytes, length: int, sources: tuple[str, ...]) -> None:
+            nonlocal freed, failed
+            targets = self.remote_targets(digest, self.remote_copies)
+            assert self.spill_copy is not None
+            try:
+                for target in targets:
+                    await self.spill_copy(digest, length, sources, target)
+            except CkptfsError as exc:
+                if not failed:
+                    log.warning("could not move uncommitted chunk %s to a remote tier (retry "
+                                "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
+                failed = True
+                return
+            orphan, n = await trio.to_thread.run_sync(
+                self._after_spill, digest, sources, targets, limiter=self.db_limiter
+            )
+            freed += n
+            for target in orphan:  # the chunk was dropped while it uploaded
+                with contextlib.suppress(CkptfsError):
+                    await trio.to_thread.run_sync(
+                        self.tiers[target].delete, digest.hex(), limiter=self._bg
+                    )
+
+        def unknown(digests: list[bytes]) -> set[bytes]:
+            # A chunk a committed file names too (same content) keeps its local copy.
+            return {d for d in digests if not self.catalog.replica_tiers(d)}
+
+        try:
+            fresh = await trio.to_thread.run_sync(
+                unknown, [d for d, _, _ in picked], limiter=self.db_limiter
+            )
+            self._spill_skip.update(d for d, _, _ in picked if d not in fresh)
+            async with trio.open_nursery() as n:
+                for digest, length, sources in picked:
+                    if digest in fresh:
+                        n.start_soon(one, digest, length, sources)
+        finally:
+            self._spilling.difference_update(d for d, _, _ in picked)
+            self._spill_running = False
+            if failed:
+                self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
+        if freed:
+            self.spilled_bytes += freed
+            log.info("moved %d bytes of uncommitted chunks to the remote tiers to make room "
+                     "on the local ones", freed)
+            self._full.clear()
+        self.room_may_have_freed()  # moved, or nothing to move: the writers look again
+
+    def _after_spill(
+        self, digest: bytes, sources: tuple[str, ...], targets: list[str]
+    ) -> tuple[list[str], int]:
+        """Blocking (under the catalog limiter, which commits take too): the remote copies
+        of an uncommitted chunk are stored; record them and drop its local frames. Returns
+        (remote tiers whose copy nobody needs, bytes freed)."""
+        with self._pin_lock:
+            where = self._where.get(digest)
+            if where is None:
+                # Committed or dropped while it uploaded. Committed: the copy is what its
+                # upload job would make. Dropped: nobody needs it.
+                orphan = [t for t in targets if not self.catalog.finish_upload(digest, t)
+                          and not self.catalog.add_replica_if_known(digest, t)]
+                return orphan, 0
+            known = set(self.catalog.replica_tiers(digest))
+            keep = tuple(t for t in where.tiers if t not in sources)
+            where.tiers = tuple(sorted(set(keep) | set(targets) | (known & set(sources))))
+            if known & set(sources) or self._putting.get(digest):
+                return [], 0  # a committed file names the local copy too: it stays
+            freed = 0
+            for name in sources:
+                try:
+                    freed += self.local[name].delete(digest.hex())
+                except TierError as exc:
+                    log.warning("could not delete moved chunk %s: %s", digest.hex()[:16], exc)
+            self._synced.discard(digest)
+            return [], freed
+
+    def current(self, ref: ChunkRef) -> ChunkRef:
+        """``ref`` with the tiers that hold it now, if it is an uncommitted chunk."""
+        where = self._where.get(ref.digest)
+        if where is None or not where.tiers or where.tiers == ref.tiers:
+            return ref
+        return ChunkRef(ref.digest, ref.length, where.tiers)
 
     def _evict(self, want: int) -> int:
         """Blocking: delete local copies of chunks a remote tier holds, oldest files first,
@@ -290,6 +457,8 @@ class ChunkStore:
                     self._pins[d] = n
                 else:
                     self._pins.pop(d, None)
+                    self._where.pop(d, None)
+                    self._spill_skip.discard(d)
 
     # -- write -------------------------------------------------------------------------------
 
@@ -318,23 +487,43 @@ class ChunkStore:
 
         def work() -> ChunkRef:
             digest = frame.digest_of_parts(parts)
-            self._pin(digest)
+            with self._pin_lock:
+                self._pins[digest] = self._pins.get(digest, 0) + 1
+                where = self._where.get(digest)
+                if where is not None and where.tiers:
+                    # Another open file stored the same bytes and has not committed: share
+                    # its copy (which a full local tier may move to a remote).
+                    return ChunkRef(digest, where.length, where.tiers)
+                self._putting[digest] = self._putting.get(digest, 0) + 1
             try:
                 framed = frame.encode(parts, digest)
                 size = sum(len(p) for p in framed)
                 tier = self._put_somewhere(digest, framed, size)
             except BaseException:
+                self._put_done(digest, None, 0)
                 self.unpin([digest])
                 raise
+            self._put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
+
+    def _put_done(self, digest: bytes, tier: str | None, length: int) -> None:
+        with self._pin_lock:
+            n = self._putting.get(digest, 0) - 1
+            if n > 0:
+                self._putting[digest] = n
+            else:
+                self._putting.pop(digest, None)
+            if tier is not None:
+                where = self._where.setdefault(digest, _Where(length))
+                where.tiers = tuple(sorted({*where.tiers, tier}))
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""
         by_tier: dict[str, list[str]] = {}
         todo = []
-        for ref in refs:
+        for ref in map(self.current, refs):
             if ref.digest in self._synced:
                 continue
             todo.append(ref.digest)
@@ -388,6 +577,7 @@ class ChunkStore:
         if data is not None:
             self._cache.move_to_end(ref.digest)
             return data
+        ref = self.current(ref)
         flight = self._flights.get(ref.digest)
         if flight is None:
             flight = _Flight()
@@ -398,9 +588,11 @@ class ChunkStore:
                 if got.data is None and got.refresh:
                     # The caller's idea of where the chunk lives may be old (an upload added
                     # a remote copy, an eviction removed a local one): ask the catalog.
-                    tiers = await trio.to_thread.run_sync(
-                        self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-                    )
+                    tiers = self.current(ref).tiers
+                    if tiers == ref.tiers:
+                        tiers = await trio.to_thread.run_sync(
+                            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+                        )
                     if tiers and not set(tiers) <= set(ref.tiers):
                         fresh = ChunkRef(ref.digest, ref.length, tiers)
                         again = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
@@ -480,6 +672,8 @@ class ChunkStore:
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
         if self._nursery is None or got.data is None or got.source is None:
             return
+        if ref.digest in self._where:
+            return  # uncommitted: the catalog has no copies to heal or to add to
         bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
         failed = {t for t, _ in got.failures}
         remote_only = got.source not in self.local and not any(
@@ -640,7 +834,7 @@ class ChunkStore:
     async def collect(self, refs: Iterable[ChunkRef]) -> None:
         """Delete the chunks among ``refs`` that nothing references or pins any more."""
         by_digest: dict[bytes, set[str]] = {}
-        for ref in refs:
+        for ref in map(self.current, refs):
             by_digest.setdefault(ref.digest, set()).update(ref.tiers)
         if not by_digest:
             return

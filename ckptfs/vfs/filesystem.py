@@ -138,6 +138,9 @@ class Filesystem:
             remote_compression=remote_compression,
             saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
         )
+        # A full local tier moves the writers' uncommitted chunks to the remote through it.
+        self.store.spill_copy = self.uploader.copy_uncommitted
+        self.store.remote_copies = remote_copies
         self.policies = policies
         self.stats_path = stats_path
         self.readahead = readahead
@@ -324,10 +327,12 @@ class Filesystem:
             if size < 0:
                 raise InvalidArgument("negative size")
             f = self.open_files.get(ino)
-            if f is not None:
+            if f is not None and self._has_writer(f):
+                # Joins the version the writers are making (every handle sees it at
+                # once) and becomes durable with its next commit, their close or fsync.
                 await f.truncate(size)
             else:
-                # truncate(2) on a closed file: apply and commit at once.
+                # Nobody open for writing would commit it: apply and commit at once.
                 f = await self._open_file(ino)
                 try:
                     await f.truncate(size)
@@ -545,16 +550,25 @@ class Filesystem:
         return n
 
     async def flush(self, fh: int) -> None:
-        """close(2): commit what this file has, so the caller sees any error now."""
-        f = self._handle(fh).file
-        if f.is_dirty() or f.failed is not None:
+        """close(2) of a handle open for writing: commit what this file has, so the caller
+        sees any error now. A reader's close commits nothing: a rewrite in progress
+        (O_TRUNC, then writes) must not become the file's content because someone peeked."""
+        h = self._handle(fh)
+        f = h.file
+        if h.writable and (f.is_dirty() or f.failed is not None):
             await self._commit(f, durable=False)
             await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
-        f = self._handle(fh).file
-        await self._commit(f, durable=True)
-        await self._apply_durability(f)
+        h = self._handle(fh)
+        if not h.writable:
+            await h.file.sync_committed()  # a reader makes the committed content durable
+            return
+        await self._commit(h.file, durable=True)
+        await self._apply_durability(h.file)
+
+    def _has_writer(self, f: OpenFile) -> bool:
+        return any(h.file is f and h.writable for h in self.handles.values())
 
     async def _apply_durability(self, f: OpenFile) -> None:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and
