@@ -750,6 +750,10 @@ class Catalog:
             c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
             return True
 
+    def has_chunk(self, digest: bytes) -> bool:
+        """Whether a committed file names this chunk (its row exists)."""
+        return self.conn.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone() is not None
+
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         rows = self.conn.execute(
             "SELECT tier FROM replicas WHERE digest=? AND state='valid' ORDER BY tier", (digest,)

@@ -315,7 +315,7 @@ class ChunkStore:
 
         def unknown(digests: list[bytes]) -> set[bytes]:
             # A chunk a committed file names too (same content) keeps its local copy.
-            return {d for d in digests if not self.catalog.replica_tiers(d)}
+            return {d for d in digests if not self.catalog.has_chunk(d)}
 
         try:
             fresh = await trio.to_thread.run_sync(
@@ -347,11 +347,10 @@ class ChunkStore:
         with self._pin_lock:
             where = self._where.get(digest)
             if where is None:
-                # Committed or dropped while it uploaded. Committed: the copy is what its
-                # upload job would make. Dropped: nobody needs it.
-                orphan = [t for t in targets if not self.catalog.finish_upload(digest, t)
-                          and not self.catalog.add_replica_if_known(digest, t)]
-                return orphan, 0
+                # Committed or dropped while it uploaded. Committed: its upload job (which
+                # may be running: never take it over) writes the same object again.
+                # Dropped: nobody needs the copy.
+                return ([] if self.catalog.has_chunk(digest) else list(targets)), 0
             known = set(self.catalog.replica_tiers(digest))
             keep = tuple(t for t in where.tiers if t not in sources)
             where.tiers = tuple(sorted(set(keep) | set(targets) | (known & set(sources))))
