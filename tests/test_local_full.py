@@ -283,3 +283,44 @@ async def test_a_failing_remote_makes_block_wait_then_enospc(
         assert "still full after" in caplog.text
         ino = (await fs.lookup(ROOT_INODE, b"a")).ino
         assert (await fs.db(fs.catalog.get_inode, ino)).size == 0  # nothing of it committed
+
+
+class ChunkGatedTier(FaultyTier):
+    """Holds chunk puts at the gate, not catalog snapshots (the uploader goes on)."""
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        self.inner.put_meta(name, data)  # type: ignore[attr-defined]
+
+
+async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies(
+    tmp_path: Path,
+) -> None:
+    """A's chunks start moving to the remote (B needs room), A commits meanwhile and its
+    upload jobs run too: whichever finishes first, every copy the catalog records on the
+    remote is there, and both files read back exact."""
+    local, remote = small_local(2), ChunkGatedTier(MemoryTier("r", kind="remote"))
+    remote.put_gate = threading.Event()
+    a, b = os.urandom(2 * CS), os.urandom(CS)
+    try:
+        async with make_fs(tmp_path, [local, remote]) as fs:
+            fa, ia = await fs.create(ROOT_INODE, b"a", 0o644, RW, 0, 0)
+            await fs.write(fa, 0, a)
+            await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
+            async with trio.open_nursery() as n:
+                n.start_soon(write_file, fs, b"b", b)
+                await wait_for(lambda: bool(fs.store._spilling))  # A's chunks are moving
+                await fs.flush(fa)  # A commits while they move: its upload jobs are queued
+                await fs.release(fa)
+                await wait_for(lambda: len(fs.uploader.running) == 2)  # and its jobs run
+                remote.put_gate.set()
+            await wait_backlog_empty(fs)
+            inner = remote.inner
+            assert isinstance(inner, MemoryTier)
+            for ino in (ia.ino, (await fs.lookup(ROOT_INODE, b"b")).ino):
+                for ref in (await fs.db(fs.catalog.extents, ino)).values():
+                    if "r" in ref.tiers:
+                        assert ref.key in inner.frames
+            assert await read_file(fs, b"a") == a
+            assert await read_file(fs, b"b") == b
+    finally:
+        remote.put_gate.set()
