@@ -355,7 +355,8 @@ class ChunkStore:
             keep = tuple(t for t in where.tiers if t not in sources)
             where.tiers = tuple(sorted(set(keep) | set(targets) | (known & set(sources))))
             if known & set(sources) or self._putting.get(digest):
-                return [], 0  # a committed file names the local copy too: it stays
+                self._spill_skip.add(digest)  # a committed file names the local copy too
+                return [], 0
             freed = 0
             for name in sources:
                 try:
