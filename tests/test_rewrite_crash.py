@@ -76,9 +76,9 @@ def crash_and_remount(m: Mount, procs: list[subprocess.Popen[str]]) -> None:
     m.start()
 
 
-@pytest.mark.parametrize("peek", [False, True], ids=["alone", "reader-peeks"])
+@pytest.mark.parametrize("peek", ["alone", "reader-peeks", "touched"])
 def test_kill9_during_rewrite_keeps_the_previous_content(
-    ckpt_factory: CkptFactory, writers: list[subprocess.Popen[str]], peek: bool
+    ckpt_factory: CkptFactory, writers: list[subprocess.Popen[str]], peek: str
 ) -> None:
     m = ckpt_factory.mount()
     path = m.mountpoint / "latest.pt"
@@ -86,12 +86,19 @@ def test_kill9_during_rewrite_keeps_the_previous_content(
     fsynced_file(path, old)
     start_writer(writers, path, 7, NEW_PART)
     assert os.stat(path).st_size == NEW_PART  # the truncate and the new bytes show at once
-    if peek:
+    if peek == "reader-peeks":
         # Another handle opened during the rewrite sees the new version, then closes:
         # that close is not a commit point for the writer's half-done version.
         with open(path, "rb") as r:
             assert os.fstat(r.fileno()).st_size == NEW_PART
             assert r.read() == pattern(7, NEW_PART)
+    elif peek == "touched":
+        # touch(1) opens for writing, sets the times and closes, writing nothing.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
     crash_and_remount(m, writers)
     assert path.read_bytes() == old
 

@@ -550,12 +550,18 @@ class Filesystem:
         return n
 
     async def flush(self, fh: int) -> None:
-        """close(2) of a handle open for writing: commit what this file has, so the caller
-        sees any error now. A reader's close commits nothing: a rewrite in progress
-        (O_TRUNC, then writes) must not become the file's content because someone peeked."""
+        """close(2) of a handle that changed the file (wrote, or opened it with O_TRUNC),
+        or of its last handle open for writing: commit what the file has, so the caller
+        sees any error now. Other closes commit nothing: a rewrite in progress (O_TRUNC,
+        then writes) must not become the file's content because someone peeked (a reader)
+        or touched it (a writer that wrote nothing); the rewriter's close commits it."""
         h = self._handle(fh)
         f = h.file
-        if h.writable and (f.is_dirty() or f.failed is not None):
+        if not h.writable:
+            return
+        if f.failed is not None or (f.is_dirty() and (
+            h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
+        )):
             await self._commit(f, durable=False)
             await self._apply_durability(f)
 
@@ -567,8 +573,8 @@ class Filesystem:
         await self._commit(h.file, durable=True)
         await self._apply_durability(h.file)
 
-    def _has_writer(self, f: OpenFile) -> bool:
-        return any(h.file is f and h.writable for h in self.handles.values())
+    def _has_writer(self, f: OpenFile, besides: int | None = None) -> bool:
+        return any(h.file is f and h.writable for n, h in self.handles.items() if n != besides)
 
     async def _apply_durability(self, f: OpenFile) -> None:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and
