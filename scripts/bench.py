@@ -669,8 +669,10 @@ def run_target(
             return
         cpu = c1 - c0 if c0 is not None and c1 is not None else None
         record(key, unit, amount, secs, cpu)
-        if pid is not None and c1 is not None:
-            trailing.append((key, pid, c1))
+        # "After" starts when the check is done: its reads are the benchmark's, not the step's.
+        c2 = cpu_seconds(pid) if t.daemon_pid() == pid else None
+        if pid is not None and c2 is not None:
+            trailing.append((key, pid, c2))
 
     def make_cold(n: int) -> None:
         flush_trailing()
