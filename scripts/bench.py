@@ -922,6 +922,12 @@ def mem_available() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--remote" in argv:
+        # Every other argument is bench_remote's (its --quick, --json, --repeat, ...).
+        import bench_remote
+
+        return bench_remote.main([a for a in argv if a != "--remote"])
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Tests: " + "; ".join(
@@ -985,15 +991,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (for debugging)")
     ap.add_argument(
         "--remote", action="store_true",
-        help="run the remote-tier benchmark instead (scripts/bench_remote.py; see its --help)",
+        help="run the remote-tier benchmark instead (scripts/bench_remote.py); every other "
+        "argument goes to it (`bench.py --remote --help` lists them)",
     )
-    args, rest = ap.parse_known_args(argv)
-    if args.remote:
-        import bench_remote
-
-        return bench_remote.main(rest)
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = ap.parse_args(argv)
 
     size_gib = args.size_gib if args.size_gib is not None else (0.25 if args.quick else 2.0)
     single_bytes = int(size_gib * GiB) // BLOCK * BLOCK
