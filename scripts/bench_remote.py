@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import botocore.config  # noqa: E402
+import botocore.exceptions  # noqa: E402
 from benchio import (  # noqa: E402
     BLOCK,
     BenchError,
@@ -579,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(1, passes + 1):
                 print(f"== pass {n}/{passes}", flush=True)
                 one_pass(n, base, server, client, files, bufs, steps, args, nodes)
-        except (BenchError, OSError, subprocess.SubprocessError) as exc:
+        except (BenchError, OSError, subprocess.SubprocessError, botocore.exceptions.BotoCoreError,
+                botocore.exceptions.ClientError) as exc:
             failed = f"{type(exc).__name__}: {exc}"
             print(f"FAILED: {failed}", flush=True)
             for node in nodes:
