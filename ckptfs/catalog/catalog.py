@@ -705,11 +705,16 @@ class Catalog:
         return {bytes(r[0]) for r in self.conn.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
 
     def deletion_backlog(self) -> list[DeletionBacklog]:
+        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
         out = []
-        for tier, n, size, oldest, failing in self.conn.execute(
-            "SELECT tier, count(*), coalesce(sum(length), 0), min(enqueued_ns), "
-            "coalesce(sum(attempts>0), 0) FROM deletions GROUP BY tier ORDER BY tier"
-        ).fetchall():
+        try:
+            rows = self.conn.execute(
+                "SELECT tier, count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+                "coalesce(sum(attempts>0), 0) FROM deletions GROUP BY tier ORDER BY tier"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        for tier, n, size, oldest, failing in rows:
             err = self.conn.execute(
                 "SELECT last_error FROM deletions WHERE tier=? AND last_error IS NOT NULL "
                 "ORDER BY next_try_ns DESC LIMIT 1", (tier,),

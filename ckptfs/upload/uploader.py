@@ -267,6 +267,9 @@ class Uploader:
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = time.monotonic()
+        if self.store.deleter is not None:
+            for remote in self.store.remotes:
+                self.store.deleter.tier_works(remote.name)  # postponed deletions: retry now
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
         )
