@@ -59,6 +59,7 @@ class FsckReport:
     unreachable: list[str] = field(default_factory=list)  # remote tiers fsck could not reach
     requeued_uploads: int = 0  # upload jobs queued again for copies missing on a remote
     kept: int = 0  # problems --repair left alone on purpose (see the messages)
+    queued_deletions: int = 0  # unreferenced frames the deletion queue will remove: no problem
 
     @property
     def clean(self) -> bool:
@@ -159,6 +160,7 @@ def _check(
             problem(f"tier {tier.name}: {exc}")
             continue
         known = catalog.replica_keys(tier.name)
+        queued = catalog.deletion_keys(tier.name)  # the next mount's deleter removes them
         on_disk: set[bytes] = set()
         for key in tier.list_keys():
             try:
@@ -167,6 +169,9 @@ def _check(
                 problem(f"tier {tier.name}: stray file {key!r} in the chunk directory")
                 continue
             on_disk.add(digest)
+            if digest not in referenced and digest in queued:
+                rep.queued_deletions += 1
+                continue
             if digest not in referenced:
                 size = tier.delete(key) if repair else 0
                 rep.orphans += 1
@@ -214,6 +219,9 @@ def _check(
             for digest in digests:
                 valid_somewhere.setdefault(digest, []).append(tier_name)
 
+    if rep.queued_deletions:
+        say(f"{rep.queued_deletions} unreferenced chunk(s) wait in the deletion queue "
+            "(removed by the daemon; not a problem)")
     for ino, idx, digest, _length in catalog.all_extents():
         if digest not in valid_somewhere:
             rep.lost_chunks += 1
@@ -350,6 +358,7 @@ class _RemoteCheck:
         name = tier.name
         keys = list(tier.list_keys())  # the whole listing first: a failure changes nothing
         known = catalog.replica_keys(name)
+        queued = catalog.deletion_keys(name)  # the next mount's deleter removes them
         pending_digests = {d for d, _t in pending}
         on_remote: set[bytes] = set()
         valid: set[bytes] = set()
@@ -371,6 +380,9 @@ class _RemoteCheck:
                 problem(f"remote tier {name}: stray object {key!r} in the chunk prefix")
                 continue
             on_remote.add(digest)
+            if digest not in referenced and digest in queued:
+                rep.queued_deletions += 1
+                continue
             if digest not in referenced:
                 orphans += 1
                 rep.orphans += 1

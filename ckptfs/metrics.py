@@ -111,6 +111,8 @@ _COUNTERS = {
     "heal_failures": "Repairs of bad chunk copies that failed",
     "copy_backs": "Chunks read from a remote tier only and copied to a local tier",
     "chunks_deleted": "Chunks deleted because nothing references them any more",
+    "deletions": "Chunk frames deleted from a tier by the deletion queue",
+    "deletion_failures": "Attempts of the deletion queue that failed (retried with backoff)",
 }
 
 
@@ -238,6 +240,12 @@ class Telemetry:
                 "eta_s": (b.bytes / rate) if rate and b.bytes else (0.0 if not b.bytes else None),
                 "uploaded_bytes": self.fs.uploader.uploaded_bytes,
             }
+        out["deletions"] = [
+            {"tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
+             "oldest_age_s": None if q.oldest_enqueued_ns is None
+             else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9)}
+            for q in cat.deletion_backlog()
+        ]
         rows = cat.checkpoints("/")
         states: dict[str, int] = {}
         latest: dict[str, dict[str, Any]] = {}
@@ -385,6 +393,7 @@ class FsCollector(Collector):
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
         yield from self._backlog(facts.get("backlog"))
+        yield from self._deletions(facts.get("deletions") or [])
         yield from self._checkpoints(facts)
         mem = facts.get("memory", {})
         yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
@@ -427,6 +436,25 @@ class FsCollector(Collector):
         yield GaugeMetricFamily("ckptfs_upload_rate_bytes_per_second",
                                 "Upload rate measured over the last window (NaN: none recent)",
                                 value=math.nan if rate is None else rate)
+
+    @staticmethod
+    def _deletions(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+        n = GaugeMetricFamily("ckptfs_deletion_backlog",
+                              "Chunk frames waiting in the deletion queue, per tier", labels=["tier"])
+        b = GaugeMetricFamily("ckptfs_deletion_backlog_bytes",
+                              "Bytes of chunk frames waiting in the deletion queue, per tier",
+                              labels=["tier"])
+        f = GaugeMetricFamily("ckptfs_deletion_retrying",
+                              "Queued deletions whose last attempt failed, per tier", labels=["tier"])
+        for q in queues:
+            n.add_metric([q["tier"]], q["chunks"])
+            b.add_metric([q["tier"]], q["bytes"])
+            f.add_metric([q["tier"]], q["failing"])
+        yield from (n, b, f)
+        ages = [q["oldest_age_s"] for q in queues if q["oldest_age_s"] is not None]
+        yield GaugeMetricFamily("ckptfs_deletion_backlog_oldest_age_seconds",
+                                "Age of the oldest queued deletion (0 when none)",
+                                value=max(ages) if ages else 0.0)
 
     @staticmethod
     def _checkpoints(facts: dict[str, Any]) -> Iterator[Metric]:

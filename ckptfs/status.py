@@ -135,6 +135,12 @@ def collect(state_dir: Path) -> dict[str, Any]:
                 else {"bytes_s": rate[0], "age_s": rate[1]},
                 "eta_s": 0.0 if not b.bytes else (b.bytes / fresh if fresh else None),
             }
+        deletions = [{
+            "tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
+            "oldest_age_s": None if q.oldest_enqueued_ns is None
+            else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9),
+            "last_error": q.last_error,
+        } for q in catalog.deletion_backlog()]
         runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
     finally:
         catalog.close()
@@ -153,6 +159,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         "read_order": (stats or {}).get("read_order_16mib", []),
         "counters": (stats or {}).get("counters", {}),
         "backlog": backlog,
+        "deletions": deletions,
         "checkpoint_states": (stats or {}).get("checkpoint_states"),
         "runs": runs,
         "app": (stats or {}).get("app"),
@@ -232,6 +239,7 @@ def plain(s: dict[str, Any]) -> str:
         if rate is not None:
             lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
                          f"({rate['age_s']:.0f} s ago)")
+    lines.append(deletions_text(s["deletions"]))
     for run in s["runs"]:
         items = []
         for c in run["latest"]:
@@ -245,6 +253,20 @@ def plain(s: dict[str, Any]) -> str:
     elif running:
         lines.append("metrics: off")
     return "\n".join(lines)
+
+
+def deletions_text(queues: list[dict[str, Any]]) -> str:
+    """One line: the deletion queue per tier (frames of deleted, evicted or expired data)."""
+    if not queues:
+        return "deletion queue: empty"
+    parts = []
+    for q in queues:
+        text = (f"{q['tier']} {q['chunks']} chunk(s), {_size(q['bytes'])}, "
+                f"oldest {_secs(q['oldest_age_s'])}")
+        if q["failing"]:
+            text += f", {q['failing']} retrying (last error: {(q['last_error'] or '?')[:200]})"
+        parts.append(text)
+    return "deletion queue: " + "; ".join(parts)
 
 
 # -- rich --------------------------------------------------------------------------------------
@@ -333,6 +355,8 @@ def render(s: dict[str, Any]) -> Any:
                        "" if c["completion_skew_s"] is None else _secs(c["completion_skew_s"]),
                        ",".join(c["durable_on"]) or "-")
     parts: list[Any] = [head, tiers, Panel(backlog, title="upload backlog", title_align="left")]
+    dq = deletions_text(s["deletions"])
+    parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
     if s["counters"]:
         counters = Text("counters: ", style="bold")

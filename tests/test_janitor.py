@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 from test_local_full import wait_for
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import RW, make_fs
+from test_vfs import RW, deletions_done, make_fs
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
@@ -94,10 +94,14 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         await fs.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
         assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
+        backlog = await fs.db(fs.catalog.deletion_backlog)  # the queue keeps them, with why
+        assert [(b.tier, b.chunks) for b in backlog] == [("r", len(uploaded))]
+        assert backlog[0].last_error and "injected EIO" in backlog[0].last_error
         remote.fail_gets = remote.fail_deletes = False
-        await fs.janitor.retry_leftovers()
+        await fs.janitor.run_now()  # gc: postponed deletions are retried at once
         assert await state(fs, "/run/checkpoint-1") == "deleted"
         assert not uploaded & set(remote.inner.frames)  # type: ignore[attr-defined]
+        await deletions_done(fs)
 
 
 async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path) -> None:

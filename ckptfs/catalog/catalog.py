@@ -103,6 +103,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     tags       TEXT NOT NULL DEFAULT '',
     leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
 );
+-- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
+-- the transaction that drops a chunk's last reference or a local replica (eviction), so a
+-- restart replays them; removed when the frame is gone, or cancelled when the chunk is
+-- wanted again on that tier (a valid replica row or an upload job for the same pair).
+CREATE TABLE IF NOT EXISTS deletions (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL DEFAULT 0,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """
 
 
@@ -123,6 +138,34 @@ class Backlog:
     oldest_enqueued_ns: int | None
     blocked: int
     last_error: str | None
+
+
+@dataclass(frozen=True)
+class Deletion:
+    digest: bytes
+    tier: str
+    length: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class DeletionBacklog:
+    """The deletion queue of one tier."""
+
+    tier: str
+    chunks: int
+    bytes: int
+    oldest_enqueued_ns: int | None
+    failing: int  # rows whose last attempt failed
+    last_error: str | None
+
+
+def _queue_deletion(c: sqlite3.Connection, digest: bytes, tier: str, length: int, now: int) -> None:
+    c.execute(
+        "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=0",
+        (digest, tier, length, now),
+    )
 
 
 @dataclass(frozen=True)
@@ -532,19 +575,153 @@ class Catalog:
         """Inodes with no name left (unlinked while open before a crash or shutdown)."""
         return [int(r[0]) for r in self.conn.execute("SELECT ino FROM inodes WHERE nlink<=0")]
 
-    def drop_unreferenced(self, digests: Iterable[bytes]) -> dict[bytes, list[str]]:
-        """Delete chunk and replica rows no extent references; return their tiers."""
+    def drop_unreferenced(
+        self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
+    ) -> dict[bytes, list[str]]:
+        """Drop the chunk, replica and upload rows of chunks no extent references, and queue
+        the deletion of their frames (from the recorded tiers, the tiers in ``extra_tiers``
+        a caller just wrote them to, and the remotes an upload may have reached) in the same
+        transaction. Returns digest -> tiers queued."""
         gone: dict[bytes, list[str]] = {}
+        now = time.time_ns()
         with self._tx() as c:
             for d in set(digests):
                 if c.execute("SELECT 1 FROM extents WHERE digest=? LIMIT 1", (d,)).fetchone():
                     continue
-                tiers = [str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))]
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                tiers = {str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))}
+                jobs = {str(r[0]) for r in c.execute("SELECT tier FROM upload_jobs WHERE digest=?", (d,))}
+                extra = (extra_tiers or {}).get(d, set())
+                if row is None and not tiers and not extra:
+                    continue  # dropped already (by another collect)
                 c.execute("DELETE FROM replicas WHERE digest=?", (d,))
                 c.execute("DELETE FROM chunks WHERE digest=?", (d,))
                 c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,))
-                gone[d] = tiers
+                length = 0 if row is None else int(row[0])
+                for tier in tiers | jobs | extra:
+                    _queue_deletion(c, d, tier, length, now)
+                gone[d] = sorted(tiers | extra)
         return gone
+
+    # -- the deletion queue ------------------------------------------------------------------
+
+    def queue_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> int:
+        """Queue frames to delete (frames found left over, e.g. of an expired checkpoint).
+        Safe for any pair: the deleter cancels a row whose chunk is wanted on its tier."""
+        now = time.time_ns()
+        n = 0
+        with self._tx() as c:
+            for d, tier in set(pairs):
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                _queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
+                n += 1
+        return n
+
+    def due_deletions(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]], tiers: Sequence[str]
+    ) -> list[Deletion]:
+        """Rows of these tiers ready to run, oldest first."""
+        if not tiers:
+            return []
+        tp = ",".join("?" * len(tiers))
+        rows = self.conn.execute(
+            f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
+            f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
+        ).fetchall()
+        out = [Deletion(bytes(d), str(t), int(n), int(a)) for d, t, n, a in rows]
+        return [r for r in out if (r.digest, r.tier) not in skip][:limit]
+
+    def next_deletion_due_ns(self, skip: set[tuple[bytes, str]], tiers: Sequence[str]) -> int | None:
+        """Earliest retry time among rows of these tiers not running now."""
+        if not tiers:
+            return None
+        tp = ",".join("?" * len(tiers))
+        rows = self.conn.execute(
+            f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
+            "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
+        ).fetchall()
+        for d, t, n in rows:
+            if (bytes(d), str(t)) not in skip:
+                return int(n)
+        return None
+
+    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+        """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
+        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
+        a row that is gone (done by someone else) is skipped."""
+        ok = []
+        with self._tx() as c:
+            for d, tier in pairs:
+                if not c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=?", (d, tier)).fetchone():
+                    continue
+                wanted = c.execute(
+                    "SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid' UNION ALL "
+                    "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? LIMIT 1",
+                    (d, tier, d, tier),
+                ).fetchone()
+                if wanted:
+                    c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+                    continue
+                ok.append((d, tier))
+        return ok
+
+    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+        with self._tx() as c:
+            for d, tier in pairs:
+                c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+
+    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
+                "WHERE digest=? AND tier=?", (next_try_ns, error, digest, tier),
+            )
+
+    def retry_deletions_now(self, tier: str | None = None) -> int:
+        """Make postponed rows due at once (a tier works again; ``ckptfs gc``)."""
+        with self._tx() as c:
+            if tier is None:
+                return c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
+            return c.execute(
+                "UPDATE deletions SET next_try_ns=0 WHERE tier=? AND next_try_ns>0", (tier,)
+            ).rowcount
+
+    def deletions_pending(self, digests: Iterable[bytes], due_before_ns: int | None = None) -> set[bytes]:
+        """Which of these chunks still have deletion rows (only rows due by then, if given)."""
+        out = set()
+        for d in set(digests):
+            if due_before_ns is None:
+                row = self.conn.execute("SELECT 1 FROM deletions WHERE digest=? LIMIT 1", (d,)).fetchone()
+            else:
+                row = self.conn.execute(
+                    "SELECT 1 FROM deletions WHERE digest=? AND next_try_ns<=? LIMIT 1",
+                    (d, due_before_ns),
+                ).fetchone()
+            if row:
+                out.add(d)
+        return out
+
+    def deletion_keys(self, tier: str) -> set[bytes]:
+        return {bytes(r[0]) for r in self.conn.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
+
+    def deletion_backlog(self) -> list[DeletionBacklog]:
+        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
+        out = []
+        try:
+            rows = self.conn.execute(
+                "SELECT tier, count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+                "coalesce(sum(attempts>0), 0) FROM deletions GROUP BY tier ORDER BY tier"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        for tier, n, size, oldest, failing in rows:
+            err = self.conn.execute(
+                "SELECT last_error FROM deletions WHERE tier=? AND last_error IS NOT NULL "
+                "ORDER BY next_try_ns DESC LIMIT 1", (tier,),
+            ).fetchone()
+            out.append(DeletionBacklog(str(tier), int(n), int(size), None if oldest is None else int(oldest),
+                                       int(failing), None if err is None else str(err[0])))
+        return out
 
     # -- remote replication ------------------------------------------------------------------
 
@@ -610,6 +787,8 @@ class Catalog:
                 "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
             ).rowcount == 0
             if gone:
+                # The copy just made is garbage: the deletion queue removes it.
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
                 return False
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True
@@ -693,6 +872,9 @@ class Catalog:
                 c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
             c.execute("DELETE FROM chunks WHERE digest NOT IN (SELECT digest FROM held)")
             c.execute("DELETE FROM upload_jobs")
+            # Another node's queue: never delete on the strength of its rows (fsck finds
+            # what is left over).
+            c.execute("DELETE FROM deletions")
             c.execute("DELETE FROM replicas")
             for tier in remote_tiers:
                 c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
@@ -736,8 +918,8 @@ class Catalog:
         return [(bytes(d), str(t), int(n)) for d, t, n in rows]
 
     def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
-        """Drop a local replica row if a remote copy still backs it and no upload needs it
-        (checked again in the transaction). The caller deletes the frame afterwards."""
+        """Turn a local replica row into a deletion row if a remote copy still backs it and
+        no upload needs it (checked again in the transaction)."""
         rp = ",".join("?" * len(remote_tiers))
         with self._tx() as c:
             ok = c.execute(
@@ -747,8 +929,15 @@ class Catalog:
             ).fetchone()
             if not ok:
                 return False
-            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+            if not c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier)).rowcount:
+                return False
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+            _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
             return True
+
+    def chunk_length(self, digest: bytes) -> int:
+        row = self.conn.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         rows = self.conn.execute(
@@ -767,9 +956,10 @@ class Catalog:
 
     def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
         """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
-        False if the chunk was dropped meanwhile: the caller deletes the copy it made."""
+        False if the chunk was dropped meanwhile: the copy is queued for deletion."""
         with self._tx() as c:
             if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
                 return False
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True

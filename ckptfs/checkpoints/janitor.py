@@ -7,8 +7,11 @@ After each checkpoint commit (and on `ckptfs gc`), the janitor plans retention p
 * **evict_local**: drop local copies of chunks a remote holds and no upload needs, except
   chunks a checkpoint kept local also names (never evict data not yet uploaded);
 * **expire**: delete the checkpoint's files and directories (their chunks go from every
-  tier by garbage collection), unless a file under it is open (never delete a checkpoint
-  being read); then check on every tier that its chunks are gone before calling it deleted.
+  tier through the deletion queue, upload/deleter.py), unless a file under it is open
+  (never delete a checkpoint being read); then, once the queue has no row left for its
+  chunks, check on every tier (outside every lock) that they are gone, queueing again what
+  is still there, before calling it deleted. A chunk another file references again (same
+  content) is kept.
 
 Every few seconds it also keeps the local tiers under a high watermark by evicting the
 oldest chunks a remote already holds.
@@ -32,7 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptfs.retention")
 
 WATERMARK_CHECK_S = 5.0
-LEFTOVER_RETRY_S = 30.0  # deletions that failed (a tier down) are retried this often
+LEFTOVER_RETRY_S = 30.0  # expired checkpoints not yet verified gone are looked at this often
+SETTLE_S = 10.0  # how long a pass waits for the deletion queue to try a checkpoint's chunks
 
 
 @dataclass
@@ -72,8 +76,10 @@ class Janitor:
         self._wake.set()
 
     async def run_now(self) -> JanitorReport:
-        """Ask for a pass and wait for one that started after this call (``ckptfs gc``)."""
+        """Ask for a pass and wait for one that started after this call (``ckptfs gc``);
+        postponed deletions are tried again at once."""
         wanted = self._started + 1
+        await self.fs.deleter.retry_now()
         self.kick()
         while self._finished < wanted:
             await self._done.wait()
@@ -112,7 +118,7 @@ class Janitor:
         if total <= 0 or used / total <= self.high:
             return
         want = int(used - self.low * total)
-        freed = await trio.to_thread.run_sync(store._evict, want, limiter=self.fs.db_limiter)
+        freed = await store.evict(want)
         log.info("local tiers at %.0f%% (high watermark %.0f%%): evicted %d bytes held by a "
                  "remote tier", 100 * used / total, 100 * self.high, freed)
 
@@ -145,6 +151,7 @@ class Janitor:
             report.evicted_bytes += await fs.db(
                 fs.store.evict_digests, [d for d in victims if d not in kept_local]
             )
+            fs.store.deletions_queued()
         for root in plan.expire:
             await self._expire(root, plan.why.get(root, ""), report)
 
@@ -168,36 +175,53 @@ class Janitor:
             report.deleted += 1
 
     async def _finish(self, root: str, digests: list[bytes]) -> bool:
-        """Verify that no tier holds the chunks of an expired checkpoint (deleting what is
-        left, e.g. on a remote that was down); then it is *deleted*. False: try later."""
+        """Verify that no tier holds the chunks of an expired checkpoint; then it is
+        *deleted*. The deletion queue does the deleting: this waits a little for it, then
+        looks (``tier.has``, outside every lock and limiter the file system needs) and
+        queues again whatever is still there. False: not yet, look again later."""
         fs = self.fs
+        await fs.deleter.settle(digests, SETTLE_S)
         referenced = await fs.db(fs.catalog.referenced_digests)
         candidates = [d for d in digests if d not in referenced]  # shared ones are kept
-        left = await trio.to_thread.run_sync(self._delete_everywhere, candidates)
+        queued = await fs.db(fs.catalog.deletions_pending, candidates)
+        present, unknown = await trio.to_thread.run_sync(
+            self._still_there, [d for d in candidates if d not in queued],
+            limiter=fs.deleter.remote_limiter,
+        )
+        if present:
+            await fs.db(fs.catalog.queue_deletions, present)
+            fs.store.deletions_queued()
+        left = sorted(queued | {d for d, _ in present} | unknown)
         await fs.db(fs.catalog.checkpoint_leftover, root, left)
         if left:
-            log.warning("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
-                        "(a tier unreachable?); retrying later", root, len(left))
+            log.info("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
+                     "(queued for deletion, or held by a file being written); looking again "
+                     "later", root, len(left))
             return False
         await fs.db(fs.catalog.checkpoint_set_state, root, "deleted", None)
         log.info("checkpoint %s deleted: verified gone from every tier", root)
         return True
 
-    def _delete_everywhere(self, digests: list[bytes]) -> list[bytes]:
-        """Blocking: delete these chunks from every tier (idempotent) and check they are
-        gone; return those that are not (yet)."""
-        left = []
+    def _still_there(self, digests: list[bytes]) -> tuple[list[tuple[bytes, str]], set[bytes]]:
+        """Blocking (no lock, no catalog): the (chunk, tier) pairs still holding a frame, and
+        the chunks a tier could not answer for."""
+        present: list[tuple[bytes, str]] = []
+        unknown: set[bytes] = set()
+        failed: dict[str, str] = {}  # tiers that could not answer: not asked again now
         for d in digests:
             for tier in self.fs.store.tiers.values():
+                if tier.name in failed:
+                    unknown.add(d)
+                    continue
                 try:
                     if tier.has(d.hex()):
-                        tier.delete(d.hex())
-                        if tier.has(d.hex()):
-                            raise CkptfsError(f"{d.hex()[:16]} still on tier {tier.name}")
-                except CkptfsError:
-                    left.append(d)
-                    break
-        return left
+                        present.append((d, tier.name))
+                except CkptfsError as exc:
+                    failed[tier.name] = str(exc)
+                    unknown.add(d)
+        for name, err in failed.items():
+            log.warning("tier %s cannot say whether expired chunks are gone: %s", name, err)
+        return present, unknown
 
     async def retry_leftovers(self) -> None:
         fs = self.fs

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -27,6 +28,10 @@ from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
 from . import frame
+from .guard import ChunkGuard
+
+if TYPE_CHECKING:
+    from ..upload.deleter import Deleter
 
 log = logging.getLogger("ckptfs.chunks")
 
@@ -75,8 +80,9 @@ class ChunkStore:
         self._place_lock = threading.Lock()
         self._unhealthy: dict[str, float] = {}
         self._full: dict[str, float] = {}
-        self._pins: dict[bytes, int] = {}
-        self._pin_lock = threading.Lock()  # guards _pins; GC deletes under it
+        # Pins and deletions in flight, under one lock held for dict operations only.
+        self.guard = ChunkGuard(self.local)
+        self.deleter: Deleter | None = None  # drains the deletion queue (set by the VFS)
         self._synced: set[bytes] = set()
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
@@ -173,7 +179,7 @@ class ChunkStore:
         the caller first had to wait (None if eviction alone made room)."""
         batch = max(2 * need, 64 * 1024 * 1024)  # evict in batches: fewer catalog scans
         gen = self._room_gen
-        freed = await trio.to_thread.run_sync(self._evict, batch, limiter=self.db_limiter)
+        freed = await self.evict(batch)
         if freed or self._room_gen != gen:
             self._full.clear()
             self.room_may_have_freed()  # other writers waiting for room try again too
@@ -206,31 +212,35 @@ class ChunkStore:
         self._full.clear()
         return waited_since
 
-    def _evict(self, want: int) -> int:
-        """Blocking: delete local copies of chunks a remote tier holds, oldest files first,
-        until ``want`` bytes are freed. Never a chunk that is pinned or still to upload."""
+    def _evict(self, want: int) -> list[tuple[bytes, str, int]]:
+        """Blocking (catalog only): turn local replicas of chunks a remote tier holds into
+        deletion rows, oldest files first, about ``want`` bytes' worth. Never a chunk still
+        to upload. Returns the rows queued (digest, tier, frame bytes)."""
         remote_names = [t.name for t in self.remotes]
         if not remote_names:
-            return 0
-        freed = 0
+            return []
+        queued: list[tuple[bytes, str, int]] = []
+        total = 0
         candidates = self.catalog.eviction_candidates(
             list(self.local), remote_names, limit=max(1, want // 65536)
         )
-        with self._pin_lock:  # a writer pins a digest before it puts a frame of it
-            for digest, tier_name, length in candidates:
-                if freed >= want:
-                    break
-                if digest in self._pins:
-                    continue
-                if not self.catalog.forget_local_replica(digest, tier_name, remote_names):
-                    continue
-                try:
-                    self.local[tier_name].delete(digest.hex())
-                except TierError as exc:
-                    log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
-                    continue
-                self._synced.discard(digest)
-                freed += length + frame.HEADER_SIZE
+        for digest, tier_name, length in candidates:
+            if total >= want:
+                break
+            if self.guard.pinned(digest):
+                continue  # a writer is about to commit it here (the deleter would hold it)
+            if self.catalog.forget_local_replica(digest, tier_name, remote_names):
+                queued.append((digest, tier_name, length + frame.HEADER_SIZE))
+                total += length + frame.HEADER_SIZE
+        return queued
+
+    async def evict(self, want: int) -> int:
+        """Evict about ``want`` bytes of local copies a remote holds, now: queue their
+        deletion and delete the local frames at once. Returns the bytes freed."""
+        queued = await trio.to_thread.run_sync(self._evict, want, limiter=self.db_limiter)
+        if not queued or self.deleter is None:
+            return 0
+        freed = await self.deleter.delete_local([(d, t) for d, t, _ in queued])
         if freed:
             self.evicted_bytes += freed
             log.info("evicted %d bytes of chunks held by a remote tier from the local tiers",
@@ -238,27 +248,31 @@ class ChunkStore:
         return freed
 
     def evict_digests(self, digests: Iterable[bytes]) -> int:
-        """Blocking (under the catalog limiter): drop the local copies of these chunks where
-        a remote tier holds them and no upload needs them. Returns the bytes freed."""
+        """Blocking (under the catalog limiter): queue the deletion of the local copies of
+        these chunks where a remote tier holds them and no upload needs them. Returns the
+        bytes queued (the deleter frees them)."""
         remote_names = [t.name for t in self.remotes]
         if not remote_names:
             return 0
-        freed = 0
-        with self._pin_lock:
-            for digest in digests:
-                if digest in self._pins:
-                    continue
-                for name in self.catalog.replica_tiers(digest):
-                    tier = self.local.get(name)
-                    if tier is None or not self.catalog.forget_local_replica(digest, name, remote_names):
-                        continue
-                    try:
-                        freed += tier.delete(digest.hex())
-                    except TierError as exc:
-                        log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
-                    self._synced.discard(digest)
-        self.evicted_bytes += freed
-        return freed
+        queued = 0
+        for digest in digests:
+            if self.guard.pinned(digest):
+                continue
+            for name in self.catalog.replica_tiers(digest):
+                if name in self.local and self.catalog.forget_local_replica(digest, name, remote_names):
+                    queued += self.catalog.chunk_length(digest) + frame.HEADER_SIZE
+        self.evicted_bytes += queued
+        return queued
+
+    def deletions_queued(self) -> None:
+        """Rows were added to the deletion queue: wake the deleter."""
+        if self.deleter is not None:
+            self.deleter.kick()
+
+    def forget_frames(self, digests: Iterable[bytes]) -> None:
+        """These frames were deleted: a frame put again later is not known durable."""
+        for d in digests:
+            self._synced.discard(d)
 
     def local_fill(self) -> tuple[int, int]:
         """Blocking: (bytes in use, bytes in all) over the local tiers: a capped tier counts
@@ -279,17 +293,10 @@ class ChunkStore:
     # -- pins --------------------------------------------------------------------------------
 
     def _pin(self, digest: bytes) -> None:
-        with self._pin_lock:
-            self._pins[digest] = self._pins.get(digest, 0) + 1
+        self.guard.pin(digest)
 
     def unpin(self, digests: Iterable[bytes]) -> None:
-        with self._pin_lock:
-            for d in digests:
-                n = self._pins.get(d, 0) - 1
-                if n > 0:
-                    self._pins[d] = n
-                else:
-                    self._pins.pop(d, None)
+        self.guard.unpin(digests)
 
     # -- write -------------------------------------------------------------------------------
 
@@ -318,7 +325,9 @@ class ChunkStore:
 
         def work() -> ChunkRef:
             digest = frame.digest_of_parts(parts)
-            self._pin(digest)
+            # Pinned before the put, and never put while a local deletion of the same
+            # frame is in flight (it would remove the frame after our put).
+            self.guard.pin_for_put(digest)
             try:
                 framed = frame.encode(parts, digest)
                 size = sum(len(p) for p in framed)
@@ -525,7 +534,7 @@ class ChunkStore:
             if not await trio.to_thread.run_sync(
                 self.catalog.add_replica_if_known, ref.digest, placed, limiter=self.db_limiter
             ):
-                await trio.to_thread.run_sync(self.local[placed].delete, ref.key, limiter=self._bg)
+                self.deletions_queued()  # the copy just made is queued for deletion
                 return True  # the chunk is gone: nothing to stage
         finally:
             self.unpin([ref.digest])
@@ -582,10 +591,9 @@ class ChunkStore:
                         self.catalog.add_replica_if_known, ref.digest, placed,
                         limiter=self.db_limiter,
                     ):
-                        # The chunk was deleted meanwhile: remove the copy just made.
-                        await trio.to_thread.run_sync(
-                            self.local[placed].delete, ref.key, limiter=self._bg
-                        )
+                        # The chunk was deleted meanwhile: the copy just made is queued
+                        # for deletion (the deleter respects pins of the same content).
+                        self.deletions_queued()
                         placed = None
                 finally:
                     self.unpin([ref.digest])
@@ -616,6 +624,7 @@ class ChunkStore:
         """Blocking (no catalog access): put a verified frame of ``data`` on a local tier,
         ``prefer``red ones first (the one whose copy was bad); None if none has room."""
         digest = ref.digest
+        self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
         framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
         for name in prefer:
@@ -638,34 +647,28 @@ class ChunkStore:
     # -- garbage collection ------------------------------------------------------------------
 
     async def collect(self, refs: Iterable[ChunkRef]) -> None:
-        """Delete the chunks among ``refs`` that nothing references or pins any more."""
+        """Drop the chunks among ``refs`` that nothing references any more: one catalog
+        transaction moves their rows to the deletion queue; the deleter removes the frames
+        (never one a pin or a new reference wants)."""
         by_digest: dict[bytes, set[str]] = {}
         for ref in refs:
-            by_digest.setdefault(ref.digest, set()).update(ref.tiers)
+            by_digest.setdefault(ref.digest, set()).update(
+                t for t in ref.tiers if t in self.tiers
+            )
         if not by_digest:
             return
-
-        def work() -> list[bytes]:
-            with self._pin_lock:
-                candidates = [d for d in by_digest if d not in self._pins]
-                gone = self.catalog.drop_unreferenced(candidates)
-                for digest, tiers in gone.items():
-                    for name in set(tiers) | by_digest[digest]:
-                        tier = self.tiers.get(name)
-                        if tier is None:
-                            continue
-                        try:
-                            tier.delete(digest.hex())
-                        except TierError as exc:
-                            log.warning("could not delete chunk %s: %s", digest.hex()[:16], exc)
-                return list(gone)
-
-        gone = await trio.to_thread.run_sync(work, limiter=self.db_limiter)
+        # A pinned digest is about to be committed again: leave its rows (its pinner
+        # collects it if that commit does not happen).
+        candidates = {d: t for d, t in by_digest.items() if not self.guard.pinned(d)}
+        if not candidates:
+            return
+        gone = await trio.to_thread.run_sync(
+            self.catalog.drop_unreferenced, list(candidates), candidates, limiter=self.db_limiter
+        )
         if gone:
             self.stats.count("chunks_deleted", len(gone))
-            self.room_may_have_freed()
+            self.deletions_queued()
         for digest in gone:
-            self._synced.discard(digest)
             data = self._cache.pop(digest, None)
             if data is not None:
                 self._cache_bytes -= len(data)

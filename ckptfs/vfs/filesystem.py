@@ -40,6 +40,7 @@ from ..errors import (
 from ..metrics import Telemetry
 from ..service import syncfs_all
 from ..tiers.base import Tier, TierUsage
+from ..upload.deleter import Deleter
 from ..upload.uploader import Uploader
 from .openfile import MemoryBudget, OpenFile, Services
 
@@ -138,6 +139,9 @@ class Filesystem:
             remote_compression=remote_compression,
             saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
         )
+        # The deletion queue: GC, eviction and retention only write catalog rows.
+        self.deleter = Deleter(catalog, self.store, self.db_limiter)
+        self.store.deleter = self.deleter
         self.policies = policies
         self.stats_path = stats_path
         self.readahead = readahead
@@ -166,7 +170,9 @@ class Filesystem:
         self._nursery = nursery
         self.store.attach(nursery)
         self.store.on_requeue = self.uploader.kick
+        self.deleter.on_done = self.uploader.kick  # an upload may wait for a deletion
         nursery.start_soon(self.uploader.run)
+        nursery.start_soon(self.deleter.run)  # drains rows left by an earlier run at once
         if self.tracker is not None:
             nursery.start_soon(self.tracker.run)
         nursery.start_soon(self.janitor.run)

@@ -279,9 +279,15 @@ class OpenFile:
                 # closes; the store skips those it already knows to be durable.
                 final = {**self.committed, **self.changes}
                 n_final = math.ceil(self.size / self.cs)
-                await self.svc.store.sync(
-                    r for i, r in final.items() if r is not None and i < n_final
-                )
+                try:
+                    await self.svc.store.sync(
+                        r for i, r in final.items() if r is not None and i < n_final
+                    )
+                except CkptfsError as exc:
+                    # Reported by this fsync; the handles keep failing until they close
+                    # and commit nothing of this version (docs/semantics.md).
+                    self.failed = exc
+                    raise
             if not (self.changes or self.meta_dirty):
                 if durable:
                     await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
