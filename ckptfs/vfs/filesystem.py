@@ -120,6 +120,7 @@ class Handle:
     file: OpenFile
     flags: int
     wrote: bool = False
+    caller_uid: int = 0  # who opened it (set_caller): a write by non-root clears setuid
 
     @property
     def writable(self) -> bool:
@@ -630,6 +631,19 @@ class Filesystem:
         await self._event("create", parent, name, mode=inode.mode)
         return fh, self.handles[fh].file.attrs()
 
+    def set_caller(self, fh: int, ctx: RequestContext) -> None:
+        """Remember who opened a handle: its writes clear setuid/setgid unless root."""
+        self._handle(fh).caller_uid = ctx.uid
+
+    async def _kill_setid(self, f: OpenFile) -> None:
+        """A write by a non-root caller clears setuid, and setgid with group execute (as
+        Linux; the kernel does it for cached writes, not for direct I/O ones)."""
+        mode = f.inode.mode & ~stat.S_ISUID
+        if mode & stat.S_IXGRP:
+            mode &= ~stat.S_ISGID
+        if mode != f.inode.mode:
+            await self.setattr(f.ino, mode=mode)
+
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self._handle(fh).file.read(off, size)
 
@@ -639,6 +653,8 @@ class Filesystem:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
         if h.direct_io:
             h.file.bypassed_cache = True
+        if h.caller_uid != 0 and h.file.inode.mode & SETID:
+            await self._kill_setid(h.file)
         n = await h.file.write(off, data)
         if not h.wrote:
             h.wrote = True  # one event per handle, not per write
