@@ -393,7 +393,7 @@ def fuse_options(cfg: Config) -> set[str]:
         options.discard("default_permissions")
         if cfg.allow_other:
             log.warning("allow_other without default_permissions: every user may read and "
-                        "write every file (ckptfs checks no permissions itself)")
+                        "write every file (ckptfs does not check the mode bits itself)")
     return options
 
 

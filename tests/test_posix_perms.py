@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_catalog import make_v1
 from test_posix import expect_errno
 
 # The children run a system Python: the test's own may live where other users cannot read.
@@ -327,5 +328,27 @@ def test_xattrs_survive_remount_and_rename_and_go_with_the_inode(ckpt_factory: A
     conn = sqlite3.connect(m.state_dir / "catalog.sqlite")
     try:
         assert conn.execute("SELECT count(*) FROM xattrs").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+def test_state_dir_of_schema_version_1_mounts_and_is_migrated(ckpt_factory: Any) -> None:
+    m = ckpt_factory.mount()
+    mp = m.mountpoint
+    (mp / "run").mkdir()
+    (mp / "run" / "step-1.pt").write_bytes(b"weights" * 1000)
+    m.stop()
+    db = m.state_dir / "catalog.sqlite"
+    make_v1(db)
+    m.start()
+    assert (mp / "run" / "step-1.pt").read_bytes() == b"weights" * 1000
+    os.mkfifo(mp / "run" / "fifo")
+    os.setxattr(mp / "run" / "step-1.pt", "user.k", b"v")
+    ckpt_factory.remount(m)
+    assert stat.S_ISFIFO(os.lstat(mp / "run" / "fifo").st_mode)
+    assert os.getxattr(mp / "run" / "step-1.pt", "user.k") == b"v"
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     finally:
         conn.close()
