@@ -352,3 +352,18 @@ def test_state_dir_of_schema_version_1_mounts_and_is_migrated(ckpt_factory: Any)
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     finally:
         conn.close()
+
+
+@needs_root
+def test_supplementary_group_members_may_write(ckpt: Any) -> None:
+    mnt = ckpt.mountpoint
+    f = mnt / "team"
+    f.write_bytes(b"0123456789")
+    os.chown(f, 0, OTHER)
+    os.chmod(f, 0o660)
+    p = str(f)
+    calls = [f"os.truncate({p!r}, 4)", f"os.utime({p!r})", f"os.setxattr({p!r}, 'user.t', b'1')"]
+    assert as_user(mnt, NOBODY, NOBODY, calls) == [errno.EACCES] * 3
+    assert as_user(mnt, NOBODY, NOBODY, calls, groups=(OTHER,)) == [0, 0, 0]
+    assert f.read_bytes() == b"0123"
+    assert os.getxattr(f, "user.t") == b"1"

@@ -122,7 +122,9 @@ class FuseOps(pyfuse3.Operations):
     async def setattr(
         self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: Any, ctx: Any
     ) -> pyfuse3.EntryAttributes:
-        who = await context(ctx, groups=fields.update_gid or fields.update_mode)
+        # Group membership decides chown, setgid and (times) write permission.
+        who = await context(ctx, groups=bool(fields.update_gid or fields.update_mode
+                                             or fields.update_atime or fields.update_mtime))
         return entry(
             await self.fs.setattr(
                 inode,
@@ -261,7 +263,7 @@ class FuseOps(pyfuse3.Operations):
     # XATTR_CREATE / XATTR_REPLACE into a getxattr first and answers ERANGE itself.
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        await self.fs.setxattr(inode, name, value, await context(ctx))
+        await self.fs.setxattr(inode, name, value, await context(ctx, groups=True))
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
@@ -276,4 +278,4 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        await self.fs.removexattr(inode, name, await context(ctx))
+        await self.fs.removexattr(inode, name, await context(ctx, groups=True))
