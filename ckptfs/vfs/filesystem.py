@@ -385,8 +385,9 @@ class Filesystem:
                 finally:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
-            mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
-                                atime_ns is not None or mtime_ns is not None, ctx)
+            if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
+                mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
+                                    atime_ns is not None or mtime_ns is not None, ctx)
             new = await self.db(
                 lambda: self.catalog.setattr(
                     ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
