@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="take the writer lease of the remote prefixes even from a live holder "
              "(only when that node is gone or must stop writing)",
     )
+    m.add_argument(
+        "--allow-other", action=argparse.BooleanOptionalAction, default=None,
+        help="let other users use the mount (FUSE allow_other; overrides allow_other, "
+             "which is on by default when run as root)",
+    )
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     u = sub.add_parser("umount", help="flush, unmount and wait for the daemon to exit")
@@ -133,6 +138,10 @@ def _config(args: argparse.Namespace) -> Config:
         args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
         remote_urls=args.remote,
     )
+    if getattr(args, "allow_other", None) is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, allow_other=args.allow_other)
     if getattr(args, "metrics_address", None) is not None:
         from dataclasses import replace
 
@@ -185,6 +194,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--remote", url]
     if args.takeover:
         cmd.append("--takeover")
+    if args.allow_other is not None:
+        cmd.append("--allow-other" if args.allow_other else "--no-allow-other")
     if args.metrics_address is not None:
         cmd += ["--metrics-address", cfg.metrics_address]
     with open(cfg.log_path, "ab") as logf:

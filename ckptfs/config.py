@@ -132,7 +132,10 @@ class Config:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     io_threads: int = DEFAULT_IO_THREADS
-    allow_other: bool = False
+    allow_other: bool = False  # config_from_dict: on by default when running as root
+    # The kernel checks permissions from the mode bits (FUSE default_permissions); off
+    # only for a single-user mount, since ckptfs itself checks no access.
+    default_permissions: bool = True
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
     remote_copies: int = 1  # how many remote tiers hold each chunk
     upload_concurrency: int = 8  # uploads in flight at once
@@ -166,7 +169,8 @@ class Config:
 
 
 _TOP_KEYS = {
-    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
+    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other",
+    "default_permissions", "tier",
     "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
@@ -567,9 +571,14 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     )
     policies = _policies_from(data.get("policy", []))
     metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
-    allow_other = data.get("allow_other", False)
+    # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
+    allow_other = data.get("allow_other", os.geteuid() == 0)
     if not isinstance(allow_other, bool):
         raise ConfigError(f"allow_other: expected true or false, got {allow_other!r}")
+    default_permissions = data.get("default_permissions", True)
+    if not isinstance(default_permissions, bool):
+        raise ConfigError(
+            f"default_permissions: expected true or false, got {default_permissions!r}")
     raw_tiers = data.get("tier", [])
     if not isinstance(raw_tiers, list):
         raise ConfigError("tier: expected an array of tables ([[tier]])")
@@ -588,6 +597,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         memory_budget=memory_budget,
         io_threads=io_threads,
         allow_other=allow_other,
+        default_permissions=default_permissions,
         remote_copies=remote_copies,
         upload_concurrency=upload_concurrency,
         remote_compression=remote_compression,

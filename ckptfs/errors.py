@@ -56,6 +56,16 @@ class NotSupported(CkptfsError):
     errno = _errno.EOPNOTSUPP
 
 
+class PermissionDenied(CkptfsError):
+    errno = _errno.EACCES
+
+
+class NoAttribute(CkptfsError):
+    """No such extended attribute."""
+
+    errno = _errno.ENODATA
+
+
 class NoSpace(CkptfsError):
     """No tier has room for a chunk."""
 

@@ -348,10 +348,7 @@ def _serve_tiers(
             high_watermark=cfg.local_high_watermark,
             remote_compression=cfg.remote_compression,
         )
-        options = set(pyfuse3.default_options)
-        options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
-        if cfg.allow_other:
-            options.add("allow_other")
+        options = fuse_options(cfg)
         try:
             pyfuse3.init(FuseOps(fs), str(mountpoint), options)
         except RuntimeError as exc:
@@ -383,6 +380,21 @@ def _serve_tiers(
         return 0
     finally:
         catalog.close()
+
+
+def fuse_options(cfg: Config) -> set[str]:
+    """The FUSE mount options: pyfuse3's defaults (default_permissions), our names,
+    allow_other as configured."""
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
+    if cfg.allow_other:
+        options.add("allow_other")
+    if not cfg.default_permissions:
+        options.discard("default_permissions")
+        if cfg.allow_other:
+            log.warning("allow_other without default_permissions: every user may read and "
+                        "write every file (ckptfs does not check the mode bits itself)")
+    return options
 
 
 def _detectors(cfg: Config) -> object | None:

@@ -7,6 +7,7 @@ message, so an operator can fix the file at once.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,8 @@ def test_defaults_from_empty_dict() -> None:
     assert cfg.chunk_size == DEFAULT_CHUNK_SIZE
     assert cfg.memory_budget == DEFAULT_MEMORY_BUDGET
     assert cfg.io_threads == DEFAULT_IO_THREADS
-    assert cfg.allow_other is False
+    assert cfg.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
+    assert cfg.default_permissions is True
     assert cfg.tiers == ()
     assert cfg.state_dir.is_absolute()
 
@@ -231,6 +233,7 @@ TOP_LEVEL_ERRORS = [
     ({"io_threads": 2.0}, "io_threads"),
     ({"allow_other": "yes"}, "allow_other"),
     ({"allow_other": 1}, "allow_other"),
+    ({"default_permissions": "no"}, "default_permissions"),
     ({"state_dir": "relative/dir"}, "state_dir"),
     ({"state_dir": ""}, "state_dir"),
     ({"state_dir": 5}, "state_dir"),

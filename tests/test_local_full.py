@@ -16,6 +16,7 @@ from ckptfs.chunks import frame
 from ckptfs.config import DurabilityPolicy
 from ckptfs.errors import CkptfsError, NoSpace
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 FRAME = CS + frame.HEADER_SIZE
@@ -142,7 +143,7 @@ REMOTE_UNDER_FINAL = (DurabilityPolicy("/final", "remote", 30.0),)
 
 
 async def mkfile(fs: Filesystem, parent: int, name: bytes) -> int:
-    fh, _ = await fs.create(parent, name, 0o644, RW, 0, 0)
+    fh, _ = await fs.create(parent, name, 0o644, RW, ROOT)
     return fh
 
 
@@ -152,7 +153,7 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
     data = os.urandom(2 * CS + 7)
     try:
         async with make_fs(tmp_path, [MemoryTier("l"), remote], policies=REMOTE_UNDER_FINAL) as fs:
-            final = await fs.mkdir(ROOT_INODE, b"final", 0o755, 0, 0)
+            final = await fs.mkdir(ROOT_INODE, b"final", 0o755, ROOT)
             # Outside the policy: close returns while the upload is still held.
             await write_file(fs, b"scratch", os.urandom(CS))
             assert (await fs.db(fs.catalog.backlog)).chunks == 1

@@ -16,6 +16,7 @@ from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 CS = 64 * 1024
@@ -44,7 +45,7 @@ async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
 
 
 async def write_file(fs: Filesystem, name: bytes, data: bytes, step: int = 10_000) -> int:
-    fh, inode = await fs.create(ROOT_INODE, name, 0o644, RW, 0, 0)
+    fh, inode = await fs.create(ROOT_INODE, name, 0o644, RW, ROOT)
     for off in range(0, len(data), step):
         await fs.write(fh, off, data[off : off + step])
     await fs.flush(fh)
@@ -175,7 +176,7 @@ async def test_identical_chunks_are_stored_once(tmp_path: Path) -> None:
 
 async def test_sparse_file_reads_zeros(tmp_path: Path) -> None:
     async with make_fs(tmp_path, [MemoryTier("m")]) as fs:
-        fh, inode = await fs.create(ROOT_INODE, b"s", 0o644, RW, 0, 0)
+        fh, inode = await fs.create(ROOT_INODE, b"s", 0o644, RW, ROOT)
         await fs.write(fh, 3 * CS + 10, b"end")
         await fs.flush(fh)
         await fs.release(fh)
@@ -190,7 +191,7 @@ async def test_many_partial_chunks_do_not_deadlock_the_budget(tmp_path: Path) ->
         handles = []
         with trio.fail_after(20):
             for i in range(12):
-                fh, _ = await fs.create(ROOT_INODE, f"f{i}".encode(), 0o644, RW, 0, 0)
+                fh, _ = await fs.create(ROOT_INODE, f"f{i}".encode(), 0o644, RW, ROOT)
                 await fs.write(fh, 0, bytes([i]) * (CS // 2))
                 handles.append(fh)
             for i, fh in enumerate(handles):

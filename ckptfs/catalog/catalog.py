@@ -26,13 +26,14 @@ from ..errors import (
     CkptfsError,
     InvalidArgument,
     IsADirectory,
+    NoAttribute,
     NotADirectory,
     NotEmpty,
     NotFound,
     NotPermitted,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: inodes.rdev and the xattrs table (_migrate)
 ROOT_INODE = 1
 
 _SCHEMA = """
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS inodes (
     atime_ns INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
-    target   BLOB
+    target   BLOB,
+    rdev     INTEGER NOT NULL DEFAULT 0  -- device number of a char or block special file
 );
 CREATE TABLE IF NOT EXISTS dentries (
     id     INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -57,6 +59,14 @@ CREATE TABLE IF NOT EXISTS dentries (
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS dentries_ino ON dentries (ino);
+-- Extended attributes stored for applications (user.*, trusted.*, security.*); the
+-- user.ckptfs.* control names are not stored here.
+CREATE TABLE IF NOT EXISTS xattrs (
+    ino   INTEGER NOT NULL,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chunks (
     digest BLOB PRIMARY KEY,
     length INTEGER NOT NULL
@@ -180,6 +190,7 @@ class Inode:
     mtime_ns: int
     ctime_ns: int
     target: bytes | None = None
+    rdev: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -203,11 +214,21 @@ class ChunkRef:
         return self.digest.hex()
 
 
-_INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target"
+_INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target, rdev"
 
 
 def _inode(row: tuple[object, ...]) -> Inode:
     return Inode(*row)  # type: ignore[arg-type]
+
+
+def _migrate(c: sqlite3.Connection, version: int) -> None:
+    """Bring a catalog of an older schema version up to SCHEMA_VERSION, in the caller's
+    transaction (tables new in a version are made by _SCHEMA's CREATE IF NOT EXISTS)."""
+    if version < 2:
+        cols = {str(r[1]) for r in c.execute("PRAGMA table_info(inodes)")}
+        if "rdev" not in cols:
+            c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+    c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
 class Catalog:
@@ -262,9 +283,11 @@ class Catalog:
                 c.execute("INSERT INTO meta VALUES ('fs_id', ?)", (uuid.uuid4().hex,))
                 now = time.time_ns()
                 c.execute(
-                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL)",
+                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL,0)",
                     (ROOT_INODE, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now),
                 )
+            elif int(row[0]) < SCHEMA_VERSION:
+                _migrate(c, int(row[0]))
             elif int(row[0]) != SCHEMA_VERSION:
                 raise InvalidArgument(
                     f"catalog {self.path}: schema version {row[0]}, this ckptfs knows {SCHEMA_VERSION}"
@@ -328,20 +351,27 @@ class Catalog:
         )
 
     def create(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
+        rdev: int = 0,
     ) -> Inode:
-        """Create a file, directory or symlink entry. EEXIST if the name is taken."""
+        """Create a file, directory, symlink or special file (FIFO, socket, device with
+        ``rdev``) entry. EEXIST if the name is taken."""
         now = time.time_ns()
         with self._tx(touch=True) as c:
-            self._dir(c, parent)
+            pdir = self._dir(c, parent)
             if self._entry(c, parent, name) is not None:
                 raise AlreadyExists(name.decode(errors="replace"))
             is_dir = stat.S_ISDIR(mode)
+            if pdir.mode & stat.S_ISGID:
+                # A setgid directory gives new entries its group, and subdirectories its setgid.
+                gid = pdir.gid
+                if is_dir:
+                    mode |= stat.S_ISGID
             size = len(target) if target is not None else 0
             cur = c.execute(
-                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
-                (mode, uid, gid, size, 2 if is_dir else 1, now, now, now, target),
+                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target,"
+                " rdev) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (mode, uid, gid, size, 2 if is_dir else 1, now, now, now, target, rdev),
             )
             ino = int(cur.lastrowid or 0)
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
@@ -488,6 +518,45 @@ class Catalog:
         ).fetchall()
         return [(int(r[0]), bytes(r[1]), _inode(r[2:])) for r in rows]
 
+    # -- extended attributes -----------------------------------------------------------------
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        row = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        return [bytes(r[0]) for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+
+    def xattr_inodes(self) -> set[int]:
+        """The inodes that have stored extended attributes."""
+        return {int(r[0]) for r in self.conn.execute("SELECT DISTINCT ino FROM xattrs")}
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
+                  replace_only: bool = False) -> Inode:
+        """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
+        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
+        now = time.time_ns()
+        with self._tx(touch=True) as c:
+            inode = self.get_inode(ino)
+            exists = c.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+            if create and exists:
+                raise AlreadyExists(name.decode(errors="replace"))
+            if replace_only and not exists:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("INSERT OR REPLACE INTO xattrs VALUES (?, ?, ?)", (ino, name, value))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
+    def remove_xattr(self, ino: int, name: bytes) -> Inode:
+        """ENODATA if the inode has no such attribute."""
+        now = time.time_ns()
+        with self._tx(touch=True) as c:
+            inode = self.get_inode(ino)
+            if not c.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (ino, name)).rowcount:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
     # -- file contents -----------------------------------------------------------------------
 
     def extents(self, ino: int) -> dict[int, ChunkRef]:
@@ -568,7 +637,8 @@ class Catalog:
                 for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()
             ]
             c.execute("DELETE FROM extents WHERE ino=?", (ino,))
-            c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,))
+            if c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,)).rowcount:
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
         return digests
 
     def unlinked_inodes(self) -> list[int]:
@@ -869,6 +939,7 @@ class Catalog:
                               (time.time_ns(), time.time_ns(), parent))
                 c.execute("DELETE FROM dentries WHERE ino=?", (ino,))
                 c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
                 c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
             c.execute("DELETE FROM chunks WHERE digest NOT IN (SELECT digest FROM held)")
             c.execute("DELETE FROM upload_jobs")
