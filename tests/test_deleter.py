@@ -21,6 +21,7 @@ from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 F = 0o100644
@@ -84,9 +85,9 @@ def test_a_writer_waits_for_a_local_deletion_of_the_same_frame() -> None:
 
 
 async def save(fs: Filesystem, run: int, step: int, model: bytes) -> None:
-    d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, 0, 0)
+    d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, ROOT)
     for name, data in ((b"model.bin", model), (b"trainer_state.json", json.dumps({"step": step}).encode())):
-        fh, _ = await fs.create(d.ino, name, 0o644, RW, 0, 0)
+        fh, _ = await fs.create(d.ino, name, 0o644, RW, ROOT)
         await fs.write(fh, 0, data)
         await fs.flush(fh)
         await fs.release(fh)
@@ -96,9 +97,9 @@ async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tm
     local = MemoryTier("l")
     x = os.urandom(3 * CS)
     async with make_fs(tmp_path, [local], detectors=DetectorSet.default(), retention=POLICY) as fs:
-        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         await save(fs, run.ino, 1, x)
-        fh, inode = await fs.create(ROOT_INODE, b"copy.bin", 0o644, RW, 0, 0)
+        fh, inode = await fs.create(ROOT_INODE, b"copy.bin", 0o644, RW, ROOT)
         await fs.write(fh, 0, x)  # three whole chunks: stored and pinned, not committed
         f = fs.open_files[inode.ino]
         await wait_for(lambda: not f._running and len(f.written) == 3)
