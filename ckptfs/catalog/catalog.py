@@ -750,6 +750,15 @@ class Catalog:
             c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
             return True
 
+    def stored_by_tier(self) -> dict[str, tuple[int, int]]:
+        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
+        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
+        rows = self.conn.execute(
+            "SELECT r.tier, count(*), coalesce(sum(c.length), 0) FROM replicas r "
+            "JOIN chunks c ON c.digest = r.digest WHERE r.state = 'valid' GROUP BY r.tier"
+        )
+        return {str(t): (int(n), int(b)) for t, n, b in rows}
+
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         rows = self.conn.execute(
             "SELECT tier FROM replicas WHERE digest=? AND state='valid' ORDER BY tier", (digest,)
