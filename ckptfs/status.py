@@ -256,10 +256,11 @@ def plain(s: dict[str, Any]) -> str:
         text = describe_tier(rec, live if running else None)
         if running:
             text += _health_text(t)
-        cap = _capacity_text(t["capacity"])
+        cap = _capacity_text(t["capacity"]) if t["kind"] == "local" else None
         if cap:
             text += f"; capacity {cap}"
-        text += f"; catalog records {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} here"
+        # What the catalog records there (a remote has no capacity to show but this).
+        text += f"; {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} stored"
         lines.append(text)
     if running:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
@@ -282,7 +283,7 @@ def plain(s: dict[str, Any]) -> str:
         ))
         if b["remote_failing"]:
             lines.append("uploads: remote tier(s) " + ", ".join(b["remote_failing"])
-                         + " failing; no ETA")
+                         + " failing; no estimate until uploads succeed again")
         elif running and live_rate is not None:
             lines.append(f"upload rate now: {live_rate / 1e6:.1f} MB/s")
         if rate is not None and not running:
