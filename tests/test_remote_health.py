@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import trio
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from s3fixtures import SKIP_REASON as NO_WEED, remove_prefix, tier_config
+from s3fixtures import SKIP_REASON as NO_WEED
+from s3fixtures import remove_prefix, tier_config
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed
 from test_remote_mount import remote  # noqa: F401
 from test_upload import wait_backlog_empty
@@ -185,10 +186,10 @@ def test_a_server_that_stops_answering_mid_request_is_an_outage_not_a_bad_object
 async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
     tmp_path: Path, server: SeaweedServer,
 ) -> None:
-    remote = S3Tier(tier_config(server, name="r"), session=server.session())
+    r_tier = S3Tier(tier_config(server, name="r"), session=server.session())
     data = os.urandom(2 * CS)
     try:
-        async with make_fs(tmp_path, [MemoryTier("l"), remote]) as fs:
+        async with make_fs(tmp_path, [MemoryTier("l"), r_tier]) as fs:
             await write_file(fs, b"f", data)
             await wait_backlog_empty(fs, timeout=60)
             ino = (await fs.lookup(ROOT_INODE, b"f")).ino
@@ -207,14 +208,14 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
                     fs.catalog.replica_tiers, ref.digest
                 ):
                     await trio.sleep(0.05)  # polling the catalog, with a deadline
-            raw = await trio.to_thread.run_sync(remote.get, ref.key)
+            raw = await trio.to_thread.run_sync(r_tier.get, ref.key)
             assert raw is not None
             assert frame.decode(raw, ref.digest) == data[:CS]
-            assert remote.health.snapshot()["state"] == "healthy"
+            assert r_tier.health.snapshot()["state"] == "healthy"
             assert stats.get("heals") >= 1
     finally:
-        remove_prefix(server, server.bucket, remote.prefix)
-        remote.close()
+        remove_prefix(server, server.bucket, r_tier.prefix)
+        r_tier.close()
 
 
 # -- fsck ----------------------------------------------------------------------------------------

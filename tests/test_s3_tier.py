@@ -448,3 +448,38 @@ def test_usage_is_nominal_and_device_is_per_bucket(offline_tier: S3Tier) -> None
     same.close()
     other.close()
     assert offline_tier.kind == "remote"
+
+
+def test_a_body_cut_short_is_one_bad_object_only_while_the_bucket_answers() -> None:
+    """A GET whose body ends before its Content-Length (the connection was good, the
+    headers came): ObjectUnreadable when a HEAD of the bucket answers at once, else the
+    tier's failure. The server side is stubbed: no real server truncates on demand."""
+    import io
+
+    from botocore.response import StreamingBody
+    from botocore.stub import Stubber
+
+    from ckptfs.errors import ObjectUnreadable
+
+    t = S3Tier(S3TierConfig(name="cut", bucket="b-ckptfs", endpoint_url="http://127.0.0.1:9"),
+               session=_dummy_session(), connect_timeout=1, read_timeout=1)
+    try:
+        def short_body() -> dict[str, Any]:
+            return {"Body": StreamingBody(io.BytesIO(b"x" * 10), 100), "ContentLength": 100}
+
+        with Stubber(t.client) as stub:
+            stub.add_response("get_object", short_body())
+            stub.add_response("get_object", short_body())
+            # No probe answers (nothing listens on port 9): the tier failed.
+            with pytest.raises(TransientTierError, match="failed mid-request") as ei:
+                t.get("ef" * 32)
+            assert not isinstance(ei.value, ObjectUnreadable)
+            assert t.health.snapshot()["consecutive_failures"] == 1
+            with Stubber(t._probe_client) as probe:
+                probe.add_response("head_bucket", {})
+                with pytest.raises(ObjectUnreadable, match="IncompleteReadError"):
+                    t.get("ef" * 32)
+            h = t.health.snapshot()
+            assert h["state"] == "healthy" and h["consecutive_failures"] == 0
+    finally:
+        t.close()

@@ -10,8 +10,13 @@ Errors: every call into botocore runs under one context manager, ``S3Tier._error
 turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, timeouts,
 connection refused or reset, a checksum mismatch on the wire: worth retrying) or
 ``PermanentTierError`` (no such bucket, access denied, unknown key id, wrong secret, no
-credentials: an operator must act). botocore's own retries are off: the upload queue retries
-with its own backoff, and a read falls back to another replica at once.
+credentials: an operator must act; ``AccessDenied`` for refused credentials), and
+``EndpointUnreachable`` for an endpoint that does not answer at all. A chunk GET that fails
+after a good connection (a 500 for that key, a body cut short, a stalled read) is followed
+by a HEAD of the bucket with short timeouts: if that answers, the object is bad, not the
+tier (``ObjectUnreadable``, a CorruptChunk: the read path heals that copy). botocore's own
+retries are off: the upload queue retries with its own backoff, and a read falls back to
+another replica at once. Every call records in ``health`` whether the tier answered.
 
 ``usage`` cannot ask S3 for a size: ``total``/``free`` are a nominal 1 PiB, and ``used`` is
 the sum of the sizes of the objects this tier object has put or listed (and not deleted).
