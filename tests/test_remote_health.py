@@ -218,6 +218,34 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
         r_tier.close()
 
 
+@needs_fuse
+@pytest.mark.allow_log_errors
+def test_a_restored_node_gets_eio_for_the_bad_object_and_keeps_using_the_remote(
+    tmp_path: Path, server: SeaweedServer, own_remote: tuple[str, str],
+) -> None:
+    url, _prefix = own_remote
+    bad_file, good_file = os.urandom(2 * MiB), os.urandom(2 * MiB + 9)
+    with mounted(tmp_path / "node1", 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        write(m.mountpoint / "bad.bin", bad_file)
+        write(m.mountpoint / "good.bin", good_file)
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+    flip_stored_byte(server, bad_file[MiB + MiB // 2:][:64])  # its second chunk
+    # A new node: every chunk comes from the remote.
+    with mounted(tmp_path / "node2", 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        with open(m.mountpoint / "bad.bin", "rb") as f:
+            assert f.read(MiB) == bad_file[:MiB]
+            with pytest.raises(OSError) as ei:
+                f.read(MiB)  # never wrong bytes
+            assert ei.value.errno == errno.EIO
+        assert (m.mountpoint / "good.bin").read_bytes() == good_file
+        s = wait_until(lambda: (lambda s: s if s["counters"].get("unreadable_copies") else None)(
+            status_json(m)), what="the unreadable copy counted")
+        t = tier_of(s, "remote0")
+        assert t["state"] == "healthy" and not t["consecutive_failures"], t
+        line, _out = plain_line(m, "tier remote0")
+        assert "healthy" in line, line
+
+
 # -- fsck ----------------------------------------------------------------------------------------
 
 
