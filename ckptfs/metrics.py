@@ -185,8 +185,8 @@ class Telemetry:
             self._rates = ((written - self._rate_mark[1]) / dt, (read - self._rate_mark[2]) / dt)
         self._rate_mark = (now, written, read)
         budget = self.fs.budget
-        health = self._health()
         backlog = catalog_facts.get("backlog")
+        health = self._health(pending=bool(backlog and backlog["chunks"]))
         if backlog is not None:
             # The rate the daemon measures now, not the last one it published: 0 when
             # nothing went up lately, and no ETA while it is 0 or a remote fails.
@@ -231,9 +231,10 @@ class Telemetry:
         t0, b0 = self._uploaded[0]
         return round((up - b0) / (now - t0), 1) if now > t0 else 0.0
 
-    def _health(self) -> dict[str, dict[str, Any]]:
+    def _health(self, pending: bool) -> dict[str, dict[str, Any]]:
         """Per tier, what the daemon knows now: a remote's failure streak (tiers/health.py),
-        its failing uploads and their retry, read errors (a degraded tier)."""
+        its failing uploads and their retry while uploads are ``pending`` (a failure of a
+        job since cancelled says nothing), read errors (a degraded tier)."""
         out: dict[str, dict[str, Any]] = {}
         for name, ts in list(self.fs.store.stats.tiers.items()):
             tier = self.fs.store.tiers.get(name)
@@ -243,7 +244,7 @@ class Telemetry:
             state, error, at = HEALTHY, seen.get("last_error"), seen.get("last_error_at")
             if failures:
                 state = str(seen["state"])
-            elif ts.upload_error is not None:
+            elif ts.upload_error is not None and pending:
                 state = ts.upload_error_state or FAILING
                 error, at = ts.upload_error, ts.upload_error_at
             elif ts.degraded is not None:

@@ -400,7 +400,8 @@ def render(s: dict[str, Any]) -> Any:
     if s["counters"]:
         counters = Text("counters: ", style="bold")
         for k, v in s["counters"].items():
-            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures")
+            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures",
+                              "unreadable_copies")
             counters.append(f"{k} {v}  ", style="bold red" if bad else "")
         parts.append(counters)
     return Group(*parts)
