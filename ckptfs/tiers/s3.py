@@ -320,16 +320,21 @@ class S3Tier:
     def _endpoint_answers(self) -> bool:
         """A HEAD of the bucket with short timeouts (the health probe after a request
         broke off): True if the server answers it."""
-        with self._lock:
-            if self._probe_client is None:
-                self._probe_client = self._session.client(
-                    "s3", endpoint_url=self._endpoint_url, region_name=self._region,
-                    verify=self._verify, config=self._client_config.merge(botocore.config.Config(
-                        connect_timeout=min(self._connect_timeout, PROBE_TIMEOUT_S),
-                        read_timeout=min(self._read_timeout, PROBE_TIMEOUT_S),
-                    )),
-                )
-            probe = self._probe_client
+        probe = self._probe_client
+        if probe is None:  # made outside the lock: building a client reads its model files
+            probe = self._session.client(
+                "s3", endpoint_url=self._endpoint_url, region_name=self._region,
+                verify=self._verify, config=self._client_config.merge(botocore.config.Config(
+                    connect_timeout=min(self._connect_timeout, PROBE_TIMEOUT_S),
+                    read_timeout=min(self._read_timeout, PROBE_TIMEOUT_S),
+                )),
+            )
+            with self._lock:
+                if self._probe_client is None:
+                    self._probe_client = probe
+                else:  # another thread made one first
+                    probe.close()
+                    probe = self._probe_client
         try:
             probe.head_bucket(Bucket=self.bucket)
         except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
