@@ -82,8 +82,17 @@ class TransientTierError(TierError):
     """A remote tier failed in a way worth retrying (throttling, 5xx, resets, timeouts)."""
 
 
+class EndpointUnreachable(TransientTierError):
+    """A remote endpoint does not answer at all: connection refused, DNS, no route, a
+    connect timeout, or a health probe that fails after a request broke off."""
+
+
 class PermanentTierError(TierError):
     """A remote tier refuses for good (access denied, no such bucket, bad credentials)."""
+
+
+class AccessDenied(PermanentTierError):
+    """The server refuses these credentials, or this bucket to them."""
 
 
 class ChunkMissing(CkptfsError):
@@ -96,6 +105,11 @@ class CorruptChunk(CkptfsError):
     """A frame failed to decode or its digest did not match."""
 
     errno = _errno.EIO
+
+
+class ObjectUnreadable(CorruptChunk):
+    """One object cannot be read although its tier answers (a 500 on that key, a body cut
+    short, a read that stalls): that copy is bad, not the tier."""
 
 
 class ConfigError(CkptfsError):

@@ -14,8 +14,10 @@ and the upload is queued again if a local tier holds a valid copy (the next moun
 it); an object no file references is an orphan, deleted by ``--repair`` unless an upload
 job for it is pending or another node wrote the prefix last (its writer lease names
 another writer: the orphan may be that node's chunk); ``--verify`` reads every object and
-checks its frame. A remote that cannot be reached is reported (exit 1) and changes
-nothing; its recorded copies count as unchecked, not lost. A remote whose writer lease is
+checks its frame; an object the server fails to serve while it answers for others is
+reported as unreadable and the check goes on (tiers/s3.py tells the two apart). A remote
+that cannot be reached is reported (exit 1) and changes nothing; its recorded copies count
+as unchecked, not lost. A remote whose writer lease is
 held by a live node is not checked at all (upload/lease.py).
 """
 
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING
 from .catalog import Catalog
 from .chunks import frame
 from .config import Config, S3TierConfig, TierConfig
-from .errors import CkptfsError, CorruptChunk, TierError, TransientTierError
+from .errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
 from .mount import state_lock
 from .tiers.local import LocalTier
 
@@ -407,6 +409,22 @@ class _RemoteCheck:
                     if raw is None:
                         raise CorruptChunk("vanished during the check")
                     frame.verify(raw, digest)
+                except ObjectUnreadable as exc:
+                    # The server fails this object while it answers for the others: report
+                    # it and go on. --repair replaces it only from a valid local copy (it
+                    # may be readable again later: without one, forgetting it loses it).
+                    rep.corrupt_replicas += 1
+                    problem(f"unreadable chunk {key[:16]} on remote tier {name}: {exc}")
+                    if repair and digest in known and digest in local_valid:
+                        catalog.remove_replica(digest, name)
+                        tier.delete(key)
+                        rep.repaired += 1
+                        requeue(digest)
+                    elif repair:
+                        rep.kept += 1
+                        say(f"chunk {key[:16]} on remote tier {name} kept: no valid local copy "
+                            "to upload again")
+                    continue
                 except CorruptChunk as exc:
                     rep.corrupt_replicas += 1
                     problem(f"corrupt chunk {key[:16]} on remote tier {name}: {exc}")

@@ -1010,6 +1010,15 @@ class Catalog:
         row = self.conn.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
         return 0 if row is None else int(row[0])
 
+    def stored_by_tier(self) -> dict[str, tuple[int, int]]:
+        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
+        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
+        rows = self.conn.execute(
+            "SELECT r.tier, count(*), coalesce(sum(c.length), 0) FROM replicas r "
+            "JOIN chunks c ON c.digest = r.digest WHERE r.state = 'valid' GROUP BY r.tier"
+        )
+        return {str(t): (int(n), int(b)) for t, n, b in rows}
+
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         rows = self.conn.execute(
             "SELECT tier FROM replicas WHERE digest=? AND state='valid' ORDER BY tier", (digest,)

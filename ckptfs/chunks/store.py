@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..catalog import Catalog, ChunkRef
-from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, TierError
+from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
 from . import frame
@@ -55,7 +55,8 @@ class _Fetched:
 
     data: frame.Buffer | None = None
     source: str | None = None
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (tier, missing|corrupt)
+    # (tier, missing|corrupt|unreadable|error): all but "error" are this copy's problem
+    failures: list[tuple[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
 
@@ -451,6 +452,14 @@ class ChunkStore:
             started = time.perf_counter()
             try:
                 raw = tier.get(ref.key)
+            except ObjectUnreadable as exc:
+                # This copy is bad (the tier answers other requests): heal it, keep the tier.
+                log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
+                self.stats.count("unreadable_copies")
+                self.stats.record_ok(name)
+                got.failures.append((name, "unreadable"))
+                got.problems.append(f"{name}: {exc}")
+                continue
             except TierError as exc:
                 log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
                 self.stats.record_error(name, str(exc))

@@ -26,6 +26,7 @@ from ..chunks import frame
 from ..chunks.compress import RemoteCompressor
 from ..chunks.store import ChunkStore
 from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
+from ..tiers.health import state_of
 
 log = logging.getLogger("ckptfs.upload")
 
@@ -196,6 +197,8 @@ class Uploader:
         except PermanentTierError as exc:
             log.error("upload to tier %s refused: %s; chunks stay local, retry in %.0f s",
                       job.tier, exc, BLOCKED_RETRY_S)
+            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc),
+                                                   BLOCKED_RETRY_S)
             await self._postpone(job, BLOCKED_RETRY_S, str(exc), blocked=True)
         except (ChunkMissing, CorruptChunk) as exc:
             log.error("chunk %s has no valid local copy to upload: %s", job.digest.hex()[:16], exc)
@@ -204,8 +207,11 @@ class Uploader:
             if job.tier not in self._failing:
                 log.warning("upload to tier %s failed, will retry with backoff: %s", job.tier, exc)
                 self._failing.add(job.tier)
-            await self._postpone(job, backoff_s(job.attempts), str(exc), blocked=False)
+            delay = backoff_s(job.attempts)
+            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc), delay)
+            await self._postpone(job, delay, str(exc), blocked=False)
         else:
+            self.store.stats.record_upload_ok(job.tier)
             if job.tier in self._failing:
                 log.info("uploads to tier %s work again", job.tier)
                 self._failing.discard(job.tier)
