@@ -69,6 +69,20 @@ def _local_capacity(path: str | None) -> dict[str, Any] | None:
             "used": None, "capped": False}
 
 
+def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Local tiers whose directories are on one device (allow_shared_device): the others
+    on each one's device."""
+    devs: dict[int, list[str]] = {}
+    for t in tiers:
+        if t.get("kind", "local") == "local" and t.get("path"):
+            try:
+                devs.setdefault(os.stat(t["path"]).st_dev, []).append(t["name"])
+            except OSError:
+                continue
+    return {n: [o for o in group if o != n] for group in devs.values() if len(group) > 1
+            for n in group}
+
+
 def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
                      ) -> list[dict[str, Any]]:
     from dataclasses import asdict
@@ -103,6 +117,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         mountpoint = (stats or {}).get("mountpoint") or _mountpoint_of(state_dir)
         tiers = []
+        shared = _shared_devices(catalog.recorded_tiers())
         for t in catalog.recorded_tiers():
             s = per_tier.get(t["name"], {})
             kind = t.get("kind", "local")
@@ -118,6 +133,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
                 "read_mb_s": s.get("read_mb_s"), "latency_ms": s.get("latency_ms"),
                 "writes": s.get("writes"), "write_bytes": s.get("write_bytes"),
                 "errors": s.get("errors"),
+                "shares_device_with": shared.get(t["name"], []) if kind == "local" else None,
             })
         remotes = remote_tier_names(catalog)
         backlog: dict[str, Any] | None = None
@@ -158,6 +174,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
         "metrics": metrics,
+        "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
     }
 
@@ -210,6 +227,8 @@ def plain(s: dict[str, Any]) -> str:
         cap = _capacity_text(t["capacity"])
         if cap:
             text += f"; capacity {cap}"
+        if t.get("shares_device_with"):
+            text += f"; shares its device with {', '.join(t['shares_device_with'])}"
         lines.append(text)
     if running:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
@@ -241,7 +260,10 @@ def plain(s: dict[str, Any]) -> str:
         if run["remote_durable"]:
             lines.append(f"  newest durable on the remote: {run['remote_durable']['root']}")
     if s["metrics"]:
-        lines.append(f"metrics: {s['metrics_url']}")
+        moved = s.get("metrics_requested")
+        lines.append(f"metrics: {s['metrics_url']}" + (
+            f" ({moved} was taken)" if moved and moved != s["metrics"]
+            and not moved.endswith(":0") else ""))
     elif running:
         lines.append("metrics: off")
     return "\n".join(lines)
@@ -293,7 +315,9 @@ def render(s: dict[str, Any]) -> Any:
         tiers.add_row(t["name"], t["kind"], health, bar, pct, free, reads,
                       "" if t["read_mb_s"] is None else str(t["read_mb_s"]),
                       "" if t["latency_ms"] is None else str(t["latency_ms"]),
-                      t["location"] or "")
+                      (t["location"] or "") + (
+                          f" (device shared with {', '.join(t['shares_device_with'])})"
+                          if t.get("shares_device_with") else ""))
 
     b = s["backlog"]
     if b is None:

@@ -18,6 +18,7 @@ import pyfuse3
 from .. import metrics
 from ..catalog import Inode
 from ..errors import CkptfsError
+from ..vfs.control import Caller
 from ..vfs.filesystem import Filesystem, uses_direct_io
 
 log = logging.getLogger("ckptfs.fuse")
@@ -231,10 +232,10 @@ class FuseOps(pyfuse3.Operations):
         return out
 
     # Extended attributes: only ckptfs's own, on checkpoints (``user.ckptfs.*``); others are
-    # not stored and are refused cleanly.
+    # not stored and are refused cleanly. Control xattrs need the caller (owner or root).
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        await self.fs.setxattr(inode, name, value)
+        await self.fs.setxattr(inode, name, value, Caller(ctx.uid, ctx.gid, ctx.pid))
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:

@@ -41,6 +41,7 @@ from ..metrics import Telemetry
 from ..service import syncfs_all
 from ..tiers.base import Tier, TierUsage
 from ..upload.uploader import Uploader
+from .control import ROOT, XATTR_GC, XATTR_PREFETCH, XATTR_TAG, Caller, check_control, is_control
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -50,9 +51,6 @@ T = TypeVar("T")
 NAME_MAX = 255
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
-XATTR_TAG = b"user.ckptfs.tag"
-XATTR_GC = b"user.ckptfs.gc"
-XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 XATTRS = (XATTR_STATE, XATTR_RECORD)
 STATS_INTERVAL_S = 1.0
@@ -626,19 +624,28 @@ class Filesystem:
     async def listxattr(self, ino: int) -> list[bytes]:
         return list(XATTRS) if await self._checkpoint_of(ino) is not None else []
 
-    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        """``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
-        ``user.ckptfs.gc`` (any value, on any directory) runs retention now and returns when
-        the pass is done (``ckptfs gc``)."""
+    async def setxattr(self, ino: int, name: bytes, value: bytes, caller: Caller = ROOT) -> None:
+        if is_control(name):
+            await self._control_xattr(ino, name, value, caller)
+            return
+        raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
+
+    async def _control_xattr(self, ino: int, name: bytes, value: bytes, caller: Caller) -> None:
+        """Control xattrs (vfs/control.py), for the inode's owner or root only:
+        ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
+        ``user.ckptfs.gc`` (any value) applies retention to the checkpoints under this
+        directory now and returns when the pass is done (``ckptfs gc PATH``);
+        ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
+        check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
-            report = await self.janitor.run_now()
-            log.info("gc requested: %s", report)
+            scope = await self.db(self.catalog.path_of, ino)
+            report = await self.janitor.run_now(scope)
+            log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
             return
         if name == XATTR_PREFETCH:
             await self.stage_file(ino)
             return
-        if name != XATTR_TAG:
-            raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
+        assert name == XATTR_TAG
         tag = value.decode(errors="replace").strip()
         if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
             raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")
