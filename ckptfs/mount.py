@@ -420,11 +420,12 @@ def _detectors(cfg: Config) -> object | None:
 
 
 def _invalidate_entry(parent: int, name: bytes) -> None:
-    try:
-        pyfuse3.invalidate_entry(pyfuse3.InodeT(parent), pyfuse3.FileNameT(name))
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.warning("could not invalidate a name in the kernel: %s", exc)
+    # Queued, not waited for: retention deletes while `ckptfs gc PATH` (a setxattr on PATH,
+    # whose inode the kernel holds locked) waits for it, and the kernel takes the parent's
+    # lock to drop the name: a synchronous invalidation there would never return.
+    pyfuse3.invalidate_entry_async(
+        pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
+    )
 
 
 def _invalidate_inode(ino: int) -> None:

@@ -80,7 +80,7 @@ def _key(t: TierConfig, key: str) -> str:
     if t.origin.startswith("tier["):
         return f"{t.origin}.{key}"
     if t.origin == "--local":
-        return f"--local {t.path}"
+        return "--local"
     return f"tier {t.name} ({'recorded in the catalog' if t.origin == 'recorded' else t.origin})"
 
 
