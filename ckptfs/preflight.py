@@ -138,8 +138,8 @@ def prepare_local_tiers(tiers: Sequence[TierConfig], *, create: bool = True) -> 
                 other = next(o for o in group if o is not t)
                 raise UsageError(
                     f"{_key(t, 'path')}: {t.path} is on the same device as tier {other.name} "
-                    f"({other.path}): striping over one device gains nothing and its capacity "
-                    f"counts twice; give each tier its own device, or "
+                    f"({other.path}): striping over one device gains nothing and each tier "
+                    f"counts its free space; give each tier its own device, or "
                     f"{_remedy(t, 'allow_shared_device', '--allow-shared-device')} "
                     "(on every tier of that device)"
                 )
