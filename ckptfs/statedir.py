@@ -30,7 +30,8 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND) -> int:
     fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:
-            os.fchmod(fd, FILE_MODE)
+            with contextlib.suppress(PermissionError):  # not ours: make_private's job
+                os.fchmod(fd, FILE_MODE)
     except OSError:
         os.close(fd)
         raise
