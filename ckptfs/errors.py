@@ -112,6 +112,14 @@ class ObjectUnreadable(CorruptChunk):
     short, a read that stalls): that copy is bad, not the tier."""
 
 
+class UsageError(CkptfsError):
+    """Bad input to a command rather than a failure while running: a mount point that does
+    not exist, is a file, is mounted or not empty; a state dir in use; a tier directory that
+    does not exist; a bucket that does not exist. The CLI exits with code 2."""
+
+    errno = _errno.EINVAL
+
+
 class ConfigError(CkptfsError):
     """Invalid configuration or command line. The CLI exits with code 2."""
 

@@ -19,9 +19,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .errors import CkptfsError
+from .statedir import write_private
 from .tiers.health import FAILING, HEALTHY, Health
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ class Telemetry:
         self.facts: dict[str, Any] = {}
         self.mountpoint: str | None = None
         self.metrics_address: str | None = None
+        self.metrics_requested: str | None = None  # differs when the port was taken
         self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
         self._primed = False  # checkpoints committed before this daemon started: not observed
         self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
@@ -217,6 +219,7 @@ class Telemetry:
         stats.extra = {
             "mountpoint": self.mountpoint,
             "metrics": self.metrics_address,
+            "metrics_requested": self.metrics_requested,
             "backlog": self.facts.get("backlog"),
             "remote_durable": self.facts.get("remote_durable", {}),
             "checkpoint_states": self.facts.get("checkpoint_states", {}),
@@ -556,9 +559,7 @@ class MetricsServer:
             raise
         self.address = join_address(host, self._server.server_port)
         self.telemetry.metrics_address = self.address
-        tmp = self.state_dir / (ADDR_FILE + ".tmp")
-        tmp.write_text(self.address + "\n")
-        os.replace(tmp, self.state_dir / ADDR_FILE)
+        write_private(self.state_dir / ADDR_FILE, self.address + "\n")
         return self.address
 
     def stop(self) -> None:
@@ -582,13 +583,27 @@ def serve(address: str, telemetry: Telemetry, state_dir: Path) -> MetricsServer 
     if not address:
         log.info("metrics disabled (metrics_address = \"\")")
         return None
+    telemetry.metrics_requested = address
     server = MetricsServer(address, telemetry, state_dir)
     try:
         bound = server.start()
     except OSError as exc:
-        log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
-                    exc.strerror or exc)
-        return None
+        host, port = split_address(address)
+        if exc.errno != errno.EADDRINUSE or port == 0:
+            log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
+                        exc.strerror or exc)
+            return None
+        # A second daemon on this node (another mount) with the default port: serve on a
+        # free port of the same host rather than not at all; metrics.addr and status say where.
+        server = MetricsServer(join_address(host, 0), telemetry, state_dir)
+        try:
+            bound = server.start()
+        except OSError as exc2:
+            log.warning("metrics: cannot listen on %s (%s); serving without metrics",
+                        address, exc2.strerror or exc2)
+            return None
+        log.warning("metrics: port %d on %s is taken (another daemon?); serving on %s "
+                    "instead (see STATE_DIR/%s, ckptfs status)", port, host, bound, ADDR_FILE)
     log.info("metrics at http://%s/metrics", bound)
     return server
 

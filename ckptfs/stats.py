@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .statedir import write_private
+
 EWMA = 0.2  # weight of the newest observation
 REMOTE_PENALTY = 3.0
 BIG_READ = 1 << 20  # reads at least this large measure throughput; smaller ones, latency
@@ -166,9 +168,7 @@ class Stats:
 
     def write(self, path: Path) -> None:
         """Blocking: replace ``path`` with the current snapshot (atomically)."""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.snapshot(), indent=1) + "\n")
-        os.replace(tmp, path)
+        write_private(path, json.dumps(self.snapshot(), indent=1) + "\n")
 
 
 def read_stats(state_dir: Path) -> dict[str, Any] | None:

@@ -69,6 +69,20 @@ def _local_capacity(path: str | None) -> dict[str, Any] | None:
             "used": None, "capped": False}
 
 
+def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Local tiers whose directories are on one device (allow_shared_device): the others
+    on each one's device."""
+    devs: dict[int, list[str]] = {}
+    for t in tiers:
+        if t.get("kind", "local") == "local" and t.get("path"):
+            try:
+                devs.setdefault(os.stat(t["path"]).st_dev, []).append(t["name"])
+            except OSError:
+                continue
+    return {n: [o for o in group if o != n] for group in devs.values() if len(group) > 1
+            for n in group}
+
+
 def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
                      ) -> list[dict[str, Any]]:
     from dataclasses import asdict
@@ -105,6 +119,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         tiers = []
         stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
         now = time.time()
+        shared = _shared_devices(catalog.recorded_tiers())
         for t in catalog.recorded_tiers():
             s = per_tier.get(t["name"], {})
             kind = t.get("kind", "local")
@@ -128,6 +143,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
                 "errors": s.get("errors"),
                 "stored_chunks": chunks, "stored_bytes": nbytes,
                 **_tier_health(s, now),
+                "shares_device_with": shared.get(t["name"], []) if kind == "local" else None,
             })
         remotes = remote_tier_names(catalog)
         backlog: dict[str, Any] | None = None
@@ -182,6 +198,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
         "metrics": metrics,
+        "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
     }
 
@@ -268,6 +285,8 @@ def plain(s: dict[str, Any]) -> str:
             text += f"; capacity {cap}"
         # What the catalog records there (a remote has no capacity to show but this).
         text += f"; {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} stored"
+        if t.get("shares_device_with"):
+            text += f"; shares its device with {', '.join(t['shares_device_with'])}"
         lines.append(text)
     if running:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
@@ -306,7 +325,10 @@ def plain(s: dict[str, Any]) -> str:
         if run["remote_durable"]:
             lines.append(f"  newest durable on the remote: {run['remote_durable']['root']}")
     if s["metrics"]:
-        lines.append(f"metrics: {s['metrics_url']}")
+        moved = s.get("metrics_requested")
+        lines.append(f"metrics: {s['metrics_url']}" + (
+            f" ({moved} was taken)" if moved and moved != s["metrics"]
+            and not moved.endswith(":0") else ""))
     elif running:
         lines.append("metrics: off")
     return "\n".join(lines)
@@ -375,7 +397,9 @@ def render(s: dict[str, Any]) -> Any:
         tiers.add_row(t["name"], t["kind"], health, bar, pct, free, reads,
                       "" if t["read_mb_s"] is None else str(t["read_mb_s"]),
                       "" if t["latency_ms"] is None else str(t["latency_ms"]),
-                      t["location"] or "")
+                      (t["location"] or "") + (
+                          f" (device shared with {', '.join(t['shares_device_with'])})"
+                          if t.get("shares_device_with") else ""))
 
     b = s["backlog"]
     if b is None:

@@ -163,6 +163,7 @@ def test_new_node_with_wrong_credentials_refuses_to_start_empty(
     url, _prefix = remote
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     (tmp_path / "mnt").mkdir()
+    (tmp_path / "t0").mkdir()
     res = run_cli("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "state"),
                   "--local", str(tmp_path / "t0"), "--remote", url)
     assert res.returncode != 0
@@ -228,6 +229,7 @@ def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_
     uploads when needed, uploaded chunks are evicted, and every file reads back exact."""
     url, prefix = remote
     tier = tmp_path / "nvme0"
+    tier.mkdir()
     cfg = tmp_path / "ckptfs.toml"
     cfg.write_text(
         'chunk_size = "1MiB"\nlocal_full_timeout = 120\n'

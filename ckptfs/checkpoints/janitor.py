@@ -1,7 +1,8 @@
 """Applies retention in the daemon, in the background, with the safety rules.
 
-After each checkpoint commit (and on `ckptfs gc`), the janitor plans retention per run
-(retention.py) and carries it out:
+After each checkpoint commit, the janitor plans retention per run (retention.py) and
+carries it out; `ckptfs gc PATH` (the ``user.ckptfs.gc`` xattr) does the same for the
+checkpoints under PATH only (each run is still planned whole, so what stays protected does):
 
 * **skip_upload**: drop pending uploads of chunks only superseded checkpoints name;
 * **evict_local**: drop local copies of chunks a remote holds and no upload needs, except
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..errors import CkptfsError
-from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of
+from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of, under
 
 if TYPE_CHECKING:
     from ..vfs.filesystem import Filesystem
@@ -66,6 +67,8 @@ class Janitor:
         self.high = high_watermark
         self.low = low_watermark
         self._wake = trio.Event()
+        self._everything = False  # a commit asked for a pass over every run
+        self._scopes: set[str] = set()  # subtrees `ckptfs gc PATH` asked for
         self._done = trio.Event()  # set (and replaced) after each retention pass
         self.passes = 0
         self._started = self._finished = 0  # loop iterations begun and ended
@@ -73,14 +76,16 @@ class Janitor:
         self.last = JanitorReport()
 
     def kick(self) -> None:
+        self._everything = True
         self._wake.set()
 
-    async def run_now(self) -> JanitorReport:
-        """Ask for a pass and wait for one that started after this call (``ckptfs gc``);
-        postponed deletions are tried again at once."""
+    async def run_now(self, scope: str = "/") -> JanitorReport:
+        """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
+        after this call (``ckptfs gc PATH``); postponed deletions are tried again at once."""
         wanted = self._started + 1
         await self.fs.deleter.retry_now()
-        self.kick()
+        self._scopes.add(scope)
+        self._wake.set()
         while self._finished < wanted:
             await self._done.wait()
         return self.last
@@ -91,10 +96,12 @@ class Janitor:
                 await self._wake.wait()
             woken = self._wake.is_set()
             self._wake = trio.Event()
+            scopes = None if self._everything else self._scopes
+            self._everything, self._scopes = False, set()
             self._started += 1
             if woken and self.policies:
                 try:
-                    self.last = await self.retention_pass()
+                    self.last = await self.retention_pass(scopes)
                     await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.error("retention pass failed: %s", exc)
@@ -122,13 +129,14 @@ class Janitor:
         log.info("local tiers at %.0f%% (high watermark %.0f%%): evicted %d bytes held by a "
                  "remote tier", 100 * used / total, 100 * self.high, freed)
 
-    async def retention_pass(self) -> JanitorReport:
+    async def retention_pass(self, scopes: set[str] | None = None) -> JanitorReport:
+        """Plan every run; act on the checkpoints under one of ``scopes`` (None: all)."""
         fs = self.fs
         rows = await fs.db(fs.catalog.checkpoints, "/")
         plans = plan_all(to_ckpts(rows), self.policies, time.time_ns())
         report = JanitorReport()
         for run, plan in plans.items():
-            await self._apply(run, plan, report)
+            await self._apply(run, plan, report, scopes)
         if report.expired or report.evicted_bytes or report.skipped_upload_jobs:
             log.info("retention: %d upload job(s) skipped, %d bytes evicted from local tiers, "
                      "%d checkpoint(s) expired, %d deleted, %d postponed (open)",
@@ -136,24 +144,34 @@ class Janitor:
                      report.deleted, report.busy)
         return report
 
-    async def _apply(self, run: str, plan: Plan, report: JanitorReport) -> None:
+    async def _apply(
+        self, run: str, plan: Plan, report: JanitorReport, scopes: set[str] | None = None
+    ) -> None:
+        """Carry out ``plan``; with ``scopes``, act only on checkpoints under one of them
+        (the run is planned whole: what it keeps still protects their shared chunks)."""
+        def acts(root: str) -> bool:
+            return scopes is None or any(under(root, s) for s in scopes)
+
         fs = self.fs
         kept_local = await fs.db(fs.catalog.digests_under, plan.keep_local)
-        if plan.skip_upload:
-            skip = await fs.db(fs.catalog.digests_under, plan.skip_upload)
-            living = [r for r in plan.keep_local + plan.evict_local if r not in plan.skip_upload]
+        skipping = [r for r in plan.skip_upload if acts(r)]
+        if skipping:
+            skip = await fs.db(fs.catalog.digests_under, skipping)
+            living = [r for r in plan.keep_local + plan.evict_local if r not in skipping]
             needed = await fs.db(fs.catalog.digests_under, living)
             drop = [d for d in skip if d not in needed]
             if drop:
                 report.skipped_upload_jobs += await fs.db(fs.catalog.drop_upload_jobs, drop)
-        if plan.evict_local and fs.store.remotes:
-            victims = await fs.db(fs.catalog.digests_under, plan.evict_local)
+        evicting = [r for r in plan.evict_local if acts(r)]
+        if evicting and fs.store.remotes:
+            victims = await fs.db(fs.catalog.digests_under, evicting)
             report.evicted_bytes += await fs.db(
                 fs.store.evict_digests, [d for d in victims if d not in kept_local]
             )
             fs.store.deletions_queued()
         for root in plan.expire:
-            await self._expire(root, plan.why.get(root, ""), report)
+            if acts(root):
+                await self._expire(root, plan.why.get(root, ""), report)
 
     async def _expire(self, root: str, why: str, report: JanitorReport) -> None:
         fs = self.fs

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -152,6 +153,14 @@ class ObjectInfo:
     plain_length: int | None  # x-amz-meta-plain-length
     checksum_sha256: str | None  # base64, when the server stored one
     metadata: dict[str, str]
+
+
+class NoSuchBucket(PermanentTierError):
+    """The bucket does not exist at the endpoint."""
+
+
+class ReadOnlyCredentials(PermanentTierError):
+    """The credentials may read the prefix but not write (or delete) objects under it."""
 
 
 class PreconditionFailed(PermanentTierError):
@@ -346,7 +355,7 @@ class S3Tier:
         code, status = _code(exc), _status(exc)
         detail = str(exc.response.get("Error", {}).get("Message", "") or "")
         if code in _NO_BUCKET_CODES or (op == "check" and status == 404):
-            return PermanentTierError(
+            return NoSuchBucket(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.endpoint}"
             )
         if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
@@ -519,6 +528,31 @@ class S3Tier:
         TransientTierError (endpoint unreachable, 5xx) unless the bucket answers."""
         with self._errors("check"):
             self._client.head_bucket(Bucket=self.bucket)
+
+    def probe_write(self) -> None:
+        """Put and delete a small object under the prefix (``meta/write-probe-*``): raises
+        ReadOnlyCredentials if the credentials cannot do both, another TierError if the
+        remote does not answer. Not fenced: it touches no object another writer owns."""
+        name = f"write-probe-{uuid.uuid4().hex}"
+        for op in ("put", "delete"):
+            try:
+                with self._errors(op, name):
+                    if op == "put":
+                        self._client.put_object(
+                            Bucket=self.bucket, Key=self._meta_key(name), Body=b"ckptfs",
+                            ContentType="application/octet-stream",
+                        )
+                    else:
+                        self._client.delete_object(Bucket=self.bucket, Key=self._meta_key(name))
+            except PermanentTierError as exc:
+                if isinstance(exc, NoSuchBucket):
+                    raise
+                where = f"s3://{self.bucket}/{self.prefix}"
+                raise ReadOnlyCredentials(
+                    f"tier {self.name}: the credentials can read {where} but not "
+                    f"{'write' if op == 'put' else 'delete'} objects there (a probe object "
+                    f"{op} was refused: {exc}); ckptfs needs read, write and delete on the prefix"
+                ) from exc
 
     # -- metadata objects (the catalog snapshot a fresh node restores) -------------------------
 

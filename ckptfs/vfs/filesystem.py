@@ -46,6 +46,7 @@ from ..tiers.base import Tier, TierUsage
 from ..upload.deleter import Deleter
 from ..upload.uploader import Uploader
 from .context import ROOT, RequestContext
+from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -55,9 +56,6 @@ T = TypeVar("T")
 NAME_MAX = 255
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
-XATTR_TAG = b"user.ckptfs.tag"
-XATTR_GC = b"user.ckptfs.gc"
-XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 XATTRS = (XATTR_STATE, XATTR_RECORD)
 XATTR_RESERVED = b"user.ckptfs."  # ckptfs's own names: never stored
@@ -797,7 +795,9 @@ class Filesystem:
         returns when the pass is done (``ckptfs gc``); ``user.ckptfs.prefetch`` stages a
         file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
         if name.startswith(XATTR_RESERVED):
-            await self._control_xattr(ino, name, value)
+            if not is_control(name):
+                raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
+            await self._control_xattr(ino, name, value, ctx)
             return
         await self._check_xattr_write(ino, name, ctx)
         if len(value) > XATTR_SIZE_MAX:
@@ -821,16 +821,24 @@ class Filesystem:
         if f is not None:
             f.ctime_ns = inode.ctime_ns
 
-    async def _control_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+    async def _control_xattr(
+        self, ino: int, name: bytes, value: bytes, caller: RequestContext
+    ) -> None:
+        """Control xattrs (vfs/control.py), for the inode's owner or root only:
+        ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
+        ``user.ckptfs.gc`` (any value) applies retention to the checkpoints under this
+        directory now and returns when the pass is done (``ckptfs gc PATH``);
+        ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
+        check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
-            report = await self.janitor.run_now()
-            log.info("gc requested: %s", report)
+            scope = await self.db(self.catalog.path_of, ino)
+            report = await self.janitor.run_now(scope)
+            log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
             return
         if name == XATTR_PREFETCH:
             await self.stage_file(ino)
             return
-        if name != XATTR_TAG:
-            raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
+        assert name == XATTR_TAG
         tag = value.decode(errors="replace").strip()
         if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
             raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")
