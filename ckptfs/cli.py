@@ -1,6 +1,7 @@
 """The ``ckptfs`` command line: mount, umount, fsck.
 
-Bad arguments or config: one line naming the key or value, exit code 2.
+Bad arguments, config or other input (a mount point, a state dir in use, a tier directory,
+a bucket): one line naming the key or value, exit code 2. Failures while running: 1.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, statedir
 from .config import Config, load_config
-from .errors import CkptfsError, ConfigError
+from .errors import CkptfsError, ConfigError, UsageError
 from .plan import add_plan_arguments
 
 EXIT_USAGE = 2
@@ -53,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount ckptfs at MOUNTPOINT")
     m.add_argument("mountpoint", type=Path)
     _add_config_args(m)
+    m.add_argument("--create", action="store_true",
+                   help="create local tier directories that do not exist (config: create = true)")
+    m.add_argument("--allow-shared-device", action="store_true",
+                   help="let local tiers share a device (config: allow_shared_device = true)")
+    m.add_argument("--nonempty", action="store_true",
+                   help="mount over a directory that is not empty (hiding what it holds)")
     m.add_argument("--foreground", "-f", action="store_true", help="stay in the foreground")
     m.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     m.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -64,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--takeover", action="store_true",
         help="take the writer lease of the remote prefixes even from a live holder "
              "(only when that node is gone or must stop writing)",
+    )
+    m.add_argument(
+        "--allow-other", action=argparse.BooleanOptionalAction, default=None,
+        help="let other users use the mount (FUSE allow_other; overrides allow_other, "
+             "which is on by default when run as root)",
     )
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -131,8 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> Config:
     cfg = load_config(
         args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
-        remote_urls=args.remote,
+        remote_urls=args.remote, create_tiers=getattr(args, "create", False),
+        allow_shared_device=getattr(args, "allow_shared_device", False),
     )
+    if getattr(args, "allow_other", None) is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, allow_other=args.allow_other)
     if getattr(args, "metrics_address", None) is not None:
         from dataclasses import replace
 
@@ -146,15 +163,16 @@ def _config(args: argparse.Namespace) -> Config:
 def _setup_logging(cfg: Config, level: str, to_stderr: bool, fmt: str = "text") -> None:
     from .logsetup import setup
 
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    statedir.ensure_state_dir(cfg.state_dir)
     setup(level, cfg.log_path, to_stderr, fmt)
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .mount import check_mountpoint, run_mount
+    from .mount import check_before_spawn, run_mount
 
     cfg = _config(args)
-    check_mountpoint(args.mountpoint)
+    if args.ready_fd is None:  # the daemon ckptfs mount starts checks under the lock
+        check_before_spawn(cfg, args.mountpoint, nonempty=args.nonempty)
     if args.foreground:
         _setup_logging(cfg, args.log_level, to_stderr=args.ready_fd is None, fmt=args.log_format)
 
@@ -166,13 +184,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
             elif error is not None:
                 print(f"ckptfs: {error}", file=sys.stderr)
 
-        return run_mount(cfg, args.mountpoint, on_ready, takeover=args.takeover)
+        return run_mount(cfg, args.mountpoint, on_ready, takeover=args.takeover,
+                         nonempty=args.nonempty)
     return _spawn_daemon(cfg, args)
 
 
 def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
     """Start the daemon in its own session; return once it reports the mount live."""
-    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    statedir.ensure_state_dir(cfg.state_dir)
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", str(args.mountpoint.absolute()),
            "--foreground", "--ready-fd", str(w), "--log-level", args.log_level,
@@ -183,11 +202,14 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--local", str(Path(d).absolute())]
     for url in args.remote:
         cmd += ["--remote", url]
-    if args.takeover:
-        cmd.append("--takeover")
+    for flag in ("takeover", "create", "allow_shared_device", "nonempty"):
+        if getattr(args, flag):
+            cmd.append("--" + flag.replace("_", "-"))
+    if args.allow_other is not None:
+        cmd.append("--allow-other" if args.allow_other else "--no-allow-other")
     if args.metrics_address is not None:
         cmd += ["--metrics-address", cfg.metrics_address]
-    with open(cfg.log_path, "ab") as logf:
+    with os.fdopen(statedir.open_private(cfg.log_path), "ab") as logf:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
             start_new_session=True, close_fds=True,
@@ -213,6 +235,9 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     code = proc.wait(timeout=30) if text else proc.wait()
     reason = text[len("error "):] if text.startswith("error ") else f"daemon exited with code {code}"
+    if code == EXIT_USAGE:  # the daemon refused the input (a bucket, a state dir in use, ...)
+        print(f"ckptfs: error: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     print(f"ckptfs: mount failed: {reason} (log: {cfg.log_path})", file=sys.stderr)
     return 1
 
@@ -224,11 +249,11 @@ def cmd_umount(args: argparse.Namespace) -> int:
     found = find_mount(mp)
     if found is None:
         print(f"ckptfs: {mp} is not mounted", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     source, fstype = found
     if fstype != FSTYPE:
         print(f"ckptfs: {mp} is a {fstype} mount, not ckptfs", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     state_dir = Path(source.split(":", 1)[1]) if ":" in source else None
     pid = read_pid(state_dir) if state_dir else None
     flags = ["-u", "-z"] if is_stale(mp) else ["-u"]  # a dead daemon cannot answer a plain -u
@@ -336,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C in a long command (sync, prefetch, verify, gc): stop cleanly, no traceback.
         print(f"ckptfs {args.command}: interrupted", file=sys.stderr)
         return 130
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         print(f"ckptfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CkptfsError as exc:

@@ -76,6 +76,12 @@ class TierConfig:
     location: str = "local"
     weight: float = 1.0
     capacity: int | None = None  # optional cap in bytes; None means the device's free space
+    # A missing directory is refused (an unmounted device would fill the disk below it)
+    # unless ``create``; two tiers on one device are refused unless both allow it.
+    create: bool = False
+    allow_shared_device: bool = False
+    # Where the tier came from, for error messages: "tier[2]", "--local", "recorded", "default".
+    origin: str = field(default="", compare=False)
 
 
 ADDRESSING_STYLES = ("path", "virtual", "auto")
@@ -132,7 +138,10 @@ class Config:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     io_threads: int = DEFAULT_IO_THREADS
-    allow_other: bool = False
+    allow_other: bool = False  # config_from_dict: on by default when running as root
+    # The kernel checks permissions from the mode bits (FUSE default_permissions); off
+    # only for a single-user mount, since ckptfs itself checks no access.
+    default_permissions: bool = True
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
     remote_copies: int = 1  # how many remote tiers hold each chunk
     upload_concurrency: int = 8  # uploads in flight at once
@@ -166,7 +175,8 @@ class Config:
 
 
 _TOP_KEYS = {
-    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other", "tier",
+    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other",
+    "default_permissions", "tier",
     "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
@@ -175,7 +185,7 @@ _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
 _ON_LOCAL_FULL = ("block", "enospc")
 _COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
-_LOCAL_ONLY_KEYS = {"path", "capacity"}
+_LOCAL_ONLY_KEYS = {"path", "capacity", "create", "allow_shared_device"}
 _S3_ONLY_KEYS = {
     "bucket", "prefix", "endpoint_url", "region", "addressing_style", "verify_tls", "profile",
 }
@@ -247,7 +257,13 @@ def _tier_from_table(table: object, index: int) -> TierConfig | S3TierConfig:
         capacity = parse_size(table["capacity"], f"{where}.capacity")
         if capacity <= 0:
             raise ConfigError(f"{where}.capacity: must be positive")
-    return TierConfig(name, kind, path, location, weight, capacity)
+    flags = {}
+    for key in ("create", "allow_shared_device"):
+        value = table.get(key, False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+        flags[key] = value
+    return TierConfig(name, kind, path, location, weight, capacity, origin=where, **flags)
 
 
 def _s3_tier_from_table(table: dict[str, Any], name: str, where: str) -> S3TierConfig:
@@ -415,7 +431,7 @@ def local_tiers_from_paths(paths: list[str]) -> tuple[TierConfig, ...]:
     tiers = []
     for i, p in enumerate(paths):
         path = Path(p).expanduser().absolute()
-        tiers.append(TierConfig(name=f"local{i}", kind="local", path=path))
+        tiers.append(TierConfig(name=f"local{i}", kind="local", path=path, origin="--local"))
     return tuple(tiers)
 
 
@@ -567,9 +583,14 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     )
     policies = _policies_from(data.get("policy", []))
     metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
-    allow_other = data.get("allow_other", False)
+    # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
+    allow_other = data.get("allow_other", os.geteuid() == 0)
     if not isinstance(allow_other, bool):
         raise ConfigError(f"allow_other: expected true or false, got {allow_other!r}")
+    default_permissions = data.get("default_permissions", True)
+    if not isinstance(default_permissions, bool):
+        raise ConfigError(
+            f"default_permissions: expected true or false, got {default_permissions!r}")
     raw_tiers = data.get("tier", [])
     if not isinstance(raw_tiers, list):
         raise ConfigError("tier: expected an array of tables ([[tier]])")
@@ -588,6 +609,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         memory_budget=memory_budget,
         io_threads=io_threads,
         allow_other=allow_other,
+        default_permissions=default_permissions,
         remote_copies=remote_copies,
         upload_concurrency=upload_concurrency,
         remote_compression=remote_compression,
@@ -626,7 +648,8 @@ def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3Tie
         return (), ()
     records = json.loads(row[0])
     local = tuple(
-        TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"])
+        TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"],
+                   allow_shared_device=t.get("allow_shared_device") is True, origin="recorded")
         for t in records if t.get("kind", "local") == "local"
     )
     remote = tuple(
@@ -647,6 +670,8 @@ def load_config(
     local_dirs: list[str] | None = None,
     chunk_size: str | int | None = None,
     remote_urls: list[str] | None = None,
+    create_tiers: bool = False,
+    allow_shared_device: bool = False,
 ) -> Config:
     """Build the effective config: file (if any), then command-line overrides, then defaults.
 
@@ -654,7 +679,8 @@ def load_config(
     remount needs only ``--state-dir``); for a new state dir, the embedded default: one
     local tier under the state directory. Remote tiers (``[[tier]]`` of kind "s3", and
     ``--remote`` URLs, named remote0, remote1, ... after the file's tiers) never replace
-    the local ones.
+    the local ones. ``create_tiers`` / ``allow_shared_device`` (``--create``,
+    ``--allow-shared-device``) set ``create`` / ``allow_shared_device`` on every local tier.
     """
     data: dict[str, Any] = {}
     source = "<embedded default>"
@@ -688,14 +714,22 @@ def load_config(
                 n += 1
                 name = f"local{n}"
             taken.add(name)
-            renamed.append(TierConfig(name, t.kind, t.path, t.location, t.weight, t.capacity))
+            renamed.append(dataclasses.replace(t, name=name))
         tiers = tiers + tuple(renamed)
     remote_tiers = cfg.remote_tiers
     if not tiers and not remote_tiers and not remote_urls:
         # A remount with only --state-dir: the tiers the catalog was last mounted with.
         tiers, remote_tiers = recorded_tiers(cfg.state_dir)
     if not tiers:
-        tiers = (TierConfig(name="local0", kind="local", path=cfg.state_dir / "tiers" / "local0"),)
+        # The embedded default lives in the state dir, which ckptfs creates itself.
+        tiers = (TierConfig(name="local0", kind="local", path=cfg.state_dir / "tiers" / "local0",
+                            create=True, origin="default"),)
+    if create_tiers or allow_shared_device:
+        tiers = tuple(
+            dataclasses.replace(t, create=t.create or create_tiers,
+                                allow_shared_device=t.allow_shared_device or allow_shared_device)
+            for t in tiers
+        )
     paths = [t.path for t in tiers]
     for i, p in enumerate(paths):
         if p in paths[:i]:

@@ -56,6 +56,16 @@ class NotSupported(CkptfsError):
     errno = _errno.EOPNOTSUPP
 
 
+class PermissionDenied(CkptfsError):
+    errno = _errno.EACCES
+
+
+class NoAttribute(CkptfsError):
+    """No such extended attribute."""
+
+    errno = _errno.ENODATA
+
+
 class NoSpace(CkptfsError):
     """No tier has room for a chunk."""
 
@@ -72,8 +82,17 @@ class TransientTierError(TierError):
     """A remote tier failed in a way worth retrying (throttling, 5xx, resets, timeouts)."""
 
 
+class EndpointUnreachable(TransientTierError):
+    """A remote endpoint does not answer at all: connection refused, DNS, no route, a
+    connect timeout, or a health probe that fails after a request broke off."""
+
+
 class PermanentTierError(TierError):
     """A remote tier refuses for good (access denied, no such bucket, bad credentials)."""
+
+
+class AccessDenied(PermanentTierError):
+    """The server refuses these credentials, or this bucket to them."""
 
 
 class ChunkMissing(CkptfsError):
@@ -86,6 +105,19 @@ class CorruptChunk(CkptfsError):
     """A frame failed to decode or its digest did not match."""
 
     errno = _errno.EIO
+
+
+class ObjectUnreadable(CorruptChunk):
+    """One object cannot be read although its tier answers (a 500 on that key, a body cut
+    short, a read that stalls): that copy is bad, not the tier."""
+
+
+class UsageError(CkptfsError):
+    """Bad input to a command rather than a failure while running: a mount point that does
+    not exist, is a file, is mounted or not empty; a state dir in use; a tier directory that
+    does not exist; a bucket that does not exist. The CLI exits with code 2."""
+
+    errno = _errno.EINVAL
 
 
 class ConfigError(CkptfsError):

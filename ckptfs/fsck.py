@@ -14,8 +14,10 @@ and the upload is queued again if a local tier holds a valid copy (the next moun
 it); an object no file references is an orphan, deleted by ``--repair`` unless an upload
 job for it is pending or another node wrote the prefix last (its writer lease names
 another writer: the orphan may be that node's chunk); ``--verify`` reads every object and
-checks its frame. A remote that cannot be reached is reported (exit 1) and changes
-nothing; its recorded copies count as unchecked, not lost. A remote whose writer lease is
+checks its frame; an object the server fails to serve while it answers for others is
+reported as unreadable and the check goes on (tiers/s3.py tells the two apart). A remote
+that cannot be reached is reported (exit 1) and changes nothing; its recorded copies count
+as unchecked, not lost. A remote whose writer lease is
 held by a live node is not checked at all (upload/lease.py).
 """
 
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING
 from .catalog import Catalog
 from .chunks import frame
 from .config import Config, S3TierConfig, TierConfig
-from .errors import CkptfsError, CorruptChunk, TierError, TransientTierError
+from .errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
 from .mount import state_lock
 from .tiers.local import LocalTier
 
@@ -59,6 +61,7 @@ class FsckReport:
     unreachable: list[str] = field(default_factory=list)  # remote tiers fsck could not reach
     requeued_uploads: int = 0  # upload jobs queued again for copies missing on a remote
     kept: int = 0  # problems --repair left alone on purpose (see the messages)
+    queued_deletions: int = 0  # unreferenced frames the deletion queue will remove: no problem
 
     @property
     def clean(self) -> bool:
@@ -159,6 +162,7 @@ def _check(
             problem(f"tier {tier.name}: {exc}")
             continue
         known = catalog.replica_keys(tier.name)
+        queued = catalog.deletion_keys(tier.name)  # the next mount's deleter removes them
         on_disk: set[bytes] = set()
         for key in tier.list_keys():
             try:
@@ -167,6 +171,9 @@ def _check(
                 problem(f"tier {tier.name}: stray file {key!r} in the chunk directory")
                 continue
             on_disk.add(digest)
+            if digest not in referenced and digest in queued:
+                rep.queued_deletions += 1
+                continue
             if digest not in referenced:
                 size = tier.delete(key) if repair else 0
                 rep.orphans += 1
@@ -214,6 +221,9 @@ def _check(
             for digest in digests:
                 valid_somewhere.setdefault(digest, []).append(tier_name)
 
+    if rep.queued_deletions:
+        say(f"{rep.queued_deletions} unreferenced chunk(s) wait in the deletion queue "
+            "(removed by the daemon; not a problem)")
     for ino, idx, digest, _length in catalog.all_extents():
         if digest not in valid_somewhere:
             rep.lost_chunks += 1
@@ -350,6 +360,7 @@ class _RemoteCheck:
         name = tier.name
         keys = list(tier.list_keys())  # the whole listing first: a failure changes nothing
         known = catalog.replica_keys(name)
+        queued = catalog.deletion_keys(name)  # the next mount's deleter removes them
         pending_digests = {d for d, _t in pending}
         on_remote: set[bytes] = set()
         valid: set[bytes] = set()
@@ -371,6 +382,9 @@ class _RemoteCheck:
                 problem(f"remote tier {name}: stray object {key!r} in the chunk prefix")
                 continue
             on_remote.add(digest)
+            if digest not in referenced and digest in queued:
+                rep.queued_deletions += 1
+                continue
             if digest not in referenced:
                 orphans += 1
                 rep.orphans += 1
@@ -395,6 +409,22 @@ class _RemoteCheck:
                     if raw is None:
                         raise CorruptChunk("vanished during the check")
                     frame.verify(raw, digest)
+                except ObjectUnreadable as exc:
+                    # The server fails this object while it answers for the others: report
+                    # it and go on. --repair replaces it only from a valid local copy (it
+                    # may be readable again later: without one, forgetting it loses it).
+                    rep.corrupt_replicas += 1
+                    problem(f"unreadable chunk {key[:16]} on remote tier {name}: {exc}")
+                    if repair and digest in known and digest in local_valid:
+                        catalog.remove_replica(digest, name)
+                        tier.delete(key)
+                        rep.repaired += 1
+                        requeue(digest)
+                    elif repair:
+                        rep.kept += 1
+                        say(f"chunk {key[:16]} on remote tier {name} kept: no valid local copy "
+                            "to upload again")
+                    continue
                 except CorruptChunk as exc:
                     rep.corrupt_replicas += 1
                     problem(f"corrupt chunk {key[:16]} on remote tier {name}: {exc}")

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from .statedir import touch_private
+
 _SECRET_PATTERNS = [
     # key=value or key: value for names that hold secrets (also quoted JSON/dict style)
     (re.compile(
@@ -105,6 +107,7 @@ def setup(level: str, log_path: Path | None, to_stderr: bool, fmt: str = "text")
     """Configure the root logger for the daemon (``fmt``: "text" or "json" on stderr)."""
     handlers: list[logging.Handler] = []
     if log_path is not None:
+        touch_private(log_path)  # 0600: the log names files and owners of the mount
         fh = logging.FileHandler(log_path)
         fh.setFormatter(RedactingFormatter(FILE_FORMAT))
         handlers.append(fh)

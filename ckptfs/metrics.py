@@ -19,11 +19,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
-import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .errors import CkptfsError
+from .statedir import write_private
+from .tiers.health import FAILING, HEALTHY, Health
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -53,6 +56,7 @@ LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
     0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )
+UPLOAD_RATE_WINDOW_S = 10.0  # the upload rate status shows: bytes uploaded over this window
 SAVE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
 
 FUSE_OP_SECONDS = Histogram(
@@ -111,6 +115,8 @@ _COUNTERS = {
     "heal_failures": "Repairs of bad chunk copies that failed",
     "copy_backs": "Chunks read from a remote tier only and copied to a local tier",
     "chunks_deleted": "Chunks deleted because nothing references them any more",
+    "deletions": "Chunk frames deleted from a tier by the deletion queue",
+    "deletion_failures": "Attempts of the deletion queue that failed (retried with backoff)",
 }
 
 
@@ -148,6 +154,7 @@ class Telemetry:
         self.facts: dict[str, Any] = {}
         self.mountpoint: str | None = None
         self.metrics_address: str | None = None
+        self.metrics_requested: str | None = None  # differs when the port was taken
         self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
         self._primed = False  # checkpoints committed before this daemon started: not observed
         self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
@@ -156,6 +163,7 @@ class Telemetry:
         self._rate_mark: tuple[float, float, float] | None = None
         self._rates = (0.0, 0.0)
         self._failing = False
+        self._uploaded: deque[tuple[float, int]] = deque()  # (monotonic, uploaded bytes)
 
     async def refresh(self) -> None:
         """Gather the facts (statvfs in a thread, catalog under the db limiter) and publish
@@ -181,8 +189,21 @@ class Telemetry:
             self._rates = ((written - self._rate_mark[1]) / dt, (read - self._rate_mark[2]) / dt)
         self._rate_mark = (now, written, read)
         budget = self.fs.budget
+        backlog = catalog_facts.get("backlog")
+        health = self._health(pending=bool(backlog and backlog["chunks"]))
+        if backlog is not None:
+            # The rate the daemon measures now, not the last one it published: 0 when
+            # nothing went up lately, and no ETA while it is 0 or a remote fails.
+            rate = self._upload_rate(now)
+            failing = [n for n, h in health.items() if h["kind"] != "local"
+                       and h["state"] != HEALTHY]
+            backlog["upload_rate_bytes_s"] = rate
+            backlog["remote_failing"] = failing
+            backlog["eta_s"] = 0.0 if not backlog["bytes"] else (
+                backlog["bytes"] / rate if rate > 0 and not failing else None)
         self.facts = {
             "capacity": capacity,
+            "health": health,
             **catalog_facts,
             "app": {"written_bytes": int(written), "read_bytes": int(read),
                     "write_bytes_per_s": round(self._rates[0]),
@@ -192,16 +213,54 @@ class Telemetry:
             "refreshed": time.time(),
         }
         stats = self.fs.store.stats
-        stats.tier_extra = {name: {"capacity": c} for name, c in capacity.items()}
+        stats.tier_extra = {name: {"capacity": c, **{k: v for k, v in health.get(name, {}).items()
+                                                     if k != "kind"}}
+                            for name, c in capacity.items()}
         stats.extra = {
             "mountpoint": self.mountpoint,
             "metrics": self.metrics_address,
+            "metrics_requested": self.metrics_requested,
             "backlog": self.facts.get("backlog"),
             "remote_durable": self.facts.get("remote_durable", {}),
             "checkpoint_states": self.facts.get("checkpoint_states", {}),
             "app": self.facts["app"],
             "memory": self.facts["memory"],
         }
+
+    def _upload_rate(self, now: float) -> float:
+        """Bytes/s uploaded over the last UPLOAD_RATE_WINDOW_S (0.0 if nothing was)."""
+        up = self.fs.uploader.uploaded_bytes
+        self._uploaded.append((now, up))
+        while len(self._uploaded) > 1 and now - self._uploaded[0][0] > UPLOAD_RATE_WINDOW_S:
+            self._uploaded.popleft()
+        t0, b0 = self._uploaded[0]
+        return round((up - b0) / (now - t0), 1) if now > t0 else 0.0
+
+    def _health(self, pending: bool) -> dict[str, dict[str, Any]]:
+        """Per tier, what the daemon knows now: a remote's failure streak (tiers/health.py),
+        its failing uploads and their retry while uploads are ``pending`` (a failure of a
+        job since cancelled says nothing), read errors (a degraded tier)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, ts in list(self.fs.store.stats.tiers.items()):
+            tier = self.fs.store.tiers.get(name)
+            h = getattr(tier, "health", None)
+            seen = h.snapshot() if isinstance(h, Health) else {}
+            failures = int(seen.get("consecutive_failures") or 0)
+            state, error, at = HEALTHY, seen.get("last_error"), seen.get("last_error_at")
+            if failures:
+                state = str(seen["state"])
+            elif ts.upload_error is not None and pending:
+                state = ts.upload_error_state or FAILING
+                error, at = ts.upload_error, ts.upload_error_at
+            elif ts.degraded is not None:
+                state, error, at = "degraded", ts.degraded, ts.degraded_since
+            out[name] = {
+                "kind": ts.kind, "state": state, "last_error": error, "last_error_at": at,
+                "consecutive_failures": failures, "last_ok_at": seen.get("last_ok_at"),
+                "backoff_s": ts.upload_backoff_s, "retry_at": ts.upload_retry_at,
+                "fenced": getattr(tier, "fenced", None),
+            }
+        return out
 
     def _capacity(self) -> dict[str, dict[str, Any]]:
         """Blocking: capacity of every tier (a remote reports only what ckptfs stored)."""
@@ -238,6 +297,12 @@ class Telemetry:
                 "eta_s": (b.bytes / rate) if rate and b.bytes else (0.0 if not b.bytes else None),
                 "uploaded_bytes": self.fs.uploader.uploaded_bytes,
             }
+        out["deletions"] = [
+            {"tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
+             "oldest_age_s": None if q.oldest_enqueued_ns is None
+             else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9)}
+            for q in cat.deletion_backlog()
+        ]
         rows = cat.checkpoints("/")
         states: dict[str, int] = {}
         latest: dict[str, dict[str, Any]] = {}
@@ -335,8 +400,10 @@ class FsCollector(Collector):
         reads = CounterMetricFamily("ckptfs_tier_reads", "Chunk reads from each tier", labels=labels)
         errs = CounterMetricFamily("ckptfs_tier_errors", "I/O errors of each tier", labels=labels)
         up = GaugeMetricFamily("ckptfs_tier_healthy",
-                               "1 if the tier is healthy, 0 while degraded (reads failed there)",
+                               "1 if the tier is healthy, 0 while degraded (reads failed there) "
+                               "or, for a remote, unreachable, refusing or failing uploads",
                                labels=labels)
+        health = facts.get("health", {})
         lat = GaugeMetricFamily("ckptfs_tier_read_latency_seconds",
                                 "Measured latency of small reads (moving average)", labels=labels)
         for name, ts in list(stats.tiers.items()):
@@ -345,7 +412,8 @@ class FsCollector(Collector):
             wb.add_metric(lv, ts.write_bytes)
             reads.add_metric(lv, ts.reads)
             errs.add_metric(lv, ts.errors)
-            up.add_metric(lv, 0 if ts.degraded else 1)
+            now_ok = health.get(name, {}).get("state", HEALTHY) == HEALTHY
+            up.add_metric(lv, 0 if ts.degraded or not now_ok else 1)
             lat.add_metric(lv, ts.latency_s)
         yield from (rb, wb, reads, errs, up, lat)
         total = GaugeMetricFamily("ckptfs_tier_capacity_bytes",
@@ -385,6 +453,7 @@ class FsCollector(Collector):
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
         yield from self._backlog(facts.get("backlog"))
+        yield from self._deletions(facts.get("deletions") or [])
         yield from self._checkpoints(facts)
         mem = facts.get("memory", {})
         yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
@@ -429,6 +498,25 @@ class FsCollector(Collector):
                                 value=math.nan if rate is None else rate)
 
     @staticmethod
+    def _deletions(queues: list[dict[str, Any]]) -> Iterator[Metric]:
+        n = GaugeMetricFamily("ckptfs_deletion_backlog",
+                              "Chunk frames waiting in the deletion queue, per tier", labels=["tier"])
+        b = GaugeMetricFamily("ckptfs_deletion_backlog_bytes",
+                              "Bytes of chunk frames waiting in the deletion queue, per tier",
+                              labels=["tier"])
+        f = GaugeMetricFamily("ckptfs_deletion_retrying",
+                              "Queued deletions whose last attempt failed, per tier", labels=["tier"])
+        for q in queues:
+            n.add_metric([q["tier"]], q["chunks"])
+            b.add_metric([q["tier"]], q["bytes"])
+            f.add_metric([q["tier"]], q["failing"])
+        yield from (n, b, f)
+        ages = [q["oldest_age_s"] for q in queues if q["oldest_age_s"] is not None]
+        yield GaugeMetricFamily("ckptfs_deletion_backlog_oldest_age_seconds",
+                                "Age of the oldest queued deletion (0 when none)",
+                                value=max(ages) if ages else 0.0)
+
+    @staticmethod
     def _checkpoints(facts: dict[str, Any]) -> Iterator[Metric]:
         st = GaugeMetricFamily("ckptfs_checkpoints", "Checkpoints known to the catalog, by state",
                                labels=["state"])
@@ -471,9 +559,7 @@ class MetricsServer:
             raise
         self.address = join_address(host, self._server.server_port)
         self.telemetry.metrics_address = self.address
-        tmp = self.state_dir / (ADDR_FILE + ".tmp")
-        tmp.write_text(self.address + "\n")
-        os.replace(tmp, self.state_dir / ADDR_FILE)
+        write_private(self.state_dir / ADDR_FILE, self.address + "\n")
         return self.address
 
     def stop(self) -> None:
@@ -497,13 +583,27 @@ def serve(address: str, telemetry: Telemetry, state_dir: Path) -> MetricsServer 
     if not address:
         log.info("metrics disabled (metrics_address = \"\")")
         return None
+    telemetry.metrics_requested = address
     server = MetricsServer(address, telemetry, state_dir)
     try:
         bound = server.start()
     except OSError as exc:
-        log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
-                    exc.strerror or exc)
-        return None
+        host, port = split_address(address)
+        if exc.errno != errno.EADDRINUSE or port == 0:
+            log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
+                        exc.strerror or exc)
+            return None
+        # A second daemon on this node (another mount) with the default port: serve on a
+        # free port of the same host rather than not at all; metrics.addr and status say where.
+        server = MetricsServer(join_address(host, 0), telemetry, state_dir)
+        try:
+            bound = server.start()
+        except OSError as exc2:
+            log.warning("metrics: cannot listen on %s (%s); serving without metrics",
+                        address, exc2.strerror or exc2)
+            return None
+        log.warning("metrics: port %d on %s is taken (another daemon?); serving on %s "
+                    "instead (see STATE_DIR/%s, ckptfs status)", port, host, bound, ADDR_FILE)
     log.info("metrics at http://%s/metrics", bound)
     return server
 

@@ -19,15 +19,15 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 import trio
 
-from . import __version__, service
+from . import __version__, preflight, service, statedir
 from .catalog import Catalog
 from .config import Config, S3TierConfig, TierConfig
-from .errors import CkptfsError, InvalidArgument, PermanentTierError, TierError
+from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
 from .tiers.base import Tier
 from .tiers.local import LocalTier
@@ -122,18 +122,15 @@ def clean_stale_mount(mountpoint: Path, state_dir: Path) -> None:
 
 @contextlib.contextmanager
 def state_lock(state_dir: Path) -> Iterator[None]:
-    """Exclusive lock on the state dir: one daemon (or one fsck) per catalog."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    """Exclusive lock on the state dir: one daemon (or one fsck) per catalog. A state dir
+    in use is refused with UsageError (exit 2)."""
+    statedir.ensure_state_dir(state_dir)
+    fd = statedir.open_private(state_dir / "lock", os.O_RDWR)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = read_pid(state_dir)
-            raise MountError(
-                f"state dir {state_dir} is in use by another ckptfs process"
-                + (f" (pid {pid})" if pid else "")
-            ) from None
+            raise preflight.state_dir_busy(state_dir, read_pid(state_dir)) from None
         yield
     finally:
         os.close(fd)
@@ -143,7 +140,7 @@ def wait_unlocked(state_dir: Path, timeout: float) -> bool:
     """Wait until no process holds the state dir's lock (the daemon has exited; a zombie
     counts as exited). Returns False on timeout."""
     deadline = time.monotonic() + timeout
-    fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = statedir.open_private(state_dir / "lock", os.O_RDWR)
     try:
         while True:
             try:
@@ -172,11 +169,15 @@ def open_tiers(cfg: Config) -> list[Tier]:
         tier.open()
         tiers.append(tier)
     for rc in cfg.remote_tiers:
-        from .tiers.s3 import S3Tier  # boto3 loads only when a remote tier is configured
+        # boto3 loads only when a remote tier is configured
+        from .tiers.s3 import NoSuchBucket, ReadOnlyCredentials, S3Tier
 
         remote = S3Tier(rc)
         try:
             remote.check()
+            remote.probe_write()
+        except (NoSuchBucket, ReadOnlyCredentials) as exc:
+            raise UsageError(f"remote {exc}") from exc
         except PermanentTierError as exc:
             # Training must not stop for the remote: mount, keep data local, say why.
             log.error("remote tier %s unusable: %s; chunks stay local until it is fixed",
@@ -231,7 +232,7 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
         )
 
 
-def tier_record(t: TierConfig | S3TierConfig) -> dict[str, str]:
+def tier_record(t: TierConfig | S3TierConfig) -> dict[str, Any]:
     """What the catalog remembers of a tier (a remount with only --state-dir uses it)."""
     if isinstance(t, S3TierConfig):
         rec = {"name": t.name, "kind": "s3", "bucket": t.bucket, "prefix": t.prefix,
@@ -240,7 +241,11 @@ def tier_record(t: TierConfig | S3TierConfig) -> dict[str, str]:
         if t.endpoint_url:
             rec["endpoint_url"] = t.endpoint_url
         return rec
-    return {"name": t.name, "kind": t.kind, "path": str(t.path), "location": t.location}
+    local: dict[str, Any] = {"name": t.name, "kind": t.kind, "path": str(t.path),
+                             "location": t.location}
+    if t.allow_shared_device:  # a remount with only --state-dir keeps the decision
+        local["allow_shared_device"] = True
+    return local
 
 
 def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
@@ -277,15 +282,25 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
 
 
 def run_mount(
-    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], *, takeover: bool = False
+    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], *, takeover: bool = False,
+    nonempty: bool = False,
 ) -> int:
     """Mount and serve until unmounted. ``on_ready(None)`` once live, ``on_ready(msg)`` on
-    a setup failure. Returns the process exit code. ``takeover``: take the writer lease of
-    the remote prefixes even from a live holder (upload/lease.py)."""
+    a setup failure. Returns the process exit code (2: refused, bad input; 1: failed).
+    ``takeover``: take the writer lease of the remote prefixes even from a live holder
+    (upload/lease.py). ``nonempty``: mount over a directory that has entries."""
     mountpoint = mountpoint.absolute()
+    # Everything the daemon creates in the state dir and the tiers is private (0600/0700),
+    # whatever umask it was started with.
+    os.umask(0o077)
     try:
         with state_lock(cfg.state_dir):
-            return _serve_locked(cfg, mountpoint, on_ready, takeover)
+            return _serve_locked(cfg, mountpoint, on_ready, takeover, nonempty)
+    except UsageError as exc:
+        log.error("mount refused: %s", exc)
+        service.notify(f"STATUS=mount refused: {exc}")
+        on_ready(str(exc))
+        return 2
     except CkptfsError as exc:
         log.error("mount failed: %s", exc)
         service.notify(f"STATUS=mount failed: {exc}")
@@ -298,13 +313,19 @@ def run_mount(
 
 
 def _serve_locked(
-    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], takeover: bool = False
+    cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], takeover: bool = False,
+    nonempty: bool = False,
 ) -> int:
     clean_stale_mount(mountpoint, cfg.state_dir)
-    if not mountpoint.is_dir():
-        raise MountError(f"mountpoint {mountpoint} is not a directory")
-    if find_mount(mountpoint) is not None:
-        raise MountError(f"{mountpoint} is already a mount point")
+    check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
+    shared = preflight.prepare_local_tiers(cfg.tiers)
+    if shared:
+        log.info("local tiers on one device (allowed by allow_shared_device): %s",
+                 ", ".join(sorted(shared)))
+    fixed = statedir.make_private(cfg.state_dir)
+    if fixed:
+        log.info("state dir %s made private (0700, files 0600): %s", cfg.state_dir,
+                 ", ".join(fixed))
     tiers = open_tiers(cfg)
     leases = take_writer_leases(cfg.state_dir, tiers, takeover)  # LeaseConflict: refused
     try:
@@ -335,6 +356,11 @@ def _serve_tiers(
         restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
     catalog = Catalog(cfg.catalog_path)
     try:
+        # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
+        # have been made just now, or restored from a snapshot.
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{cfg.catalog_path}{suffix}", statedir.FILE_MODE)
         chunk_size = reconcile_catalog(catalog, cfg)
         fs = Filesystem(
             catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
@@ -348,16 +374,13 @@ def _serve_tiers(
             high_watermark=cfg.local_high_watermark,
             remote_compression=cfg.remote_compression,
         )
-        options = set(pyfuse3.default_options)
-        options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
-        if cfg.allow_other:
-            options.add("allow_other")
+        options = fuse_options(cfg)
         try:
             pyfuse3.init(FuseOps(fs), str(mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
         pid_file = cfg.state_dir / "daemon.pid"
-        pid_file.write_text(f"{os.getpid()}\n")
+        statedir.write_private(pid_file, f"{os.getpid()}\n")
         records = [tier_record(t) for t in cfg.tiers] + [tier_record(t) for t in cfg.remote_tiers]
         log.info(
             "ckptfs %s mounted at %s: tiers %s, chunk size %d, state %s",
@@ -385,6 +408,21 @@ def _serve_tiers(
         catalog.close()
 
 
+def fuse_options(cfg: Config) -> set[str]:
+    """The FUSE mount options: pyfuse3's defaults (default_permissions), our names,
+    allow_other as configured."""
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
+    if cfg.allow_other:
+        options.add("allow_other")
+    if not cfg.default_permissions:
+        options.discard("default_permissions")
+        if cfg.allow_other:
+            log.warning("allow_other without default_permissions: every user may read and "
+                        "write every file (ckptfs does not check the mode bits itself)")
+    return options
+
+
 def _detectors(cfg: Config) -> object | None:
     if not cfg.checkpoints:
         return None
@@ -394,11 +432,12 @@ def _detectors(cfg: Config) -> object | None:
 
 
 def _invalidate_entry(parent: int, name: bytes) -> None:
-    try:
-        pyfuse3.invalidate_entry(pyfuse3.InodeT(parent), pyfuse3.FileNameT(name))
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            log.warning("could not invalidate a name in the kernel: %s", exc)
+    # Queued, not waited for: retention deletes while `ckptfs gc PATH` (a setxattr on PATH,
+    # whose inode the kernel holds locked) waits for it, and the kernel takes the parent's
+    # lock to drop the name: a synchronous invalidation there would never return.
+    pyfuse3.invalidate_entry_async(
+        pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
+    )
 
 
 def _invalidate_inode(ino: int) -> None:
@@ -451,11 +490,24 @@ async def _watch_signals() -> None:
             return
 
 
-def check_mountpoint(mountpoint: Path) -> None:
-    """Cheap checks the CLI does before it starts a daemon."""
-    if is_stale(mountpoint):
-        return  # the daemon cleans it up
-    if not mountpoint.exists():
-        raise InvalidArgument(f"mountpoint {mountpoint} does not exist")
-    if not mountpoint.is_dir():
-        raise InvalidArgument(f"mountpoint {mountpoint} is not a directory")
+def check_mountpoint(mountpoint: Path, state_dir: Path, *, nonempty: bool = False) -> None:
+    """The mount point exists, is a directory, is empty (unless ``nonempty``) and nothing
+    is mounted there; a dead mount, or one of this state dir (whose daemon, as the free
+    lock says, is gone), is left for the daemon to detach. Raises UsageError."""
+    mountpoint = mountpoint.absolute()
+    found = find_mount(mountpoint)
+    if found is not None and found != (fsname(state_dir), FSTYPE) and not is_stale(mountpoint):
+        raise UsageError(f"{mountpoint} is already a mount point ({found[1]} {found[0]})")
+    if found is None:
+        preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
+
+
+def check_before_spawn(cfg: Config, mountpoint: Path, *, nonempty: bool) -> None:
+    """What ``ckptfs mount`` refuses before it starts a daemon (exit 2 at once); the
+    daemon checks again under the state dir's lock."""
+    mountpoint = mountpoint.absolute()
+    if find_mount(mountpoint) is None:
+        preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
+    preflight.check_state_dir_free(cfg.state_dir, read_pid(cfg.state_dir))
+    check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
+    preflight.prepare_local_tiers(cfg.tiers, create=False)

@@ -232,11 +232,13 @@ class Reader:
 
     def _read_file(self, path: Path) -> None:
         # The daemon stages the file itself (fetch, verify, write locally) and returns when
-        # done; reading through the mount is the fallback for an older daemon.
+        # done; reading through the mount is the fallback for an older daemon, and for a
+        # reader who does not own the file (control xattrs are the owner's: EPERM).
         try:
             os.setxattr(path, "user.ckptfs.prefetch", b"1", follow_symlinks=False)
         except OSError as exc:
-            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL):
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM,
+                                 errno.EACCES):
                 raise
         else:
             with self._lock:

@@ -44,8 +44,17 @@ def resolve_state_dir(path: Path | None, state_dir: str | None) -> Path:
     return default_state_dir()
 
 
+def state_dir_readable(state_dir: Path) -> bool:
+    return os.access(state_dir, os.R_OK | os.X_OK)
+
+
 def open_catalog(state_dir: Path) -> Catalog:
     db = state_dir / "catalog.sqlite"
+    if state_dir.is_dir() and not state_dir_readable(state_dir):
+        raise CkptfsError(
+            f"cannot read the state dir {state_dir}: it is private to the user the daemon "
+            "runs as (mode 0700); run this as that user or root"
+        )
     if not db.exists():
         raise CkptfsError(f"no catalog at {db}")
     return Catalog(db, readonly=True)

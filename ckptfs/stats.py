@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .statedir import write_private
+
 EWMA = 0.2  # weight of the newest observation
 REMOTE_PENALTY = 3.0
 BIG_READ = 1 << 20  # reads at least this large measure throughput; smaller ones, latency
@@ -36,6 +38,12 @@ class TierStats:
     errors: int = 0
     degraded: str | None = None  # why the tier is avoided (an I/O error, a missing dir)
     degraded_since: float | None = None
+    # The uploader's view of a remote tier: its last upload failed (and how), the retry.
+    upload_error: str | None = None
+    upload_error_state: str | None = None  # tiers/health.py state_of() the error
+    upload_error_at: float | None = None
+    upload_backoff_s: float | None = None
+    upload_retry_at: float | None = None  # wall clock of that job's next attempt
 
     def expected_s(self, nbytes: int) -> float:
         return self.latency_s + nbytes * self.s_per_byte
@@ -49,6 +57,9 @@ class TierStats:
             "read_mb_s": round(1 / self.s_per_byte / 1e6, 1) if self.s_per_byte > 0 else None,
             "state": "degraded" if self.degraded else "healthy",
             "degraded_reason": self.degraded,
+            "upload_error": self.upload_error, "upload_error_state": self.upload_error_state,
+            "upload_error_at": self.upload_error_at, "upload_backoff_s": self.upload_backoff_s,
+            "upload_retry_at": self.upload_retry_at,
         }
 
 
@@ -111,6 +122,22 @@ class Stats:
                 t.degraded = None
                 t.degraded_since = None
 
+    def record_upload_failure(self, tier: str, why: str, state: str, backoff_s: float) -> None:
+        t = self.tiers.get(tier)
+        if t is None:
+            return
+        now = time.time()
+        with self._lock:
+            t.upload_error, t.upload_error_state, t.upload_error_at = why[:500], state, now
+            t.upload_backoff_s, t.upload_retry_at = backoff_s, now + backoff_s
+
+    def record_upload_ok(self, tier: str) -> None:
+        t = self.tiers.get(tier)
+        if t is not None and t.upload_error is not None:
+            with self._lock:
+                t.upload_error = t.upload_error_state = None
+                t.upload_backoff_s = t.upload_retry_at = None
+
     def is_degraded(self, tier: str) -> bool:
         t = self.tiers.get(tier)
         return t is not None and t.degraded is not None
@@ -141,9 +168,7 @@ class Stats:
 
     def write(self, path: Path) -> None:
         """Blocking: replace ``path`` with the current snapshot (atomically)."""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.snapshot(), indent=1) + "\n")
-        os.replace(tmp, path)
+        write_private(path, json.dumps(self.snapshot(), indent=1) + "\n")
 
 
 def read_stats(state_dir: Path) -> dict[str, Any] | None:

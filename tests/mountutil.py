@@ -55,7 +55,9 @@ class Mount:
         return p.read_text(errors="replace") if p.exists() else ""
 
     def args(self) -> list[str]:
-        a = ["--state-dir", str(self.state_dir)]
+        # Every test tier is a directory on this machine's one disk: say that sharing a
+        # device is meant (ckptfs refuses it otherwise).
+        a = ["--state-dir", str(self.state_dir), "--allow-shared-device"]
         for d in self.locals:
             a += ["--local", str(d)]
         extra = list(self.extra_args)

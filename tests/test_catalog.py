@@ -1,6 +1,7 @@
 """Catalog namespace and extent logic, without a mount."""
 
 import errno
+import sqlite3
 import stat
 from pathlib import Path
 
@@ -8,7 +9,11 @@ import pytest
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.chunks import frame
 from ckptfs.errors import CkptfsError
+from ckptfs.mount import restore_catalog
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.upload.uploader import SNAPSHOT_NAME
 
 R = ROOT_INODE
 F = stat.S_IFREG | 0o644
@@ -130,3 +135,119 @@ def test_adopting_a_snapshot_drops_files_whose_upload_was_pending(cat: Catalog) 
     assert _errno(cat.lookup, d.ino, b"pending.pt") == errno.ENOENT
     assert cat.extents(done.ino)[0].tiers == ("remote0",)
     assert cat.backlog().chunks == 0
+
+
+# --------------------------------------------------------------------------- schema migration
+
+# The inodes table as schema version 1 made it (before rdev); version 1 had no xattrs table.
+_V1_INODES = """
+CREATE TABLE inodes (
+    ino      INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode     INTEGER NOT NULL,
+    uid      INTEGER NOT NULL,
+    gid      INTEGER NOT NULL,
+    size     INTEGER NOT NULL DEFAULT 0,
+    nlink    INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    target   BLOB
+);
+"""
+
+
+def make_v1(path: Path) -> None:
+    """Turn a catalog into what schema version 1 wrote: the version-1 inodes table, no
+    xattrs table, schema_version 1."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("ALTER TABLE inodes RENAME TO inodes_v2")
+        conn.execute(_V1_INODES)
+        conn.execute("INSERT INTO inodes SELECT ino, mode, uid, gid, size, nlink, atime_ns, "
+                     "mtime_ns, ctime_ns, target FROM inodes_v2")
+        conn.execute("DROP TABLE inodes_v2")
+        conn.execute("DROP TABLE xattrs")
+        conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_version_1_catalog_is_migrated_to_2(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    c = Catalog(path)
+    d = c.create(R, b"d", D, 0, 0)
+    f = c.create(d.ino, b"f", F, 7, 8)
+    c.create(R, b"ln", stat.S_IFLNK | 0o777, 0, 0, b"d/f")
+    c.close()
+    make_v1(path)
+    conn = sqlite3.connect(path)
+    assert "rdev" not in {r[1] for r in conn.execute("PRAGMA table_info(inodes)")}
+    conn.close()
+    c = Catalog(path)
+    try:
+        assert c.get_meta("schema_version") == "2"
+        got = c.lookup(d.ino, b"f")
+        assert (got.ino, got.uid, got.gid, got.mode, got.rdev) == (f.ino, 7, 8, F, 0)
+        assert c.get_inode(c.lookup(R, b"ln").ino).target == b"d/f"
+        dev = c.create(R, b"dev", stat.S_IFCHR | 0o600, 0, 0, None, 0x0103)
+        assert c.get_inode(dev.ino).rdev == 0x0103
+        c.set_xattr(f.ino, b"user.k", b"v")
+        assert c.get_xattr(f.ino, b"user.k") == b"v"
+    finally:
+        c.close()
+    c = Catalog(path)  # opening a version-2 catalog again changes nothing
+    assert c.get_meta("schema_version") == "2" and c.get_inode(dev.ino).rdev == 0x0103
+    c.close()
+
+
+def test_newer_catalog_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    Catalog(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CkptfsError, match="schema version 99"):
+        Catalog(path)
+
+
+def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> None:
+    """A catalog snapshot a version-1 daemon uploaded restores on a new node."""
+    src = tmp_path / "old.sqlite"
+    c = Catalog(src)
+    c.set_meta("tiers", '[{"name": "remote0", "kind": "s3"}]')
+    f = c.create(R, b"f", F, 0, 0)
+    c.close()
+    make_v1(src)
+    data = src.read_bytes()
+    remote = MemoryTier("remote0", kind="s3")
+    digest = frame.digest_of(data)
+    remote.put_meta(SNAPSHOT_NAME, b"".join(bytes(p) for p in frame.encode([data], digest)))
+    dest = tmp_path / "new" / "catalog.sqlite"
+    dest.parent.mkdir()
+    restore_catalog(dest, [remote])  # type: ignore[list-item]
+    c = Catalog(dest)
+    try:
+        assert c.get_meta("schema_version") == "2"
+        assert c.lookup(R, b"f").ino == f.ino
+        assert c.list_xattrs(f.ino) == []
+    finally:
+        c.close()
+
+
+def test_xattrs_in_the_catalog(cat: Catalog) -> None:
+    f = cat.create(R, b"f", F, 0, 0)
+    t0 = cat.get_inode(f.ino).ctime_ns
+    assert cat.set_xattr(f.ino, b"user.b", b"2").ctime_ns >= t0
+    cat.set_xattr(f.ino, b"user.a", b"1")
+    assert cat.list_xattrs(f.ino) == [b"user.a", b"user.b"]
+    assert _errno(lambda: cat.set_xattr(f.ino, b"user.a", b"x", create=True)) == errno.EEXIST
+    assert _errno(lambda: cat.set_xattr(f.ino, b"user.c", b"x", replace_only=True)) == errno.ENODATA
+    assert cat.xattr_inodes() == {f.ino}
+    cat.remove_xattr(f.ino, b"user.a")
+    assert _errno(cat.remove_xattr, f.ino, b"user.a") == errno.ENODATA
+    cat.unlink(R, b"f")
+    cat.delete_inode(f.ino)
+    assert cat.xattr_inodes() == set()

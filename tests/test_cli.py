@@ -192,7 +192,7 @@ def test_bad_chunk_size_argument(tmp_path: Path, value: str) -> None:
 def test_mount_nonexistent_mountpoint(tmp_path: Path) -> None:
     mnt = tmp_path / "does" / "not" / "exist"
     res = run_cli("mount", str(mnt), "--state-dir", str(tmp_path / "s"), timeout=60)
-    assert_clean_error(res, str(mnt), code=None)
+    assert_clean_error(res, str(mnt), "does not exist", code=2)
     assert not mnt.exists()
     pidfile = tmp_path / "s" / "daemon.pid"
     if pidfile.exists():
@@ -204,7 +204,7 @@ def test_mount_on_a_regular_file(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("x")
     res = run_cli("mount", str(f), "--state-dir", str(tmp_path / "s"), timeout=60)
-    assert_clean_error(res, str(f), code=None)
+    assert_clean_error(res, str(f), "not a directory", code=2)
     assert not is_mounted(f)
 
 
@@ -261,7 +261,7 @@ def test_double_mount_refused(tmp_path: Path) -> None:
             "mount", str(m.mountpoint), "--state-dir", str(other), "--local", str(tmp_path / "t2")
         )
         try:
-            assert_clean_error(res, str(m.mountpoint), code=None)
+            assert_clean_error(res, str(m.mountpoint), "already a mount point", code=2)
         finally:
             pidfile = other / "daemon.pid"
             if res.returncode == 0 and pidfile.exists():
@@ -278,7 +278,7 @@ def test_same_state_dir_twice_refused(tmp_path: Path) -> None:
         mnt2.mkdir()
         res = run_cli("mount", str(mnt2), *m.args(), timeout=60)
         try:
-            assert_clean_error(res, code=None)
+            assert_clean_error(res, str(m.state_dir), "in use", f"pid {m.pid}", code=2)
         finally:
             if is_mounted(mnt2):
                 run_cli("umount", str(mnt2))
@@ -299,6 +299,7 @@ def test_foreground_mount(tmp_path: Path) -> None:
             str(state),
             "--local",
             str(tmp_path / "t0"),
+            "--create",
             "--foreground",
         ),
         stdout=subprocess.PIPE,
@@ -379,7 +380,7 @@ def test_stale_mount_cleaned_once_detectable(tmp_path: Path) -> None:
 def test_umount_not_mounted(tmp_path: Path) -> None:
     d = tmp_path / "plain"
     d.mkdir()
-    assert_clean_error(run_cli("umount", str(d)), str(d), code=None)
+    assert_clean_error(run_cli("umount", str(d)), str(d), code=2)
 
 
 @needs_fuse
@@ -413,3 +414,318 @@ def test_fsck_clean_after_normal_use(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
     res = run_cli("fsck", "--state-dir", str(tmp_path / "state"), "--repair")
     assert res.returncode == 0, f"{res.returncode}\n{res.stdout}{res.stderr}"
+
+
+# --------------------------------------------------------------------------- refusals (exit 2)
+
+
+def refused(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, one clear line naming every needle, no traceback."""
+    assert_clean_error(res, *needles, code=2)
+    assert_one_line(res)
+
+
+@needs_fuse
+def test_missing_tier_directory_refused_unless_create(tmp_path: Path) -> None:
+    """An unmounted NVMe: its mount point directory (or a path below it) is missing. The
+    mount is refused rather than fill the disk below; ``create = true`` opts in."""
+    mnt, state = tmp_path / "mnt", tmp_path / "state"
+    mnt.mkdir()
+    gone = tmp_path / "nvme1" / "ckptfs"
+    res = run_cli("mount", str(mnt), "--state-dir", str(state), "--local", str(gone))
+    refused(res, "--local", str(gone), "does not exist", "--create")
+    cfg = tmp_path / "ckptfs.toml"
+    text = f'metrics_address = ""\n[[tier]]\nname = "nvme1"\nkind = "local"\npath = "{gone}"\n'
+    cfg.write_text(text)
+    res = run_cli("mount", str(mnt), "--config", str(cfg), "--state-dir", str(state))
+    refused(res, "tier[0].path", str(gone), "tier[0].create = true")
+    assert not gone.exists() and not is_mounted(mnt)
+    cfg.write_text(text + "create = true\n")
+    m = Mount(mnt, state, [], ("--config", str(cfg)))
+    try:
+        m.start()
+        (mnt / "f").write_bytes(os.urandom(300_000))
+        assert gone.is_dir() and gone.stat().st_mode & 0o777 == 0o700
+        assert list((gone / "chunks").glob("*/*")), "no chunk on the created tier"
+        m.stop()
+        # The device is gone again: a remount with the recorded tiers is refused too.
+        for p in sorted(gone.rglob("*"), reverse=True):
+            p.rmdir() if p.is_dir() else p.unlink()
+        gone.rmdir()
+        res = run_cli("mount", str(mnt), "--state-dir", str(state), "--metrics-address", "")
+        refused(res, "tier nvme1 (recorded in the catalog)", str(gone), "--create")
+        assert not is_mounted(mnt)
+    finally:
+        m.cleanup()
+
+
+@needs_fuse
+def test_tiers_on_one_device_refused_unless_allowed_and_shown_in_status(tmp_path: Path) -> None:
+    import json
+
+    base = tmp_path / "refuse"
+    (base / "mnt").mkdir(parents=True)
+    for d in ("a", "b"):
+        (base / d).mkdir()
+    res = run_cli("mount", str(base / "mnt"), "--state-dir", str(base / "state"),
+                  "--local", str(base / "a"), "--local", str(base / "b"), "--metrics-address", "")
+    refused(res, "--local", str(base / "a"), "same device as tier local1", "--allow-shared-device")
+    assert not is_mounted(base / "mnt")
+    with mounted(tmp_path, n_local=2) as m:  # Mount passes --allow-shared-device
+        st = json.loads(run_cli("status", str(m.mountpoint), "--json").stdout)
+        assert {t["name"]: t["shares_device_with"] for t in st["tiers"]} == {
+            "local0": ["local1"], "local1": ["local0"]}
+        plain = run_cli("status", str(m.mountpoint)).stdout
+        assert "tier local0: " in plain and "shares its device with local1" in plain, plain
+        m.stop()
+        # The allowance is recorded: a remount with only --state-dir keeps it.
+        res = run_cli("mount", str(m.mountpoint), "--state-dir", str(m.state_dir),
+                      "--metrics-address", "")
+        assert res.returncode == 0, res.stderr
+        m.pid = int((m.state_dir / "daemon.pid").read_text())
+        m._started.append(m.pid)
+        m.stop()
+
+
+@needs_fuse
+def test_nonempty_mountpoint_refused_unless_nonempty(tmp_path: Path) -> None:
+    mnt, state = tmp_path / "mnt", tmp_path / "state"
+    mnt.mkdir()
+    (mnt / "precious").write_text("kept")
+    res = run_cli("mount", str(mnt), "--state-dir", str(state), "--metrics-address", "")
+    refused(res, str(mnt), "not empty", "precious", "--nonempty")
+    assert not is_mounted(mnt)
+    m = Mount(mnt, state, [], ("--nonempty", "--metrics-address", ""))
+    try:
+        m.start()
+        assert not (mnt / "precious").exists()  # hidden by the mount
+        (mnt / "new").write_bytes(b"x")
+        m.stop()
+        assert (mnt / "precious").read_text() == "kept"
+    finally:
+        m.cleanup()
+
+
+@needs_fuse
+def test_fsck_on_a_mounted_state_dir_exit_2(tmp_path: Path) -> None:
+    with mounted(tmp_path, n_local=1) as m:
+        res = run_cli("fsck", "--state-dir", str(m.state_dir))
+        refused(res, str(m.state_dir), "in use", f"pid {m.pid}")
+
+
+@needs_fuse
+def test_missing_bucket_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from s3server import ACCESS_KEY, SECRET_KEY
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    url = f"s3://no-such-bucket-ckptfs/p?endpoint={seaweed.endpoint}"
+    res = run_cli("mount", str(mnt), "--state-dir", str(tmp_path / "state"), "--remote", url,
+                  "--metrics-address", "")
+    refused(res, "remote0", "'no-such-bucket-ckptfs' does not exist")
+    assert not is_mounted(mnt)
+
+
+@needs_fuse
+def test_read_only_credentials_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Credentials that may read and list but not write (the server's reader identity):
+    the write probe at mount finds it; nothing is left under the prefix."""
+    import uuid
+
+    from s3server import READER_ACCESS_KEY, READER_SECRET_KEY
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", READER_ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READER_SECRET_KEY)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    prefix = f"ro-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}"
+    res = run_cli("mount", str(mnt), "--state-dir", str(tmp_path / "state"), "--remote", url,
+                  "--metrics-address", "")
+    refused(res, "remote0", f"can read s3://{seaweed.bucket}/{prefix} but not write")
+    assert not is_mounted(mnt)
+    client = seaweed.client()
+    try:
+        listed = client.list_objects_v2(Bucket=seaweed.bucket, Prefix=prefix + "/")
+    finally:
+        client.close()
+    assert not listed.get("Contents"), "the probe (or anything) was left in the bucket"
+
+
+@needs_fuse
+def test_metrics_port_taken_serves_on_a_free_port(tmp_path: Path) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    from mountutil import wait_until as wait_for
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        wanted = f"127.0.0.1:{port}"
+        with mounted(tmp_path, n_local=1, extra_args=("--metrics-address", wanted)) as m:
+            def served() -> dict[str, object] | None:
+                st = json.loads(run_cli("status", str(m.mountpoint), "--json").stdout)
+                return st if st["metrics"] else None
+
+            st = wait_for(served, 30, "status naming the metrics address")
+            assert st["metrics"] != wanted and str(st["metrics"]).startswith("127.0.0.1:")
+            assert st["metrics_requested"] == wanted
+            assert (m.state_dir / "metrics.addr").read_text().strip() == st["metrics"]
+            with urllib.request.urlopen(str(st["metrics_url"]), timeout=10) as resp:
+                assert b"ckptfs_info" in resp.read()
+            assert f"port {port} on 127.0.0.1 is taken" in m.log
+            plain = run_cli("status", str(m.mountpoint)).stdout
+            assert f"metrics: {st['metrics_url']} ({wanted} was taken)" in plain, plain
+
+
+# --------------------------------------------------------------------------- private state
+
+
+def _modes(state: Path) -> dict[str, int]:
+    return {str(p.relative_to(state)) or ".": p.stat().st_mode & 0o777
+            for p in [state, *state.iterdir()]}
+
+
+@needs_fuse
+def test_state_dir_and_chunk_dirs_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    m = Mount(tmp_path / "mnt", state, [])  # the embedded default tier, in the state dir
+    old = os.umask(0)  # the CLI and the daemon inherit it: modes must not depend on it
+    try:
+        m.start()
+        (m.mountpoint / "a.bin").write_bytes(os.urandom(600_000))
+        wait_until(lambda: (state / "stats.json").exists() and (state / "metrics.addr").exists(),
+                   30, "stats.json and metrics.addr")
+        modes = _modes(state)
+        for name in ("catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm",
+                     "ckptfs.log", "stats.json", "daemon.pid", "lock", "metrics.addr"):
+            assert modes.get(name) == 0o600, (name, oct(modes.get(name, 0)), modes)
+        assert modes["."] == 0o700 and modes["tiers"] == 0o700, modes
+        tier = state / "tiers" / "local0"
+        dirs = [tier, tier / "chunks", tier / "tmp", *(tier / "chunks").iterdir()]
+        assert len(dirs) > 3
+        assert all(d.stat().st_mode & 0o777 == 0o700 for d in dirs), [
+            (str(d), oct(d.stat().st_mode)) for d in dirs]
+        m.stop()
+        # A state dir from an older version (0755, files 0644): fixed at mount, and logged.
+        os.chmod(state, 0o755)
+        for p in state.iterdir():
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+        sub = next((tier / "chunks").iterdir())
+        os.chmod(sub, 0o755)
+        m.start()
+        modes = _modes(state)
+        assert modes["."] == 0o700 and modes["tiers"] == 0o700
+        assert all(v == 0o600 for k, v in modes.items() if (state / k).is_file()), modes
+        assert sub.stat().st_mode & 0o777 == 0o700
+        fixed = [ln for ln in m.log.splitlines() if "made private" in ln]
+        assert len(fixed) == 1 and " INFO " in fixed[0], fixed
+        assert ". 0755->0700" in fixed[0] and "catalog.sqlite 0644->0600" in fixed[0], fixed
+        m.stop()
+    finally:
+        os.umask(old)
+        m.cleanup()
+
+
+# --------------------------------------------------------------------------- control xattrs
+
+
+USER = 4242  # no such user needed: a uid that is not root and not the owner
+
+
+def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
+    """setxattr in a child process that dropped to ``uid``; returns 0 or the errno."""
+    pid = os.fork()
+    if pid == 0:  # the child: only syscalls, then _exit
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.setxattr(path, name, value)
+        except OSError as exc:
+            code = exc.errno or 1
+        except BaseException:
+            code = 250
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@needs_fuse
+def test_control_xattrs_only_for_the_owner_and_gc_only_under_path(tmp_path: Path) -> None:
+    """On an allow_other mount, a user who owns one run directory may apply retention to
+    it, but not to another user's run, and may not tag what it does not own."""
+    import json
+    import shutil
+    import tempfile
+
+    from mountutil import wait_until as wait_for
+    from test_checkpoints import hf_save
+
+    max_age = 6.0
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "256KiB"\nallow_other = true\nmetrics_address = "127.0.0.1:0"\n'
+                   f'[[retention]]\npath = "/*"\nkeep = 5\nmax_age = {max_age}\n')
+    # The mount point must be reachable by USER: not under pytest's 0700 tmp dirs.
+    top = Path(tempfile.mkdtemp(prefix="ckptfs-ctl-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    tier = tmp_path / "tier0"
+    tier.mkdir()
+    m = Mount(top / "mnt", tmp_path / "state", [tier], ("--config", str(cfg)))
+    try:
+        m.start()
+        mine, theirs = m.mountpoint / "run_b", m.mountpoint / "run_a"
+        for run in (theirs, mine):
+            run.mkdir()
+            os.chmod(run, 0o777)  # anyone may write here: the owner check is what refuses
+        os.chown(mine, USER, USER)
+        for step in (1, 2):
+            for run in (theirs, mine):
+                hf_save(run, step, os.urandom(50_000))
+        os.chmod(theirs / "checkpoint-2", 0o777)
+        os.chmod(mine / "checkpoint-1", 0o777)
+        os.chown(mine / "checkpoint-2", USER, USER)
+
+        def states() -> dict[str, str]:
+            res = run_cli("ls", str(m.mountpoint), "--json")
+            return {c["root"]: c["state"] for c in json.loads(res.stdout)} if res.returncode == 0 else {}
+
+        wait_for(lambda: list(states().values()) == ["committed"] * 4, 30, "four commits")
+        rows = json.loads(run_cli("ls", str(m.mountpoint), "--json").stdout)
+        assert len(rows) == 4
+        newest_one = max(json.loads(os.getxattr(r["path"], "user.ckptfs.checkpoint"))["commit_ns"]
+                         for r in rows if r["root"].endswith("checkpoint-1"))
+        # Old enough to expire now, but no commit comes to start a retention pass.
+        wait_for(lambda: time.time_ns() - newest_one > (max_age + 0.5) * 1e9, max_age + 10,
+                 "the first checkpoints to pass max_age")
+
+        assert as_user(USER, theirs, "user.ckptfs.gc") == errno.EPERM
+        assert as_user(USER, theirs / "checkpoint-2", "user.ckptfs.tag", b"milestone") == errno.EPERM
+        assert as_user(USER, mine / "checkpoint-1", "user.ckptfs.tag", b"milestone") == errno.EPERM
+        assert as_user(USER, mine / "checkpoint-2", "user.ckptfs.tag", b"milestone") == 0
+        assert states() == {f"/{r}/checkpoint-{s}": "committed"
+                            for r in ("run_a", "run_b") for s in (1, 2)}, "a refused request acted"
+        assert as_user(USER, mine, "user.ckptfs.gc") == 0  # returns when the pass is done
+        after = states()
+        assert after["/run_b/checkpoint-1"] in ("expired", "deleted"), after
+        assert after["/run_a/checkpoint-1"] == "committed", "gc under run_b expired run_a's"
+        assert after["/run_a/checkpoint-2"] == after["/run_b/checkpoint-2"] == "committed"
+        # `ckptfs gc PATH` (root here) applies retention under PATH only, too.
+        res = run_cli("gc", str(theirs / "checkpoint-2"))
+        assert res.returncode == 0, res.stderr
+        assert states()["/run_a/checkpoint-1"] == "committed"
+        res = run_cli("gc", str(theirs))
+        assert res.returncode == 0, res.stderr
+        assert states()["/run_a/checkpoint-1"] in ("expired", "deleted"), res.stdout
+        assert "/run_a/checkpoint-1: committed -> " in res.stdout, res.stdout
+        m.stop()
+        assert not [ln for ln in m.log.splitlines() if "ERROR" in ln or "Traceback" in ln], m.log
+    finally:
+        m.cleanup()
+        shutil.rmtree(top, ignore_errors=True)

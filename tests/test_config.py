@@ -7,6 +7,7 @@ message, so an operator can fix the file at once.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,8 @@ def test_defaults_from_empty_dict() -> None:
     assert cfg.chunk_size == DEFAULT_CHUNK_SIZE
     assert cfg.memory_budget == DEFAULT_MEMORY_BUDGET
     assert cfg.io_threads == DEFAULT_IO_THREADS
-    assert cfg.allow_other is False
+    assert cfg.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
+    assert cfg.default_permissions is True
     assert cfg.tiers == ()
     assert cfg.state_dir.is_absolute()
 
@@ -231,6 +233,7 @@ TOP_LEVEL_ERRORS = [
     ({"io_threads": 2.0}, "io_threads"),
     ({"allow_other": "yes"}, "allow_other"),
     ({"allow_other": 1}, "allow_other"),
+    ({"default_permissions": "no"}, "default_permissions"),
     ({"state_dir": "relative/dir"}, "state_dir"),
     ({"state_dir": ""}, "state_dir"),
     ({"state_dir": 5}, "state_dir"),
@@ -374,3 +377,76 @@ def test_the_documented_full_example_is_a_valid_config() -> None:
     assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]
     assert [t.name for t in cfg.remote_tiers] == ["s3a"]
     assert [(p.path, p.durability) for p in cfg.policies] == [("/final", "remote")]
+
+
+# --------------------------------------------------------------------------- tier directories
+
+
+@pytest.mark.parametrize("key", ["create", "allow_shared_device"])
+@pytest.mark.parametrize("value", ["yes", 1, "true"])
+def test_tier_flags_must_be_booleans_and_name_the_key(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"tier": [tier(), tier(name="b", path="/srv/b", **{key: value})]})
+    assert str(ei.value).startswith(f"tier[1].{key}: expected true or false")
+
+
+def test_tier_flags_from_the_file_and_the_command_line(tmp_path: Path) -> None:
+    p = write(tmp_path, f'[[tier]]\nname = "a"\nkind = "local"\npath = "{tmp_path / "a"}"\n'
+                        'create = true\nallow_shared_device = true\n'
+                        f'[[tier]]\nname = "b"\nkind = "local"\npath = "{tmp_path / "b"}"\n')
+    a, b = load_config(p, state_dir=tmp_path / "st").tiers
+    assert (a.create, a.allow_shared_device, a.origin) == (True, True, "tier[0]")
+    assert (b.create, b.allow_shared_device) == (False, False)
+    # --create / --allow-shared-device: on every local tier, the file's and --local ones.
+    cfg = load_config(p, state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "c")],
+                      create_tiers=True, allow_shared_device=True)
+    assert all(t.create and t.allow_shared_device for t in cfg.tiers)
+    assert cfg.tiers[2].origin == "--local"
+    # The embedded default is ckptfs's own directory: it creates it without being told.
+    (default,) = load_config(state_dir=tmp_path / "st").tiers
+    assert default.create and not default.allow_shared_device
+
+
+def _prepare(tiers: list[C.TierConfig]) -> dict[str, list[str]]:
+    from ckptfs.preflight import prepare_local_tiers
+
+    return prepare_local_tiers(tiers)
+
+
+def test_missing_tier_directory_is_refused_unless_create(tmp_path: Path) -> None:
+    from ckptfs.errors import UsageError
+
+    p = write(tmp_path, f'[[tier]]\nname = "nvme1"\nkind = "local"\npath = "{tmp_path / "nvme1"}"\n')
+    cfg = load_config(p, state_dir=tmp_path / "st")
+    with pytest.raises(UsageError) as ei:
+        _prepare(list(cfg.tiers))
+    assert str(ei.value).startswith(f"tier[0].path: {tmp_path / 'nvme1'} does not exist")
+    assert "tier[0].create = true" in str(ei.value)
+    assert not (tmp_path / "nvme1").exists()
+    cfg = load_config(state_dir=tmp_path / "st", local_dirs=[str(tmp_path / "x")])
+    with pytest.raises(UsageError, match=r"^--local: .* does not exist.*--create"):
+        _prepare(list(cfg.tiers))
+    cfg = load_config(p, state_dir=tmp_path / "st", create_tiers=True)
+    assert _prepare(list(cfg.tiers)) == {}
+    assert (tmp_path / "nvme1").is_dir()
+    assert (tmp_path / "nvme1").stat().st_mode & 0o777 == 0o700
+
+
+def test_tiers_on_one_device_are_refused_unless_all_allow_it(tmp_path: Path) -> None:
+    from ckptfs.errors import UsageError
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    text = (f'[[tier]]\nname = "a"\nkind = "local"\npath = "{tmp_path / "a"}"\n{{}}'
+            f'[[tier]]\nname = "b"\nkind = "local"\npath = "{tmp_path / "b"}"\n')
+    p = write(tmp_path, text.format(""))
+    with pytest.raises(UsageError) as ei:
+        _prepare(list(load_config(p, state_dir=tmp_path / "st").tiers))
+    assert str(ei.value).startswith(f"tier[0].path: {tmp_path / 'a'} is on the same device as tier b")
+    assert "tier[0].allow_shared_device = true" in str(ei.value)
+    # Allowed on one tier only: the other one is named.
+    p = write(tmp_path, text.format("allow_shared_device = true\n"))
+    with pytest.raises(UsageError, match=r"^tier\[1\]\.path: .*tier\[1\]\.allow_shared_device"):
+        _prepare(list(load_config(p, state_dir=tmp_path / "st").tiers))
+    cfg = load_config(p, state_dir=tmp_path / "st", allow_shared_device=True)
+    assert _prepare(list(cfg.tiers)) == {"a": ["b"], "b": ["a"]}

@@ -8,12 +8,13 @@ from pathlib import Path
 import trio
 from test_local_full import wait_for
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import RW, make_fs
+from test_vfs import RW, deletions_done, make_fs
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.retention import RetentionPolicy
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 POLICY = (RetentionPolicy("/run", keep_local=1, keep=1, skip_superseded_uploads=False),)
@@ -21,10 +22,10 @@ POLICY = (RetentionPolicy("/run", keep_local=1, keep=1, skip_superseded_uploads=
 
 async def save(fs: Filesystem, run: int, step: int) -> int:
     """An HF-style checkpoint-N directory, trainer_state.json last."""
-    d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, 0, 0)
+    d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, ROOT)
     for name, data in ((b"model.safetensors", os.urandom(70_000)),
                        (b"trainer_state.json", json.dumps({"step": step}).encode())):
-        fh, _ = await fs.create(d.ino, name, 0o644, RW, 0, 0)
+        fh, _ = await fs.create(d.ino, name, 0o644, RW, ROOT)
         await fs.write(fh, 0, data)
         await fs.flush(fh)
         await fs.release(fh)
@@ -42,7 +43,7 @@ def options() -> dict:  # type: ignore[type-arg]
 
 async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Path) -> None:
     async with make_fs(tmp_path, [MemoryTier("l")], **options()) as fs:
-        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         d1 = await save(fs, run.ino, 1)
         model = await fs.lookup(d1, b"model.safetensors")
         fh = await fs.open(model.ino, os.O_RDONLY)  # a restore is reading step 1
@@ -63,7 +64,7 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
     policy = (RetentionPolicy("/run", keep_local=1, keep=5, skip_superseded_uploads=False),)
     async with make_fs(tmp_path, [local, remote], detectors=DetectorSet.default(),
                        retention=policy) as fs:
-        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (1, 2, 3):
             await save(fs, run.ino, step)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 3)
@@ -83,7 +84,7 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
 async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), FaultyTier(MemoryTier("r", kind="remote"))
     async with make_fs(tmp_path, [local, remote], **options()) as fs:
-        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         await save(fs, run.ino, 1)
         await wait_backlog_empty(fs)
         uploaded = set(remote.inner.frames)  # type: ignore[attr-defined]
@@ -94,10 +95,14 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         await fs.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
         assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
+        backlog = await fs.db(fs.catalog.deletion_backlog)  # the queue keeps them, with why
+        assert [(b.tier, b.chunks) for b in backlog] == [("r", len(uploaded))]
+        assert backlog[0].last_error and "injected EIO" in backlog[0].last_error
         remote.fail_gets = remote.fail_deletes = False
-        await fs.janitor.retry_leftovers()
+        await fs.janitor.run_now()  # gc: postponed deletions are retried at once
         assert await state(fs, "/run/checkpoint-1") == "deleted"
         assert not uploaded & set(remote.inner.frames)  # type: ignore[attr-defined]
+        await deletions_done(fs)
 
 
 async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path) -> None:
@@ -106,7 +111,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
     policy = (RetentionPolicy("/run", keep_local=3, keep=5, milestone_every=4),)
     async with make_fs(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
                        retention=policy) as fs:
-        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, 0, 0)
+        run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (3, 4, 5, 6):
             await save(fs, run.ino, step)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 4)
@@ -148,7 +153,7 @@ async def test_a_close_reports_the_tail_without_reading_the_chunk_back(tmp_path:
     local = FaultyTier(MemoryTier("l"))
     zip_like = b"PK\x03\x04" + os.urandom(150_000) + b"PK\x05\x06" + bytes(18)
     async with make_fs(tmp_path, [local], detectors=DetectorSet.default()) as fs:
-        fh, _ = await fs.create(ROOT_INODE, b"step-3.pt", 0o644, RW, 0, 0)
+        fh, _ = await fs.create(ROOT_INODE, b"step-3.pt", 0o644, RW, ROOT)
         await fs.write(fh, 0, zip_like)
         await fs.flush(fh)
         local.fail_gets = True  # any read of a chunk now fails

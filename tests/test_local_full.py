@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import trio
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import CS, RW, make_fs, read_file, write_file
+from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks import frame
 from ckptfs.config import DurabilityPolicy
 from ckptfs.errors import CkptfsError, NoSpace
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 FRAME = CS + frame.HEADER_SIZE
@@ -142,7 +143,7 @@ REMOTE_UNDER_FINAL = (DurabilityPolicy("/final", "remote", 30.0),)
 
 
 async def mkfile(fs: Filesystem, parent: int, name: bytes) -> int:
-    fh, _ = await fs.create(parent, name, 0o644, RW, 0, 0)
+    fh, _ = await fs.create(parent, name, 0o644, RW, ROOT)
     return fh
 
 
@@ -152,7 +153,7 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
     data = os.urandom(2 * CS + 7)
     try:
         async with make_fs(tmp_path, [MemoryTier("l"), remote], policies=REMOTE_UNDER_FINAL) as fs:
-            final = await fs.mkdir(ROOT_INODE, b"final", 0o755, 0, 0)
+            final = await fs.mkdir(ROOT_INODE, b"final", 0o755, ROOT)
             # Outside the policy: close returns while the upload is still held.
             await write_file(fs, b"scratch", os.urandom(CS))
             assert (await fs.db(fs.catalog.backlog)).chunks == 1
@@ -232,7 +233,7 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
     local, remote = small_local(2), MemoryTier("r", kind="remote")
     data = os.urandom(6 * CS + 11)
     async with make_fs(tmp_path, [local, remote], local_full_timeout_s=600) as fs:
-        fh, inode = await fs.create(ROOT_INODE, b"big", 0o644, RW, 0, 0)
+        fh, inode = await fs.create(ROOT_INODE, b"big", 0o644, RW, ROOT)
         with trio.fail_after(20):  # not the 600 s timeout
             for off in range(0, len(data), 10_000):
                 await fs.write(fh, off, data[off : off + 10_000])
@@ -303,12 +304,12 @@ async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies
     a, b = os.urandom(2 * CS), os.urandom(CS)
     try:
         async with make_fs(tmp_path, [local, remote]) as fs:
-            fa, ia = await fs.create(ROOT_INODE, b"a", 0o644, RW, 0, 0)
+            fa, ia = await fs.create(ROOT_INODE, b"a", 0o644, RW, ROOT)
             await fs.write(fa, 0, a)
             await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
             async with trio.open_nursery() as n:
                 n.start_soon(write_file, fs, b"b", b)
-                await wait_for(lambda: bool(fs.store._spilling))  # A's chunks are moving
+                await wait_for(lambda: bool(fs.store.guard.moving()))  # A's chunks are moving
                 await fs.flush(fa)  # A commits while they move: its upload jobs are queued
                 await fs.release(fa)
                 await wait_for(lambda: len(fs.uploader.running) == 2)  # and its jobs run
@@ -324,3 +325,84 @@ async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies
             assert await read_file(fs, b"b") == b
     finally:
         remote.put_gate.set()
+
+
+async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copies(
+    tmp_path: Path,
+) -> None:
+    """A's chunks are being copied to the remote (B needs room) when A's changes are
+    dropped: the copies that land afterwards go to the deletion queue (never deleted
+    inline on a limiter the read path uses), so a remote that refuses the delete now
+    gets it retried, and nothing of A stays on the remote."""
+    local, remote = small_local(2), ChunkGatedTier(MemoryTier("r", kind="remote"))
+    remote.put_gate = threading.Event()
+    a, b = os.urandom(2 * CS), os.urandom(CS)
+    keys = {frame.digest_of_parts([a[i : i + CS]]).hex() for i in (0, CS)}
+    inner = remote.inner
+    assert isinstance(inner, MemoryTier)
+    try:
+        async with make_fs(tmp_path, [local, remote]) as fs:
+            fa, _ = await fs.create(ROOT_INODE, b"a", 0o644, RW, ROOT)
+            await fs.write(fa, 0, a)
+            await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
+            async with trio.open_nursery() as n:
+                n.start_soon(write_file, fs, b"b", b)
+                await wait_for(lambda: fs.store.guard.moving() >= {bytes.fromhex(k) for k in keys})
+                remote.fail_deletes = True
+                await fs.release(fa)  # dropped, never committed, while its chunks move
+                remote.put_gate.set()
+            await wait_for(lambda: not fs.store.guard.moving())
+            assert keys <= set(inner.frames)  # the copies landed after the drop ...
+            await wait_for_deletions_failing(fs, "r", len(keys))  # ... and are queued
+            remote.fail_deletes = False
+            await fs.deleter.retry_now()
+            await deletions_done(fs)
+            assert not keys & set(inner.frames)
+            assert not keys & set(local.frames)
+            assert await read_file(fs, b"b") == b
+    finally:
+        remote.put_gate.set()
+
+
+async def wait_for_deletions_failing(fs: Filesystem, tier: str, n: int) -> None:
+    with trio.fail_after(10):
+        while not any(d.tier == tier and d.failing >= n
+                      for d in await fs.db(fs.catalog.deletion_backlog)):
+            await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
+
+
+class DeleteGatedTier(FaultyTier):
+    """Holds frame deletions at a gate (the deleter's local batch waits there)."""
+
+    def __init__(self, inner: MemoryTier) -> None:
+        super().__init__(inner)
+        self.delete_gate = threading.Event()
+        self.delete_entered = threading.Event()
+
+    def delete(self, key: str) -> int:
+        self.delete_entered.set()
+        if not self.delete_gate.wait(timeout=60):
+            raise CkptfsError(f"tier {self.name}: delete gate never opened")
+        return super().delete(key)
+
+
+async def test_block_waits_for_local_frames_in_the_deletion_queue(tmp_path: Path) -> None:
+    """An uploaded file is deleted and a new one written at once: nothing is evictable,
+    nothing uploads or moves, but the deleter is about to free the old frames, so the
+    writer waits for them instead of failing with ENOSPC at once."""
+    local = DeleteGatedTier(small_local(2))
+    data, new = os.urandom(2 * CS), os.urandom(CS)
+    try:
+        async with make_fs(tmp_path, [local, MemoryTier("r", kind="remote")],
+                           local_full_timeout_s=600) as fs:
+            await write_file(fs, b"old", data)
+            await wait_backlog_empty(fs)
+            await fs.unlink(ROOT_INODE, b"old")  # its local frames: deletion rows
+            await wait_for(local.delete_entered.is_set)  # the deleter holds at the gate
+            async with trio.open_nursery() as n:
+                n.start_soon(write_file, fs, b"new", new)
+                await wait_for(lambda: fs.store.waiting_for_room > 0)  # waits, no ENOSPC
+                local.delete_gate.set()
+            assert await read_file(fs, b"new") == new
+    finally:
+        local.delete_gate.set()

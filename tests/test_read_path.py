@@ -61,7 +61,7 @@ async def test_a_sequential_read_copies_remote_only_chunks_back(tmp_path: Path) 
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
         # Evict every local copy: the chunks live on the remote only.
-        assert await trio.to_thread.run_sync(fs.store._evict, 1 << 30, limiter=fs.db_limiter) > 0
+        assert await fs.store.evict(1 << 30) > 0
         assert not local.frames
     async with make_fs(tmp_path, [local, remote]) as fs:
         assert await read_file(fs, b"f") == data
@@ -79,7 +79,7 @@ async def test_copy_back_never_leaves_chunks_on_the_remote_only(tmp_path: Path) 
     async with make_fs(tmp_path, [local, remote], copy_back="never") as fs:
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
-        assert await trio.to_thread.run_sync(fs.store._evict, 1 << 30, limiter=fs.db_limiter) > 0
+        assert await fs.store.evict(1 << 30) > 0
     async with make_fs(tmp_path, [local, remote], copy_back="never") as fs:
         assert await read_file(fs, b"f") == data
         assert fs.store.stats.get("copy_backs") == 0 and not local.frames

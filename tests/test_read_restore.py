@@ -262,6 +262,7 @@ def test_prefetch_reports_local_tiers_without_room(tmp_path: Path, remote: str) 
     prefetch gives up at its timeout, counting the chunks still remote-only."""
     files = {"ckpt/big.bin": os.urandom(5 * CHUNK)}
     tier = tmp_path / "nvme0"
+    tier.mkdir()
     cfg = tmp_path / "ckptfs.toml"
     cfg.write_text(
         'chunk_size = "1MiB"\n[[tier]]\nname = "nvme0"\nkind = "local"\n'

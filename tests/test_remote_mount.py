@@ -165,6 +165,7 @@ def test_new_node_with_wrong_credentials_refuses_to_start_empty(
     url, _prefix = remote
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     (tmp_path / "mnt").mkdir()
+    (tmp_path / "t0").mkdir()
     res = run_cli("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "state"),
                   "--local", str(tmp_path / "t0"), "--remote", url)
     assert res.returncode != 0
@@ -230,6 +231,7 @@ def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_
     uploads when needed, uploaded chunks are evicted, and every file reads back exact."""
     url, prefix = remote
     tier = tmp_path / "nvme0"
+    tier.mkdir()
     cfg = tmp_path / "ckptfs.toml"
     cfg.write_text(
         'chunk_size = "1MiB"\nlocal_full_timeout = 120\n'
@@ -256,6 +258,7 @@ def test_a_file_larger_than_the_local_budget_moves_its_chunks_to_the_remote(
     local_full_timeout; after a remount the file reads back exact (from the remote)."""
     url, prefix = remote
     tier = tmp_path / "nvme0"
+    tier.mkdir()
     cfg = tmp_path / "ckptfs.toml"
     cap = 4 * (MiB + 64)
     cfg.write_text(

@@ -31,7 +31,9 @@ from tier_conformance import TierConformance, framed, joined
 
 from ckptfs.config import S3TierConfig, parse_remote_url
 from ckptfs.errors import (
+    AccessDenied,
     ChunkMissing,
+    EndpointUnreachable,
     PermanentTierError,
     TierError,
     TransientTierError,
@@ -368,10 +370,10 @@ def offline_tier() -> Iterator[S3Tier]:
 
 TRANSLATIONS: list[tuple[BaseException, type[TierError], str]] = [
     (_client_error("NoSuchBucket", 404), PermanentTierError, "bucket 'b-ckptfs' does not exist"),
-    (_client_error("AccessDenied", 403), PermanentTierError, "access denied to bucket 'b-ckptfs'"),
-    (_client_error("InvalidAccessKeyId", 403), PermanentTierError, "does not know this access key"),
-    (_client_error("SignatureDoesNotMatch", 403), PermanentTierError, "secret key does not match"),
-    (_client_error("403", 403, "HeadBucket"), PermanentTierError, "access denied"),
+    (_client_error("AccessDenied", 403), AccessDenied, "access denied to bucket 'b-ckptfs'"),
+    (_client_error("InvalidAccessKeyId", 403), AccessDenied, "does not know this access key"),
+    (_client_error("SignatureDoesNotMatch", 403), AccessDenied, "secret key does not match"),
+    (_client_error("403", 403, "HeadBucket"), AccessDenied, "access denied"),
     (_client_error("InvalidArgument", 400), PermanentTierError, "refused: 400 InvalidArgument"),
     (_client_error("NotImplemented", 501), PermanentTierError, "NotImplemented"),
     (_client_error("SlowDown", 503), TransientTierError, "503 SlowDown"),
@@ -381,15 +383,18 @@ TRANSLATIONS: list[tuple[BaseException, type[TierError], str]] = [
     (_client_error("BadGateway", 502), TransientTierError, "502"),
     (_client_error("TooManyRequests", 429), TransientTierError, "429"),
     (_client_error("BadDigest", 400), TransientTierError, "BadDigest"),
-    (bce.EndpointConnectionError(endpoint_url="http://x"), TransientTierError, "cannot reach"),
-    (bce.ConnectTimeoutError(endpoint_url="http://x"), TransientTierError, "cannot reach"),
-    (bce.ReadTimeoutError(endpoint_url="http://x"), TransientTierError, "cannot reach"),
-    (bce.ConnectionClosedError(endpoint_url="http://x"), TransientTierError, "cannot reach"),
-    (bce.ResponseStreamingError(error="reset"), TransientTierError, "cannot reach"),
-    (urllib3.exceptions.ProtocolError("reset"), TransientTierError, "cannot reach"),
-    (ConnectionResetError(errno.ECONNRESET, "reset"), TransientTierError, "cannot reach"),
+    (bce.EndpointConnectionError(endpoint_url="http://x"), EndpointUnreachable, "cannot reach"),
+    (bce.ConnectTimeoutError(endpoint_url="http://x"), EndpointUnreachable, "cannot reach"),
+    (bce.ConnectionClosedError(endpoint_url="http://x"), TransientTierError, "failed mid-request"),
+    # After a good connection: the tier's problem unless the request was for one object
+    # and the bucket still answers (test_remote_health.py).
+    (bce.ReadTimeoutError(endpoint_url="http://x"), TransientTierError, "failed mid-request"),
+    (bce.ResponseStreamingError(error="reset"), TransientTierError, "failed mid-request"),
+    (urllib3.exceptions.ProtocolError("reset"), TransientTierError, "failed mid-request"),
+    (ConnectionResetError(errno.ECONNRESET, "reset"), TransientTierError, "failed mid-request"),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), EndpointUnreachable, "cannot reach"),
     (bce.FlexibleChecksumError(error_msg="mismatch"), TransientTierError, "checksum mismatch"),
-    (bce.NoCredentialsError(), PermanentTierError, "no usable AWS credentials"),
+    (bce.NoCredentialsError(), AccessDenied, "no usable AWS credentials"),
     (bce.SSLError(endpoint_url="https://x", error="certificate verify failed"),
      PermanentTierError, "TLS verification"),
 ]
@@ -443,3 +448,38 @@ def test_usage_is_nominal_and_device_is_per_bucket(offline_tier: S3Tier) -> None
     same.close()
     other.close()
     assert offline_tier.kind == "remote"
+
+
+def test_a_body_cut_short_is_one_bad_object_only_while_the_bucket_answers() -> None:
+    """A GET whose body ends before its Content-Length (the connection was good, the
+    headers came): ObjectUnreadable when a HEAD of the bucket answers at once, else the
+    tier's failure. The server side is stubbed: no real server truncates on demand."""
+    import io
+
+    from botocore.response import StreamingBody
+    from botocore.stub import Stubber
+
+    from ckptfs.errors import ObjectUnreadable
+
+    t = S3Tier(S3TierConfig(name="cut", bucket="b-ckptfs", endpoint_url="http://127.0.0.1:9"),
+               session=_dummy_session(), connect_timeout=1, read_timeout=1)
+    try:
+        def short_body() -> dict[str, Any]:
+            return {"Body": StreamingBody(io.BytesIO(b"x" * 10), 100), "ContentLength": 100}
+
+        with Stubber(t.client) as stub:
+            stub.add_response("get_object", short_body())
+            stub.add_response("get_object", short_body())
+            # No probe answers (nothing listens on port 9): the tier failed.
+            with pytest.raises(TransientTierError, match="failed mid-request") as ei:
+                t.get("ef" * 32)
+            assert not isinstance(ei.value, ObjectUnreadable)
+            assert t.health.snapshot()["consecutive_failures"] == 1
+            with Stubber(t._probe_client) as probe:
+                probe.add_response("head_bucket", {})
+                with pytest.raises(ObjectUnreadable, match="IncompleteReadError"):
+                    t.get("ef" * 32)
+            h = t.health.snapshot()
+            assert h["state"] == "healthy" and h["consecutive_failures"] == 0
+    finally:
+        t.close()

@@ -230,6 +230,7 @@ def test_documented_fstab_line_mounts_through_the_helper(tmp_path: Path) -> None
     assert fstype == "fuse.ckptfs"
     state, mnt, tier = tmp_path / "state", tmp_path / "mnt", tmp_path / "t0"
     mnt.mkdir()
+    tier.mkdir()
     cfg = tmp_path / "config.toml"
     cfg.write_text(f'chunk_size = "256KiB"\nmetrics_address = ""\n[[tier]]\nname = "nvme0"\n'
                    f'kind = "local"\npath = "{tier}"\n')

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_vfs import CS, make_fs, read_file, write_file
+from test_vfs import CS, deletions_done, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks import frame
@@ -83,6 +83,7 @@ async def test_deleted_file_removes_remote_copies_and_jobs(tmp_path: Path) -> No
         await wait_backlog_empty(fs)
         assert len(remote.frames) == 2
         await fs.unlink(ROOT_INODE, b"f")
+        await deletions_done(fs)
         assert remote.frames == {} and local.frames == {}
         assert (await fs.db(fs.catalog.backlog)).chunks == 0
 

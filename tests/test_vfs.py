@@ -16,6 +16,7 @@ from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
 CS = 64 * 1024
@@ -36,8 +37,15 @@ async def make_fs(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterato
         cat.close()
 
 
+async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
+    """Wait until the deletion queue is empty (frames are deleted in the background)."""
+    with trio.fail_after(timeout):
+        while await fs.db(fs.catalog.deletion_backlog):
+            await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
+
+
 async def write_file(fs: Filesystem, name: bytes, data: bytes, step: int = 10_000) -> int:
-    fh, inode = await fs.create(ROOT_INODE, name, 0o644, RW, 0, 0)
+    fh, inode = await fs.create(ROOT_INODE, name, 0o644, RW, ROOT)
     for off in range(0, len(data), step):
         await fs.write(fh, off, data[off : off + step])
     await fs.flush(fh)
@@ -129,6 +137,7 @@ async def test_unlinked_open_file_lives_until_release(tmp_path: Path) -> None:
         assert await fs.read(fh, 0, len(data)) == data
         assert len(t.frames) == 3
         await fs.release(fh)
+        await deletions_done(fs)
         assert t.frames == {}
         with pytest.raises(CkptfsError):
             await fs.getattr(ino)
@@ -143,6 +152,7 @@ async def test_overwrite_and_truncate_reclaim_old_chunks(tmp_path: Path) -> None
         await fs.setattr(ino, size=2 * CS + 7)  # drops chunks 2 and 3, trims nothing
         await fs.flush(fh)
         await fs.release(fh)
+        await deletions_done(fs)
         assert len(t.frames) == 3  # chunks 0, new 1, new 2 (7 bytes)
         got = await read_file(fs, b"f")
         assert len(got) == 2 * CS + 7 and got[CS + 5 : CS + 10] == b"patch"
@@ -156,15 +166,17 @@ async def test_identical_chunks_are_stored_once(tmp_path: Path) -> None:
         await write_file(fs, b"b", data)
         assert len(t.frames) == 2
         await fs.unlink(ROOT_INODE, b"a")
+        await deletions_done(fs)
         assert len(t.frames) == 2
         assert await read_file(fs, b"b") == data
         await fs.unlink(ROOT_INODE, b"b")
+        await deletions_done(fs)
         assert t.frames == {}
 
 
 async def test_sparse_file_reads_zeros(tmp_path: Path) -> None:
     async with make_fs(tmp_path, [MemoryTier("m")]) as fs:
-        fh, inode = await fs.create(ROOT_INODE, b"s", 0o644, RW, 0, 0)
+        fh, inode = await fs.create(ROOT_INODE, b"s", 0o644, RW, ROOT)
         await fs.write(fh, 3 * CS + 10, b"end")
         await fs.flush(fh)
         await fs.release(fh)
@@ -179,7 +191,7 @@ async def test_many_partial_chunks_do_not_deadlock_the_budget(tmp_path: Path) ->
         handles = []
         with trio.fail_after(20):
             for i in range(12):
-                fh, _ = await fs.create(ROOT_INODE, f"f{i}".encode(), 0o644, RW, 0, 0)
+                fh, _ = await fs.create(ROOT_INODE, f"f{i}".encode(), 0o644, RW, ROOT)
                 await fs.write(fh, 0, bytes([i]) * (CS // 2))
                 handles.append(fh)
             for i, fh in enumerate(handles):

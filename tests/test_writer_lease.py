@@ -259,6 +259,7 @@ def test_second_node_is_refused_while_the_first_is_mounted_and_takeover_wins(
 
         second = tmp_path / "node2"
         (second / "mnt").mkdir(parents=True)
+        (second / "tier0").mkdir()
         res = run_cli("mount", str(second / "mnt"), "--state-dir", str(second / "state"),
                       "--local", str(second / "tier0"), *args)
         assert res.returncode != 0, res.stdout + res.stderr

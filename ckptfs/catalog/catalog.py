@@ -26,13 +26,14 @@ from ..errors import (
     CkptfsError,
     InvalidArgument,
     IsADirectory,
+    NoAttribute,
     NotADirectory,
     NotEmpty,
     NotFound,
     NotPermitted,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: inodes.rdev and the xattrs table (_migrate)
 ROOT_INODE = 1
 
 _SCHEMA = """
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS inodes (
     atime_ns INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
-    target   BLOB
+    target   BLOB,
+    rdev     INTEGER NOT NULL DEFAULT 0  -- device number of a char or block special file
 );
 CREATE TABLE IF NOT EXISTS dentries (
     id     INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -57,6 +59,14 @@ CREATE TABLE IF NOT EXISTS dentries (
     UNIQUE (parent, name)
 );
 CREATE INDEX IF NOT EXISTS dentries_ino ON dentries (ino);
+-- Extended attributes stored for applications (user.*, trusted.*, security.*); the
+-- user.ckptfs.* control names are not stored here.
+CREATE TABLE IF NOT EXISTS xattrs (
+    ino   INTEGER NOT NULL,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chunks (
     digest BLOB PRIMARY KEY,
     length INTEGER NOT NULL
@@ -103,6 +113,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     tags       TEXT NOT NULL DEFAULT '',
     leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
 );
+-- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
+-- the transaction that drops a chunk's last reference or a local replica (eviction), so a
+-- restart replays them; removed when the frame is gone, or cancelled when the chunk is
+-- wanted again on that tier (a valid replica row or an upload job for the same pair).
+CREATE TABLE IF NOT EXISTS deletions (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL DEFAULT 0,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """
 
 
@@ -126,6 +151,34 @@ class Backlog:
 
 
 @dataclass(frozen=True)
+class Deletion:
+    digest: bytes
+    tier: str
+    length: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class DeletionBacklog:
+    """The deletion queue of one tier."""
+
+    tier: str
+    chunks: int
+    bytes: int
+    oldest_enqueued_ns: int | None
+    failing: int  # rows whose last attempt failed
+    last_error: str | None
+
+
+def _queue_deletion(c: sqlite3.Connection, digest: bytes, tier: str, length: int, now: int) -> None:
+    c.execute(
+        "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=0",
+        (digest, tier, length, now),
+    )
+
+
+@dataclass(frozen=True)
 class Inode:
     ino: int
     mode: int
@@ -137,6 +190,7 @@ class Inode:
     mtime_ns: int
     ctime_ns: int
     target: bytes | None = None
+    rdev: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -160,11 +214,21 @@ class ChunkRef:
         return self.digest.hex()
 
 
-_INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target"
+_INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target, rdev"
 
 
 def _inode(row: tuple[object, ...]) -> Inode:
     return Inode(*row)  # type: ignore[arg-type]
+
+
+def _migrate(c: sqlite3.Connection, version: int) -> None:
+    """Bring a catalog of an older schema version up to SCHEMA_VERSION, in the caller's
+    transaction (tables new in a version are made by _SCHEMA's CREATE IF NOT EXISTS)."""
+    if version < 2:
+        cols = {str(r[1]) for r in c.execute("PRAGMA table_info(inodes)")}
+        if "rdev" not in cols:
+            c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+    c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
 class Catalog:
@@ -219,9 +283,11 @@ class Catalog:
                 c.execute("INSERT INTO meta VALUES ('fs_id', ?)", (uuid.uuid4().hex,))
                 now = time.time_ns()
                 c.execute(
-                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL)",
+                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL,0)",
                     (ROOT_INODE, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now),
                 )
+            elif int(row[0]) < SCHEMA_VERSION:
+                _migrate(c, int(row[0]))
             elif int(row[0]) != SCHEMA_VERSION:
                 raise InvalidArgument(
                     f"catalog {self.path}: schema version {row[0]}, this ckptfs knows {SCHEMA_VERSION}"
@@ -285,20 +351,27 @@ class Catalog:
         )
 
     def create(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
+        rdev: int = 0,
     ) -> Inode:
-        """Create a file, directory or symlink entry. EEXIST if the name is taken."""
+        """Create a file, directory, symlink or special file (FIFO, socket, device with
+        ``rdev``) entry. EEXIST if the name is taken."""
         now = time.time_ns()
         with self._tx(touch=True) as c:
-            self._dir(c, parent)
+            pdir = self._dir(c, parent)
             if self._entry(c, parent, name) is not None:
                 raise AlreadyExists(name.decode(errors="replace"))
             is_dir = stat.S_ISDIR(mode)
+            if pdir.mode & stat.S_ISGID:
+                # A setgid directory gives new entries its group, and subdirectories its setgid.
+                gid = pdir.gid
+                if is_dir:
+                    mode |= stat.S_ISGID
             size = len(target) if target is not None else 0
             cur = c.execute(
-                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
-                (mode, uid, gid, size, 2 if is_dir else 1, now, now, now, target),
+                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target,"
+                " rdev) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (mode, uid, gid, size, 2 if is_dir else 1, now, now, now, target, rdev),
             )
             ino = int(cur.lastrowid or 0)
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
@@ -445,6 +518,45 @@ class Catalog:
         ).fetchall()
         return [(int(r[0]), bytes(r[1]), _inode(r[2:])) for r in rows]
 
+    # -- extended attributes -----------------------------------------------------------------
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        row = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        return [bytes(r[0]) for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+
+    def xattr_inodes(self) -> set[int]:
+        """The inodes that have stored extended attributes."""
+        return {int(r[0]) for r in self.conn.execute("SELECT DISTINCT ino FROM xattrs")}
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
+                  replace_only: bool = False) -> Inode:
+        """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
+        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
+        now = time.time_ns()
+        with self._tx(touch=True) as c:
+            inode = self.get_inode(ino)
+            exists = c.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+            if create and exists:
+                raise AlreadyExists(name.decode(errors="replace"))
+            if replace_only and not exists:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("INSERT OR REPLACE INTO xattrs VALUES (?, ?, ?)", (ino, name, value))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
+    def remove_xattr(self, ino: int, name: bytes) -> Inode:
+        """ENODATA if the inode has no such attribute."""
+        now = time.time_ns()
+        with self._tx(touch=True) as c:
+            inode = self.get_inode(ino)
+            if not c.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (ino, name)).rowcount:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
     # -- file contents -----------------------------------------------------------------------
 
     def extents(self, ino: int) -> dict[int, ChunkRef]:
@@ -525,26 +637,161 @@ class Catalog:
                 for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()
             ]
             c.execute("DELETE FROM extents WHERE ino=?", (ino,))
-            c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,))
+            if c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,)).rowcount:
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
         return digests
 
     def unlinked_inodes(self) -> list[int]:
         """Inodes with no name left (unlinked while open before a crash or shutdown)."""
         return [int(r[0]) for r in self.conn.execute("SELECT ino FROM inodes WHERE nlink<=0")]
 
-    def drop_unreferenced(self, digests: Iterable[bytes]) -> dict[bytes, list[str]]:
-        """Delete chunk and replica rows no extent references; return their tiers."""
+    def drop_unreferenced(
+        self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
+    ) -> dict[bytes, list[str]]:
+        """Drop the chunk, replica and upload rows of chunks no extent references, and queue
+        the deletion of their frames (from the recorded tiers, the tiers in ``extra_tiers``
+        a caller just wrote them to, and the remotes an upload may have reached) in the same
+        transaction. Returns digest -> tiers queued."""
         gone: dict[bytes, list[str]] = {}
+        now = time.time_ns()
         with self._tx() as c:
             for d in set(digests):
                 if c.execute("SELECT 1 FROM extents WHERE digest=? LIMIT 1", (d,)).fetchone():
                     continue
-                tiers = [str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))]
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                tiers = {str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))}
+                jobs = {str(r[0]) for r in c.execute("SELECT tier FROM upload_jobs WHERE digest=?", (d,))}
+                extra = (extra_tiers or {}).get(d, set())
+                if row is None and not tiers and not extra:
+                    continue  # dropped already (by another collect)
                 c.execute("DELETE FROM replicas WHERE digest=?", (d,))
                 c.execute("DELETE FROM chunks WHERE digest=?", (d,))
                 c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,))
-                gone[d] = tiers
+                length = 0 if row is None else int(row[0])
+                for tier in tiers | jobs | extra:
+                    _queue_deletion(c, d, tier, length, now)
+                gone[d] = sorted(tiers | extra)
         return gone
+
+    # -- the deletion queue ------------------------------------------------------------------
+
+    def queue_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> int:
+        """Queue frames to delete (frames found left over, e.g. of an expired checkpoint).
+        Safe for any pair: the deleter cancels a row whose chunk is wanted on its tier."""
+        now = time.time_ns()
+        n = 0
+        with self._tx() as c:
+            for d, tier in set(pairs):
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                _queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
+                n += 1
+        return n
+
+    def due_deletions(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]], tiers: Sequence[str]
+    ) -> list[Deletion]:
+        """Rows of these tiers ready to run, oldest first."""
+        if not tiers:
+            return []
+        tp = ",".join("?" * len(tiers))
+        rows = self.conn.execute(
+            f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
+            f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
+        ).fetchall()
+        out = [Deletion(bytes(d), str(t), int(n), int(a)) for d, t, n, a in rows]
+        return [r for r in out if (r.digest, r.tier) not in skip][:limit]
+
+    def next_deletion_due_ns(self, skip: set[tuple[bytes, str]], tiers: Sequence[str]) -> int | None:
+        """Earliest retry time among rows of these tiers not running now."""
+        if not tiers:
+            return None
+        tp = ",".join("?" * len(tiers))
+        rows = self.conn.execute(
+            f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
+            "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
+        ).fetchall()
+        for d, t, n in rows:
+            if (bytes(d), str(t)) not in skip:
+                return int(n)
+        return None
+
+    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+        """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
+        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
+        a row that is gone (done by someone else) is skipped."""
+        ok = []
+        with self._tx() as c:
+            for d, tier in pairs:
+                if not c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=?", (d, tier)).fetchone():
+                    continue
+                wanted = c.execute(
+                    "SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid' UNION ALL "
+                    "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? LIMIT 1",
+                    (d, tier, d, tier),
+                ).fetchone()
+                if wanted:
+                    c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+                    continue
+                ok.append((d, tier))
+        return ok
+
+    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+        with self._tx() as c:
+            for d, tier in pairs:
+                c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+
+    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+        with self._tx() as c:
+            c.execute(
+                "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
+                "WHERE digest=? AND tier=?", (next_try_ns, error, digest, tier),
+            )
+
+    def retry_deletions_now(self, tier: str | None = None) -> int:
+        """Make postponed rows due at once (a tier works again; ``ckptfs gc``)."""
+        with self._tx() as c:
+            if tier is None:
+                return c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
+            return c.execute(
+                "UPDATE deletions SET next_try_ns=0 WHERE tier=? AND next_try_ns>0", (tier,)
+            ).rowcount
+
+    def deletions_pending(self, digests: Iterable[bytes], due_before_ns: int | None = None) -> set[bytes]:
+        """Which of these chunks still have deletion rows (only rows due by then, if given)."""
+        out = set()
+        for d in set(digests):
+            if due_before_ns is None:
+                row = self.conn.execute("SELECT 1 FROM deletions WHERE digest=? LIMIT 1", (d,)).fetchone()
+            else:
+                row = self.conn.execute(
+                    "SELECT 1 FROM deletions WHERE digest=? AND next_try_ns<=? LIMIT 1",
+                    (d, due_before_ns),
+                ).fetchone()
+            if row:
+                out.add(d)
+        return out
+
+    def deletion_keys(self, tier: str) -> set[bytes]:
+        return {bytes(r[0]) for r in self.conn.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
+
+    def deletion_backlog(self) -> list[DeletionBacklog]:
+        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
+        out = []
+        try:
+            rows = self.conn.execute(
+                "SELECT tier, count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+                "coalesce(sum(attempts>0), 0) FROM deletions GROUP BY tier ORDER BY tier"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        for tier, n, size, oldest, failing in rows:
+            err = self.conn.execute(
+                "SELECT last_error FROM deletions WHERE tier=? AND last_error IS NOT NULL "
+                "ORDER BY next_try_ns DESC LIMIT 1", (tier,),
+            ).fetchone()
+            out.append(DeletionBacklog(str(tier), int(n), int(size), None if oldest is None else int(oldest),
+                                       int(failing), None if err is None else str(err[0])))
+        return out
 
     # -- remote replication ------------------------------------------------------------------
 
@@ -610,6 +857,8 @@ class Catalog:
                 "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
             ).rowcount == 0
             if gone:
+                # The copy just made is garbage: the deletion queue removes it.
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
                 return False
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True
@@ -690,9 +939,13 @@ class Catalog:
                               (time.time_ns(), time.time_ns(), parent))
                 c.execute("DELETE FROM dentries WHERE ino=?", (ino,))
                 c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
                 c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
             c.execute("DELETE FROM chunks WHERE digest NOT IN (SELECT digest FROM held)")
             c.execute("DELETE FROM upload_jobs")
+            # Another node's queue: never delete on the strength of its rows (fsck finds
+            # what is left over).
+            c.execute("DELETE FROM deletions")
             c.execute("DELETE FROM replicas")
             for tier in remote_tiers:
                 c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
@@ -736,8 +989,8 @@ class Catalog:
         return [(bytes(d), str(t), int(n)) for d, t, n in rows]
 
     def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
-        """Drop a local replica row if a remote copy still backs it and no upload needs it
-        (checked again in the transaction). The caller deletes the frame afterwards."""
+        """Turn a local replica row into a deletion row if a remote copy still backs it and
+        no upload needs it (checked again in the transaction)."""
         rp = ",".join("?" * len(remote_tiers))
         with self._tx() as c:
             ok = c.execute(
@@ -747,12 +1000,28 @@ class Catalog:
             ).fetchone()
             if not ok:
                 return False
-            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+            if not c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier)).rowcount:
+                return False
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+            _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
             return True
 
     def has_chunk(self, digest: bytes) -> bool:
         """Whether a committed file names this chunk (its row exists)."""
         return self.conn.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone() is not None
+
+    def chunk_length(self, digest: bytes) -> int:
+        row = self.conn.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def stored_by_tier(self) -> dict[str, tuple[int, int]]:
+        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
+        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
+        rows = self.conn.execute(
+            "SELECT r.tier, count(*), coalesce(sum(c.length), 0) FROM replicas r "
+            "JOIN chunks c ON c.digest = r.digest WHERE r.state = 'valid' GROUP BY r.tier"
+        )
+        return {str(t): (int(n), int(b)) for t, n, b in rows}
 
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         rows = self.conn.execute(
@@ -771,9 +1040,10 @@ class Catalog:
 
     def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
         """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
-        False if the chunk was dropped meanwhile: the caller deletes the copy it made."""
+        False if the chunk was dropped meanwhile: the copy is queued for deletion."""
         with self._tx() as c:
             if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
                 return False
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True

@@ -8,6 +8,7 @@ so the daemon serves it from the tier a restore would use and checks every diges
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import InvalidArgument
 from ..progress import progress
-from ..remote_cli import mount_of, open_catalog
+from ..remote_cli import mount_of, open_catalog, state_dir_readable
 
 READ_BLOCK = 8 << 20
 
@@ -223,36 +224,55 @@ def cmd_verify(path: Path) -> int:
     return 1 if problems else 0
 
 
+def _gc_through_mount(path: Path) -> int:
+    """Ask the daemon to apply retention under ``path``; returns when it is done."""
+    try:
+        with progress("applying retention", None):  # a spinner on a terminal
+            os.setxattr(str(path), "user.ckptfs.gc", b"1")
+    except OSError as exc:
+        hint = " (only the owner of PATH or root may run gc there)" if exc.errno == errno.EPERM else ""
+        print(f"ckptfs gc: {path}: {exc.strerror}{hint}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_gc(path: Path, dry_run: bool) -> int:
-    """Run retention now (through the mount: the daemon applies it and returns when done),
-    or with ``dry_run`` print what it would do, from the policies the daemon recorded."""
+    """Apply retention now to the checkpoints under ``path`` (through the mount: the daemon
+    applies it and returns when done; the owner of ``path`` or root only), or with
+    ``dry_run`` print what it would do, from the policies the daemon recorded."""
     from .janitor import to_ckpts
-    from .retention import RetentionPolicy, plan_all
+    from .retention import RetentionPolicy, plan_all, under
 
     mnt, state_dir, inner = _inside(path)
+    if not dry_run and not state_dir_readable(state_dir):
+        # A user other than the daemon's, on an allow_other mount: the state dir is
+        # private, so no report of what changed; the daemon still checks the owner.
+        return _gc_through_mount(path)
     catalog = open_catalog(state_dir)
     try:
         before = {str(r["root"]): str(r["state"]) for r in catalog.checkpoints(inner)}
         raw = catalog.get_meta("retention")
         policies = tuple(RetentionPolicy(**p) for p in json.loads(raw)) if raw else ()
-        plans = plan_all(to_ckpts(catalog.checkpoints(inner)), policies, time.time_ns())
+        # Each run planned whole (as the daemon does), shown for what lies under PATH.
+        plans = plan_all(to_ckpts(catalog.checkpoints("/")), policies, time.time_ns())
     finally:
         catalog.close()
     if not policies:
         print("ckptfs gc: no [[retention]] policy is configured: nothing expires")
     if dry_run:
         for run, plan in sorted(plans.items()):
-            print(f"run {run}:")
-            for label, roots in (("keep local", plan.keep_local), ("remote only", plan.evict_local),
-                                 ("expire", plan.expire), ("skip upload", plan.skip_upload)):
-                for r in roots:
-                    print(f"  {label:<12} {r}  ({plan.why.get(r, '')})")
+            lines = [
+                f"  {label:<12} {r}  ({plan.why.get(r, '')})"
+                for label, roots in (("keep local", plan.keep_local),
+                                     ("remote only", plan.evict_local),
+                                     ("expire", plan.expire), ("skip upload", plan.skip_upload))
+                for r in roots if under(r, inner)
+            ]
+            if lines:
+                print(f"run {run}:")
+                print("\n".join(lines))
         return 0
-    try:
-        with progress("applying retention", None):  # a spinner on a terminal
-            os.setxattr(str(mnt), "user.ckptfs.gc", b"1")
-    except OSError as exc:
-        print(f"ckptfs gc: {exc.strerror}", file=sys.stderr)
+    if _gc_through_mount(path):
         return 1
     catalog = open_catalog(state_dir)
     try:

@@ -1,14 +1,18 @@
 """Applies retention in the daemon, in the background, with the safety rules.
 
-After each checkpoint commit (and on `ckptfs gc`), the janitor plans retention per run
-(retention.py) and carries it out:
+After each checkpoint commit, the janitor plans retention per run (retention.py) and
+carries it out; `ckptfs gc PATH` (the ``user.ckptfs.gc`` xattr) does the same for the
+checkpoints under PATH only (each run is still planned whole, so what stays protected does):
 
 * **skip_upload**: drop pending uploads of chunks only superseded checkpoints name;
 * **evict_local**: drop local copies of chunks a remote holds and no upload needs, except
   chunks a checkpoint kept local also names (never evict data not yet uploaded);
 * **expire**: delete the checkpoint's files and directories (their chunks go from every
-  tier by garbage collection), unless a file under it is open (never delete a checkpoint
-  being read); then check on every tier that its chunks are gone before calling it deleted.
+  tier through the deletion queue, upload/deleter.py), unless a file under it is open
+  (never delete a checkpoint being read); then, once the queue has no row left for its
+  chunks, check on every tier (outside every lock) that they are gone, queueing again what
+  is still there, before calling it deleted. A chunk another file references again (same
+  content) is kept.
 
 Every few seconds it also keeps the local tiers under a high watermark by evicting the
 oldest chunks a remote already holds.
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..errors import CkptfsError
-from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of
+from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of, under
 
 if TYPE_CHECKING:
     from ..vfs.filesystem import Filesystem
@@ -32,7 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptfs.retention")
 
 WATERMARK_CHECK_S = 5.0
-LEFTOVER_RETRY_S = 30.0  # deletions that failed (a tier down) are retried this often
+LEFTOVER_RETRY_S = 30.0  # expired checkpoints not yet verified gone are looked at this often
+SETTLE_S = 10.0  # how long a pass waits for the deletion queue to try a checkpoint's chunks
 
 
 @dataclass
@@ -62,6 +67,8 @@ class Janitor:
         self.high = high_watermark
         self.low = low_watermark
         self._wake = trio.Event()
+        self._everything = False  # a commit asked for a pass over every run
+        self._scopes: set[str] = set()  # subtrees `ckptfs gc PATH` asked for
         self._done = trio.Event()  # set (and replaced) after each retention pass
         self.passes = 0
         self._started = self._finished = 0  # loop iterations begun and ended
@@ -69,12 +76,16 @@ class Janitor:
         self.last = JanitorReport()
 
     def kick(self) -> None:
+        self._everything = True
         self._wake.set()
 
-    async def run_now(self) -> JanitorReport:
-        """Ask for a pass and wait for one that started after this call (``ckptfs gc``)."""
+    async def run_now(self, scope: str = "/") -> JanitorReport:
+        """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
+        after this call (``ckptfs gc PATH``); postponed deletions are tried again at once."""
         wanted = self._started + 1
-        self.kick()
+        await self.fs.deleter.retry_now()
+        self._scopes.add(scope)
+        self._wake.set()
         while self._finished < wanted:
             await self._done.wait()
         return self.last
@@ -85,10 +96,12 @@ class Janitor:
                 await self._wake.wait()
             woken = self._wake.is_set()
             self._wake = trio.Event()
+            scopes = None if self._everything else self._scopes
+            self._everything, self._scopes = False, set()
             self._started += 1
             if woken and self.policies:
                 try:
-                    self.last = await self.retention_pass()
+                    self.last = await self.retention_pass(scopes)
                     await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.error("retention pass failed: %s", exc)
@@ -112,17 +125,18 @@ class Janitor:
         if total <= 0 or used / total <= self.high:
             return
         want = int(used - self.low * total)
-        freed = await trio.to_thread.run_sync(store._evict, want, limiter=self.fs.db_limiter)
+        freed = await store.evict(want)
         log.info("local tiers at %.0f%% (high watermark %.0f%%): evicted %d bytes held by a "
                  "remote tier", 100 * used / total, 100 * self.high, freed)
 
-    async def retention_pass(self) -> JanitorReport:
+    async def retention_pass(self, scopes: set[str] | None = None) -> JanitorReport:
+        """Plan every run; act on the checkpoints under one of ``scopes`` (None: all)."""
         fs = self.fs
         rows = await fs.db(fs.catalog.checkpoints, "/")
         plans = plan_all(to_ckpts(rows), self.policies, time.time_ns())
         report = JanitorReport()
         for run, plan in plans.items():
-            await self._apply(run, plan, report)
+            await self._apply(run, plan, report, scopes)
         if report.expired or report.evicted_bytes or report.skipped_upload_jobs:
             log.info("retention: %d upload job(s) skipped, %d bytes evicted from local tiers, "
                      "%d checkpoint(s) expired, %d deleted, %d postponed (open)",
@@ -130,23 +144,34 @@ class Janitor:
                      report.deleted, report.busy)
         return report
 
-    async def _apply(self, run: str, plan: Plan, report: JanitorReport) -> None:
+    async def _apply(
+        self, run: str, plan: Plan, report: JanitorReport, scopes: set[str] | None = None
+    ) -> None:
+        """Carry out ``plan``; with ``scopes``, act only on checkpoints under one of them
+        (the run is planned whole: what it keeps still protects their shared chunks)."""
+        def acts(root: str) -> bool:
+            return scopes is None or any(under(root, s) for s in scopes)
+
         fs = self.fs
         kept_local = await fs.db(fs.catalog.digests_under, plan.keep_local)
-        if plan.skip_upload:
-            skip = await fs.db(fs.catalog.digests_under, plan.skip_upload)
-            living = [r for r in plan.keep_local + plan.evict_local if r not in plan.skip_upload]
+        skipping = [r for r in plan.skip_upload if acts(r)]
+        if skipping:
+            skip = await fs.db(fs.catalog.digests_under, skipping)
+            living = [r for r in plan.keep_local + plan.evict_local if r not in skipping]
             needed = await fs.db(fs.catalog.digests_under, living)
             drop = [d for d in skip if d not in needed]
             if drop:
                 report.skipped_upload_jobs += await fs.db(fs.catalog.drop_upload_jobs, drop)
-        if plan.evict_local and fs.store.remotes:
-            victims = await fs.db(fs.catalog.digests_under, plan.evict_local)
+        evicting = [r for r in plan.evict_local if acts(r)]
+        if evicting and fs.store.remotes:
+            victims = await fs.db(fs.catalog.digests_under, evicting)
             report.evicted_bytes += await fs.db(
                 fs.store.evict_digests, [d for d in victims if d not in kept_local]
             )
+            fs.store.deletions_queued()
         for root in plan.expire:
-            await self._expire(root, plan.why.get(root, ""), report)
+            if acts(root):
+                await self._expire(root, plan.why.get(root, ""), report)
 
     async def _expire(self, root: str, why: str, report: JanitorReport) -> None:
         fs = self.fs
@@ -168,36 +193,53 @@ class Janitor:
             report.deleted += 1
 
     async def _finish(self, root: str, digests: list[bytes]) -> bool:
-        """Verify that no tier holds the chunks of an expired checkpoint (deleting what is
-        left, e.g. on a remote that was down); then it is *deleted*. False: try later."""
+        """Verify that no tier holds the chunks of an expired checkpoint; then it is
+        *deleted*. The deletion queue does the deleting: this waits a little for it, then
+        looks (``tier.has``, outside every lock and limiter the file system needs) and
+        queues again whatever is still there. False: not yet, look again later."""
         fs = self.fs
+        await fs.deleter.settle(digests, SETTLE_S)
         referenced = await fs.db(fs.catalog.referenced_digests)
         candidates = [d for d in digests if d not in referenced]  # shared ones are kept
-        left = await trio.to_thread.run_sync(self._delete_everywhere, candidates)
+        queued = await fs.db(fs.catalog.deletions_pending, candidates)
+        present, unknown = await trio.to_thread.run_sync(
+            self._still_there, [d for d in candidates if d not in queued],
+            limiter=fs.deleter.remote_limiter,
+        )
+        if present:
+            await fs.db(fs.catalog.queue_deletions, present)
+            fs.store.deletions_queued()
+        left = sorted(queued | {d for d, _ in present} | unknown)
         await fs.db(fs.catalog.checkpoint_leftover, root, left)
         if left:
-            log.warning("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
-                        "(a tier unreachable?); retrying later", root, len(left))
+            log.info("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
+                     "(queued for deletion, or held by a file being written); looking again "
+                     "later", root, len(left))
             return False
         await fs.db(fs.catalog.checkpoint_set_state, root, "deleted", None)
         log.info("checkpoint %s deleted: verified gone from every tier", root)
         return True
 
-    def _delete_everywhere(self, digests: list[bytes]) -> list[bytes]:
-        """Blocking: delete these chunks from every tier (idempotent) and check they are
-        gone; return those that are not (yet)."""
-        left = []
+    def _still_there(self, digests: list[bytes]) -> tuple[list[tuple[bytes, str]], set[bytes]]:
+        """Blocking (no lock, no catalog): the (chunk, tier) pairs still holding a frame, and
+        the chunks a tier could not answer for."""
+        present: list[tuple[bytes, str]] = []
+        unknown: set[bytes] = set()
+        failed: dict[str, str] = {}  # tiers that could not answer: not asked again now
         for d in digests:
             for tier in self.fs.store.tiers.values():
+                if tier.name in failed:
+                    unknown.add(d)
+                    continue
                 try:
                     if tier.has(d.hex()):
-                        tier.delete(d.hex())
-                        if tier.has(d.hex()):
-                            raise CkptfsError(f"{d.hex()[:16]} still on tier {tier.name}")
-                except CkptfsError:
-                    left.append(d)
-                    break
-        return left
+                        present.append((d, tier.name))
+                except CkptfsError as exc:
+                    failed[tier.name] = str(exc)
+                    unknown.add(d)
+        for name, err in failed.items():
+            log.warning("tier %s cannot say whether expired chunks are gone: %s", name, err)
+        return present, unknown
 
     async def retry_leftovers(self) -> None:
         fs = self.fs

@@ -73,6 +73,11 @@ def run_of(root: str) -> str:
     return parent or "/"
 
 
+def under(path: str, scope: str) -> bool:
+    """True if ``path`` is ``scope`` or inside it (paths inside the mount)."""
+    return scope == "/" or path == scope or path.startswith(scope.rstrip("/") + "/")
+
+
 def policy_for_run(policies: tuple[RetentionPolicy, ...], run: str) -> RetentionPolicy | None:
     """The first policy (in config order) whose glob matches the run directory."""
     for p in policies:

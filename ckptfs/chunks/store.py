@@ -13,21 +13,26 @@ All blocking work runs in worker threads under one CapacityLimiter.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..catalog import Catalog, ChunkRef
-from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, TierError
+from ..catalog.catalog import Backlog
+from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
 from . import frame
+from .guard import ChunkGuard
+
+if TYPE_CHECKING:
+    from ..upload.deleter import Deleter
 
 log = logging.getLogger("ckptfs.chunks")
 
@@ -52,18 +57,10 @@ class _Fetched:
 
     data: frame.Buffer | None = None
     source: str | None = None
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (tier, missing|corrupt)
+    # (tier, missing|corrupt|unreadable|error): all but "error" are this copy's problem
+    failures: list[tuple[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
-
-
-@dataclass
-class _Where:
-    """Where the store keeps a chunk no commit names yet (it is pinned). ``tiers`` is
-    replaced, never changed in place, so the trio thread reads it without a lock."""
-
-    length: int
-    tiers: tuple[str, ...] = ()
 
 
 # Uploads an uncommitted chunk (digest, length, local tiers holding it, remote tier) to a
@@ -91,19 +88,15 @@ class ChunkStore:
         self._place_lock = threading.Lock()
         self._unhealthy: dict[str, float] = {}
         self._full: dict[str, float] = {}
-        self._pins: dict[bytes, int] = {}
-        self._pin_lock = threading.Lock()  # guards _pins, _where, _putting; GC deletes under it
-        # Uncommitted (pinned) chunks: where they are. A commit records these tiers, not the
-        # writer's old idea: a full local tier may have moved a chunk to a remote meanwhile.
-        self._where: dict[bytes, _Where] = {}
-        self._putting: dict[bytes, int] = {}  # puts of a digest in progress
-        self._spilling: set[bytes] = set()  # uncommitted chunks being moved to a remote
+        # Pins, deletions in flight and where uncommitted chunks are, under one lock held
+        # for dict operations only (chunks/guard.py).
+        self.guard = ChunkGuard(self.local)
+        self.deleter: Deleter | None = None  # drains the deletion queue (set by the VFS)
         self.spill_copy: SpillCopy | None = None  # set by the filesystem (the uploader)
         self.remote_copies = 1
         self.spilled_bytes = 0
         self._spill_running = False
         self._spill_retry_at = -1e9
-        self._spill_skip: set[bytes] = set()  # uncommitted chunks a committed file names too
         self._synced: set[bytes] = set()
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
@@ -200,7 +193,7 @@ class ChunkStore:
         the caller first had to wait (None if eviction alone made room)."""
         batch = max(2 * need, 64 * 1024 * 1024)  # evict in batches: fewer catalog scans
         gen = self._room_gen
-        freed = await trio.to_thread.run_sync(self._evict, batch, limiter=self.db_limiter)
+        freed = await self.evict(batch)
         if freed or self._room_gen != gen:
             self._full.clear()
             self.room_may_have_freed()  # other writers waiting for room try again too
@@ -216,10 +209,11 @@ class ChunkStore:
         # in the background, which wakes us when done), so the remote serves them and
         # their local frames make room.
         moving = self._start_spill(batch)
-        backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
-        if moving == "none" and not backlog.chunks and self._room_gen == gen:
-            # No upload job, nothing evictable, no uncommitted chunk to move: no event
-            # could ever free room, so waiting would only delay the error.
+        backlog, deleting = await trio.to_thread.run_sync(self._outlook, limiter=self.db_limiter)
+        if moving == "none" and not backlog.chunks and not deleting and self._room_gen == gen:
+            # No upload job, nothing evictable, no uncommitted chunk to move, no local
+            # frame queued for deletion: no event could ever free room, so waiting would
+            # only delay the error.
             log.error("local tiers full and nothing can free room (no upload pending, nothing "
                       "evictable, no uncommitted chunk to move to a remote): ENOSPC")
             raise exc
@@ -229,7 +223,7 @@ class ChunkStore:
             log.warning("local tiers full; writers wait for %d bytes (%d chunks) of upload "
                         "jobs and %d bytes of uncommitted chunks to reach a remote "
                         "(on_local_full = \"block\", at most %.0f s)",
-                        backlog.bytes, backlog.chunks, self._movable_bytes(),
+                        backlog.bytes, backlog.chunks, self.guard.movable_bytes(frame.HEADER_SIZE),
                         self.local_full_timeout_s)
         left = waited_since + self.local_full_timeout_s - now
         if left <= 0:
@@ -247,40 +241,29 @@ class ChunkStore:
         self._full.clear()
         return waited_since
 
-    def _spill_candidates(self, want: int) -> list[tuple[bytes, int, tuple[str, ...]]]:
-        """Uncommitted chunks with a local frame and no move running, about ``want`` bytes."""
-        picked: list[tuple[bytes, int, tuple[str, ...]]] = []
-        total = 0
-        for digest, where in self._where.copy().items():  # copy(): atomic under the GIL
-            if total >= want:
-                break
-            sources = tuple(t for t in where.tiers if t in self.local)
-            if (not sources or digest in self._spilling or digest in self._spill_skip
-                    or self._putting.get(digest)):
-                continue
-            picked.append((digest, where.length, sources))
-            total += where.length + frame.HEADER_SIZE
-        return picked
-
-    def _movable_bytes(self) -> int:
-        """Bytes of uncommitted chunks with a local frame (being moved, or to move)."""
-        return sum(w.length + frame.HEADER_SIZE for w in self._where.copy().values()
-                   if any(t in self.local for t in w.tiers))
+    def _outlook(self) -> tuple[Backlog, bool]:
+        """Blocking: the upload backlog, and whether local frames wait in the deletion
+        queue (the deleter frees them and wakes the writers)."""
+        local = any(b.chunks for b in self.catalog.deletion_backlog() if b.tier in self.local)
+        return self.catalog.backlog(), local
 
     def _start_spill(self, want: int) -> str:
         """Start a round of moves unless one runs: "running", "retry" (candidates, but the
-        last round failed: the next look tries again) or "none" (nothing to move)."""
+        last round failed or a deletion holds them back: the next look tries again) or
+        "none" (nothing to move)."""
         if self._spill_running:
             return "running"
         if self.spill_copy is None or self._nursery is None:
             return "none"
-        picked = self._spill_candidates(want)
+        start = time.monotonic() >= self._spill_retry_at
+        picked, blocked = self.guard.start_moves(
+            want, frame.HEADER_SIZE, lambda d: self.remote_targets(d, self.remote_copies), start
+        )
         if not picked:
-            return "none"
-        if time.monotonic() < self._spill_retry_at:
+            return "retry" if blocked else "none"
+        if not start:
             return "retry"
         self._spill_running = True
-        self._spilling.update(d for d, _, _ in picked)
         self._nursery.start_soon(self._spill, picked)
         return "running"
 
@@ -303,15 +286,13 @@ class ChunkStore:
                                 "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
                 failed = True
                 return
-            orphan, n = await trio.to_thread.run_sync(
+            drop, orphaned = await trio.to_thread.run_sync(
                 self._after_spill, digest, sources, targets, limiter=self.db_limiter
             )
-            freed += n
-            for target in orphan:  # the chunk was dropped while it uploaded
-                with contextlib.suppress(CkptfsError):
-                    await trio.to_thread.run_sync(
-                        self.tiers[target].delete, digest.hex(), limiter=self._bg
-                    )
+            if orphaned:
+                self.deletions_queued()  # dropped while it moved: the deleter removes the copies
+            if drop:
+                freed += await self._drop_moved(drop)
 
         def unknown(digests: list[bytes]) -> set[bytes]:
             # A chunk a committed file names too (same content) keeps its local copy.
@@ -321,13 +302,13 @@ class ChunkStore:
             fresh = await trio.to_thread.run_sync(
                 unknown, [d for d, _, _ in picked], limiter=self.db_limiter
             )
-            self._spill_skip.update(d for d, _, _ in picked if d not in fresh)
+            self.guard.stay(d for d, _, _ in picked if d not in fresh)
             async with trio.open_nursery() as n:
                 for digest, length, sources in picked:
                     if digest in fresh:
                         n.start_soon(one, digest, length, sources)
         finally:
-            self._spilling.difference_update(d for d, _, _ in picked)
+            self.guard.end_moves(d for d, _, _ in picked)
             self._spill_running = False
             if failed:
                 self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
@@ -340,64 +321,86 @@ class ChunkStore:
 
     def _after_spill(
         self, digest: bytes, sources: tuple[str, ...], targets: list[str]
-    ) -> tuple[list[str], int]:
-        """Blocking (under the catalog limiter, which commits take too): the remote copies
-        of an uncommitted chunk are stored; record them and drop its local frames. Returns
-        (remote tiers whose copy nobody needs, bytes freed)."""
-        with self._pin_lock:
-            where = self._where.get(digest)
-            if where is None:
-                # Committed or dropped while it uploaded. Committed: its upload job (which
-                # may be running: never take it over) writes the same object again.
-                # Dropped: nobody needs the copy.
-                return ([] if self.catalog.has_chunk(digest) else list(targets)), 0
-            known = set(self.catalog.replica_tiers(digest))
-            keep = tuple(t for t in where.tiers if t not in sources)
-            where.tiers = tuple(sorted(set(keep) | set(targets) | (known & set(sources))))
-            if known & set(sources) or self._putting.get(digest):
-                self._spill_skip.add(digest)  # a committed file names the local copy too
-                return [], 0
+    ) -> tuple[list[tuple[bytes, str]], bool]:
+        """Blocking (under the catalog limiter, which commits take too, so no commit of
+        this chunk runs meanwhile): the remote copies of an uncommitted chunk are stored.
+        Record them where the writers find them, and return (its local frames, marked as
+        being deleted, to drop; whether its remote copies were queued for deletion)."""
+        committed = self.catalog.has_chunk(digest)
+        known = set(self.catalog.replica_tiers(digest)) if committed else set()
+        state, drop = self.guard.moved(digest, sources, targets, known)
+        if state == "gone" and not committed:
+            # Dropped while it uploaded: nobody needs the copies (a pin of the same bytes
+            # or a commit naming them there cancels the rows). Committed: its upload job
+            # (which may be running: never take it over) writes the same objects again.
+            self.catalog.queue_deletions((digest, t) for t in targets)
+            return [], True
+        return drop, False
+
+    async def _drop_moved(self, drop: list[tuple[bytes, str]]) -> int:
+        """Delete the local frames of a moved uncommitted chunk (no catalog row names them;
+        the guard marks them as being deleted, so a writer of the same bytes waits or
+        shares the remote copy). A frame that will not go is queued for the deleter."""
+        failed: list[tuple[bytes, str]] = []
+
+        def work() -> int:
             freed = 0
-            for name in sources:
+            for digest, name in drop:
                 try:
                     freed += self.local[name].delete(digest.hex())
                 except TierError as exc:
                     log.warning("could not delete moved chunk %s: %s", digest.hex()[:16], exc)
-            self._synced.discard(digest)
-            return [], freed
+                    failed.append((digest, name))
+            return freed
+
+        try:
+            freed = await trio.to_thread.run_sync(work, limiter=self.io)
+        finally:
+            self.forget_frames(d for d, _ in drop)  # before a waiting writer puts it again
+            self.guard.end_delete(drop)
+        if failed:
+            await trio.to_thread.run_sync(
+                self.catalog.queue_deletions, failed, limiter=self.db_limiter
+            )
+            self.deletions_queued()
+        return freed
 
     def current(self, ref: ChunkRef) -> ChunkRef:
         """``ref`` with the tiers that hold it now, if it is an uncommitted chunk."""
-        where = self._where.get(ref.digest)
-        if where is None or not where.tiers or where.tiers == ref.tiers:
+        tiers = self.guard.current(ref.digest)
+        if tiers is None or tiers == ref.tiers:
             return ref
-        return ChunkRef(ref.digest, ref.length, where.tiers)
+        return ChunkRef(ref.digest, ref.length, tiers)
 
-    def _evict(self, want: int) -> int:
-        """Blocking: delete local copies of chunks a remote tier holds, oldest files first,
-        until ``want`` bytes are freed. Never a chunk that is pinned or still to upload."""
+    def _evict(self, want: int) -> list[tuple[bytes, str, int]]:
+        """Blocking (catalog only): turn local replicas of chunks a remote tier holds into
+        deletion rows, oldest files first, about ``want`` bytes' worth. Never a chunk still
+        to upload. Returns the rows queued (digest, tier, frame bytes)."""
         remote_names = [t.name for t in self.remotes]
         if not remote_names:
-            return 0
-        freed = 0
+            return []
+        queued: list[tuple[bytes, str, int]] = []
+        total = 0
         candidates = self.catalog.eviction_candidates(
             list(self.local), remote_names, limit=max(1, want // 65536)
         )
-        with self._pin_lock:  # a writer pins a digest before it puts a frame of it
-            for digest, tier_name, length in candidates:
-                if freed >= want:
-                    break
-                if digest in self._pins:
-                    continue
-                if not self.catalog.forget_local_replica(digest, tier_name, remote_names):
-                    continue
-                try:
-                    self.local[tier_name].delete(digest.hex())
-                except TierError as exc:
-                    log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
-                    continue
-                self._synced.discard(digest)
-                freed += length + frame.HEADER_SIZE
+        for digest, tier_name, length in candidates:
+            if total >= want:
+                break
+            if self.guard.pinned(digest):
+                continue  # a writer is about to commit it here (the deleter would hold it)
+            if self.catalog.forget_local_replica(digest, tier_name, remote_names):
+                queued.append((digest, tier_name, length + frame.HEADER_SIZE))
+                total += length + frame.HEADER_SIZE
+        return queued
+
+    async def evict(self, want: int) -> int:
+        """Evict about ``want`` bytes of local copies a remote holds, now: queue their
+        deletion and delete the local frames at once. Returns the bytes freed."""
+        queued = await trio.to_thread.run_sync(self._evict, want, limiter=self.db_limiter)
+        if not queued or self.deleter is None:
+            return 0
+        freed = await self.deleter.delete_local([(d, t) for d, t, _ in queued])
         if freed:
             self.evicted_bytes += freed
             log.info("evicted %d bytes of chunks held by a remote tier from the local tiers",
@@ -405,27 +408,31 @@ class ChunkStore:
         return freed
 
     def evict_digests(self, digests: Iterable[bytes]) -> int:
-        """Blocking (under the catalog limiter): drop the local copies of these chunks where
-        a remote tier holds them and no upload needs them. Returns the bytes freed."""
+        """Blocking (under the catalog limiter): queue the deletion of the local copies of
+        these chunks where a remote tier holds them and no upload needs them. Returns the
+        bytes queued (the deleter frees them)."""
         remote_names = [t.name for t in self.remotes]
         if not remote_names:
             return 0
-        freed = 0
-        with self._pin_lock:
-            for digest in digests:
-                if digest in self._pins:
-                    continue
-                for name in self.catalog.replica_tiers(digest):
-                    tier = self.local.get(name)
-                    if tier is None or not self.catalog.forget_local_replica(digest, name, remote_names):
-                        continue
-                    try:
-                        freed += tier.delete(digest.hex())
-                    except TierError as exc:
-                        log.warning("could not delete evicted chunk %s: %s", digest.hex()[:16], exc)
-                    self._synced.discard(digest)
-        self.evicted_bytes += freed
-        return freed
+        queued = 0
+        for digest in digests:
+            if self.guard.pinned(digest):
+                continue
+            for name in self.catalog.replica_tiers(digest):
+                if name in self.local and self.catalog.forget_local_replica(digest, name, remote_names):
+                    queued += self.catalog.chunk_length(digest) + frame.HEADER_SIZE
+        self.evicted_bytes += queued
+        return queued
+
+    def deletions_queued(self) -> None:
+        """Rows were added to the deletion queue: wake the deleter."""
+        if self.deleter is not None:
+            self.deleter.kick()
+
+    def forget_frames(self, digests: Iterable[bytes]) -> None:
+        """These frames were deleted: a frame put again later is not known durable."""
+        for d in digests:
+            self._synced.discard(d)
 
     def local_fill(self) -> tuple[int, int]:
         """Blocking: (bytes in use, bytes in all) over the local tiers: a capped tier counts
@@ -446,19 +453,21 @@ class ChunkStore:
     # -- pins --------------------------------------------------------------------------------
 
     def _pin(self, digest: bytes) -> None:
-        with self._pin_lock:
-            self._pins[digest] = self._pins.get(digest, 0) + 1
+        self.guard.pin(digest)
 
     def unpin(self, digests: Iterable[bytes]) -> None:
-        with self._pin_lock:
-            for d in digests:
-                n = self._pins.get(d, 0) - 1
-                if n > 0:
-                    self._pins[d] = n
-                else:
-                    self._pins.pop(d, None)
-                    self._where.pop(d, None)
-                    self._spill_skip.discard(d)
+        self.guard.unpin(digests)
+
+    def release(self, refs: Iterable[ChunkRef]) -> list[ChunkRef]:
+        """Unpin these chunks; returns them with the tiers holding them as the pins went
+        (a chunk a full local tier moved to a remote: its remote copies), for ``collect``."""
+        refs = list(refs)
+        now = self.guard.unpin(r.digest for r in refs)
+        return [
+            r if not now.get(r.digest) or now[r.digest] == r.tiers
+            else ChunkRef(r.digest, r.length, now[r.digest])
+            for r in refs
+        ]
 
     # -- write -------------------------------------------------------------------------------
 
@@ -487,37 +496,25 @@ class ChunkStore:
 
         def work() -> ChunkRef:
             digest = frame.digest_of_parts(parts)
-            with self._pin_lock:
-                self._pins[digest] = self._pins.get(digest, 0) + 1
-                where = self._where.get(digest)
-                if where is not None and where.tiers:
-                    # Another open file stored the same bytes and has not committed: share
-                    # its copy (which a full local tier may move to a remote).
-                    return ChunkRef(digest, where.length, where.tiers)
-                self._putting[digest] = self._putting.get(digest, 0) + 1
+            # Pinned before the put, and never put while a local deletion of the same
+            # frame is in flight (it would remove the frame after our put), unless another
+            # open file stored the same bytes and has not committed: then share its copy
+            # (which a full local tier may move to a remote).
+            shared = self.guard.pin_for_put(digest)
+            if shared is not None:
+                return ChunkRef(digest, shared.length, shared.tiers)
             try:
                 framed = frame.encode(parts, digest)
                 size = sum(len(p) for p in framed)
                 tier = self._put_somewhere(digest, framed, size)
             except BaseException:
-                self._put_done(digest, None, 0)
+                self.guard.put_done(digest, None, 0)
                 self.unpin([digest])
                 raise
-            self._put_done(digest, tier, size - frame.HEADER_SIZE)
+            self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
-
-    def _put_done(self, digest: bytes, tier: str | None, length: int) -> None:
-        with self._pin_lock:
-            n = self._putting.get(digest, 0) - 1
-            if n > 0:
-                self._putting[digest] = n
-            else:
-                self._putting.pop(digest, None)
-            if tier is not None:
-                where = self._where.setdefault(digest, _Where(length))
-                where.tiers = tuple(sorted({*where.tiers, tier}))
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""
@@ -634,6 +631,14 @@ class ChunkStore:
             started = time.perf_counter()
             try:
                 raw = tier.get(ref.key)
+            except ObjectUnreadable as exc:
+                # This copy is bad (the tier answers other requests): heal it, keep the tier.
+                log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
+                self.stats.count("unreadable_copies")
+                self.stats.record_ok(name)
+                got.failures.append((name, "unreadable"))
+                got.problems.append(f"{name}: {exc}")
+                continue
             except TierError as exc:
                 log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
                 self.stats.record_error(name, str(exc))
@@ -672,7 +677,7 @@ class ChunkStore:
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
         if self._nursery is None or got.data is None or got.source is None:
             return
-        if ref.digest in self._where:
+        if self.guard.uncommitted(ref.digest):
             return  # uncommitted: the catalog has no copies to heal or to add to
         bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
         failed = {t for t, _ in got.failures}
@@ -719,7 +724,7 @@ class ChunkStore:
             if not await trio.to_thread.run_sync(
                 self.catalog.add_replica_if_known, ref.digest, placed, limiter=self.db_limiter
             ):
-                await trio.to_thread.run_sync(self.local[placed].delete, ref.key, limiter=self._bg)
+                self.deletions_queued()  # the copy just made is queued for deletion
                 return True  # the chunk is gone: nothing to stage
         finally:
             self.unpin([ref.digest])
@@ -776,10 +781,9 @@ class ChunkStore:
                         self.catalog.add_replica_if_known, ref.digest, placed,
                         limiter=self.db_limiter,
                     ):
-                        # The chunk was deleted meanwhile: remove the copy just made.
-                        await trio.to_thread.run_sync(
-                            self.local[placed].delete, ref.key, limiter=self._bg
-                        )
+                        # The chunk was deleted meanwhile: the copy just made is queued
+                        # for deletion (the deleter respects pins of the same content).
+                        self.deletions_queued()
                         placed = None
                 finally:
                     self.unpin([ref.digest])
@@ -810,6 +814,7 @@ class ChunkStore:
         """Blocking (no catalog access): put a verified frame of ``data`` on a local tier,
         ``prefer``red ones first (the one whose copy was bad); None if none has room."""
         digest = ref.digest
+        self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
         framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
         for name in prefer:
@@ -832,34 +837,28 @@ class ChunkStore:
     # -- garbage collection ------------------------------------------------------------------
 
     async def collect(self, refs: Iterable[ChunkRef]) -> None:
-        """Delete the chunks among ``refs`` that nothing references or pins any more."""
+        """Drop the chunks among ``refs`` that nothing references any more: one catalog
+        transaction moves their rows to the deletion queue; the deleter removes the frames
+        (never one a pin or a new reference wants)."""
         by_digest: dict[bytes, set[str]] = {}
         for ref in map(self.current, refs):
-            by_digest.setdefault(ref.digest, set()).update(ref.tiers)
+            by_digest.setdefault(ref.digest, set()).update(
+                t for t in ref.tiers if t in self.tiers
+            )
         if not by_digest:
             return
-
-        def work() -> list[bytes]:
-            with self._pin_lock:
-                candidates = [d for d in by_digest if d not in self._pins]
-                gone = self.catalog.drop_unreferenced(candidates)
-                for digest, tiers in gone.items():
-                    for name in set(tiers) | by_digest[digest]:
-                        tier = self.tiers.get(name)
-                        if tier is None:
-                            continue
-                        try:
-                            tier.delete(digest.hex())
-                        except TierError as exc:
-                            log.warning("could not delete chunk %s: %s", digest.hex()[:16], exc)
-                return list(gone)
-
-        gone = await trio.to_thread.run_sync(work, limiter=self.db_limiter)
+        # A pinned digest is about to be committed again: leave its rows (its pinner
+        # collects it if that commit does not happen).
+        candidates = {d: t for d, t in by_digest.items() if not self.guard.pinned(d)}
+        if not candidates:
+            return
+        gone = await trio.to_thread.run_sync(
+            self.catalog.drop_unreferenced, list(candidates), candidates, limiter=self.db_limiter
+        )
         if gone:
             self.stats.count("chunks_deleted", len(gone))
-            self.room_may_have_freed()
+            self.deletions_queued()
         for digest in gone:
-            self._synced.discard(digest)
             data = self._cache.pop(digest, None)
             if data is not None:
                 self._cache_bytes -= len(data)

@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import pyfuse3
+import trio
 
 from .. import metrics
 from ..catalog import Inode
 from ..errors import CkptfsError
+from ..vfs.context import RequestContext, groups_from_status
 from ..vfs.filesystem import Filesystem, uses_direct_io
 
 log = logging.getLogger("ckptfs.fuse")
@@ -58,6 +60,24 @@ def boundary(fn: F) -> F:
     return cast(F, wrapper)
 
 
+def _read_groups(pid: int) -> tuple[int, ...]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return groups_from_status(f.read())
+    except OSError:
+        return ()  # the caller is gone: no supplementary groups to honour
+
+
+async def context(ctx: Any, groups: bool = False) -> RequestContext:
+    """The caller of a request. ``groups``: also its supplementary groups (a read of
+    /proc/PID/status; only requests that decide by group membership ask, never for root)."""
+    uid, gid, pid = int(ctx.uid), int(ctx.gid), int(ctx.pid)
+    found: tuple[int, ...] = ()
+    if groups and uid != 0 and pid > 0:
+        found = await trio.to_thread.run_sync(_read_groups, pid)
+    return RequestContext(uid=uid, gid=gid, pid=pid, groups=found)
+
+
 def entry(inode: Inode) -> pyfuse3.EntryAttributes:
     e = pyfuse3.EntryAttributes()
     e.st_ino = pyfuse3.InodeT(inode.ino)
@@ -68,7 +88,7 @@ def entry(inode: Inode) -> pyfuse3.EntryAttributes:
     e.st_nlink = inode.nlink
     e.st_uid = inode.uid
     e.st_gid = inode.gid
-    e.st_rdev = 0
+    e.st_rdev = inode.rdev
     e.st_size = inode.size
     e.st_blksize = 1 << 20
     e.st_blocks = (inode.size + 511) // 512
@@ -102,6 +122,9 @@ class FuseOps(pyfuse3.Operations):
     async def setattr(
         self, inode: int, attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, fh: Any, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        # Group membership decides chown, setgid and (times) write permission.
+        who = await context(ctx, groups=bool(fields.update_gid or fields.update_mode
+                                             or fields.update_atime or fields.update_mtime))
         return entry(
             await self.fs.setattr(
                 inode,
@@ -111,6 +134,7 @@ class FuseOps(pyfuse3.Operations):
                 gid=attr.st_gid if fields.update_gid else None,
                 atime_ns=attr.st_atime_ns if fields.update_atime else None,
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+                ctx=who,
             )
         )
 
@@ -120,29 +144,31 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+        who = await context(ctx, groups=bool(mode & 0o2000))
+        return entry(await self.fs.mknod(parent_inode, name, mode & ~ctx.umask, rdev, who))
 
     @boundary
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, ctx.uid, ctx.gid))
+        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, await context(ctx)))
 
     @boundary
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self.fs.unlink(parent_inode, name)
+        await self.fs.unlink(parent_inode, name, await context(ctx))
 
     @boundary
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        await self.fs.rmdir(parent_inode, name)
+        await self.fs.rmdir(parent_inode, name, await context(ctx))
 
     @boundary
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+        return entry(await self.fs.symlink(parent_inode, name, target, await context(ctx)))
 
     @boundary
     async def rename(
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
-        await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags,
+                             await context(ctx))
 
     @boundary
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -151,6 +177,7 @@ class FuseOps(pyfuse3.Operations):
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         fh = await self.fs.open(inode, flags)
+        self.fs.set_caller(fh, await context(ctx))
         # The kernel page cache stays valid across opens: every change to a file goes
         # through this kernel (direct-I/O writes invalidate it at commit), so it can serve
         # repeat reads (warm restore) by itself.
@@ -160,7 +187,9 @@ class FuseOps(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, ctx.uid, ctx.gid)
+        who = await context(ctx, groups=bool(mode & 0o2000))
+        fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, who)
+        self.fs.set_caller(fh, who)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
         return info, entry(inode)
 
@@ -230,23 +259,23 @@ class FuseOps(pyfuse3.Operations):
         out.f_namemax = s.name_max
         return out
 
-    # Extended attributes: only ckptfs's own, on checkpoints (``user.ckptfs.*``); others are
-    # not stored and are refused cleanly.
+    # Extended attributes: stored ones, and ckptfs's own (``user.ckptfs.*``). pyfuse3 turns
+    # XATTR_CREATE / XATTR_REPLACE into a getxattr first and answers ERANGE itself.
     @boundary
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        await self.fs.setxattr(inode, name, value)
+        await self.fs.setxattr(inode, name, value, await context(ctx, groups=True))
 
     @boundary
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        value = await self.fs.getxattr(inode, name)
+        value = await self.fs.getxattr(inode, name, await context(ctx))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @boundary
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return await self.fs.listxattr(inode)
+        return await self.fs.listxattr(inode, await context(ctx))
 
     @boundary
     async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        await self.fs.removexattr(inode, name, await context(ctx, groups=True))

@@ -95,6 +95,7 @@ class FaultyTier:
         self.corrupt_puts = False  # flip a bit of every put body after the caller checked it
         self.corrupted = 0
         self.fail_deletes = False
+        self.fail_syncs = False  # fsync of frames fails (a device losing writes)
         # Hold puts (chunks and meta) until the gate opens; put_entered tells a put is held.
         self.put_gate: threading.Event | None = None
         self.put_entered = threading.Event()
@@ -141,6 +142,8 @@ class FaultyTier:
         return self.inner.delete(key)
 
     def sync(self, keys: Sequence[str]) -> None:
+        if self.fail_syncs:
+            raise TierError(f"tier {self.name}: injected EIO on fsync")
         self.inner.sync(keys)
 
     def put_meta(self, name: str, data: bytes) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,13 @@ from ..errors import NoSpace, TierError
 from .base import TierUsage, verify_by_reading
 
 _NOSPACE = {errno.ENOSPC, errno.EDQUOT}
+DIR_MODE = 0o700
+
+
+def _private_dir(path: Path) -> None:
+    """0700, whatever the umask (mkdir's mode passes through it) or an older version made."""
+    if stat.S_IMODE(os.stat(path).st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
 
 
 class LocalTier:
@@ -40,15 +48,18 @@ class LocalTier:
 
     def open(self) -> None:
         """Create the layout and count what is stored. Leftover temp files are removed:
-        they are puts that never completed (a crash), never referenced by anything."""
+        they are puts that never completed (a crash), never referenced by anything. The
+        chunk directories are made 0700 (chunk files are 0600): no other user lists them."""
         try:
-            self._chunks.mkdir(parents=True, exist_ok=True)
-            self._tmp.mkdir(parents=True, exist_ok=True)
+            for d in (self._chunks, self._tmp):
+                d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                _private_dir(d)
             for entry in os.scandir(self._tmp):
                 os.unlink(entry.path)
             used = 0
             for sub in os.scandir(self._chunks):
                 if sub.is_dir():
+                    _private_dir(Path(sub.path))
                     for f in os.scandir(sub.path):
                         used += f.stat().st_size
             self._used = used
@@ -94,7 +105,8 @@ class LocalTier:
             try:
                 os.rename(tmp, final)
             except FileNotFoundError:
-                final.parent.mkdir(exist_ok=True)
+                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+                _private_dir(final.parent)
                 os.rename(tmp, final)
             if replaced:
                 with self._lock:

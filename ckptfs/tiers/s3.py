@@ -10,8 +10,13 @@ Errors: every call into botocore runs under one context manager, ``S3Tier._error
 turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, timeouts,
 connection refused or reset, a checksum mismatch on the wire: worth retrying) or
 ``PermanentTierError`` (no such bucket, access denied, unknown key id, wrong secret, no
-credentials: an operator must act). botocore's own retries are off: the upload queue retries
-with its own backoff, and a read falls back to another replica at once.
+credentials: an operator must act; ``AccessDenied`` for refused credentials), and
+``EndpointUnreachable`` for an endpoint that does not answer at all. A chunk GET that fails
+after a good connection (a 500 for that key, a body cut short, a stalled read) is followed
+by a HEAD of the bucket with short timeouts: if that answers, the object is bad, not the
+tier (``ObjectUnreadable``, a CorruptChunk: the read path heals that copy). botocore's own
+retries are off: the upload queue retries with its own backoff, and a read falls back to
+another replica at once. Every call records in ``health`` whether the tier answered.
 
 ``usage`` cannot ask S3 for a size: ``total``/``free`` are a nominal 1 PiB, and ``used`` is
 the sum of the sizes of the objects this tier object has put or listed (and not deleted).
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,8 +49,17 @@ import urllib3.exceptions
 from ..chunks import frame
 from ..chunks.frame import Buffer
 from ..config import S3TierConfig
-from ..errors import CorruptChunk, PermanentTierError, TierError, TransientTierError
+from ..errors import (
+    AccessDenied,
+    CorruptChunk,
+    EndpointUnreachable,
+    ObjectUnreadable,
+    PermanentTierError,
+    TierError,
+    TransientTierError,
+)
 from .base import TierUsage, verify_by_reading
+from .health import Health
 
 # A nominal size for statfs: S3 has no capacity to ask for.
 REMOTE_CAPACITY = 1 << 50  # 1 PiB
@@ -97,13 +112,22 @@ _TRANSIENT_CODES = {
 }
 _PERMANENT_5XX_CODES = {"NotImplemented"}
 
-# Failures to talk to the endpoint at all, or of the connection mid-request.
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+# The health probe's timeouts (connect and read): a HEAD of the bucket answers at once.
+PROBE_TIMEOUT_S = 3.0
+
+# Failures to talk to the endpoint at all: nothing was sent or answered.
+_UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
     bce.EndpointConnectionError,
-    bce.ConnectionClosedError,
     bce.ConnectTimeoutError,
-    bce.ReadTimeoutError,
     bce.ProxyConnectionError,
+    ConnectionRefusedError,
+    urllib3.exceptions.NewConnectionError,
+    urllib3.exceptions.ConnectTimeoutError,
+)
+# Failures of the connection mid-request (after it was made).
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    bce.ConnectionClosedError,
+    bce.ReadTimeoutError,
     bce.HTTPClientError,  # includes ResponseStreamingError (a reset while reading a body)
     bce.IncompleteReadError,
     urllib3.exceptions.HTTPError,  # the rare one botocore does not wrap
@@ -131,12 +155,31 @@ class ObjectInfo:
     metadata: dict[str, str]
 
 
+class NoSuchBucket(PermanentTierError):
+    """The bucket does not exist at the endpoint."""
+
+
+class ReadOnlyCredentials(PermanentTierError):
+    """The credentials may read the prefix but not write (or delete) objects under it."""
+
+
 class PreconditionFailed(PermanentTierError):
     """A conditional write lost: the object changed (or appeared) since it was read."""
 
 
 class ConditionalWriteUnsupported(PermanentTierError):
     """The server refuses If-Match / If-None-Match on PutObject."""
+
+
+def _after_connection(exc: BaseException) -> bool:
+    """The request reached the server and broke off, or the server failed this request:
+    a 500, a body shorter than its length, a stalled read. (Throttling, 503 and gateway
+    errors are the server's state, not an object's.)"""
+    if isinstance(exc, bce.ClientError):
+        return _status(exc) == 500 and _code(exc) not in _TRANSIENT_CODES - {"InternalError"}
+    if isinstance(exc, _UNREACHABLE_ERRORS):
+        return False
+    return isinstance(exc, (*_CONNECTION_ERRORS, bce.IncompleteReadError))
 
 
 def _code(exc: bce.ClientError) -> str:
@@ -179,6 +222,9 @@ class S3Tier:
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # objects seen (put, listed, headed), for usage()
         self._fence: tuple[str, bool] | None = None  # (reason, permanent) while writes are refused
+        self.health = Health()  # what the last calls said about the tier (status, metrics)
+        self._probe_client: Any = None  # made at the first health probe
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         client_config = botocore.config.Config(
             region_name=cfg.region,
             signature_version="s3v4",
@@ -196,6 +242,11 @@ class S3Tier:
         try:
             if session is None:
                 session = boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region)
+            self._session = session
+            self._endpoint_url, self._region, self._verify = (
+                cfg.endpoint_url, cfg.region, cfg.verify_tls
+            )
+            self._client_config = client_config
             self._client: Any = session.client(
                 "s3",
                 endpoint_url=cfg.endpoint_url,
@@ -221,41 +272,90 @@ class S3Tier:
     # -- errors ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str | None = None) -> Iterator[None]:
-        """Translate what botocore and urllib3 raise into Transient/PermanentTierError.
+    def _errors(self, op: str, key: str | None = None, *, per_object: bool = False) -> Iterator[None]:
+        """Translate what botocore and urllib3 raise into Transient/PermanentTierError, and
+        record in ``health`` whether the tier answered.
 
         ``op == "check"`` marks a bucket-level call, where a bare 404 means "no bucket".
+        ``per_object`` (a chunk GET): a failure after the connection was made (a 500 for
+        this key, a body cut short, a read that stalls) is this object's problem if the
+        bucket still answers a HEAD at once: ObjectUnreadable, not a failure of the tier.
         """
         what = f"tier {self.name}: {op}" + (f" {key[:16]}" if key else "")
         try:
             yield
-        except bce.ClientError as exc:
-            raise self._from_client_error(what, op, exc) from exc
-        except _CREDENTIAL_ERRORS as exc:
-            raise PermanentTierError(
+        except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
+                ConnectionError, TimeoutError) as exc:
+            err = self._translate(what, op, exc)
+            if isinstance(err, PreconditionFailed | ConditionalWriteUnsupported):
+                self.health.ok()  # the server answered: it refused this write
+                raise err from exc
+            if per_object and _after_connection(exc) and self._endpoint_answers():
+                self.health.ok()
+                raise ObjectUnreadable(
+                    f"{what}: this object cannot be read although the endpoint answers "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            self.health.failed(err)
+            raise err from exc
+        self.health.ok()
+
+    def _translate(self, what: str, op: str, exc: BaseException) -> TierError:
+        if isinstance(exc, bce.ClientError):
+            return self._from_client_error(what, op, exc)
+        if isinstance(exc, _CREDENTIAL_ERRORS):
+            return AccessDenied(
                 f"{what}: no usable AWS credentials for bucket {self.bucket!r}: {exc}"
-            ) from exc
-        except bce.SSLError as exc:
+            )
+        if isinstance(exc, bce.SSLError):
             text = str(exc)
             if "certificate" in text.lower() or "hostname" in text.lower():
-                raise PermanentTierError(
+                return PermanentTierError(
                     f"{what}: TLS verification of {self.endpoint} failed: {text}"
-                ) from exc
-            raise TransientTierError(f"{what}: TLS error talking to {self.endpoint}: {text}") from exc
-        except _CONNECTION_ERRORS as exc:
-            raise TransientTierError(f"{what}: cannot reach endpoint {self.endpoint}: {exc}") from exc
-        except (bce.FlexibleChecksumError, bce.ChecksumError) as exc:
-            raise TransientTierError(f"{what}: checksum mismatch on the wire: {exc}") from exc
-        except (bce.ParamValidationError, bce.ValidationError) as exc:
-            raise PermanentTierError(f"{what}: invalid request: {exc}") from exc
-        except bce.BotoCoreError as exc:
-            raise TransientTierError(f"{what}: {type(exc).__name__}: {exc}") from exc
+                )
+            return TransientTierError(f"{what}: TLS error talking to {self.endpoint}: {text}")
+        if isinstance(exc, _UNREACHABLE_ERRORS):
+            return EndpointUnreachable(f"{what}: cannot reach endpoint {self.endpoint}: {exc}")
+        if isinstance(exc, _CONNECTION_ERRORS):
+            return TransientTierError(
+                f"{what}: connection to {self.endpoint} failed mid-request: {exc}"
+            )
+        if isinstance(exc, bce.FlexibleChecksumError | bce.ChecksumError):
+            return TransientTierError(f"{what}: checksum mismatch on the wire: {exc}")
+        if isinstance(exc, bce.ParamValidationError | bce.ValidationError):
+            return PermanentTierError(f"{what}: invalid request: {exc}")
+        return TransientTierError(f"{what}: {type(exc).__name__}: {exc}")
+
+    def _endpoint_answers(self) -> bool:
+        """A HEAD of the bucket with short timeouts (the health probe after a request
+        broke off): True if the server answers it."""
+        probe = self._probe_client
+        if probe is None:  # made outside the lock: building a client reads its model files
+            probe = self._session.client(
+                "s3", endpoint_url=self._endpoint_url, region_name=self._region,
+                verify=self._verify, config=self._client_config.merge(botocore.config.Config(
+                    connect_timeout=min(self._connect_timeout, PROBE_TIMEOUT_S),
+                    read_timeout=min(self._read_timeout, PROBE_TIMEOUT_S),
+                )),
+            )
+            with self._lock:
+                if self._probe_client is None:
+                    self._probe_client = probe
+                else:  # another thread made one first
+                    probe.close()
+                    probe = self._probe_client
+        try:
+            probe.head_bucket(Bucket=self.bucket)
+        except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
+                ConnectionError, TimeoutError):
+            return False
+        return True
 
     def _from_client_error(self, what: str, op: str, exc: bce.ClientError) -> TierError:
         code, status = _code(exc), _status(exc)
         detail = str(exc.response.get("Error", {}).get("Message", "") or "")
         if code in _NO_BUCKET_CODES or (op == "check" and status == 404):
-            return PermanentTierError(
+            return NoSuchBucket(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.endpoint}"
             )
         if code in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412:
@@ -266,7 +366,7 @@ class S3Tier:
                 detail if detail and not code.isdigit() else
                 "wrong access key or secret, or no permission on the bucket"
             )
-            return PermanentTierError(
+            return AccessDenied(
                 f"{what}: access denied to bucket {self.bucket!r} at {self.endpoint} "
                 f"({code or status}: {hint})"
             )
@@ -309,16 +409,19 @@ class S3Tier:
         return len(body)
 
     def get(self, key: str) -> bytes | None:
-        return self._get_object(self.object_key(key), key)
+        """ObjectUnreadable if this chunk's object fails while the bucket answers."""
+        return self._get_object(self.object_key(key), key, per_object=True)
 
-    def _get_object(self, object_key: str, what: str) -> bytes | None:
+    def _get_object(self, object_key: str, what: str, per_object: bool = False) -> bytes | None:
         """The body of one object, or None if it does not exist."""
-        found = self._get_object_tagged(object_key, what)
+        found = self._get_object_tagged(object_key, what, per_object)
         return None if found is None else found[0]
 
-    def _get_object_tagged(self, object_key: str, what: str) -> tuple[bytes, str] | None:
+    def _get_object_tagged(
+        self, object_key: str, what: str, per_object: bool = False
+    ) -> tuple[bytes, str] | None:
         """The body and ETag of one object, or None if it does not exist."""
-        with self._errors("get", what):
+        with self._errors("get", what, per_object=per_object):
             try:
                 resp = self._client.get_object(Bucket=self.bucket, Key=object_key)
             except bce.ClientError as exc:
@@ -426,6 +529,31 @@ class S3Tier:
         with self._errors("check"):
             self._client.head_bucket(Bucket=self.bucket)
 
+    def probe_write(self) -> None:
+        """Put and delete a small object under the prefix (``meta/write-probe-*``): raises
+        ReadOnlyCredentials if the credentials cannot do both, another TierError if the
+        remote does not answer. Not fenced: it touches no object another writer owns."""
+        name = f"write-probe-{uuid.uuid4().hex}"
+        for op in ("put", "delete"):
+            try:
+                with self._errors(op, name):
+                    if op == "put":
+                        self._client.put_object(
+                            Bucket=self.bucket, Key=self._meta_key(name), Body=b"ckptfs",
+                            ContentType="application/octet-stream",
+                        )
+                    else:
+                        self._client.delete_object(Bucket=self.bucket, Key=self._meta_key(name))
+            except PermanentTierError as exc:
+                if isinstance(exc, NoSuchBucket):
+                    raise
+                where = f"s3://{self.bucket}/{self.prefix}"
+                raise ReadOnlyCredentials(
+                    f"tier {self.name}: the credentials can read {where} but not "
+                    f"{'write' if op == 'put' else 'delete'} objects there (a probe object "
+                    f"{op} was refused: {exc}); ckptfs needs read, write and delete on the prefix"
+                ) from exc
+
     # -- metadata objects (the catalog snapshot a fresh node restores) -------------------------
 
     def _meta_key(self, name: str) -> str:
@@ -501,3 +629,6 @@ class S3Tier:
         """Close the connection pool (the tier must not be used afterwards)."""
         with contextlib.suppress(Exception):
             self._client.close()
+        if self._probe_client is not None:
+            with contextlib.suppress(Exception):
+                self._probe_client.close()

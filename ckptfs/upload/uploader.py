@@ -5,7 +5,7 @@ the chunk, so a restart replays them. Oldest commit first, a bounded number at o
 threads under a limiter), transient errors retried with exponential backoff and jitter,
 permanent ones (access denied, no bucket) reported once and retried rarely; the data stays
 local meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled
-(the chunk was deleted while it uploaded) is removed again.
+(the chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from ..catalog.catalog import UploadJob
 from ..chunks import frame
 from ..chunks.compress import RemoteCompressor
 from ..chunks.store import ChunkStore
-from ..errors import ChunkMissing, CkptfsError, CorruptChunk, PermanentTierError, TierError
+from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
+from ..tiers.health import state_of
 
 log = logging.getLogger("ckptfs.upload")
 
@@ -110,16 +111,21 @@ class Uploader:
                 self._wake = trio.Event()
                 snapshot_retry_s = await self._maybe_snapshot()
                 free = self._limit() - len(self.running)
+                # No upload of a pair whose frame the deleter is removing right now (it
+                # would delete the new copy): it kicks us when done.
+                busy = self.running | self.store.guard.deleting_pairs()
                 if free > 0:
                     jobs = await trio.to_thread.run_sync(
-                        self._due_jobs, list(self._urgent), self.clock(), free, set(self.running),
+                        self._due_jobs, list(self._urgent), self.clock(), free, set(busy),
                         limiter=self.db_limiter,
                     )
                     for job in jobs:
+                        if self.store.guard.deleting(job.digest, job.tier):
+                            continue  # marked while we asked the catalog
                         self.running.add((job.digest, job.tier))
                         nursery.start_soon(self._upload, job)
                 due_ns = await trio.to_thread.run_sync(
-                    self.catalog.next_upload_due_ns, set(self.running), limiter=self.db_limiter
+                    self.catalog.next_upload_due_ns, busy | self.running, limiter=self.db_limiter
                 )
                 delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
                 if free <= 0 or delay == 0.0:
@@ -191,6 +197,8 @@ class Uploader:
         except PermanentTierError as exc:
             log.error("upload to tier %s refused: %s; chunks stay local, retry in %.0f s",
                       job.tier, exc, BLOCKED_RETRY_S)
+            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc),
+                                                   BLOCKED_RETRY_S)
             await self._postpone(job, BLOCKED_RETRY_S, str(exc), blocked=True)
         except (ChunkMissing, CorruptChunk) as exc:
             log.error("chunk %s has no valid local copy to upload: %s", job.digest.hex()[:16], exc)
@@ -199,11 +207,16 @@ class Uploader:
             if job.tier not in self._failing:
                 log.warning("upload to tier %s failed, will retry with backoff: %s", job.tier, exc)
                 self._failing.add(job.tier)
-            await self._postpone(job, backoff_s(job.attempts), str(exc), blocked=False)
+            delay = backoff_s(job.attempts)
+            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc), delay)
+            await self._postpone(job, delay, str(exc), blocked=False)
         else:
+            self.store.stats.record_upload_ok(job.tier)
             if job.tier in self._failing:
                 log.info("uploads to tier %s work again", job.tier)
                 self._failing.discard(job.tier)
+            if self.store.deleter is not None:
+                self.store.deleter.tier_works(job.tier)  # postponed deletions: retry now
             kept = await trio.to_thread.run_sync(
                 self.catalog.finish_upload, job.digest, job.tier, limiter=self.db_limiter
             )
@@ -213,7 +226,7 @@ class Uploader:
                 self.store.room_may_have_freed()  # its local copy may be evicted now
                 await self._record_rate()
             else:
-                await self._discard_copy(job)
+                self.store.deletions_queued()  # the cancelled job's copy: queued for deletion
         finally:
             self.running.discard(key)
             self._progressed()
@@ -271,6 +284,9 @@ class Uploader:
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = time.monotonic()
+        if self.store.deleter is not None:
+            for remote in self.store.remotes:
+                self.store.deleter.tier_works(remote.name)  # postponed deletions: retry now
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
         )
@@ -302,15 +318,6 @@ class Uploader:
             self.catalog.postpone_upload, job.digest, job.tier,
             self.clock() + int(delay_s * 1e9), error[:500], blocked, limiter=self.db_limiter,
         )
-
-    async def _discard_copy(self, job: UploadJob) -> None:
-        remote = self.store.tiers.get(job.tier)
-        if remote is None:
-            return
-        try:
-            await trio.to_thread.run_sync(remote.delete, job.digest.hex(), limiter=self.limiter)
-        except CkptfsError as exc:
-            log.warning("could not remove cancelled upload %s: %s", job.digest.hex()[:16], exc)
 
     def _copy(self, job: UploadJob) -> None:
         """Blocking: read a verified local copy and put it on the remote tier."""

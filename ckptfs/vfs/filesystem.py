@@ -33,14 +33,20 @@ from ..errors import (
     InvalidArgument,
     IsADirectory,
     NameTooLong,
+    NoAttribute,
     NoSpace,
     NotADirectory,
+    NotPermitted,
     NotSupported,
+    PermissionDenied,
 )
 from ..metrics import Telemetry
 from ..service import syncfs_all
 from ..tiers.base import Tier, TierUsage
+from ..upload.deleter import Deleter
 from ..upload.uploader import Uploader
+from .context import ROOT, RequestContext
+from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -50,11 +56,13 @@ T = TypeVar("T")
 NAME_MAX = 255
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
-XATTR_TAG = b"user.ckptfs.tag"
-XATTR_GC = b"user.ckptfs.gc"
-XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 XATTRS = (XATTR_STATE, XATTR_RECORD)
+XATTR_RESERVED = b"user.ckptfs."  # ckptfs's own names: never stored
+XATTR_STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
+XATTR_NAME_MAX = 255  # as Linux: longer names give ERANGE
+XATTR_SIZE_MAX = 65536  # as Linux: larger values give E2BIG
+SETID = stat.S_ISUID | stat.S_ISGID
 STATS_INTERVAL_S = 1.0
 
 
@@ -62,6 +70,41 @@ def _check_name(name: bytes) -> bytes:
     if len(name) > NAME_MAX:
         raise NameTooLong(f"name of {len(name)} bytes (at most {NAME_MAX})")
     return name
+
+
+def _owner_rules(
+    inode: Inode, mode: int | None, uid: int | None, gid: int | None, times: bool,
+    ctx: RequestContext,
+) -> int | None:
+    """What chmod, chown and utimens may do (as Linux): EPERM for what only the owner or
+    root may change; returns the mode to store (setuid/setgid cleared where Linux does)."""
+    owner = ctx.owns(inode.uid)
+    if uid is not None and uid != inode.uid and not ctx.is_root:
+        raise NotPermitted("only root may give a file away")
+    if gid is not None and gid != inode.gid and not (ctx.is_root or (owner and ctx.in_group(gid))):
+        raise NotPermitted("only the owner may change the group, to one of its own")
+    if times and not owner and not ctx.may_write(inode.mode, inode.uid, inode.gid):
+        # Setting explicit times needs ownership; the kernel (default_permissions) answers
+        # that with EPERM before asking us, since only it knows "now" from explicit times.
+        raise PermissionDenied("times: not the owner and no write permission")
+    if mode is not None and not owner:
+        # The kernel clears setuid/setgid as the writer of a file (before a write, truncate
+        # or chown): a non-owner may drop those bits, nothing else.
+        new, cur = stat.S_IMODE(mode), stat.S_IMODE(inode.mode)
+        if (new ^ cur) & ~SETID or new & ~cur:
+            raise NotPermitted("only the owner may change the mode")
+    if (mode is not None and owner and not ctx.is_root and mode & stat.S_ISGID
+            and not ctx.in_group(inode.gid if gid is None else gid)):
+        mode &= ~stat.S_ISGID  # as Linux: a non-member cannot set setgid; silently
+    if (uid is not None or gid is not None) and not inode.is_dir:
+        # chown clears setuid, and setgid with group execute (as Linux, also for root).
+        cur = inode.mode if mode is None else mode
+        cleared = cur & ~stat.S_ISUID
+        if cur & stat.S_IXGRP:
+            cleared &= ~stat.S_ISGID
+        if cleared != cur:
+            mode = cleared
+    return mode
 
 
 def uses_direct_io(flags: int) -> bool:
@@ -76,6 +119,7 @@ class Handle:
     file: OpenFile
     flags: int
     wrote: bool = False
+    caller_uid: int = 0  # who opened it (set_caller): a write by non-root clears setuid
 
     @property
     def writable(self) -> bool:
@@ -141,6 +185,9 @@ class Filesystem:
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         self.store.spill_copy = self.uploader.copy_uncommitted
         self.store.remote_copies = remote_copies
+        # The deletion queue: GC, eviction and retention only write catalog rows.
+        self.deleter = Deleter(catalog, self.store, self.db_limiter)
+        self.store.deleter = self.deleter
         self.policies = policies
         self.stats_path = stats_path
         self.readahead = readahead
@@ -158,6 +205,10 @@ class Filesystem:
         self.handles: dict[int, Handle] = {}
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
+        # Inodes with stored xattrs (loaded at first use): the kernel asks for
+        # security.capability before buffered writes, and the answer for the others
+        # must not cost a catalog round trip.
+        self._xattr_inos: set[int] | None = None
         # Capacity, backlog and checkpoint facts for `ckptfs status` and the metrics.
         self.telemetry = Telemetry(self)
 
@@ -169,7 +220,9 @@ class Filesystem:
         self._nursery = nursery
         self.store.attach(nursery)
         self.store.on_requeue = self.uploader.kick
+        self.deleter.on_done = self.uploader.kick  # an upload may wait for a deletion
         nursery.start_soon(self.uploader.run)
+        nursery.start_soon(self.deleter.run)  # drains rows left by an earlier run at once
         if self.tracker is not None:
             nursery.start_soon(self.tracker.run)
         nursery.start_soon(self.janitor.run)
@@ -317,6 +370,7 @@ class Filesystem:
         gid: int | None = None,
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
+        ctx: RequestContext = ROOT,
     ) -> Inode:
         if size is not None:
             inode = await self.getattr(ino)
@@ -340,6 +394,9 @@ class Filesystem:
                 finally:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
+            if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
+                mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
+                                    atime_ns is not None or mtime_ns is not None, ctx)
             new = await self.db(
                 lambda: self.catalog.setattr(
                     ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
@@ -364,15 +421,58 @@ class Filesystem:
         f = self.open_files.get(inode.ino)
         return f.attrs() if f is not None else inode
 
-    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+    async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
+        inode = await self.db(self.catalog.create, parent, _check_name(name),
+                              stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
-    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777, uid, gid, target)
+    async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
+        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777,
+                              ctx.uid, ctx.gid, target)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, ctx: RequestContext) -> Inode:
+        """A FIFO, socket or device node: an inode with its type and device number (the
+        kernel serves FIFOs and devices itself; their data never reaches us)."""
+        kind = stat.S_IFMT(mode) or stat.S_IFREG
+        if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise InvalidArgument(f"mknod of file type {kind:o}")
+        if kind not in (stat.S_IFCHR, stat.S_IFBLK):
+            rdev = 0
+        mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
+        inode = await self.db(self.catalog.create, parent, _check_name(name), mode, ctx.uid, ctx.gid,
+                              None, rdev)
+        if kind == stat.S_IFREG:
+            await self._event("create", parent, name, mode=inode.mode)
+        return inode
+
+    async def _new_mode(self, parent: int, mode: int, ctx: RequestContext) -> int:
+        """A non-member creating a setgid file in a setgid directory (whose group it gets)
+        loses the setgid bit, as on Linux."""
+        if not mode & stat.S_ISGID or stat.S_ISDIR(mode) or ctx.is_root:
+            return mode
+        pdir = await self.getattr(parent)
+        if not ctx.in_group(pdir.gid if pdir.mode & stat.S_ISGID else ctx.gid):
+            mode &= ~stat.S_ISGID
+        return mode
+
+    def _check_sticky(self, parent: int, names: Sequence[bytes], ctx: RequestContext) -> None:
+        """In a sticky directory only root, the directory's owner and an entry's owner may
+        remove or rename (or replace) that entry: EPERM. Runs in the catalog thread."""
+        if ctx.is_root:
+            return
+        pdir = self.catalog.get_inode(parent)
+        if not pdir.mode & stat.S_ISVTX or pdir.uid == ctx.uid:
+            return
+        for name in names:
+            try:
+                inode = self.catalog.lookup(parent, name)
+            except CkptfsError:
+                continue  # the operation itself reports a missing name
+            if inode.uid != ctx.uid:
+                raise NotPermitted("sticky directory: not the owner of the entry or the directory")
 
     async def readlink(self, ino: int) -> bytes:
         inode = await self.db(self.catalog.get_inode, ino)
@@ -388,22 +488,30 @@ class Filesystem:
             return f.attrs()
         return inode
 
-    async def unlink(self, parent: int, name: bytes) -> None:
+    async def unlink(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        if not ctx.is_root:
+            await self.db(self._check_sticky, parent, [name], ctx)
         inode = await self.db(self.catalog.unlink, parent, name)
         await self._maybe_delete(inode)
         await self._event("unlink", parent, name)
 
-    async def rmdir(self, parent: int, name: bytes) -> None:
+    async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        if not ctx.is_root:
+            await self.db(self._check_sticky, parent, [name], ctx)
         inode = await self.db(self.catalog.rmdir, parent, name)
         await self._delete_inode(inode.ino)
         await self._event("rmdir", parent, name, is_dir=True)
 
     async def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int,
+        ctx: RequestContext = ROOT,
     ) -> None:
         noreplace = bool(flags & 1)  # RENAME_NOREPLACE
         if flags & ~1:
             raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
+        if not ctx.is_root:
+            await self.db(self._check_sticky, old_parent, [old_name], ctx)
+            await self.db(self._check_sticky, new_parent, [new_name], ctx)
         replaced = await self.db(
             self.catalog.rename, old_parent, old_name, new_parent, _check_name(new_name), noreplace
         )
@@ -453,6 +561,8 @@ class Filesystem:
 
     async def _delete_inode(self, ino: int) -> None:
         digests = await self.db(self.catalog.delete_inode, ino)
+        if self._xattr_inos is not None:
+            self._xattr_inos.discard(ino)
         if digests:
             # The catalog knows the tiers of these chunks; refs only need the digests here.
             await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
@@ -523,14 +633,26 @@ class Filesystem:
         return self._new_handle(f, flags)
 
     async def create(
-        self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+        self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
     ) -> tuple[int, Inode]:
-        inode = await self.db(
-            self.catalog.create, parent, _check_name(name), stat.S_IFREG | stat.S_IMODE(mode), uid, gid
-        )
+        mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        inode = await self.db(self.catalog.create, parent, _check_name(name), mode, ctx.uid, ctx.gid)
         fh = await self.open(inode.ino, flags & ~os.O_TRUNC)
         await self._event("create", parent, name, mode=inode.mode)
         return fh, self.handles[fh].file.attrs()
+
+    def set_caller(self, fh: int, ctx: RequestContext) -> None:
+        """Remember who opened a handle: its writes clear setuid/setgid unless root."""
+        self._handle(fh).caller_uid = ctx.uid
+
+    async def _kill_setid(self, f: OpenFile) -> None:
+        """A write by a non-root caller clears setuid, and setgid with group execute (as
+        Linux; the kernel does it for cached writes, not for direct I/O ones)."""
+        mode = f.inode.mode & ~stat.S_ISUID
+        if mode & stat.S_IXGRP:
+            mode &= ~stat.S_ISGID
+        if mode != f.inode.mode:
+            await self.setattr(f.ino, mode=mode)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self._handle(fh).file.read(off, size)
@@ -541,6 +663,8 @@ class Filesystem:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
         if h.direct_io:
             h.file.bypassed_cache = True
+        if h.caller_uid != 0 and h.file.inode.mode & SETID:
+            await self._kill_setid(h.file)
         n = await h.file.write(off, data)
         if not h.wrote:
             h.wrote = True  # one event per handle, not per write
@@ -631,34 +755,110 @@ class Filesystem:
         rows = [c for c in await self.db(self.catalog.checkpoints, path) if c["root"] == path]
         return rows[0] if rows else None
 
-    async def getxattr(self, ino: int, name: bytes) -> bytes | None:
-        """``user.ckptfs.state`` (writing, committed, partial, ...) and
-        ``user.ckptfs.checkpoint`` (the whole record, JSON) on a checkpoint's root."""
-        if name not in XATTRS:
-            return None
-        ckpt = await self._checkpoint_of(ino)
-        if ckpt is None:
-            return None
-        if name == XATTR_STATE:
-            return str(ckpt["state"]).encode()
-        return json.dumps(ckpt, sort_keys=True).encode()
+    async def _xattr_index(self) -> set[int]:
+        if self._xattr_inos is None:
+            self._xattr_inos = await self.db(self.catalog.xattr_inodes)
+        return self._xattr_inos
 
-    async def listxattr(self, ino: int) -> list[bytes]:
-        return list(XATTRS) if await self._checkpoint_of(ino) is not None else []
+    async def getxattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> bytes | None:
+        """A stored attribute, or ckptfs's own: ``user.ckptfs.state`` (writing, committed,
+        partial, ...) and ``user.ckptfs.checkpoint`` (the whole record, JSON) on a
+        checkpoint's root. None: no such attribute."""
+        if name.startswith(XATTR_RESERVED):
+            if name not in XATTRS:
+                return None
+            ckpt = await self._checkpoint_of(ino)
+            if ckpt is None:
+                return None
+            if name == XATTR_STATE:
+                return str(ckpt["state"]).encode()
+            return json.dumps(ckpt, sort_keys=True).encode()
+        if ino not in await self._xattr_index():
+            return None
+        return await self.db(self.catalog.get_xattr, ino, name)
 
-    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
-        """``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
-        ``user.ckptfs.gc`` (any value, on any directory) runs retention now and returns when
-        the pass is done (``ckptfs gc``)."""
+    async def listxattr(self, ino: int, ctx: RequestContext = ROOT) -> list[bytes]:
+        names = []
+        if ino in await self._xattr_index():
+            # trusted.* is for root only (the kernel leaves the listing to us).
+            names = [n for n in await self.db(self.catalog.list_xattrs, ino)
+                     if ctx.is_root or not n.startswith(b"trusted.")]
+        if await self._checkpoint_of(ino) is not None:
+            names += XATTRS
+        return names
+
+    async def _check_xattr_write(self, ino: int, name: bytes, ctx: RequestContext) -> None:
+        """Which attributes may be stored, as on Linux (the kernel checks the same with
+        default_permissions): user.* on files and directories by writers, trusted.* by
+        root, security.*; system.* (ACLs) and other namespaces are not supported."""
+        if len(name) > XATTR_NAME_MAX or not name:
+            raise CkptfsError(f"xattr name of {len(name)} bytes", errno=errno.ERANGE)
+        if not name.startswith(XATTR_STORED_PREFIXES):
+            raise NotSupported(f"xattr namespace of {name!r} is not supported")
+        if name.startswith(b"trusted.") and not ctx.is_root:
+            raise NotPermitted("trusted.* xattrs are for root")
+        inode = await self.getattr(ino)
+        if name.startswith(b"user."):
+            if not (inode.is_dir or inode.is_reg):
+                raise NotPermitted("user.* xattrs only on files and directories")
+            if not ctx.may_write(inode.mode, inode.uid, inode.gid):
+                raise PermissionDenied("no write permission")
+            if inode.is_dir and inode.mode & stat.S_ISVTX and not ctx.owns(inode.uid):
+                raise NotPermitted("user.* xattrs of a sticky directory: owner only")
+
+    async def setxattr(
+        self, ino: int, name: bytes, value: bytes, ctx: RequestContext = ROOT, flags: int = 0
+    ) -> None:
+        """Store an attribute (``flags``: os.XATTR_CREATE, os.XATTR_REPLACE). ckptfs's own
+        names are commands: ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a
+        checkpoint; ``user.ckptfs.gc`` (any value, on any directory) runs retention now and
+        returns when the pass is done (``ckptfs gc``); ``user.ckptfs.prefetch`` stages a
+        file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
+        if name.startswith(XATTR_RESERVED):
+            if not is_control(name):
+                raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
+            await self._control_xattr(ino, name, value, ctx)
+            return
+        await self._check_xattr_write(ino, name, ctx)
+        if len(value) > XATTR_SIZE_MAX:
+            raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
+        inode = await self.db(lambda: self.catalog.set_xattr(
+            ino, name, value, create=bool(flags & os.XATTR_CREATE),
+            replace_only=bool(flags & os.XATTR_REPLACE)))
+        (await self._xattr_index()).add(ino)
+        self._new_ctime(inode)
+
+    async def removexattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        if name.startswith(XATTR_RESERVED):
+            raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
+        await self._check_xattr_write(ino, name, ctx)
+        if ino not in await self._xattr_index():
+            raise NoAttribute(name.decode(errors="replace"))
+        self._new_ctime(await self.db(self.catalog.remove_xattr, ino, name))
+
+    def _new_ctime(self, inode: Inode) -> None:
+        f = self.open_files.get(inode.ino)
+        if f is not None:
+            f.ctime_ns = inode.ctime_ns
+
+    async def _control_xattr(
+        self, ino: int, name: bytes, value: bytes, caller: RequestContext
+    ) -> None:
+        """Control xattrs (vfs/control.py), for the inode's owner or root only:
+        ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
+        ``user.ckptfs.gc`` (any value) applies retention to the checkpoints under this
+        directory now and returns when the pass is done (``ckptfs gc PATH``);
+        ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
+        check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
-            report = await self.janitor.run_now()
-            log.info("gc requested: %s", report)
+            scope = await self.db(self.catalog.path_of, ino)
+            report = await self.janitor.run_now(scope)
+            log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
             return
         if name == XATTR_PREFETCH:
             await self.stage_file(ino)
             return
-        if name != XATTR_TAG:
-            raise NotSupported("extended attributes are not stored (only user.ckptfs.tag)")
+        assert name == XATTR_TAG
         tag = value.decode(errors="replace").strip()
         if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
             raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")

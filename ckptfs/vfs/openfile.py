@@ -244,13 +244,14 @@ class OpenFile:
             self.svc.budget.release(self.cs)
         self.dirty.clear()
         await self._wait_inflight()
-        dropped = [self.svc.store.current(r) for r in self.written]
-        self.written = []
+        written, self.written = self.written, []
         self.changes.clear()
         self.failed = None
         self.meta_dirty = False
         self.size, self.mtime_ns, self.ctime_ns = self._committed_attrs
-        self.svc.store.unpin(r.digest for r in dropped)
+        # Unpinned with the tiers holding them as the pins go: a chunk moved to a remote
+        # meanwhile gets its remote copy queued for deletion.
+        dropped = self.svc.store.release(written)
         await self.svc.store.collect(dropped)
         if self.svc.invalidate is not None:
             # The kernel cached the discarded bytes and size: make it ask again. In a
@@ -279,9 +280,15 @@ class OpenFile:
                 # closes; the store skips those it already knows to be durable.
                 final = {**self.committed, **self.changes}
                 n_final = math.ceil(self.size / self.cs)
-                await self.svc.store.sync(
-                    r for i, r in final.items() if r is not None and i < n_final
-                )
+                try:
+                    await self.svc.store.sync(
+                        r for i, r in final.items() if r is not None and i < n_final
+                    )
+                except CkptfsError as exc:
+                    # Reported by this fsync; the handles keep failing until they close
+                    # and commit nothing of this version (docs/semantics.md).
+                    self.failed = exc
+                    raise
             if not (self.changes or self.meta_dirty):
                 if durable:
                     await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
@@ -321,8 +328,7 @@ class OpenFile:
             self.changes.clear()
             self.meta_dirty = False
             self._committed_attrs = (self.size, self.mtime_ns, self.ctime_ns)
-            written, self.written = [store.current(r) for r in self.written], []
-            self.svc.store.unpin(r.digest for r in written)
+            written, self.written = store.release(self.written), []
             dropped_set = set(dropped)
             garbage = [r for r in old.values() if r.digest in dropped_set]
             kept = {r.digest for r in self.committed.values()}

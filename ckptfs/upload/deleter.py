@@ -1,0 +1,290 @@
+"""The deletion queue: removes chunk frames from local and remote tiers, off every hot path.
+
+Garbage collection, eviction, retention and cancelled uploads only write ``deletions``
+rows (in the catalog transaction that makes a frame garbage); this task drains them. Local
+rows go in batches at once; remote rows run in worker threads under the deleter's own
+limiter, so a remote that hangs stalls only these threads: never the catalog limiter, the
+store's I/O limiter or the pin lock. A failure postpones the row with exponential backoff
+(its last error kept for `ckptfs status`); a tier that works again (an upload or deletion
+succeeded) gets its postponed rows retried at once. Rows survive restarts.
+
+Safety against content addressing (chunks/guard.py, docs/concurrency.md): a row of a pinned
+digest is held back until the pin goes; otherwise the pair is marked as being deleted, one
+catalog transaction cancels it if the chunk is wanted on that tier again (a valid replica
+row or an upload job for the pair), and only then is the frame deleted, outside every lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import trio
+
+from ..catalog import Catalog
+from ..catalog.catalog import Deletion
+from ..chunks.store import ChunkStore
+from ..errors import CkptfsError
+from .uploader import backoff_s
+
+log = logging.getLogger("ckptfs.deleter")
+
+LOCAL_BATCH = 256  # local rows claimed and deleted per catalog transaction
+REMOTE_CONCURRENCY = 4
+
+Pair = tuple[bytes, str]
+
+
+class Deleter:
+    def __init__(
+        self, catalog: Catalog, store: ChunkStore, db_limiter: trio.CapacityLimiter,
+        concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.catalog = catalog
+        self.store = store
+        self.guard = store.guard
+        self.db_limiter = db_limiter
+        self.clock = clock
+        self.concurrency = concurrency
+        self.local_limiter = trio.CapacityLimiter(2)
+        self.remote_limiter = trio.CapacityLimiter(concurrency)
+        self.running: set[Pair] = set()
+        self._held: set[Pair] = set()  # pairs of pinned digests, retried when unpinned
+        self._local_busy = False
+        self._remote_running = 0
+        self._failing: set[str] = set()  # tiers whose last deletion failed
+        self._recovered: set[str] = set()  # tiers that work again: retry their rows now
+        self._wake = trio.Event()
+        self._progress = trio.Event()  # set (and replaced) after each batch or row
+        self.deleted = 0
+        self.deleted_bytes = 0
+        self.failures = 0
+        self.on_done: Callable[[], None] | None = None  # an upload may wait for a deletion
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def tier_works(self, tier: str) -> None:
+        """Something succeeded on this tier (an upload): retry its postponed rows now."""
+        if tier in self._failing:
+            self._failing.discard(tier)
+            self._recovered.add(tier)
+            self.kick()
+
+    async def retry_now(self) -> None:
+        """Make every postponed row due now (``ckptfs gc``)."""
+        await trio.to_thread.run_sync(
+            self.catalog.retry_deletions_now, None, limiter=self.db_limiter
+        )
+        self.kick()
+
+    def _released(self) -> None:
+        """On the trio thread: some pin of a held-back digest went."""
+        held = self.guard.held_digests()
+        self._held = {p for p in self._held if p[0] in held}
+        self.kick()
+
+    async def run(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+
+        def released() -> None:  # any thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._released)
+
+        self.guard.on_release = released
+        local = sorted(self.store.local)
+        remote = sorted(t.name for t in self.store.remotes)
+        known = local + remote
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._wake = trio.Event()
+                if self._recovered:
+                    tiers, self._recovered = self._recovered, set()
+                    for name in sorted(tiers):
+                        await trio.to_thread.run_sync(
+                            self.catalog.retry_deletions_now, name, limiter=self.db_limiter
+                        )
+                skip = self.running | self._held
+                now = self.clock()
+                if not self._local_busy:
+                    rows = await trio.to_thread.run_sync(
+                        self.catalog.due_deletions, now, LOCAL_BATCH, skip, local,
+                        limiter=self.db_limiter,
+                    )
+                    if rows:
+                        self._local_busy = True
+                        nursery.start_soon(self._local_task, rows)
+                free = self.concurrency - self._remote_running
+                if remote and free > 0:
+                    rows = await trio.to_thread.run_sync(
+                        self.catalog.due_deletions, now, free, skip, remote,
+                        limiter=self.db_limiter,
+                    )
+                    for row in rows:
+                        self._remote_running += 1
+                        self.running.add((row.digest, row.tier))
+                        nursery.start_soon(self._remote_one, row)
+                due_ns = await trio.to_thread.run_sync(
+                    self.catalog.next_deletion_due_ns, self.running | self._held, known,
+                    limiter=self.db_limiter,
+                )
+                delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
+                if delay == 0.0:
+                    # Due rows that found no free worker: a finishing one kicks us.
+                    delay = math.inf if (self._local_busy or self._remote_running) else 0.0
+                with trio.move_on_after(delay):
+                    await self._wake.wait()
+
+    def _finished(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+        self.kick()
+        if self.on_done is not None:
+            self.on_done()
+
+    # -- local --------------------------------------------------------------------------------
+
+    async def _local_task(self, rows: list[Deletion]) -> None:
+        try:
+            await self.delete_local(
+                [(r.digest, r.tier) for r in rows], {(r.digest, r.tier): r.attempts for r in rows}
+            )
+        finally:
+            self._local_busy = False
+
+    async def delete_local(self, pairs: list[Pair], attempts: dict[Pair, int] | None = None) -> int:
+        """Delete these local rows now (also called by a writer that needs room). Returns
+        the bytes freed."""
+        pairs = [p for p in pairs if p not in self.running]
+        if not pairs:
+            return 0
+        self.running.update(pairs)
+        freed = 0
+        try:
+            marked, held = self.guard.begin_delete(pairs)
+            self._held.update(held)
+            done: list[Pair] = []
+            try:
+                ok = await trio.to_thread.run_sync(
+                    self.catalog.claim_deletions, marked, limiter=self.db_limiter
+                ) if marked else []
+                results = await trio.to_thread.run_sync(
+                    self._delete_frames, ok, limiter=self.local_limiter
+                ) if ok else []
+                failed = []
+                for pair, size, err in results:
+                    if err is None:
+                        done.append(pair)
+                        freed += size
+                    else:
+                        failed.append((pair, err))
+                if done:
+                    await trio.to_thread.run_sync(
+                        self.catalog.finish_deletions, done, limiter=self.db_limiter
+                    )
+                for pair, err in failed:
+                    await self._postpone(*pair, (attempts or {}).get(pair, 0), err)
+            finally:
+                # Before a waiting writer puts its frame again: it is not known durable.
+                self.store.forget_frames(d for d, _ in done)
+                self.guard.end_delete(marked)
+            if done:
+                self.deleted += len(done)
+                self.deleted_bytes += freed
+                self.store.stats.count("deletions", len(done))
+                self.store.room_may_have_freed()
+                for name in {t for _, t in done} & self._failing:
+                    log.info("deletions on tier %s work again", name)
+                    self.tier_works(name)
+        finally:
+            self.running.difference_update(pairs)
+            self._finished()
+        return freed
+
+    def _delete_frames(self, pairs: list[Pair]) -> list[tuple[Pair, int, str | None]]:
+        """Blocking: delete local frames (idempotent); (pair, bytes freed, error or None)."""
+        out: list[tuple[Pair, int, str | None]] = []
+        for d, name in pairs:
+            tier = self.store.tiers[name]
+            try:
+                out.append(((d, name), tier.delete(d.hex()), None))
+            except CkptfsError as exc:
+                out.append(((d, name), 0, str(exc)))
+        return out
+
+    # -- remote -------------------------------------------------------------------------------
+
+    async def _remote_one(self, row: Deletion) -> None:
+        pair = (row.digest, row.tier)
+        try:
+            marked, held = self.guard.begin_delete([pair])
+            self._held.update(held)
+            if not marked:
+                return
+            try:
+                ok = await trio.to_thread.run_sync(
+                    self.catalog.claim_deletions, marked, limiter=self.db_limiter
+                )
+                if not ok:
+                    return
+                tier = self.store.tiers[row.tier]
+                try:
+                    # A hung server holds only this thread; at unmount it is abandoned
+                    # (the row stays and is retried at the next mount).
+                    await trio.to_thread.run_sync(
+                        tier.delete, row.digest.hex(), limiter=self.remote_limiter,
+                        abandon_on_cancel=True,
+                    )
+                except CkptfsError as exc:
+                    await self._postpone(row.digest, row.tier, row.attempts, str(exc))
+                    return
+                await trio.to_thread.run_sync(
+                    self.catalog.finish_deletions, ok, limiter=self.db_limiter
+                )
+                self.deleted += 1
+                self.store.stats.count("deletions")
+                if row.tier in self._failing:
+                    log.info("deletions on tier %s work again", row.tier)
+                    self.tier_works(row.tier)
+            finally:
+                self.guard.end_delete(marked)
+        finally:
+            self.running.discard(pair)
+            self._remote_running -= 1
+            self._finished()
+
+    async def _postpone(self, digest: bytes, tier: str, attempts: int, error: str) -> None:
+        delay = backoff_s(attempts)
+        self.failures += 1
+        self.store.stats.count("deletion_failures")
+        if tier not in self._failing:
+            log.warning("deleting chunks on tier %s failed, will retry with backoff: %s",
+                        tier, error)
+            self._failing.add(tier)
+        await trio.to_thread.run_sync(
+            self.catalog.postpone_deletion, digest, tier, self.clock() + int(delay * 1e9),
+            error[:500], limiter=self.db_limiter,
+        )
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    async def settle(self, digests: Iterable[bytes], timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until every due deletion row of these chunks has
+        been tried: done, cancelled, postponed after a failure, or held back by a pin."""
+        digests = set(digests)
+        if not digests:
+            return
+        with trio.move_on_after(timeout_s):
+            while True:
+                progress = self._progress
+                pending = await trio.to_thread.run_sync(
+                    self.catalog.deletions_pending, digests, self.clock(), limiter=self.db_limiter
+                )
+                held = {d for d, _ in self._held}
+                if not pending - held:
+                    return
+                self.kick()
+                await progress.wait()

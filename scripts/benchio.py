@@ -1,0 +1,195 @@
+"""I/O primitives shared by scripts/bench.py and scripts/bench_remote.py.
+
+The benchmarks write what a framework writes: a state dict that is already in memory. So
+every byte is built before any clock starts, into one preallocated buffer per file, and the
+timed loops do nothing per block but a system call on a memoryview slice:
+
+* ``Source`` - a file's contents: random (one shared ``os.urandom`` pattern, a slice at an
+  offset that varies per 1 MiB block), with a 16-byte stamp (file id, block number) at the
+  start of every 1 MiB block, so no two blocks (and so no two chunks) are identical and
+  deduplication cannot flatter ckptfs; nothing compresses. ``stamp(id)`` rewrites only the
+  stamps (cheap, untimed), so one buffer can be written several times as different data.
+* ``write_from`` - ``os.write`` of 1 MiB memoryview slices, optional fsync, close.
+* ``read_into`` - ``readinto`` a preallocated buffer of the file's size, 1 MiB at a time
+  (as torch.load fills a tensor's storage); compare with ``same_bytes`` after the clock.
+* ``cpu_seconds`` - utime + stime of a process from /proc/PID/stat (all its threads).
+* ``run_forked`` - N forked worker processes, ready before the clock starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+MiB = 1024 * 1024
+BLOCK = MiB
+STAMP = 16
+PATTERN_SIZE = 64 * MiB
+
+
+class BenchError(Exception):
+    pass
+
+
+class Pattern:
+    """One random pattern that every Source takes its blocks from."""
+
+    def __init__(self, size: int = PATTERN_SIZE) -> None:
+        self.data = memoryview(os.urandom(size))
+        self.span = size - BLOCK
+
+    def offset(self, file_id: int, block: int) -> int:
+        return ((file_id * 7919 + block) * 4 * 4096 + block * 16) % self.span
+
+
+def prefault(buf: bytearray) -> None:
+    """Touch every page of ``buf`` now, so a timed loop never pays the first-touch fault
+    (a host fault per page on a VM with free page reporting)."""
+    if buf:
+        ctypes.memset((ctypes.c_char * len(buf)).from_buffer(buf), 0, len(buf))
+
+
+class Source:
+    """A file's contents, built once; ``stamp`` makes it a different file's contents."""
+
+    def __init__(self, pattern: Pattern, file_id: int, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.buf = bytearray(nbytes)
+        self.view = memoryview(self.buf)
+        for i, off in enumerate(range(0, nbytes, BLOCK)):
+            n = min(BLOCK, nbytes - off)
+            start = pattern.offset(file_id, i)
+            self.view[off : off + n] = pattern.data[start : start + n]
+        self.file_id = -1
+        self.stamp(file_id)
+
+    def stamp(self, file_id: int) -> None:
+        if file_id == self.file_id:
+            return
+        for i, off in enumerate(range(0, self.nbytes - STAMP + 1, BLOCK)):
+            struct.pack_into("<QQ", self.buf, off, file_id, i)
+        self.file_id = file_id
+
+
+def write_from(path: os.PathLike[str] | str, view: memoryview, fsync: bool = False) -> None:
+    """Create ``path`` and write ``view`` with 1 MiB os.write calls (then fsync), close."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        total = len(view)
+        off = 0
+        while off < total:
+            off += os.write(fd, view[off : off + BLOCK])  # a short write continues from there
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_into(path: os.PathLike[str] | str, view: memoryview) -> None:
+    """Fill ``view`` (the file's size) from ``path`` with 1 MiB readinto calls; the file
+    must be exactly that long."""
+    total = len(view)
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        while got < total:
+            n = f.readinto(view[got : got + BLOCK])
+            if not n:
+                raise BenchError(f"{path}: read {got} bytes, expected {total}")
+            got += n
+        if f.readinto(bytearray(1)):
+            raise BenchError(f"{path}: longer than the {total} bytes written")
+
+
+def same_bytes(what: str, got: bytearray | memoryview, want: bytearray | memoryview) -> None:
+    """Every byte of ``got`` equals ``want`` (one memcmp), or a BenchError naming the first
+    1 MiB block and byte that differ."""
+    if got == want:
+        return
+    g, w = memoryview(got), memoryview(want)
+    if len(g) != len(w):
+        raise BenchError(f"WRONG DATA in {what}: {len(g)} bytes, expected {len(w)}")
+    for off in range(0, len(w), BLOCK):
+        if g[off : off + BLOCK] != w[off : off + BLOCK]:
+            a, b = bytes(g[off : off + BLOCK]), bytes(w[off : off + BLOCK])
+            k = next(k for k in range(len(b)) if a[k] != b[k])
+            raise BenchError(
+                f"WRONG DATA in {what}: block {off // BLOCK} (offset {off}) differs at byte {k}"
+            )
+
+
+def fsync_dir(path: os.PathLike[str] | str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process (all threads) so far; None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def _child(job: Callable[[], None], ready: Any, go: Any, errors: Any) -> None:
+    ready.wait(60)
+    if not go.wait(60):
+        os._exit(3)
+    try:
+        job()
+    except BaseException as exc:  # reported to the parent, then exit 1
+        errors.put(f"{type(exc).__name__}: {exc}")
+        os._exit(1)
+
+
+def run_forked(jobs: list[Callable[[], None]], timeout: float = 3600.0) -> float:
+    """Run each job in its own forked process; return the wall time from the moment all
+    of them are forked and waiting until the last one exits. What a job needs (its data)
+    must exist before this call: the children share it with the parent copy-on-write."""
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Barrier(len(jobs) + 1)
+    go = ctx.Event()
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_child, args=(job, ready, go, errors)) for job in jobs]
+    try:
+        for p in procs:
+            p.start()
+        ready.wait(60)
+        t0 = time.perf_counter()
+        go.set()
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        elapsed = time.perf_counter() - t0
+    finally:
+        for p in procs:  # only on an error or a timeout: end our own children, by PID
+            if p.is_alive():
+                p.terminate()
+                p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    if msgs or bad:
+        raise BenchError(f"worker process failed (exit codes {bad}): {'; '.join(msgs)}")
+    return elapsed
