@@ -84,6 +84,74 @@ def test_a_writer_waits_for_a_local_deletion_of_the_same_frame() -> None:
     assert released == [1] and not guard.held_digests()
 
 
+def test_a_moved_chunks_local_frame_is_shared_or_waited_for_never_put_under_the_delete() -> None:
+    """An uncommitted chunk moved to a remote: its local frame is marked as being deleted.
+    A writer of the same bytes shares the remote copy meanwhile; once the last pin went, a
+    new writer waits for the delete; the deleter's row of that frame is held until done."""
+    guard = ChunkGuard(["l"])
+    assert guard.pin_for_put(D) is None  # nothing to share: the caller puts
+    guard.put_done(D, "l", 10)
+    assert guard.current(D) == ("l",)
+    picked, blocked = guard.start_moves(1 << 30, 0, lambda d: ["r"], True)
+    assert picked == [(D, 10, ("l",))] and not blocked
+    state, drop = guard.moved(D, ("l",), ["r"], set())
+    assert state == "moved" and drop == [(D, "l")]
+    assert guard.current(D) == ("r",)
+    shared = guard.pin_for_put(D)  # another open file, same bytes: no wait, no put
+    assert shared is not None and shared.tiers == ("r",)
+    guard.unpin([D])
+    assert guard.unpin([D]) == {D: ("r",)}  # the tiers as the last pin went
+    assert not guard.uncommitted(D)
+    assert guard.begin_delete([(D, "l")]) == ([], [(D, "l")])  # in flight: held back
+    done = threading.Event()
+    got: list[object] = []
+
+    def writer() -> None:
+        got.append(guard.pin_for_put(D))
+        done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not guard.pinned(D) and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling for the pin, with a deadline
+        assert guard.pinned(D) and not done.is_set()  # no put while the frame is deleted
+        guard.end_delete(drop)
+        assert done.wait(10) and got == [None]  # then it puts a fresh frame
+    finally:
+        guard.end_delete(drop)
+        t.join(10)
+    guard.end_moves([D])
+    released = []
+    guard.on_release = lambda: released.append(1)
+    guard.put_done(D, "l", 10)
+    guard.unpin([D])
+    assert released == [1] and not guard.held_digests()
+
+
+def test_no_move_onto_a_remote_object_being_deleted() -> None:
+    """A deletion of the remote object marked before the writer pinned (an older version
+    of the same bytes): the move waits for it, and a copy that finished meanwhile does not
+    let the local frame go."""
+    guard = ChunkGuard(["l"])
+    marked, _ = guard.begin_delete([(D, "r")])
+    assert guard.pin_for_put(D) is None  # a remote deletion does not hold a local put
+    guard.put_done(D, "l", 10)
+    assert guard.start_moves(1 << 30, 0, lambda d: ["r"], True) == ([], True)
+    assert guard.moved(D, ("l",), ["r"], set()) == ("kept", [])
+    assert guard.current(D) == ("l",)
+    guard.end_delete(marked)
+    assert guard.start_moves(1 << 30, 0, lambda d: ["r"], True) == ([(D, 10, ("l",))], False)
+    # A committed file names the local frame too: it stays, the remote copy is added.
+    assert guard.moved(D, ("l",), ["r"], {"l"}) == ("kept", [])
+    assert guard.current(D) == ("l", "r")
+    guard.end_moves([D])
+    assert guard.start_moves(1 << 30, 0, lambda d: ["r"], True) == ([], False)
+    guard.unpin([D])
+    assert guard.current(D) is None
+
+
 async def save(fs: Filesystem, run: int, step: int, model: bytes) -> None:
     d = await fs.mkdir(run, f"checkpoint-{step}".encode(), 0o755, ROOT)
     for name, data in ((b"model.bin", model), (b"trainer_state.json", json.dumps({"step": step}).encode())):

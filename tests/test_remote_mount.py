@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -246,6 +248,50 @@ def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_
         res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
         assert res.returncode == 0, res.stdout + res.stderr
         assert len(remote_objects(seaweed, prefix)) == 8 * 3
+
+
+def test_a_file_larger_than_the_local_budget_moves_its_chunks_to_the_remote(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    """Local tier capped at 4 chunks, one 12-chunk file (uncommitted chunks have no upload
+    jobs): the writer's own chunks go to the remote to make room, at once, not after
+    local_full_timeout; after a remount the file reads back exact (from the remote)."""
+    url, prefix = remote
+    tier = tmp_path / "nvme0"
+    tier.mkdir()
+    cfg = tmp_path / "ckptfs.toml"
+    cap = 4 * (MiB + 64)
+    cfg.write_text(
+        'chunk_size = "1MiB"\nlocal_full_timeout = 600\n'
+        f'[[tier]]\nname = "nvme0"\nkind = "local"\npath = "{tier}"\ncapacity = "{cap}"\n'
+    )
+    data = os.urandom(12 * MiB + 5)
+    with mounted(tmp_path, 0, ("--config", str(cfg), "--remote", url)) as m:
+        path = m.mountpoint / "big.pt"
+        outcome: list[BaseException | None] = []
+
+        def save() -> None:
+            try:
+                write(path, data)
+                outcome.append(None)
+            except BaseException as exc:  # reported by the assertion below
+                outcome.append(exc)
+
+        started = time.monotonic()
+        writer = threading.Thread(target=save, daemon=True)
+        writer.start()
+        writer.join(120)  # far below local_full_timeout; the mount's cleanup frees a hang
+        assert outcome == [None], f"save did not finish in 120 s: {outcome}"
+        assert time.monotonic() - started < 120
+        assert sum(p.stat().st_size for p in (tier / "chunks").glob("*/*")) <= cap
+        assert "uncommitted chunks to the remote tiers" in m.log
+        assert path.read_bytes() == data
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
+        assert res.returncode == 0, res.stdout + res.stderr
+        m.stop()
+        m.start()
+        assert path.read_bytes() == data
+        assert len(remote_objects(seaweed, prefix)) == 13
 
 
 def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(

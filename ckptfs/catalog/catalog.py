@@ -1006,6 +1006,10 @@ class Catalog:
             _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
             return True
 
+    def has_chunk(self, digest: bytes) -> bool:
+        """Whether a committed file names this chunk (its row exists)."""
+        return self.conn.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone() is not None
+
     def chunk_length(self, digest: bytes) -> int:
         row = self.conn.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
         return 0 if row is None else int(row[0])

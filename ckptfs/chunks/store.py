@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
 
 from ..catalog import Catalog, ChunkRef
+from ..catalog.catalog import Backlog
 from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
+SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 
@@ -61,6 +63,11 @@ class _Fetched:
     refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
 
 
+# Uploads an uncommitted chunk (digest, length, local tiers holding it, remote tier) to a
+# remote tier, verified, in a worker thread under the uploader's limiter.
+SpillCopy = Callable[[bytes, int, Sequence[str], str], Awaitable[None]]
+
+
 class ChunkStore:
     def __init__(
         self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
@@ -81,9 +88,15 @@ class ChunkStore:
         self._place_lock = threading.Lock()
         self._unhealthy: dict[str, float] = {}
         self._full: dict[str, float] = {}
-        # Pins and deletions in flight, under one lock held for dict operations only.
+        # Pins, deletions in flight and where uncommitted chunks are, under one lock held
+        # for dict operations only (chunks/guard.py).
         self.guard = ChunkGuard(self.local)
         self.deleter: Deleter | None = None  # drains the deletion queue (set by the VFS)
+        self.spill_copy: SpillCopy | None = None  # set by the filesystem (the uploader)
+        self.remote_copies = 1
+        self.spilled_bytes = 0
+        self._spill_running = False
+        self._spill_retry_at = -1e9
         self._synced: set[bytes] = set()
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
@@ -187,23 +200,38 @@ class ChunkStore:
             return waited_since
         if not self.remotes:
             raise exc  # nothing would ever free room but a deletion by the user
-        backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
         if self.on_local_full == "enospc":
+            backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
             log.error("local tiers full and %d bytes (%d chunks) not yet on a remote: ENOSPC "
                       "(on_local_full = \"enospc\")", backlog.bytes, backlog.chunks)
+            raise exc
+        # The writers' own uncommitted chunks: move them to their remote tiers (a round
+        # in the background, which wakes us when done), so the remote serves them and
+        # their local frames make room.
+        moving = self._start_spill(batch)
+        backlog, deleting = await trio.to_thread.run_sync(self._outlook, limiter=self.db_limiter)
+        if moving == "none" and not backlog.chunks and not deleting and self._room_gen == gen:
+            # No upload job, nothing evictable, no uncommitted chunk to move, no local
+            # frame queued for deletion: no event could ever free room, so waiting would
+            # only delay the error.
+            log.error("local tiers full and nothing can free room (no upload pending, nothing "
+                      "evictable, no uncommitted chunk to move to a remote): ENOSPC")
             raise exc
         now = time.monotonic()
         if waited_since is None:
             waited_since = now
-            log.warning("local tiers full; writers wait for %d bytes (%d chunks) to upload "
+            log.warning("local tiers full; writers wait for %d bytes (%d chunks) of upload "
+                        "jobs and %d bytes of uncommitted chunks to reach a remote "
                         "(on_local_full = \"block\", at most %.0f s)",
-                        backlog.bytes, backlog.chunks, self.local_full_timeout_s)
+                        backlog.bytes, backlog.chunks, self.guard.movable_bytes(frame.HEADER_SIZE),
+                        self.local_full_timeout_s)
         left = waited_since + self.local_full_timeout_s - now
         if left <= 0:
             log.error("local tiers still full after %.0f s of waiting for uploads: ENOSPC",
                       self.local_full_timeout_s)
             raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
-        # Woken by each finished upload; the periodic look covers room freed outside ckptfs.
+        # Woken by each finished upload or move; the periodic look covers room freed
+        # outside ckptfs and retries a move that failed.
         self.waiting_for_room += 1
         try:
             with trio.move_on_after(min(left, 5.0)):
@@ -212,6 +240,137 @@ class ChunkStore:
             self.waiting_for_room -= 1
         self._full.clear()
         return waited_since
+
+    def _outlook(self) -> tuple[Backlog, bool]:
+        """Blocking: the upload backlog, and whether local frames wait in the deletion
+        queue (the deleter frees them and wakes the writers)."""
+        local = any(b.chunks for b in self.catalog.deletion_backlog() if b.tier in self.local)
+        return self.catalog.backlog(), local
+
+    def _start_spill(self, want: int) -> str:
+        """Start a round of moves unless one runs: "running", "retry" (candidates, but the
+        last round failed or a deletion holds them back: the next look tries again) or
+        "none" (nothing to move)."""
+        if self._spill_running:
+            return "running"
+        if self.spill_copy is None or self._nursery is None:
+            return "none"
+        start = time.monotonic() >= self._spill_retry_at
+        picked, blocked = self.guard.start_moves(
+            want, frame.HEADER_SIZE, lambda d: self.remote_targets(d, self.remote_copies), start
+        )
+        if not picked:
+            return "retry" if blocked else "none"
+        if not start:
+            return "retry"
+        self._spill_running = True
+        self._nursery.start_soon(self._spill, picked)
+        return "running"
+
+    async def _spill(self, picked: list[tuple[bytes, int, tuple[str, ...]]]) -> None:
+        """Upload uncommitted chunks (the writers' own, pinned) to their remote tiers, then
+        drop their local frames; wake the writers waiting for room."""
+        freed = 0
+        failed = False
+
+        async def one(digest: bytes, length: int, sources: tuple[str, ...]) -> None:
+            nonlocal freed, failed
+            targets = self.remote_targets(digest, self.remote_copies)
+            assert self.spill_copy is not None
+            try:
+                for target in targets:
+                    await self.spill_copy(digest, length, sources, target)
+            except CkptfsError as exc:
+                if not failed:
+                    log.warning("could not move uncommitted chunk %s to a remote tier (retry "
+                                "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
+                failed = True
+                return
+            drop, orphaned = await trio.to_thread.run_sync(
+                self._after_spill, digest, sources, targets, limiter=self.db_limiter
+            )
+            if orphaned:
+                self.deletions_queued()  # dropped while it moved: the deleter removes the copies
+            if drop:
+                freed += await self._drop_moved(drop)
+
+        def unknown(digests: list[bytes]) -> set[bytes]:
+            # A chunk a committed file names too (same content) keeps its local copy.
+            return {d for d in digests if not self.catalog.has_chunk(d)}
+
+        try:
+            fresh = await trio.to_thread.run_sync(
+                unknown, [d for d, _, _ in picked], limiter=self.db_limiter
+            )
+            self.guard.stay(d for d, _, _ in picked if d not in fresh)
+            async with trio.open_nursery() as n:
+                for digest, length, sources in picked:
+                    if digest in fresh:
+                        n.start_soon(one, digest, length, sources)
+        finally:
+            self.guard.end_moves(d for d, _, _ in picked)
+            self._spill_running = False
+            if failed:
+                self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
+        if freed:
+            self.spilled_bytes += freed
+            log.info("moved %d bytes of uncommitted chunks to the remote tiers to make room "
+                     "on the local ones", freed)
+            self._full.clear()
+        self.room_may_have_freed()  # moved, or nothing to move: the writers look again
+
+    def _after_spill(
+        self, digest: bytes, sources: tuple[str, ...], targets: list[str]
+    ) -> tuple[list[tuple[bytes, str]], bool]:
+        """Blocking (under the catalog limiter, which commits take too, so no commit of
+        this chunk runs meanwhile): the remote copies of an uncommitted chunk are stored.
+        Record them where the writers find them, and return (its local frames, marked as
+        being deleted, to drop; whether its remote copies were queued for deletion)."""
+        committed = self.catalog.has_chunk(digest)
+        known = set(self.catalog.replica_tiers(digest)) if committed else set()
+        state, drop = self.guard.moved(digest, sources, targets, known)
+        if state == "gone" and not committed:
+            # Dropped while it uploaded: nobody needs the copies (a pin of the same bytes
+            # or a commit naming them there cancels the rows). Committed: its upload job
+            # (which may be running: never take it over) writes the same objects again.
+            self.catalog.queue_deletions((digest, t) for t in targets)
+            return [], True
+        return drop, False
+
+    async def _drop_moved(self, drop: list[tuple[bytes, str]]) -> int:
+        """Delete the local frames of a moved uncommitted chunk (no catalog row names them;
+        the guard marks them as being deleted, so a writer of the same bytes waits or
+        shares the remote copy). A frame that will not go is queued for the deleter."""
+        failed: list[tuple[bytes, str]] = []
+
+        def work() -> int:
+            freed = 0
+            for digest, name in drop:
+                try:
+                    freed += self.local[name].delete(digest.hex())
+                except TierError as exc:
+                    log.warning("could not delete moved chunk %s: %s", digest.hex()[:16], exc)
+                    failed.append((digest, name))
+            return freed
+
+        try:
+            freed = await trio.to_thread.run_sync(work, limiter=self.io)
+        finally:
+            self.forget_frames(d for d, _ in drop)  # before a waiting writer puts it again
+            self.guard.end_delete(drop)
+        if failed:
+            await trio.to_thread.run_sync(
+                self.catalog.queue_deletions, failed, limiter=self.db_limiter
+            )
+            self.deletions_queued()
+        return freed
+
+    def current(self, ref: ChunkRef) -> ChunkRef:
+        """``ref`` with the tiers that hold it now, if it is an uncommitted chunk."""
+        tiers = self.guard.current(ref.digest)
+        if tiers is None or tiers == ref.tiers:
+            return ref
+        return ChunkRef(ref.digest, ref.length, tiers)
 
     def _evict(self, want: int) -> list[tuple[bytes, str, int]]:
         """Blocking (catalog only): turn local replicas of chunks a remote tier holds into
@@ -299,6 +458,17 @@ class ChunkStore:
     def unpin(self, digests: Iterable[bytes]) -> None:
         self.guard.unpin(digests)
 
+    def release(self, refs: Iterable[ChunkRef]) -> list[ChunkRef]:
+        """Unpin these chunks; returns them with the tiers holding them as the pins went
+        (a chunk a full local tier moved to a remote: its remote copies), for ``collect``."""
+        refs = list(refs)
+        now = self.guard.unpin(r.digest for r in refs)
+        return [
+            r if not now.get(r.digest) or now[r.digest] == r.tiers
+            else ChunkRef(r.digest, r.length, now[r.digest])
+            for r in refs
+        ]
+
     # -- write -------------------------------------------------------------------------------
 
     async def write(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
@@ -327,15 +497,21 @@ class ChunkStore:
         def work() -> ChunkRef:
             digest = frame.digest_of_parts(parts)
             # Pinned before the put, and never put while a local deletion of the same
-            # frame is in flight (it would remove the frame after our put).
-            self.guard.pin_for_put(digest)
+            # frame is in flight (it would remove the frame after our put), unless another
+            # open file stored the same bytes and has not committed: then share its copy
+            # (which a full local tier may move to a remote).
+            shared = self.guard.pin_for_put(digest)
+            if shared is not None:
+                return ChunkRef(digest, shared.length, shared.tiers)
             try:
                 framed = frame.encode(parts, digest)
                 size = sum(len(p) for p in framed)
                 tier = self._put_somewhere(digest, framed, size)
             except BaseException:
+                self.guard.put_done(digest, None, 0)
                 self.unpin([digest])
                 raise
+            self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
@@ -344,7 +520,7 @@ class ChunkStore:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""
         by_tier: dict[str, list[str]] = {}
         todo = []
-        for ref in refs:
+        for ref in map(self.current, refs):
             if ref.digest in self._synced:
                 continue
             todo.append(ref.digest)
@@ -398,6 +574,7 @@ class ChunkStore:
         if data is not None:
             self._cache.move_to_end(ref.digest)
             return data
+        ref = self.current(ref)
         flight = self._flights.get(ref.digest)
         if flight is None:
             flight = _Flight()
@@ -408,9 +585,11 @@ class ChunkStore:
                 if got.data is None and got.refresh:
                     # The caller's idea of where the chunk lives may be old (an upload added
                     # a remote copy, an eviction removed a local one): ask the catalog.
-                    tiers = await trio.to_thread.run_sync(
-                        self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-                    )
+                    tiers = self.current(ref).tiers
+                    if tiers == ref.tiers:
+                        tiers = await trio.to_thread.run_sync(
+                            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+                        )
                     if tiers and not set(tiers) <= set(ref.tiers):
                         fresh = ChunkRef(ref.digest, ref.length, tiers)
                         again = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
@@ -498,6 +677,8 @@ class ChunkStore:
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
         if self._nursery is None or got.data is None or got.source is None:
             return
+        if self.guard.uncommitted(ref.digest):
+            return  # uncommitted: the catalog has no copies to heal or to add to
         bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
         failed = {t for t, _ in got.failures}
         remote_only = got.source not in self.local and not any(
@@ -660,7 +841,7 @@ class ChunkStore:
         transaction moves their rows to the deletion queue; the deleter removes the frames
         (never one a pin or a new reference wants)."""
         by_digest: dict[bytes, set[str]] = {}
-        for ref in refs:
+        for ref in map(self.current, refs):
             by_digest.setdefault(ref.digest, set()).update(
                 t for t in ref.tiers if t in self.tiers
             )

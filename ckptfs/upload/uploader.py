@@ -16,7 +16,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -231,6 +231,17 @@ class Uploader:
             self.running.discard(key)
             self._progressed()
             self.kick()
+
+    async def copy_uncommitted(
+        self, digest: bytes, length: int, sources: Sequence[str], tier: str
+    ) -> None:
+        """Put a chunk no commit names yet on a remote tier, verified like a queued upload
+        and under the same limiter (the local tiers are full: ChunkStore._spill). Raises
+        TierError; there is no job to retry, the writer looks again."""
+        job = UploadJob(digest, tier, length, 0, 0, tuple(sources))
+        await trio.to_thread.run_sync(self._copy, job, limiter=self.limiter)
+        self.uploaded_bytes += length
+        self.store.stats.record_write(tier, length)
 
     async def _maybe_snapshot(self) -> float:
         """When the catalog changed since the last snapshot and nothing is pending (or

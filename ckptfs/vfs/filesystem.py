@@ -182,6 +182,9 @@ class Filesystem:
             remote_compression=remote_compression,
             saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
         )
+        # A full local tier moves the writers' uncommitted chunks to the remote through it.
+        self.store.spill_copy = self.uploader.copy_uncommitted
+        self.store.remote_copies = remote_copies
         # The deletion queue: GC, eviction and retention only write catalog rows.
         self.deleter = Deleter(catalog, self.store, self.db_limiter)
         self.store.deleter = self.deleter
@@ -378,10 +381,12 @@ class Filesystem:
             if size < 0:
                 raise InvalidArgument("negative size")
             f = self.open_files.get(ino)
-            if f is not None:
+            if f is not None and self._has_writer(f):
+                # Joins the version the writers are making (every handle sees it at
+                # once) and becomes durable with its next commit, their close or fsync.
                 await f.truncate(size)
             else:
-                # truncate(2) on a closed file: apply and commit at once.
+                # Nobody open for writing would commit it: apply and commit at once.
                 f = await self._open_file(ino)
                 try:
                     await f.truncate(size)
@@ -669,16 +674,31 @@ class Filesystem:
         return n
 
     async def flush(self, fh: int) -> None:
-        """close(2): commit what this file has, so the caller sees any error now."""
-        f = self._handle(fh).file
-        if f.is_dirty() or f.failed is not None:
+        """close(2) of a handle that changed the file (wrote, or opened it with O_TRUNC),
+        or of its last handle open for writing: commit what the file has, so the caller
+        sees any error now. Other closes commit nothing: a rewrite in progress (O_TRUNC,
+        then writes) must not become the file's content because someone peeked (a reader)
+        or touched it (a writer that wrote nothing); the rewriter's close commits it."""
+        h = self._handle(fh)
+        f = h.file
+        if not h.writable:
+            return
+        if f.failed is not None or (f.is_dirty() and (
+            h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
+        )):
             await self._commit(f, durable=False)
             await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
-        f = self._handle(fh).file
-        await self._commit(f, durable=True)
-        await self._apply_durability(f)
+        h = self._handle(fh)
+        if not h.writable:
+            await h.file.sync_committed()  # a reader makes the committed content durable
+            return
+        await self._commit(h.file, durable=True)
+        await self._apply_durability(h.file)
+
+    def _has_writer(self, f: OpenFile, besides: int | None = None) -> bool:
+        return any(h.file is f and h.writable for n, h in self.handles.items() if n != besides)
 
     async def _apply_durability(self, f: OpenFile) -> None:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and

@@ -244,13 +244,14 @@ class OpenFile:
             self.svc.budget.release(self.cs)
         self.dirty.clear()
         await self._wait_inflight()
-        dropped = self.written
-        self.written = []
+        written, self.written = self.written, []
         self.changes.clear()
         self.failed = None
         self.meta_dirty = False
         self.size, self.mtime_ns, self.ctime_ns = self._committed_attrs
-        self.svc.store.unpin(r.digest for r in dropped)
+        # Unpinned with the tiers holding them as the pins go: a chunk moved to a remote
+        # meanwhile gets its remote copy queued for deletion.
+        dropped = self.svc.store.release(written)
         await self.svc.store.collect(dropped)
         if self.svc.invalidate is not None:
             # The kernel cached the discarded bytes and size: make it ask again. In a
@@ -292,20 +293,27 @@ class OpenFile:
                 if durable:
                     await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
                 return
-            changes = dict(self.changes)
             store = self.svc.store
             uploads = {
                 r.digest: store.remote_targets(r.digest, self.svc.remote_copies)
-                for r in changes.values()
+                for r in self.changes.values()
                 if r is not None
             } if store.remotes else None
-            dropped = await trio.to_thread.run_sync(
-                lambda: self.svc.catalog.commit_file(
+
+            pending = dict(self.changes)
+
+            def commit() -> tuple[dict[int, ChunkRef | None], list[bytes]]:
+                # The store's tiers of each chunk, read under the catalog limiter: a chunk a
+                # full local tier moved to a remote (under the same limiter) is recorded
+                # there, and gets no upload job.
+                changes = {i: None if r is None else store.current(r)
+                           for i, r in pending.items()}
+                return changes, self.svc.catalog.commit_file(
                     self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, changes, durable,
                     uploads,
-                ),
-                limiter=self.svc.db_limiter,
-            )
+                )
+
+            changes, dropped = await trio.to_thread.run_sync(commit, limiter=self.svc.db_limiter)
             if uploads and self.svc.on_commit is not None:
                 self.svc.on_commit()
             n_chunks = math.ceil(self.size / self.cs)
@@ -320,8 +328,7 @@ class OpenFile:
             self.changes.clear()
             self.meta_dirty = False
             self._committed_attrs = (self.size, self.mtime_ns, self.ctime_ns)
-            written, self.written = self.written, []
-            self.svc.store.unpin(r.digest for r in written)
+            written, self.written = store.release(self.written), []
             dropped_set = set(dropped)
             garbage = [r for r in old.values() if r.digest in dropped_set]
             kept = {r.digest for r in self.committed.values()}
@@ -330,6 +337,14 @@ class OpenFile:
             if self.bypassed_cache and self.svc.invalidate is not None:
                 self.bypassed_cache = False
                 await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
+
+    async def sync_committed(self) -> None:
+        """fsync the content as last committed (its chunk frames, then the catalog),
+        leaving any version being written alone."""
+        async with self.lock:
+            n_chunks = math.ceil(self._committed_attrs[0] / self.cs)
+            await self.svc.store.sync(r for i, r in self.committed.items() if i < n_chunks)
+            await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
 
     async def release_all(self) -> None:
         """The last handle closed: drop uncommitted state (a failed write stays uncommitted)."""
