@@ -137,6 +137,31 @@ async def test_without_a_remote_a_full_tier_is_enospc_at_once(tmp_path: Path) ->
             await write_file(fs, b"a", os.urandom(3 * CS))
 
 
+async def test_without_a_remote_a_writer_waits_for_local_frames_being_deleted(
+    tmp_path: Path,
+) -> None:
+    """Rotation on a full local-only mount: the previous file is deleted and the new one
+    written at once. Its frames are still in the deletion queue: the writer waits for the
+    deleter instead of failing with ENOSPC."""
+    local = DeleteGatedTier(small_local(2))
+    new = os.urandom(2 * CS)
+    try:
+        async with make_fs(tmp_path, [local]) as fs:
+            await write_file(fs, b"old", os.urandom(2 * CS))
+            await fs.unlink(ROOT_INODE, b"old")  # its frames: deletion rows
+            await wait_for(local.delete_entered.is_set)  # the deleter holds at the gate
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(write_file, fs, b"new", new)
+                    await wait_for(lambda: fs.store.waiting_for_room > 0)  # waits, no ENOSPC
+                    local.delete_gate.set()
+            finally:
+                local.delete_gate.set()  # also when the write failed: let the deleter end
+            assert await read_file(fs, b"new") == new
+    finally:
+        local.delete_gate.set()
+
+
 # -- durability = "remote" -------------------------------------------------------------------
 
 REMOTE_UNDER_FINAL = (DurabilityPolicy("/final", "remote", 30.0),)

@@ -38,6 +38,9 @@ log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
+# Without a remote only deletions free room: a writer waits this long at most for local
+# frames in the deletion queue (an `rm` of the previous checkpoint just before this save).
+LOCAL_DELETION_WAIT_S = 30.0
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 
@@ -199,6 +202,8 @@ class ChunkStore:
             self.room_may_have_freed()  # other writers waiting for room try again too
             return waited_since
         if not self.remotes:
+            if await self._wait_local_deletions(gen):
+                return waited_since
             raise exc  # nothing would ever free room but a deletion by the user
         if self.on_local_full == "enospc":
             backlog = await trio.to_thread.run_sync(self.catalog.backlog, limiter=self.db_limiter)
@@ -240,6 +245,28 @@ class ChunkStore:
             self.waiting_for_room -= 1
         self._full.clear()
         return waited_since
+
+    async def _wait_local_deletions(self, gen: int) -> bool:
+        """No remote tier: room comes only from deletions. While local frames wait in the
+        deletion queue (the deleter drains them at once and wakes the writers), wait for
+        that, at most LOCAL_DELETION_WAIT_S. True if room may have been freed."""
+        with trio.move_on_after(LOCAL_DELETION_WAIT_S):
+            while self._room_gen == gen:
+                room = self._room  # taken before the look, so no wake-up is missed
+                _, deleting = await trio.to_thread.run_sync(self._outlook, limiter=self.db_limiter)
+                if not deleting:
+                    return self._room_gen != gen
+                self.waiting_for_room += 1
+                try:
+                    await room.wait()
+                finally:
+                    self.waiting_for_room -= 1
+        if self._room_gen != gen:
+            self._full.clear()
+            return True
+        log.error("local tiers full; frames in the deletion queue were not freed within %.0f s",
+                  LOCAL_DELETION_WAIT_S)
+        return False
 
     def _outlook(self) -> tuple[Backlog, bool]:
         """Blocking: the upload backlog, and whether local frames wait in the deletion
