@@ -79,8 +79,12 @@ class Janitor:
         """Ask for a pass and wait for one that started after this call (``ckptfs gc``);
         postponed deletions are tried again at once."""
         wanted = self._started + 1
+        pending = self._wake.is_set()  # a pass is asked for already (a checkpoint commit)
         await self.fs.deleter.retry_now()
-        self.kick()
+        if not pending and self._started < wanted:
+            # Only then: a second kick would run one more pass after the one this call
+            # waits for, which may then do the work a later run_now expects to report.
+            self.kick()
         while self._finished < wanted:
             await self._done.wait()
         return self.last

@@ -214,6 +214,10 @@ class Filesystem:
         # link ran or runs: every one bumps the generation when it finishes.
         self._ns_gen = 0
         self._ns_busy = 0
+        # Files created by this mount whose every handle so far was write-only: the kernel
+        # cannot hold a page of them (nothing could read or map one), so their direct-I/O
+        # writes need no invalidation of its page cache at commit (a round trip to it).
+        self._uncached: set[OpenFile] = set()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -700,6 +704,7 @@ class Filesystem:
         await f.release_all()
         if f.handles > 0:
             return  # reopened while we waited
+        self._uncached.discard(f)
         if self.open_files.get(f.ino) is f:
             del self.open_files[f.ino]
             if f.inode.nlink <= 0:
@@ -717,6 +722,8 @@ class Filesystem:
         fh = self._next_fh
         self._next_fh += 1
         self.handles[fh] = Handle(f, flags)
+        if (flags & os.O_ACCMODE) != os.O_WRONLY:
+            self._uncached.discard(f)  # a handle that may read or map: pages may come
         return fh
 
     def _handle(self, fh: int) -> Handle:
@@ -753,6 +760,7 @@ class Filesystem:
         f = OpenFile(inode, {}, self._services())
         f.handles = 1
         self.open_files[inode.ino] = f
+        self._uncached.add(f)
         fh = self._new_handle(f, flags)
         if self.tracker is not None:
             path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
@@ -782,7 +790,7 @@ class Filesystem:
         h = self._handle(fh)
         if (h.flags & os.O_ACCMODE) == os.O_RDONLY:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
-        if h.direct_io:
+        if h.direct_io and h.file not in self._uncached:
             h.file.bypassed_cache = True
         if h.caller_uid != 0 and h.file.inode.mode & SETID:
             await self._kill_setid(h.file)
