@@ -47,6 +47,7 @@ from ..tiers.base import Tier, TierUsage
 from ..upload.deleter import Deleter
 from ..upload.uploader import Uploader
 from .context import ROOT, RequestContext
+from .dirattrs import DirAttrs
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -218,6 +219,8 @@ class Filesystem:
         # cannot hold a page of them (nothing could read or map one), so their direct-I/O
         # writes need no invalidation of its page cache at commit (a round trip to it).
         self._uncached: set[OpenFile] = set()
+        # Directory attributes for the kernel's GETATTR after each change in a directory.
+        self._dirs = DirAttrs()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -380,6 +383,43 @@ class Filesystem:
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
 
+    async def _db_dirs_changed(self, fn: Callable[..., T], *args: Any) -> T:
+        """``db`` for a catalog call that may change directory rows (attributes, link
+        counts, times) other than those its caller refreshes: the directory cache is
+        cleared, in the catalog's order of calls."""
+        seq: list[int] = []
+
+        def run() -> T:
+            try:
+                return fn(*args)
+            finally:
+                seq.append(self._dirs.stamp())
+
+        try:
+            return await self.db(run)
+        finally:
+            if seq:
+                self._dirs.clear(seq[0])
+
+    async def _db_refreshing(self, work: Callable[[], T]) -> T:
+        """``db`` for a combined call that returns the directories it changed (with a
+        ``stamp``) for the caller to put in the cache; if it fails part-way, the cache is
+        cleared instead."""
+        seq: list[int] = []
+
+        def run() -> T:
+            try:
+                return work()
+            except BaseException:
+                seq.append(self._dirs.stamp())
+                raise
+
+        try:
+            return await self.db(run)
+        finally:
+            if seq:
+                self._dirs.clear(seq[0])
+
     async def recover(self) -> None:
         """At start: drop inodes that were unlinked while open when the daemon stopped."""
         for ino in await self.db(self.catalog.unlinked_inodes):
@@ -420,7 +460,16 @@ class Filesystem:
         f = self.open_files.get(ino)
         if f is not None:
             return f.attrs()
-        return await self.db(self.catalog.get_inode, ino)
+        cached = self._dirs.get(ino)
+        if cached is not None:
+            return cached
+
+        def read() -> tuple[Inode, int]:
+            return self.catalog.get_inode(ino), self._dirs.stamp()
+
+        inode, seq = await self.db(read)
+        self._dirs.put(seq, inode)
+        return inode
 
     async def setattr(
         self,
@@ -457,7 +506,7 @@ class Filesystem:
             if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
                 mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
                                     atime_ns is not None or mtime_ns is not None, ctx)
-            new = await self.db(
+            new = await self._db_dirs_changed(
                 lambda: self.catalog.setattr(
                     ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
                 )
@@ -482,14 +531,14 @@ class Filesystem:
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name),
-                              stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                            stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777,
-                              ctx.uid, ctx.gid, target)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                            stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
 
@@ -502,8 +551,8 @@ class Filesystem:
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
-        inode = await self.db(self.catalog.create, parent, _check_name(name), mode, ctx.uid, ctx.gid,
-                              None, rdev)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name), mode,
+                                            ctx.uid, ctx.gid, None, rdev)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
@@ -542,7 +591,7 @@ class Filesystem:
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
         with self._changing_paths():
-            inode = await self.db(self.catalog.link, ino, parent, _check_name(name))
+            inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -555,17 +604,19 @@ class Filesystem:
         busy = frozenset(self.open_files) | frozenset(self._opening)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode, dict[bytes, list[str]] | None, str]:
+        def work() -> tuple[Inode, dict[bytes, list[str]] | None, str, Inode, int]:
             if not ctx.is_root:
                 self._check_sticky(parent, [name], ctx)
             inode = self.catalog.unlink(parent, name)
             gone = None
             if inode.nlink <= 0 and inode.ino not in busy:
                 gone = self.store.collect_digests_blocking(self.catalog.delete_inode(inode.ino))
-            return inode, gone, self.catalog.path_of(parent) if tracked else ""
+            return (inode, gone, self.catalog.path_of(parent) if tracked else "",
+                    self.catalog.get_inode(parent), self._dirs.stamp())
 
         with self._changing_paths():
-            inode, gone, base = await self.db(work)
+            inode, gone, base, pdir, seq = await self._db_refreshing(work)
+        self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
         if gone is None:
             await self._maybe_delete(inode)
         else:
@@ -580,7 +631,7 @@ class Filesystem:
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
         with self._changing_paths():
-            inode = await self.db(self.catalog.rmdir, parent, name)
+            inode = await self._db_dirs_changed(self.catalog.rmdir, parent, name)
         await self._delete_inode(inode.ino)
         await self._event("rmdir", parent, name, is_dir=True)
 
@@ -594,19 +645,27 @@ class Filesystem:
         _check_name(new_name)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None]:
-            # One catalog call: the sticky rules, the rename and what the event needs.
+        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int]:
+            # One catalog call: the sticky rules, the rename, the directories' new
+            # attributes and what the event needs.
             if not ctx.is_root:
                 self._check_sticky(old_parent, [old_name], ctx)
                 self._check_sticky(new_parent, [new_name], ctx)
             replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace)
-            if not tracked:
-                return replaced, None
-            return replaced, (self.catalog.path_of(old_parent), self.catalog.path_of(new_parent),
-                              self.catalog.lookup(new_parent, new_name))
+            moved = self.catalog.lookup(new_parent, new_name)
+            dirs = [self.catalog.get_inode(p) for p in {old_parent, new_parent}]
+            if moved.is_dir or (replaced is not None and replaced.is_dir):
+                dirs = []  # a directory moved or went: its own row changed too
+            seen = None if not tracked else (
+                self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
+            return replaced, seen, dirs, self._dirs.stamp()
 
         with self._changing_paths():
-            replaced, seen = await self.db(work)
+            replaced, seen, dirs, seq = await self._db_refreshing(work)
+        if not dirs:
+            self._dirs.clear(seq)
+        for d in dirs:
+            self._dirs.put(seq, d)
         if replaced is not None:
             await self._maybe_delete(replaced)
         if self.tracker is not None and seen is not None:
@@ -657,7 +716,7 @@ class Filesystem:
             await self._delete_inode(inode.ino)
 
     async def _delete_inode(self, ino: int) -> None:
-        digests = await self.db(self.catalog.delete_inode, ino)
+        digests = await self._db_dirs_changed(self.catalog.delete_inode, ino)
         if self._xattr_inos is not None:
             self._xattr_inos.discard(ino)
         if digests:
@@ -749,13 +808,16 @@ class Filesystem:
         _check_name(name)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode, str]:
-            # One catalog call: the new inode and, for the event, its directory's path.
+        def work() -> tuple[Inode, str, Inode, int]:
+            # One catalog call: the new inode, its directory's new attributes (the kernel
+            # asks for them next) and, for the event, the directory's path.
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
-            return inode, self.catalog.path_of(parent) if tracked else ""
+            return (inode, self.catalog.path_of(parent) if tracked else "",
+                    self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
-        inode, base = await self.db(work)
+        inode, base, pdir, seq = await self._db_refreshing(work)
+        self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
         f.handles = 1
@@ -935,7 +997,7 @@ class Filesystem:
         await self._check_xattr_write(ino, name, ctx)
         if len(value) > XATTR_SIZE_MAX:
             raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
-        inode = await self.db(lambda: self.catalog.set_xattr(
+        inode = await self._db_dirs_changed(lambda: self.catalog.set_xattr(
             ino, name, value, create=bool(flags & os.XATTR_CREATE),
             replace_only=bool(flags & os.XATTR_REPLACE)))
         (await self._xattr_index()).add(ino)
@@ -947,7 +1009,7 @@ class Filesystem:
         await self._check_xattr_write(ino, name, ctx)
         if ino not in await self._xattr_index():
             raise NoAttribute(name.decode(errors="replace"))
-        self._new_ctime(await self.db(self.catalog.remove_xattr, ino, name))
+        self._new_ctime(await self._db_dirs_changed(self.catalog.remove_xattr, ino, name))
 
     def _new_ctime(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
