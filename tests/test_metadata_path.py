@@ -18,6 +18,7 @@ from ckptfs.checkpoints import tracker as tracker_mod
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.events import FsEvent
 from ckptfs.checkpoints.tracker import CheckpointTracker
+from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
@@ -185,3 +186,55 @@ def test_a_burst_of_events_costs_one_catalog_round_trip(tmp_path: Path) -> None:
     finally:
         cat.close()
     assert obs.current == [f"/d/f{i}" for i in range(10)] and hops == 1
+
+
+async def test_directory_getattr_after_a_change_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+        calls = count_db_hops(monkeypatch, fs)
+        for op in (
+            fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT),
+            fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT),
+            fs.unlink(d.ino, b"g", ROOT),
+        ):
+            await op
+            calls.clear()
+            got = await fs.getattr(d.ino)  # what the kernel asks next (default_permissions)
+            assert calls == []
+            assert got == await fs.db(fs.catalog.get_inode, d.ino)
+
+
+async def test_directory_attributes_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+        a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
+        b = await fs.mkdir(ROOT_INODE, b"b", 0o755, ROOT)
+
+        async def check() -> None:
+            for ino in (ROOT_INODE, a.ino, b.ino):
+                assert await fs.getattr(ino) == await fs.db(fs.catalog.get_inode, ino)
+
+        await check()
+        sub = await fs.mkdir(a.ino, b"sub", 0o700, ROOT)  # a's link count
+        await check()
+        fh, f = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await check()
+        await fs.setattr(a.ino, mode=0o750)
+        await check()
+        await fs.setxattr(b.ino, b"user.k", b"v")
+        await check()
+        await fs.rename(a.ino, b"sub", b.ino, b"sub", 0, ROOT)  # a directory moves
+        await check()
+        await fs.link(f.ino, b.ino, b"f2")
+        await check()
+        await fs.symlink(b.ino, b"s", b"f2", ROOT)
+        await check()
+        await fs.rename(b.ino, b"f2", a.ino, b"f", 0, ROOT)  # replaces a/f (same inode)
+        await check()
+        await fs.unlink(a.ino, b"f", ROOT)
+        await fs.rmdir(b.ino, b"sub", ROOT)
+        await check()
+        with pytest.raises(CkptfsError):
+            await fs.getattr(sub.ino)  # gone from the catalog: not served from memory
