@@ -83,9 +83,11 @@ class Janitor:
         """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
         after this call (``ckptfs gc PATH``); postponed deletions are tried again at once."""
         wanted = self._started + 1
-        await self.fs.deleter.retry_now()
+        # The scope and the wake-up go in before any await, so the pass this call waits for
+        # (the next one to start) covers the scope, and no second pass is asked for.
         self._scopes.add(scope)
         self._wake.set()
+        await self.fs.deleter.retry_now()
         while self._finished < wanted:
             await self._done.wait()
         return self.last

@@ -24,6 +24,9 @@ from .events import Detection, FsEvent
 log = logging.getLogger("ckptfs.checkpoints")
 
 TICK_S = 1.0
+# After the first event of a burst, wait this long for the rest: a save of many small files
+# then costs one catalog thread hop per batch of events, not three per file.
+BATCH_S = 0.02
 
 
 class CatalogView:
@@ -77,9 +80,11 @@ class CheckpointTracker:
     async def run(self) -> None:
         next_tick = time.monotonic() + TICK_S
         while True:
+            batch: list[FsEvent] = []
             with trio.move_on_at(trio.current_time() + max(0.0, next_tick - time.monotonic())):
-                ev = await self._recv.receive()
-                batch = [ev]
+                batch.append(await self._recv.receive())
+            if batch:
+                await trio.sleep(BATCH_S)
                 while True:  # drain what is queued: one thread hop per batch
                     try:
                         batch.append(self._recv.receive_nowait())

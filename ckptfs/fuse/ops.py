@@ -27,8 +27,11 @@ log = logging.getLogger("ckptfs.fuse")
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 # The kernel may cache names and attributes this long. Every change goes through this
-# kernel, which updates its caches itself, so a short timeout is safe on one node.
-ENTRY_TIMEOUT = 1.0
+# kernel, which updates its caches itself (the daemon's own deletions, by retention,
+# invalidate the names: Filesystem.invalidate_entry). Names are kept longer: a rotation
+# that lists a directory and then renames or deletes its files needs no LOOKUP per file.
+# Attributes stay short: a write invalidates the size and times in the kernel anyway.
+ENTRY_TIMEOUT = 10.0
 ATTR_TIMEOUT = 1.0
 
 

@@ -33,6 +33,9 @@ from .uploader import backoff_s
 log = logging.getLogger("ckptfs.deleter")
 
 LOCAL_BATCH = 256  # local rows claimed and deleted per catalog transaction
+# After a kick, wait this long for more rows: a rotation's stream of unlinks is then
+# deleted in batches (a few catalog round trips per batch, not per file).
+BATCH_S = 0.02
 REMOTE_CONCURRENCY = 4
 
 Pair = tuple[bytes, str]
@@ -109,34 +112,37 @@ class Deleter:
                         )
                 skip = self.running | self._held
                 now = self.clock()
-                if not self._local_busy:
-                    rows = await trio.to_thread.run_sync(
-                        self.catalog.due_deletions, now, LOCAL_BATCH, skip, local,
-                        limiter=self.db_limiter,
-                    )
-                    if rows:
-                        self._local_busy = True
-                        nursery.start_soon(self._local_task, rows)
-                free = self.concurrency - self._remote_running
-                if remote and free > 0:
-                    rows = await trio.to_thread.run_sync(
-                        self.catalog.due_deletions, now, free, skip, remote,
-                        limiter=self.db_limiter,
-                    )
-                    for row in rows:
-                        self._remote_running += 1
-                        self.running.add((row.digest, row.tier))
-                        nursery.start_soon(self._remote_one, row)
-                due_ns = await trio.to_thread.run_sync(
-                    self.catalog.next_deletion_due_ns, self.running | self._held, known,
+                rows, remote_rows, due_ns = await trio.to_thread.run_sync(
+                    self._plan, now, skip, not self._local_busy,
+                    self.concurrency - self._remote_running if remote else 0, local, remote, known,
                     limiter=self.db_limiter,
                 )
+                if rows:
+                    self._local_busy = True
+                    nursery.start_soon(self._local_task, rows)
+                for row in remote_rows:
+                    self._remote_running += 1
+                    self.running.add((row.digest, row.tier))
+                    nursery.start_soon(self._remote_one, row)
                 delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
                 if delay == 0.0:
                     # Due rows that found no free worker: a finishing one kicks us.
                     delay = math.inf if (self._local_busy or self._remote_running) else 0.0
                 with trio.move_on_after(delay):
                     await self._wake.wait()
+                if self._wake.is_set():
+                    await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
+
+    def _plan(
+        self, now: int, skip: set[Pair], take_local: bool, free: int, local: list[str],
+        remote: list[str], known: list[str],
+    ) -> tuple[list[Deletion], list[Deletion], int | None]:
+        """Blocking: one catalog round trip per pass: the due local rows (a batch), the due
+        remote rows (``free`` of them) and the next due time of the others."""
+        mine = self.catalog.due_deletions(now, LOCAL_BATCH, skip, local) if take_local else []
+        theirs = self.catalog.due_deletions(now, free, skip, remote) if free > 0 else []
+        taken = skip | {(r.digest, r.tier) for r in mine + theirs}
+        return mine, theirs, self.catalog.next_deletion_due_ns(taken, known)
 
     def _finished(self) -> None:
         self._progress.set()

@@ -7,13 +7,14 @@ work in the ChunkStore's threads; nothing here blocks the trio loop.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,6 +48,7 @@ from ..upload.deleter import Deleter
 from ..upload.uploader import Uploader
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
+from .dirattrs import DirAttrs
 from .openfile import MemoryBudget, OpenFile, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -120,6 +122,10 @@ class Handle:
     flags: int
     wrote: bool = False
     caller_uid: int = 0  # who opened it (set_caller): a write by non-root clears setuid
+    # The file's path for checkpoint events, valid while the namespace generation it was
+    # resolved at is current (Filesystem._cached_path): no catalog round trip per event.
+    path: str | None = None
+    path_gen: int = -1
 
     @property
     def writable(self) -> bool:
@@ -203,6 +209,19 @@ class Filesystem:
             self.tracker.on_commit = self.janitor.kick
         self.open_files: dict[int, OpenFile] = {}
         self.handles: dict[int, Handle] = {}
+        # Opens between their catalog read and their entry in open_files: an unlink must
+        # not drop such an inode in its own catalog call (_unlinked).
+        self._opening: dict[int, int] = {}
+        # Paths cached for checkpoint events stay valid while no rename, unlink, rmdir or
+        # link ran or runs: every one bumps the generation when it finishes.
+        self._ns_gen = 0
+        self._ns_busy = 0
+        # Files created by this mount whose every handle so far was write-only: the kernel
+        # cannot hold a page of them (nothing could read or map one), so their direct-I/O
+        # writes need no invalidation of its page cache at commit (a round trip to it).
+        self._uncached: set[OpenFile] = set()
+        # Directory attributes for the kernel's GETATTR after each change in a directory.
+        self._dirs = DirAttrs()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -249,6 +268,34 @@ class Filesystem:
         base = await self.db(self.catalog.path_of, parent)
         return base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
 
+    @contextlib.contextmanager
+    def _changing_paths(self) -> Iterator[None]:
+        """Around a catalog change that may change the path of existing inodes."""
+        self._ns_busy += 1
+        try:
+            yield
+        finally:
+            self._ns_busy -= 1
+            self._ns_gen += 1
+
+    def _path_token(self) -> int | None:
+        """Taken before a catalog call resolves a path: the generation the path may be
+        cached at (None: a path change is under way, do not cache)."""
+        return self._ns_gen if self._ns_busy == 0 else None
+
+    def _cache_path(self, h: Handle, path: str, token: int | None) -> None:
+        if token is not None and not path.startswith("<unlinked>"):
+            h.path, h.path_gen = path, token
+
+    async def _file_path(self, h: Handle) -> str:
+        """The path of a handle's file, as ``catalog.path_of`` gives it."""
+        if h.path is not None and self._ns_busy == 0 and h.path_gen == self._ns_gen:
+            return h.path
+        token = self._path_token()
+        path = await self.db(self.catalog.path_of, h.file.ino)
+        self._cache_path(h, path, token)
+        return path
+
     async def _event(self, kind: str, parent: int, name: bytes, **kw: Any) -> None:
         """Tell the checkpoint tracker what just happened (after it took effect)."""
         if self.tracker is None:
@@ -256,10 +303,26 @@ class Filesystem:
         path = await self._path(parent, name)
         self.tracker.push(FsEvent(kind, path, time.time_ns(), **kw))
 
-    async def _release_event(self, h: Handle, last: bool) -> None:
+    def _committed_state(self, h: Handle) -> tuple[str, Inode, dict[int, ChunkRef]] | None:
+        """What the catalog holds for a handle's file, known without asking it: the open
+        file is the inode's current one and has nothing uncommitted (its attributes and
+        extents are then those its last commit wrote), and the cached path is current.
+        Taken synchronously, before anything else can change the file."""
+        f = h.file
+        if (self.open_files.get(f.ino) is not f or f.is_dirty() or f.failed is not None
+                or f.written or h.path is None or self._ns_busy or h.path_gen != self._ns_gen):
+            return None
+        return h.path, f.attrs(), dict(f.committed)
+
+    async def _release_event(
+        self, h: Handle, last: bool,
+        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None,
+    ) -> None:
         """After a writing handle closed: the committed size, mode, tail (and content of a
-        small file) from the catalog and the chunks, never from the open file's state,
-        which a concurrent request (the kernel sends RELEASE asynchronously) may change."""
+        small file) as the catalog has them (``known``: taken from a clean open file before
+        the release, see _committed_state), and the chunks; never from the open file's
+        later state, which a concurrent request (the kernel sends RELEASE asynchronously)
+        may change."""
         assert self.tracker is not None
         ino = h.file.ino
 
@@ -267,10 +330,13 @@ class Filesystem:
             return (self.catalog.path_of(ino), self.catalog.get_inode(ino),
                     self.catalog.extents(ino))
 
-        try:
-            path, inode, refs = await self.db(committed)
-        except CkptfsError:
-            return  # deleted meanwhile
+        if known is not None:
+            path, inode, refs = known
+        else:
+            try:
+                path, inode, refs = await self.db(committed)
+            except CkptfsError:
+                return  # deleted meanwhile
         if inode.nlink <= 0:
             return  # unlinked before its last close: no checkpoint to detect
         content = tail = None
@@ -318,6 +384,43 @@ class Filesystem:
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
 
+    async def _db_dirs_changed(self, fn: Callable[..., T], *args: Any) -> T:
+        """``db`` for a catalog call that may change directory rows (attributes, link
+        counts, times) other than those its caller refreshes: the directory cache is
+        cleared, in the catalog's order of calls."""
+        seq: list[int] = []
+
+        def run() -> T:
+            try:
+                return fn(*args)
+            finally:
+                seq.append(self._dirs.stamp())
+
+        try:
+            return await self.db(run)
+        finally:
+            if seq:
+                self._dirs.clear(seq[0])
+
+    async def _db_refreshing(self, work: Callable[[], T]) -> T:
+        """``db`` for a combined call that returns the directories it changed (with a
+        ``stamp``) for the caller to put in the cache; if it fails part-way, the cache is
+        cleared instead."""
+        seq: list[int] = []
+
+        def run() -> T:
+            try:
+                return work()
+            except BaseException:
+                seq.append(self._dirs.stamp())
+                raise
+
+        try:
+            return await self.db(run)
+        finally:
+            if seq:
+                self._dirs.clear(seq[0])
+
     async def recover(self) -> None:
         """At start: drop inodes that were unlinked while open when the daemon stopped."""
         for ino in await self.db(self.catalog.unlinked_inodes):
@@ -358,7 +461,16 @@ class Filesystem:
         f = self.open_files.get(ino)
         if f is not None:
             return f.attrs()
-        return await self.db(self.catalog.get_inode, ino)
+        cached = self._dirs.get(ino)
+        if cached is not None:
+            return cached
+
+        def read() -> tuple[Inode, int]:
+            return self.catalog.get_inode(ino), self._dirs.stamp()
+
+        inode, seq = await self.db(read)
+        self._dirs.put(seq, inode)
+        return inode
 
     async def setattr(
         self,
@@ -397,7 +509,7 @@ class Filesystem:
             if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
                 mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
                                     atime_ns is not None or mtime_ns is not None, ctx)
-            new = await self.db(
+            new = await self._db_dirs_changed(
                 lambda: self.catalog.setattr(
                     ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns
                 )
@@ -422,14 +534,14 @@ class Filesystem:
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name),
-                              stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                            stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
-        inode = await self.db(self.catalog.create, parent, _check_name(name), stat.S_IFLNK | 0o777,
-                              ctx.uid, ctx.gid, target)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                            stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
 
@@ -442,8 +554,8 @@ class Filesystem:
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
-        inode = await self.db(self.catalog.create, parent, _check_name(name), mode, ctx.uid, ctx.gid,
-                              None, rdev)
+        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name), mode,
+                                            ctx.uid, ctx.gid, None, rdev)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
@@ -481,7 +593,8 @@ class Filesystem:
         return inode.target
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
-        inode = await self.db(self.catalog.link, ino, parent, _check_name(name))
+        with self._changing_paths():
+            inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -489,16 +602,39 @@ class Filesystem:
         return inode
 
     async def unlink(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
-        if not ctx.is_root:
-            await self.db(self._check_sticky, parent, [name], ctx)
-        inode = await self.db(self.catalog.unlink, parent, name)
-        await self._maybe_delete(inode)
-        await self._event("unlink", parent, name)
+        # One catalog call: the sticky rule, the unlink, the drop of an inode nothing has
+        # open (and of its chunks' rows) and the event's path.
+        busy = frozenset(self.open_files) | frozenset(self._opening)
+        tracked = self.tracker is not None
+
+        def work() -> tuple[Inode, dict[bytes, list[str]] | None, str, Inode, int]:
+            if not ctx.is_root:
+                self._check_sticky(parent, [name], ctx)
+            inode = self.catalog.unlink(parent, name)
+            gone = None
+            if inode.nlink <= 0 and inode.ino not in busy:
+                gone = self.store.collect_digests_blocking(self.catalog.delete_inode(inode.ino))
+            return (inode, gone, self.catalog.path_of(parent) if tracked else "",
+                    self.catalog.get_inode(parent), self._dirs.stamp())
+
+        with self._changing_paths():
+            inode, gone, base, pdir, seq = await self._db_refreshing(work)
+        self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
+        if gone is None:
+            await self._maybe_delete(inode)
+        else:
+            if self._xattr_inos is not None:
+                self._xattr_inos.discard(inode.ino)
+            self.store.collected(gone)
+        if self.tracker is not None:
+            path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+            self.tracker.push(FsEvent("unlink", path, time.time_ns()))
 
     async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
-        inode = await self.db(self.catalog.rmdir, parent, name)
+        with self._changing_paths():
+            inode = await self._db_dirs_changed(self.catalog.rmdir, parent, name)
         await self._delete_inode(inode.ino)
         await self._event("rmdir", parent, name, is_dir=True)
 
@@ -509,19 +645,42 @@ class Filesystem:
         noreplace = bool(flags & 1)  # RENAME_NOREPLACE
         if flags & ~1:
             raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
-        if not ctx.is_root:
-            await self.db(self._check_sticky, old_parent, [old_name], ctx)
-            await self.db(self._check_sticky, new_parent, [new_name], ctx)
-        replaced = await self.db(
-            self.catalog.rename, old_parent, old_name, new_parent, _check_name(new_name), noreplace
-        )
+        _check_name(new_name)
+        tracked = self.tracker is not None
+
+        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int]:
+            # One catalog call: the sticky rules, the rename, the directories' new
+            # attributes and what the event needs.
+            if not ctx.is_root:
+                self._check_sticky(old_parent, [old_name], ctx)
+                self._check_sticky(new_parent, [new_name], ctx)
+            replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace)
+            moved = self.catalog.lookup(new_parent, new_name)
+            dirs = [self.catalog.get_inode(p) for p in {old_parent, new_parent}]
+            if moved.is_dir or (replaced is not None and replaced.is_dir):
+                dirs = []  # a directory moved or went: its own row changed too
+            seen = None if not tracked else (
+                self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
+            return replaced, seen, dirs, self._dirs.stamp()
+
+        with self._changing_paths():
+            replaced, seen, dirs, seq = await self._db_refreshing(work)
+        if not dirs:
+            self._dirs.clear(seq)
+        for d in dirs:
+            self._dirs.put(seq, d)
         if replaced is not None:
             await self._maybe_delete(replaced)
-        if self.tracker is not None:
-            src = await self._path(old_parent, old_name)
-            moved = await self.db(self.catalog.lookup, new_parent, new_name)
-            await self._event("rename", new_parent, new_name, src=src, is_dir=moved.is_dir,
-                              size=moved.size, mode=moved.mode)
+        if self.tracker is not None and seen is not None:
+            src_base, dst_base, moved = seen
+
+            def join(base: str, n: bytes) -> str:
+                return base.rstrip("/") + "/" + n.decode(errors="surrogateescape")
+
+            self.tracker.push(FsEvent(
+                "rename", join(dst_base, new_name), time.time_ns(), src=join(src_base, old_name),
+                is_dir=moved.is_dir, size=moved.size, mode=moved.mode,
+            ))
 
     async def remove_tree(self, path: str) -> None:
         """Delete a file or a directory tree by its path inside the mount (retention), as
@@ -560,7 +719,7 @@ class Filesystem:
             await self._delete_inode(inode.ino)
 
     async def _delete_inode(self, ino: int) -> None:
-        digests = await self.db(self.catalog.delete_inode, ino)
+        digests = await self._db_dirs_changed(self.catalog.delete_inode, ino)
         if self._xattr_inos is not None:
             self._xattr_inos.discard(ino)
         if digests:
@@ -579,11 +738,21 @@ class Filesystem:
     async def _open_file(self, ino: int) -> OpenFile:
         f = self.open_files.get(ino)
         if f is None:
-            inode = await self.db(self.catalog.get_inode, ino)
-            if inode.is_dir:
-                raise IsADirectory("is a directory")
-            extents = await self.db(self.catalog.extents, ino)
-            f = self.open_files.get(ino)  # another open may have raced us during the awaits
+
+            def read() -> tuple[Inode, dict[int, ChunkRef]]:
+                inode = self.catalog.get_inode(ino)
+                if inode.is_dir:
+                    raise IsADirectory("is a directory")
+                return inode, self.catalog.extents(ino)
+
+            self._opening[ino] = self._opening.get(ino, 0) + 1
+            try:
+                inode, extents = await self.db(read)
+            finally:
+                left = self._opening.pop(ino) - 1
+                if left:
+                    self._opening[ino] = left
+            f = self.open_files.get(ino)  # another open may have raced us during the await
             if f is None:
                 f = OpenFile(inode, extents, self._services())
                 self.open_files[ino] = f
@@ -597,6 +766,7 @@ class Filesystem:
         await f.release_all()
         if f.handles > 0:
             return  # reopened while we waited
+        self._uncached.discard(f)
         if self.open_files.get(f.ino) is f:
             del self.open_files[f.ino]
             if f.inode.nlink <= 0:
@@ -614,6 +784,8 @@ class Filesystem:
         fh = self._next_fh
         self._next_fh += 1
         self.handles[fh] = Handle(f, flags)
+        if (flags & os.O_ACCMODE) != os.O_WRONLY:
+            self._uncached.discard(f)  # a handle that may read or map: pages may come
         return fh
 
     def _handle(self, fh: int) -> Handle:
@@ -636,10 +808,32 @@ class Filesystem:
         self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
     ) -> tuple[int, Inode]:
         mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
-        inode = await self.db(self.catalog.create, parent, _check_name(name), mode, ctx.uid, ctx.gid)
-        fh = await self.open(inode.ino, flags & ~os.O_TRUNC)
-        await self._event("create", parent, name, mode=inode.mode)
-        return fh, self.handles[fh].file.attrs()
+        _check_name(name)
+        tracked = self.tracker is not None
+
+        def work() -> tuple[Inode, str, Inode, int]:
+            # One catalog call: the new inode, its directory's new attributes (the kernel
+            # asks for them next) and, for the event, the directory's path.
+            inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
+            return (inode, self.catalog.path_of(parent) if tracked else "",
+                    self.catalog.get_inode(parent), self._dirs.stamp())
+
+        token = self._path_token()
+        inode, base, pdir, seq = await self._db_refreshing(work)
+        self._dirs.put(seq, pdir)
+        # A new inode (numbers are never reused): nothing has it open, it has no extents.
+        f = OpenFile(inode, {}, self._services())
+        f.handles = 1
+        self.open_files[inode.ino] = f
+        self._uncached.add(f)
+        fh = self._new_handle(f, flags)
+        if self.tracker is not None:
+            path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+            with contextlib.suppress(UnicodeDecodeError):  # path_of decodes "replace"
+                name.decode()
+                self._cache_path(self.handles[fh], path, token)
+            self.tracker.push(FsEvent("create", path, time.time_ns(), mode=inode.mode))
+        return fh, f.attrs()
 
     def set_caller(self, fh: int, ctx: RequestContext) -> None:
         """Remember who opened a handle: its writes clear setuid/setgid unless root."""
@@ -661,7 +855,7 @@ class Filesystem:
         h = self._handle(fh)
         if (h.flags & os.O_ACCMODE) == os.O_RDONLY:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
-        if h.direct_io:
+        if h.direct_io and h.file not in self._uncached:
             h.file.bypassed_cache = True
         if h.caller_uid != 0 and h.file.inode.mode & SETID:
             await self._kill_setid(h.file)
@@ -669,7 +863,7 @@ class Filesystem:
         if not h.wrote:
             h.wrote = True  # one event per handle, not per write
             if self.tracker is not None:
-                path = await self.db(self.catalog.path_of, h.file.ino)
+                path = await self._file_path(h)
                 self.tracker.push(FsEvent("write", path, time.time_ns(), size=h.file.size))
         return n
 
@@ -741,9 +935,10 @@ class Filesystem:
         last = h.writable and not any(
             o.file is h.file and o.writable for o in self.handles.values()
         )
+        known = self._committed_state(h) if self.tracker is not None and h.writable else None
         await self._drop_handle_ref(h.file)
         if self.tracker is not None and h.writable:
-            await self._release_event(h, last)
+            await self._release_event(h, last, known)
 
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
@@ -822,7 +1017,7 @@ class Filesystem:
         await self._check_xattr_write(ino, name, ctx)
         if len(value) > XATTR_SIZE_MAX:
             raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
-        inode = await self.db(lambda: self.catalog.set_xattr(
+        inode = await self._db_dirs_changed(lambda: self.catalog.set_xattr(
             ino, name, value, create=bool(flags & os.XATTR_CREATE),
             replace_only=bool(flags & os.XATTR_REPLACE)))
         (await self._xattr_index()).add(ino)
@@ -834,7 +1029,7 @@ class Filesystem:
         await self._check_xattr_write(ino, name, ctx)
         if ino not in await self._xattr_index():
             raise NoAttribute(name.decode(errors="replace"))
-        self._new_ctime(await self.db(self.catalog.remove_xattr, ino, name))
+        self._new_ctime(await self._db_dirs_changed(self.catalog.remove_xattr, ino, name))
 
     def _new_ctime(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
