@@ -11,10 +11,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import CkptFactory
 from mountutil import Mount
+
+if TYPE_CHECKING:  # a runtime import of "conftest" may find tests/compat/conftest.py
+    from conftest import CkptFactory
 
 KiB = 1024
 MiB = 1024 * KiB
