@@ -32,6 +32,14 @@ TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")
 _LOG_BAD_MARKERS = ("ERROR", "Traceback")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The framework suite trains real models: all of it is slow (`-m 'not slow'` skips it).
+    compat = Path(__file__).resolve().parent / "compat"
+    for item in items:
+        if compat in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

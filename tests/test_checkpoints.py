@@ -95,6 +95,7 @@ def test_ls_outside_a_mount_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode != 0 and "not inside a ckptfs mount" in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_errors
 def test_retention_over_twelve_steps_with_a_remote_outage(
     tmp_path: Path, seaweed: Any, remote: tuple[str, str]  # noqa: F811

@@ -410,6 +410,7 @@ class CkptfsVsPlainDir(RuleBasedStateMachine):
             self.close_handle(h)
 
 
+@pytest.mark.slow
 def test_ckptfs_matches_plain_directory(
     ckpt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,6 +40,8 @@ from ckptfs.errors import ObjectUnreadable, TransientTierError
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.tiers.s3 import S3Tier
 
+pytestmark = pytest.mark.slow  # SeaweedFS answers a bad object after ~13 s of retries
+
 MiB = 1 << 20
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
