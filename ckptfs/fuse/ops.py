@@ -179,8 +179,7 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        fh = await self.fs.open(inode, flags)
-        self.fs.set_caller(fh, await context(ctx))
+        fh = await self.fs.open(inode, flags, await context(ctx))
         # The kernel page cache stays valid across opens: every change to a file goes
         # through this kernel (direct-I/O writes invalidate it at commit), so it can serve
         # repeat reads (warm restore) by itself.
@@ -192,7 +191,6 @@ class FuseOps(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         who = await context(ctx, groups=bool(mode & 0o2000))
         fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, who)
-        self.fs.set_caller(fh, who)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
         return info, entry(inode)
 

@@ -121,7 +121,7 @@ class Handle:
     file: OpenFile
     flags: int
     wrote: bool = False
-    caller_uid: int = 0  # who opened it (set_caller): a write by non-root clears setuid
+    caller_uid: int = 0  # who opened it: a write by non-root clears setuid/setgid
     # The file's path for checkpoint events, valid while the namespace generation it was
     # resolved at is current (Filesystem._cached_path): no catalog round trip per event.
     path: str | None = None
@@ -780,10 +780,10 @@ class Filesystem:
             if inode.nlink <= 0:
                 await self._delete_inode(f.ino)
 
-    def _new_handle(self, f: OpenFile, flags: int) -> int:
+    def _new_handle(self, f: OpenFile, flags: int, ctx: RequestContext = ROOT) -> int:
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(f, flags)
+        self.handles[fh] = Handle(f, flags, caller_uid=ctx.uid)
         if (flags & os.O_ACCMODE) != os.O_WRONLY:
             self._uncached.discard(f)  # a handle that may read or map: pages may come
         return fh
@@ -794,7 +794,7 @@ class Filesystem:
             raise CkptfsError(f"bad file handle {fh}", errno=errno.EBADF)
         return h
 
-    async def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
         f = await self._open_file(ino)
         try:
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
@@ -802,7 +802,7 @@ class Filesystem:
         except BaseException:
             await self._drop_handle_ref(f)
             raise
-        return self._new_handle(f, flags)
+        return self._new_handle(f, flags, ctx)
 
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
@@ -826,7 +826,7 @@ class Filesystem:
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)
-        fh = self._new_handle(f, flags)
+        fh = self._new_handle(f, flags, ctx)
         if self.tracker is not None:
             path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
             with contextlib.suppress(UnicodeDecodeError):  # path_of decodes "replace"
@@ -834,10 +834,6 @@ class Filesystem:
                 self._cache_path(self.handles[fh], path, token)
             self.tracker.push(FsEvent("create", path, time.time_ns(), mode=inode.mode))
         return fh, f.attrs()
-
-    def set_caller(self, fh: int, ctx: RequestContext) -> None:
-        """Remember who opened a handle: its writes clear setuid/setgid unless root."""
-        self._handle(fh).caller_uid = ctx.uid
 
     async def _kill_setid(self, f: OpenFile) -> None:
         """A write by a non-root caller clears setuid, and setgid with group execute (as
