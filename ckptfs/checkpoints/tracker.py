@@ -69,7 +69,8 @@ class CheckpointTracker:
         self.writing_inos = writing_inos
         self.partial_after_s = partial_after_s
         self._send, self._recv = trio.open_memory_channel[FsEvent](math.inf)
-        self.commits = 0
+        self.commits = 0  # commits seen, counted on the trio thread
+        self._new_commits = 0  # counted in the worker thread of the current batch
         self.on_commit: Callable[[], None] | None = None  # retention runs after a commit
         self._quiet_since: dict[str, float] = {}  # writing checkpoints with no open writer
 
@@ -90,18 +91,22 @@ class CheckpointTracker:
                         batch.append(self._recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-                before = self.commits
                 inos = self.writing_inos()  # read on the trio thread, which owns the handles
                 await trio.to_thread.run_sync(self._observe, batch, inos, limiter=self.db_limiter)
-                if self.commits != before and self.on_commit is not None:
-                    self.on_commit()  # on the trio thread: retention may run now
+                self._publish_commits()
                 continue
             next_tick = time.monotonic() + TICK_S
             inos = self.writing_inos()
-            before = self.commits
             await trio.to_thread.run_sync(self._tick, inos, limiter=self.db_limiter)
-            if self.commits != before and self.on_commit is not None:
-                self.on_commit()
+            self._publish_commits()
+
+    def _publish_commits(self) -> None:
+        """On the trio thread, after a batch: count its commits and tell retention in one
+        step, so whoever sees ``commits`` grow also finds the janitor already asked."""
+        n, self._new_commits = self._new_commits, 0
+        self.commits += n
+        if n and self.on_commit is not None:
+            self.on_commit()  # retention may run now
 
     def _view(self, inos: list[int]) -> CatalogView:
         return CatalogView(self.catalog, [self.catalog.path_of(i) for i in inos])
@@ -147,7 +152,7 @@ class CheckpointTracker:
                 log.info("checkpoint %s (%s, step %s): writing", d.root, d.framework, d.step)
         elif d.kind == "commit":
             self.catalog.checkpoint_commit(d.root, d.framework, d.step, d.time_ns, d.reason)
-            self.commits += 1
+            self._new_commits += 1  # published on the trio thread (_publish_commits)
             log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
                      d.reason)
 
