@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from s3server import SeaweedServer, find_weed
+from s3server import SeaweedServer, find_weed, running_seaweed
 
 from ckptfs.config import S3TierConfig
 from ckptfs.tiers.s3 import S3Tier
@@ -34,13 +34,9 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
     weed = find_weed()
     if weed is None:
         pytest.skip(SKIP_REASON)
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"), weed=weed)
-    try:
-        server.start()
+    # The data dir is thrown away: no need to wait for SIGTERM.
+    with running_seaweed(tmp_path_factory.mktemp("seaweed"), 0.5, weed=weed) as server:
         yield server
-    finally:
-        server.stop(timeout=0.5)  # the data dir is thrown away: no need to wait for SIGTERM
-        server.close()
 
 
 def tier_config(server: SeaweedServer, name: str = "s3", **kw: Any) -> S3TierConfig:

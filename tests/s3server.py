@@ -317,10 +317,15 @@ class SeaweedServer:
 
 
 @contextlib.contextmanager
-def running_seaweed(base_dir: Path, **kwargs: Any) -> Iterator[SeaweedServer]:
+def running_seaweed(
+    base_dir: Path, stop_timeout: float = 3.0, **kwargs: Any
+) -> Iterator[SeaweedServer]:
+    """A started server, stopped by PID at the end (``stop_timeout``: 0.5 when its data dir
+    is thrown away, so there is nothing to wait for)."""
     server = SeaweedServer(base_dir, **kwargs)
     try:
         server.start()
         yield server
     finally:
+        server.stop(timeout=stop_timeout)
         server.close()

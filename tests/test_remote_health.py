@@ -27,7 +27,7 @@ import trio
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from s3fixtures import SKIP_REASON as NO_WEED
 from s3fixtures import remove_prefix, tier_config
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed
+from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
 from test_remote_mount import remote  # noqa: F401
 from test_upload import wait_backlog_empty
 from test_vfs import CS, make_fs, write_file
@@ -52,13 +52,8 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServ
     weed = find_weed()
     if weed is None:
         pytest.skip(NO_WEED)
-    server = SeaweedServer(tmp_path_factory.mktemp("own-seaweed"), weed=weed)
-    try:
-        server.start()
+    with running_seaweed(tmp_path_factory.mktemp("own-seaweed"), 0.5, weed=weed) as server:
         yield server
-    finally:
-        server.stop(timeout=0.5)
-        server.close()
 
 
 @pytest.fixture
