@@ -80,6 +80,10 @@ class TierConfig:
     # unless ``create``; two tiers on one device are refused unless both allow it.
     create: bool = False
     allow_shared_device: bool = False
+    # Large frames written with O_DIRECT from reused buffers where the filesystem takes it
+    # (tiers/direct.py); "device" also reads every frame back from the device to check it.
+    direct_io: bool = True
+    verify_writes: str = "memory"  # "memory" | "device"
     # Where the tier came from, for error messages: "tier[2]", "--local", "recorded", "default".
     origin: str = field(default="", compare=False)
 
@@ -185,7 +189,10 @@ _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
 _ON_LOCAL_FULL = ("block", "enospc")
 _COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
-_LOCAL_ONLY_KEYS = {"path", "capacity", "create", "allow_shared_device"}
+_LOCAL_ONLY_KEYS = {
+    "path", "capacity", "create", "allow_shared_device", "direct_io", "verify_writes",
+}
+_VERIFY_WRITES = ("memory", "device")
 _S3_ONLY_KEYS = {
     "bucket", "prefix", "endpoint_url", "region", "addressing_style", "verify_tls", "profile",
 }
@@ -258,12 +265,18 @@ def _tier_from_table(table: object, index: int) -> TierConfig | S3TierConfig:
         if capacity <= 0:
             raise ConfigError(f"{where}.capacity: must be positive")
     flags = {}
-    for key in ("create", "allow_shared_device"):
-        value = table.get(key, False)
+    for key in ("create", "allow_shared_device", "direct_io"):
+        value = table.get(key, key == "direct_io")
         if not isinstance(value, bool):
             raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
         flags[key] = value
-    return TierConfig(name, kind, path, location, weight, capacity, origin=where, **flags)
+    verify_writes = table.get("verify_writes", "memory")
+    if verify_writes not in _VERIFY_WRITES:
+        raise ConfigError(
+            f"{where}.verify_writes: expected one of {', '.join(_VERIFY_WRITES)}, got {verify_writes!r}"
+        )
+    return TierConfig(name, kind, path, location, weight, capacity, origin=where,
+                      verify_writes=verify_writes, **flags)
 
 
 def _s3_tier_from_table(table: dict[str, Any], name: str, where: str) -> S3TierConfig:
@@ -649,7 +662,10 @@ def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3Tie
     records = json.loads(row[0])
     local = tuple(
         TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"],
-                   allow_shared_device=t.get("allow_shared_device") is True, origin="recorded")
+                   allow_shared_device=t.get("allow_shared_device") is True,
+                   direct_io=t.get("direct_io") is not False,
+                   verify_writes="device" if t.get("verify_writes") == "device" else "memory",
+                   origin="recorded")
         for t in records if t.get("kind", "local") == "local"
     )
     remote = tuple(

@@ -245,6 +245,10 @@ def tier_record(t: TierConfig | S3TierConfig) -> dict[str, Any]:
                              "location": t.location}
     if t.allow_shared_device:  # a remount with only --state-dir keeps the decision
         local["allow_shared_device"] = True
+    if not t.direct_io:  # likewise the I/O choices that differ from the default
+        local["direct_io"] = False
+    if t.verify_writes != "memory":
+        local["verify_writes"] = t.verify_writes
     return local
 
 

@@ -382,12 +382,23 @@ def test_the_documented_full_example_is_a_valid_config() -> None:
 # --------------------------------------------------------------------------- tier directories
 
 
-@pytest.mark.parametrize("key", ["create", "allow_shared_device"])
+@pytest.mark.parametrize("key", ["create", "allow_shared_device", "direct_io"])
 @pytest.mark.parametrize("value", ["yes", 1, "true"])
 def test_tier_flags_must_be_booleans_and_name_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError) as ei:
         config_from_dict({"tier": [tier(), tier(name="b", path="/srv/b", **{key: value})]})
     assert str(ei.value).startswith(f"tier[1].{key}: expected true or false")
+
+
+def test_tier_io_keys(tmp_path: Path) -> None:
+    a, b = config_from_dict({"tier": [
+        tier(), tier(name="b", path="/srv/b", direct_io=False, verify_writes="device"),
+    ]}).tiers
+    assert (a.direct_io, a.verify_writes) == (True, "memory")
+    assert (b.direct_io, b.verify_writes) == (False, "device")
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"tier": [tier(verify_writes="disk")]})
+    assert str(ei.value).startswith("tier[0].verify_writes: expected one of memory, device")
 
 
 def test_tier_flags_from_the_file_and_the_command_line(tmp_path: Path) -> None:

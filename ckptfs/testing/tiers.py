@@ -18,6 +18,7 @@ def _sha256_b64(data: bytes) -> str:
 
 class MemoryTier:
     kind = "local"
+    verified_put = False
 
     def __init__(
         self, name: str = "mem", capacity: int = 1 << 40, location: str = "local",
@@ -88,6 +89,9 @@ class FaultyTier:
         self.kind = inner.kind
         self.location = inner.location
         self.weight = inner.weight
+        # Always checked by verify against the digest: a put this wrapper corrupts would
+        # pass the inner tier's own compare with what it was handed.
+        self.verified_put = False
         self.fail_puts = False
         self.fail_gets = False
         self.full = False

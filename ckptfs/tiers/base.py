@@ -29,6 +29,9 @@ class Tier(Protocol):
     kind: str
     location: str
     weight: float
+    # True if ``put`` itself reads the frame back from the device and compares it with
+    # what it was given (then a ``verify`` right after it would only repeat that check).
+    verified_put: bool
 
     def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int: ...
     def get(self, key: str) -> bytes | None: ...

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..chunks.frame import Buffer
 from ..config import TierConfig
-from ..errors import NoSpace, TierError
+from ..errors import CorruptChunk, NoSpace, TierError
+from . import direct
 from .base import TierUsage, verify_by_reading
 
 _NOSPACE = {errno.ENOSPC, errno.EDQUOT}
@@ -43,6 +44,12 @@ class LocalTier:
         self._tmp = self.root / "tmp"
         self._lock = threading.Lock()
         self._used = 0  # bytes of frames stored here; scanned at open, then tracked
+        # Large frames go to the device with O_DIRECT and are checked there by put itself
+        # (tiers/direct.py), if the filesystem takes it; decided when the tier opens.
+        self._direct_wanted = cfg.direct_io
+        self._read_back = cfg.verify_writes == "device"
+        self.verified_put = False
+        self._buffers = direct.BufferPool()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -63,8 +70,15 @@ class LocalTier:
                     for f in os.scandir(sub.path):
                         used += f.stat().st_size
             self._used = used
+            self.verified_put = self._direct_wanted and direct.supported(str(self._tmp))
         except OSError as exc:
             raise TierError(f"tier {self.name}: cannot open {self.root}: {exc.strerror}") from exc
+        if self._read_back and not self.verified_put:
+            raise TierError(
+                f"tier {self.name}: verify_writes = \"device\" needs O_DIRECT, which "
+                + ("direct_io = false turns off" if not self._direct_wanted
+                   else f"the filesystem of {self.root} refuses")
+            )
 
     def check(self) -> None:
         """Raise TierError if the tier's directory is gone or unusable."""
@@ -77,7 +91,9 @@ class LocalTier:
         return self._chunks / key[:2] / key
 
     def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
-        # Local frames are checked by reading them back (verify), not by a wire checksum.
+        """Store the frame under ``key``, all or nothing. With ``verified_put`` a large frame
+        is also read back from the device and compared with ``parts`` before it gets its
+        name (CorruptChunk if they differ); smaller ones are checked by ``verify``."""
         size = sum(len(p) for p in parts)
         if self.capacity is not None:
             with self._lock:
@@ -90,14 +106,12 @@ class LocalTier:
         final = self._path(key)
         tmp = self._tmp / f"{key[:16]}.{uuid.uuid4().hex}"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                written = os.writev(fd, parts)
-                while written < size:  # writev may be short on huge frames
-                    joined = b"".join(bytes(p) for p in parts)
-                    written += os.write(fd, joined[written:])
-            finally:
-                os.close(fd)
+            if self.verified_put and size >= direct.MIN_FRAME:
+                self._write_direct(tmp, parts, size)
+            else:
+                self._write_buffered(tmp, parts, size)
+                if self.verified_put:
+                    verify_written(tmp, parts, size)
             try:
                 replaced = final.stat().st_size  # same key = same content: a harmless rewrite
             except FileNotFoundError:
@@ -111,15 +125,35 @@ class LocalTier:
             if replaced:
                 with self._lock:
                     self._used -= replaced
-        except OSError as exc:
+        except (OSError, CorruptChunk) as exc:
             with self._lock:
                 self._used -= size
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if isinstance(exc, CorruptChunk):
+                raise CorruptChunk(f"tier {self.name}: put {key[:16]}: {exc}") from exc
             if exc.errno in _NOSPACE:
                 raise NoSpace(f"tier {self.name}: device full ({exc.strerror})") from exc
             raise TierError(f"tier {self.name}: put {key[:16]}: {exc.strerror}") from exc
         return size
+
+    def _write_direct(self, tmp: Path, parts: Sequence[Buffer], size: int) -> None:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o600)
+        try:
+            direct.write_checked(fd, parts, size, self._buffers, self._read_back)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _write_buffered(tmp: Path, parts: Sequence[Buffer], size: int) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            written = os.writev(fd, parts)
+            while written < size:  # writev may be short on huge frames
+                joined = b"".join(bytes(p) for p in parts)
+                written += os.write(fd, joined[written:])
+        finally:
+            os.close(fd)
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -195,3 +229,12 @@ class LocalTier:
         return TierUsage(
             total=total, free=free, used=self._used, device=dev, capped=self.capacity is not None
         )
+
+
+def verify_written(path: Path, parts: Sequence[Buffer], size: int) -> None:
+    """A small frame written buffered by a verified put: read it back (page cache) and
+    compare with what was written."""
+    with open(path, "rb", buffering=0) as f:
+        raw = f.read()
+    if len(raw) != size or raw != b"".join(bytes(p) for p in parts):
+        raise CorruptChunk("read back other bytes than were written")

@@ -197,6 +197,7 @@ def _is_not_found(exc: bce.ClientError) -> bool:
 
 class S3Tier:
     kind = "remote"
+    verified_put = False  # a PUT carries a SHA-256 the server checks; verify is a HEAD
 
     def __init__(
         self,

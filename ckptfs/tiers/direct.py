@@ -1,0 +1,173 @@
+"""Frame files written with O_DIRECT from reused page-aligned buffers, and checked.
+
+Why: a buffered write copies each frame into fresh page-cache pages (on a VM, a host fault
+per page) and leaves the device write to the final fsync. With O_DIRECT the frame is copied
+once into an aligned buffer that is reused (no fresh pages) and sent to the device while
+the writer goes on, so an fsync has little left to do.
+
+What is checked against what (docs/semantics.md, "Verification"): the chunk's digest is
+computed over its parts; the aligned buffer is compared byte for byte with those parts
+before it is written (equal bytes have the chunk's digest), which is the check the
+buffered read-back from the page cache made. With ``read_back`` (tier key
+``verify_writes = "device"``) the frame is also read back from the device with O_DIRECT
+and compared again: that checks the device, at the price of a device read per chunk.
+Comparisons are memcmp calls, not a second blake3 pass, and run with the GIL released.
+
+Not every filesystem takes O_DIRECT (tmpfs, some FUSE and overlay setups): ``supported``
+probes a directory once, and the tier falls back to buffered writes there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+
+from ..chunks.frame import Buffer
+from ..errors import CorruptChunk
+
+ALIGN = 4096  # covers every logical block size in use (512 and 4096)
+MIN_FRAME = 1024 * 1024  # smaller frames (small files) stay buffered: no gain, more syscalls
+_KEEP = 4  # idle buffers a pool keeps; more are unmapped when given back
+_GRAIN = 1024 * 1024  # buffer sizes are rounded up to this, so one size serves every chunk
+
+_libc = ctypes.CDLL(None, use_errno=True)  # CDLL calls release the GIL
+_libc.memcmp.restype = ctypes.c_int
+_libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def supported(directory: str) -> bool:
+    """True if files in ``directory`` can be opened with O_DIRECT (probed with a temp file)."""
+    path = os.path.join(directory, f".direct-probe.{os.getpid()}.{threading.get_ident()}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return False
+        raise
+    try:
+        buf = mmap.mmap(-1, ALIGN)
+        try:
+            os.pwrite(fd, buf, 0)  # some filesystems accept the open and refuse the write
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return False
+            raise
+        finally:
+            buf.close()
+        return True
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class BufferPool:
+    """Page-aligned anonymous buffers, reused so frame copies never land on fresh pages."""
+
+    def __init__(self, keep: int = _KEEP) -> None:
+        self._keep = keep
+        self._idle: list[mmap.mmap] = []
+        self._lock = threading.Lock()  # dict/list operations only
+
+    def take(self, size: int) -> mmap.mmap:
+        with self._lock:
+            for i, buf in enumerate(self._idle):
+                if len(buf) >= size:
+                    return self._idle.pop(i)
+        return mmap.mmap(-1, _round_up(size, _GRAIN))
+
+    def give(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            if len(self._idle) < self._keep:
+                self._idle.append(buf)
+                return
+        buf.close()
+
+
+def _address(buf: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def _copy(base: int, at: int, part: Buffer, view: memoryview) -> None:
+    """Copy ``part`` to ``base + at`` with the GIL released (ctypes.memmove), so the copy
+    of a 16 MiB frame does not hold up the trio thread; a slice assignment would."""
+    n = len(part)
+    if isinstance(part, bytes):
+        ctypes.memmove(base + at, part, n)
+        return
+    src = memoryview(part)
+    if not src.readonly and src.contiguous:
+        holder = (ctypes.c_char * n).from_buffer(src)
+        ctypes.memmove(base + at, ctypes.addressof(holder), n)
+        return
+    view[at : at + n] = src  # a read-only view (a truncated chunk's part): rare
+
+
+def _same(base: int, at: int, part: Buffer) -> bool:
+    """The buffer at ``base + at`` holds exactly ``part`` (memcmp, without copying part)."""
+    n = len(part)
+    if isinstance(part, bytes):
+        return _libc.memcmp(base + at, part, n) == 0
+    view = memoryview(part)
+    if not view.readonly and view.contiguous:
+        holder = (ctypes.c_char * n).from_buffer(view)
+        return _libc.memcmp(base + at, ctypes.addressof(holder), n) == 0
+    return _libc.memcmp(base + at, bytes(view), n) == 0  # a read-only view: rare, copy
+
+
+def _compare(base: int, parts: Sequence[Buffer], what: str) -> None:
+    at = 0
+    for p in parts:
+        if not _same(base, at, p):
+            raise CorruptChunk(f"{what} differs from the chunk's bytes at offset {at}")
+        at += len(p)
+
+
+def write_checked(
+    fd: int, parts: Sequence[Buffer], size: int, pool: BufferPool, read_back: bool
+) -> None:
+    """Write ``parts`` (``size`` bytes) at offset 0 of the new file ``fd`` (opened with
+    O_DIRECT, read-write) from an aligned buffer, after checking that the buffer holds
+    exactly ``parts``. With ``read_back`` the frame is then read back from the device into
+    that buffer and compared again. Raises OSError from the device, CorruptChunk on a
+    difference."""
+    padded = _round_up(size, ALIGN)
+    buf = pool.take(padded)
+    try:
+        view = memoryview(buf)
+        base = _address(buf)
+        try:
+            at = 0
+            for p in parts:
+                _copy(base, at, p, view)
+                at += len(p)
+            view[size:padded] = bytes(padded - size)  # no stale bytes past the end on disk
+            _compare(base, parts, "the buffer sent to the device")
+            done = 0
+            while done < padded:
+                done += os.pwritev(fd, [view[done:padded]], done)
+            os.ftruncate(fd, size)
+            if not read_back:
+                return
+            got = 0
+            while got < size:
+                n = os.preadv(fd, [view[got:padded]], got)
+                if n == 0:
+                    break
+                got += n
+            if got != size:
+                raise CorruptChunk(f"read back {got} of {size} bytes from the device")
+            _compare(base, parts, "the frame read back from the device")
+        finally:
+            view.release()
+    finally:
+        pool.give(buf)
