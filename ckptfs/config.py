@@ -149,6 +149,7 @@ class Config:
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
     remote_copies: int = 1  # how many remote tiers hold each chunk
     upload_concurrency: int = 8  # uploads in flight at once
+    upload_during_save: str = "auto"  # one of UPLOAD_DURING_SAVE (upload/uploader.py)
     remote_compression: str = "auto"  # one of REMOTE_COMPRESSION_MODES
     # Reads: bytes fetched ahead of each sequential reader (0: none), and when a chunk read
     # from a remote tier only is written to a local tier too.
@@ -181,13 +182,15 @@ class Config:
 _TOP_KEYS = {
     "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other",
     "default_permissions", "tier",
-    "remote_copies", "upload_concurrency", "on_local_full", "local_full_timeout", "policy",
+    "remote_copies", "upload_concurrency", "upload_during_save", "on_local_full",
+    "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 _DURABILITIES = ("local", "remote")
 _ON_LOCAL_FULL = ("block", "enospc")
+UPLOAD_DURING_SAVE = ("auto", "defer", "overlap")
 _COMMON_TIER_KEYS = {"name", "kind", "location", "weight"}
 _LOCAL_ONLY_KEYS = {
     "path", "capacity", "create", "allow_shared_device", "direct_io", "verify_writes",
@@ -562,6 +565,12 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     io_threads = _int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
     remote_copies = _int_key(data, "remote_copies", 1, 1, 16)
     upload_concurrency = _int_key(data, "upload_concurrency", 8, 1, 256)
+    upload_during_save = data.get("upload_during_save", "auto")
+    if upload_during_save not in UPLOAD_DURING_SAVE:
+        raise ConfigError(
+            f"upload_during_save: expected one of {', '.join(UPLOAD_DURING_SAVE)}, "
+            f"got {upload_during_save!r}"
+        )
     remote_compression = data.get("remote_compression", "auto")
     if remote_compression not in REMOTE_COMPRESSION_MODES:
         raise ConfigError(
@@ -625,6 +634,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         default_permissions=default_permissions,
         remote_copies=remote_copies,
         upload_concurrency=upload_concurrency,
+        upload_during_save=upload_during_save,
         remote_compression=remote_compression,
         readahead=readahead,
         copy_back=copy_back,

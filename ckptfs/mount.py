@@ -370,6 +370,7 @@ def _serve_tiers(
             catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
             io_threads=cfg.io_threads, invalidate=_invalidate_inode,
             remote_copies=cfg.remote_copies, upload_concurrency=cfg.upload_concurrency,
+            upload_during_save=cfg.upload_during_save,
             on_local_full=cfg.on_local_full, local_full_timeout_s=cfg.local_full_timeout_s,
             policies=cfg.policies, stats_path=cfg.state_dir / "stats.json",
             readahead=cfg.readahead, copy_back=cfg.copy_back,

@@ -461,3 +461,11 @@ def test_tiers_on_one_device_are_refused_unless_all_allow_it(tmp_path: Path) -> 
         _prepare(list(load_config(p, state_dir=tmp_path / "st").tiers))
     cfg = load_config(p, state_dir=tmp_path / "st", allow_shared_device=True)
     assert _prepare(list(cfg.tiers)) == {"a": ["b"], "b": ["a"]}
+
+
+def test_upload_during_save() -> None:
+    assert config_from_dict({}).upload_during_save == "auto"
+    assert config_from_dict({"upload_during_save": "defer"}).upload_during_save == "defer"
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"upload_during_save": "sometimes"})
+    assert str(ei.value).startswith("upload_during_save: expected one of auto, defer, overlap")

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_vfs import CS, deletions_done, make_fs, read_file, write_file
+from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks import frame
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload.cpuidle import IdleCores
 from ckptfs.upload.uploader import backoff_s
+from ckptfs.vfs.context import ROOT
 
 
 def skip_backoff() -> int:
@@ -138,3 +140,52 @@ async def test_upload_rate_is_published_for_status(
         backlog = fs.catalog.backlog()
         pending = type(backlog)(3, 3 * CS, 0, 0, None)
         assert "ETA" in remote_cli.describe(pending, rate)
+
+
+def test_idle_cores_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal (jiffies, all cpus together)
+    stat.write_text("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3\n")
+    idle = IdleCores(str(stat), cores=4)
+    assert idle.sample() is None  # nothing to compare with yet
+    # 1000 jiffies later: 600 idle + 150 iowait of them
+    stat.write_text("cpu  300 0 150 1300 250 0 0 0 0 0\n")
+    assert idle.sample() == pytest.approx(4 * 750 / 1000)
+    stat.write_text("garbage\n")
+    assert idle.sample() is None
+    assert IdleCores(str(tmp_path / "missing")).sample() is None
+
+
+async def _open_save(fs, name: bytes) -> int:  # type: ignore[no-untyped-def]
+    """A save in progress: a file with a partial chunk in memory (the budget is in use)."""
+    fh, _ = await fs.create(ROOT_INODE, name, 0o644, RW, ROOT)
+    await fs.write(fh, 0, os.urandom(CS // 2))
+    assert fs.uploader.saving()
+    return int(fh)
+
+
+@pytest.mark.parametrize("mode", ["defer", "auto-busy", "auto-idle", "overlap"])
+async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, mode: str) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    during = mode.split("-")[0]
+    async with make_fs(tmp_path, [local, remote], upload_during_save=during) as fs:
+        up = fs.uploader
+        up.idle_cores = lambda: 0.6 if mode == "auto-busy" else 7.0
+        fh = await _open_save(fs, b"saving")  # before the first file: nothing may slip out
+        await write_file(fs, b"done", os.urandom(2 * CS))  # committed, upload jobs queued
+        up.kick()
+        if mode in ("defer", "auto-busy"):
+            await up._measure_spare()
+            assert up._limit() == 0  # nothing starts while the save runs
+            assert (await fs.db(fs.catalog.backlog)).chunks == 2
+            assert not remote.frames
+        else:
+            await wait_backlog_empty(fs)  # uploaded while the save still runs
+            assert fs.uploader.saving()
+            assert len(remote.frames) == 2
+            if mode == "auto-idle":
+                assert up._limit() == min(up.concurrency, 6)  # one per idle core but one
+        await fs.flush(fh)
+        await fs.release(fh)
+        await wait_backlog_empty(fs)  # the save's end lets every mode upload
+        assert len(remote.frames) == 3

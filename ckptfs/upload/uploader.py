@@ -27,6 +27,7 @@ from ..chunks.compress import RemoteCompressor
 from ..chunks.store import ChunkStore
 from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
 from ..tiers.health import state_of
+from .cpuidle import IdleCores
 
 log = logging.getLogger("ckptfs.upload")
 
@@ -44,6 +45,7 @@ SNAPSHOT_RECHECK_S = 1.0  # how often an idle uploader looks for catalog changes
 # MAX_DEFER_S (or a stream of back-to-back saves) gets one upload at a time meanwhile, so
 # the backlog cannot grow without bound.
 MAX_DEFER_S = 30.0
+SAVE_RECHECK_S = 0.2  # while uploads wait for a save: look again (idle cores, its end)
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -62,6 +64,8 @@ class Uploader:
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
         remote_compression: str = "auto",
+        during_save: str = "auto",
+        idle_cores: Callable[[], float | None] | None = None,
     ) -> None:
         self.catalog = catalog
         self.store = store
@@ -75,8 +79,13 @@ class Uploader:
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
-        self.saving = saving  # a save is running: defer uploads
+        self.saving = saving  # a save is running: defer uploads (see _limit)
         self._saving_since: float | None = None
+        # While a save runs: "defer" (wait for it), "overlap" (upload at once), "auto"
+        # (upload on the cores the save leaves idle, measured by ``idle_cores``, blocking).
+        self.during_save = during_save
+        self.idle_cores = idle_cores if idle_cores is not None else IdleCores().sample
+        self._spare = 0  # uploads the idle cores allow during a save (auto), last measured
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # monotonic time of the last snapshot
@@ -91,17 +100,31 @@ class Uploader:
         self._wake.set()
 
     def _limit(self) -> int:
-        """How many uploads may start now: none while a save runs (one once it has run for
-        MAX_DEFER_S), unless a writer or a durability policy waits for uploads."""
+        """How many uploads may run now. While a save runs: with "defer" none (one once it
+        has run for MAX_DEFER_S); with "auto" one per idle core beyond the first, as last
+        measured (at least what "defer" allows); with "overlap" all. Always all when a
+        writer or a durability policy waits for uploads."""
         if not self.saving():
             self._saving_since = None
             return self.concurrency
         now = time.monotonic()
         if self._saving_since is None:
             self._saving_since = now
-        if self._urgent or self.store.waiting_for_room:
+        if self._urgent or self.store.waiting_for_room or self.during_save == "overlap":
             return self.concurrency
-        return 0 if now - self._saving_since < MAX_DEFER_S else 1
+        deferred = 0 if now - self._saving_since < MAX_DEFER_S else 1
+        if self.during_save == "auto":
+            return max(deferred, min(self.concurrency, self._spare))
+        return deferred
+
+    async def _measure_spare(self) -> None:
+        """During a save with "auto": how many uploads the idle cores leave room for."""
+        if self.during_save != "auto" or not self.saving():
+            return
+        idle = await trio.to_thread.run_sync(self.idle_cores)
+        # Keep one idle core for the save itself; uploads already running use some of
+        # what was measured busy, so they count as placed.
+        self._spare = 0 if idle is None else len(self.running) + max(0, int(idle - 1.0))
 
     async def run(self) -> None:
         if not self.store.remotes:
@@ -110,6 +133,7 @@ class Uploader:
             while True:
                 self._wake = trio.Event()
                 snapshot_retry_s = await self._maybe_snapshot()
+                await self._measure_spare()
                 free = self._limit() - len(self.running)
                 # No upload of a pair whose frame the deleter is removing right now (it
                 # would delete the new copy): it kicks us when done.
@@ -131,7 +155,8 @@ class Uploader:
                 if free <= 0 or delay == 0.0:
                     delay = math.inf if self.running else delay  # a finishing job kicks us
                 if free <= 0 and self.saving():
-                    delay = 0.2  # deferred: the save's end (or its age) raises the limit
+                    # Deferred: the save's end, its age or (auto) idle cores raise the limit.
+                    delay = SAVE_RECHECK_S
                 delay = min(delay, snapshot_retry_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()

@@ -159,6 +159,7 @@ class Filesystem:
         invalidate: Callable[[int], None] | None = None,
         remote_copies: int = 1,
         upload_concurrency: int = 8,
+        upload_during_save: str = "auto",
         remote_compression: str = "auto",
         on_local_full: str = "block",
         local_full_timeout_s: float = 600.0,
@@ -187,6 +188,7 @@ class Filesystem:
             catalog, self.store, self.db_limiter, upload_concurrency,
             remote_compression=remote_compression,
             saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
+            during_save=upload_during_save,
         )
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         self.store.spill_copy = self.uploader.copy_uncommitted
