@@ -30,6 +30,9 @@ DEFAULT_CHUNK_SIZE = 16 * MiB
 # Chunk buffers of files being written; half as much again is the decoded-chunk cache.
 DEFAULT_MEMORY_BUDGET = 1 * GiB
 DEFAULT_IO_THREADS = 4
+# Six 16 MiB chunks in flight per sequential reader: two (32 MiB) left a cold read waiting
+# on each device read (performance.md, "Read path").
+DEFAULT_READAHEAD = 96 * MiB
 MIN_CHUNK_SIZE = 64 * KiB
 # lz4 for the copy sent to a remote tier (ckptfs/chunks/compress.py): "auto" compresses a
 # chunk only when a sample says it pays, "off" never, "always" whenever it is smaller.
@@ -153,7 +156,7 @@ class Config:
     remote_compression: str = "auto"  # one of REMOTE_COMPRESSION_MODES
     # Reads: bytes fetched ahead of each sequential reader (0: none), and when a chunk read
     # from a remote tier only is written to a local tier too.
-    readahead: int = 32 * MiB
+    readahead: int = DEFAULT_READAHEAD
     copy_back: str = "sequential"
     # Checkpoint awareness (checkpoints.md): detection, partial timeout, retention.
     checkpoints: bool = True
@@ -577,7 +580,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
             f"remote_compression: expected one of {', '.join(REMOTE_COMPRESSION_MODES)}, "
             f"got {remote_compression!r}"
         )
-    readahead = parse_size(data.get("readahead", 32 * MiB), "readahead")
+    readahead = parse_size(data.get("readahead", DEFAULT_READAHEAD), "readahead")
     if readahead > 4 * GiB:
         raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
     copy_back = _choice(data.get("copy_back", "sequential"), "copy_back",

@@ -368,7 +368,9 @@ class Steps:
 ROWS = [
     ("stall_local", "save (stall), ckptfs without a remote tier"),
     ("stall_remote", "save (stall), ckptfs with a remote tier"),
-    ("durable_ckptfs", "ckptfs: open of the save -> `ckptfs sync` returns (uploads deferred)"),
+    ("stall_overlap", "save (stall), ckptfs with a remote tier, upload_during_save = overlap"),
+    ("durable_ckptfs", "ckptfs: open of the save -> `ckptfs sync` returns (default: auto)"),
+    ("durable_overlap", "ckptfs, upload_during_save = overlap: open -> `ckptfs sync` returns"),
     ("durable_boto3", "boto3 multipart upload from memory, 8 threads, 16 MiB parts"),
     ("restore_mem_ckptfs", "restore into memory: ckptfs, bucket only (tiers wiped, state kept)"),
     ("restore_mem_boto3", "restore into memory: boto3, 8 threads of 16 MiB ranged GETs"),
@@ -378,7 +380,10 @@ ROWS = [
 RATIOS = [
     ("time to durable: ckptfs / boto3 upload (time)", "durable_ckptfs", "durable_boto3",
      "<= 1.2"),
+    ("time to durable, overlap: ckptfs / boto3 upload (time)", "durable_overlap",
+     "durable_boto3", "<= 1.2"),
     ("stall: with remote / without (time)", "stall_remote", "stall_local", ""),
+    ("stall: with remote, overlap / without (time)", "stall_overlap", "stall_local", ""),
     ("restore into memory: ckptfs / boto3 (throughput)", "restore_mem_boto3",
      "restore_mem_ckptfs", ">= 1.0"),
     ("restore into files: ckptfs / boto3 (throughput)", "restore_files_boto3",
@@ -460,6 +465,33 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
     steps.passes[-1]["stall_remote"] = {"seconds": stall[0], "cpu_daemon_s": None,
                                         "cpu_seaweed_s": None, "cpu_script_s": None}
     print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
+
+    # The same on a node whose uploads overlap the save (upload_during_save = "overlap").
+    overlap_cfg = base / "overlap.toml"
+    overlap_cfg.write_text('upload_during_save = "overlap"\n')
+    onode = Node(base / f"overlap-{n}",
+                 f"s3://{server.bucket}/{prefix}-o?endpoint={server.endpoint}",
+                 [*extra, f"--config={overlap_cfg}"])
+    nodes.append(onode)
+    onode.mount()
+    ostall: list[float] = []
+
+    def save_and_sync_overlap() -> None:
+        t0 = time.perf_counter()
+        save(onode.mnt / ckpt, files, threads)
+        ostall.append(time.perf_counter() - t0)
+        res = ckptfs("sync", str(onode.mnt), "--timeout", "1800", timeout=2000)
+        if res.returncode:
+            raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
+
+    steps.run("durable_overlap", "save + ckptfs sync, uploads overlapping the save",
+              save_and_sync_overlap, onode)
+    steps.passes[-1]["stall_overlap"] = {"seconds": ostall[0], "cpu_daemon_s": None,
+                                         "cpu_seaweed_s": None, "cpu_script_s": None}
+    print(f"  of which the save (stall): {ostall[0]:.2f} s", flush=True)
+    onode.umount()
+    nodes.remove(onode)
+    shutil.rmtree(onode.base, ignore_errors=True)
     b3 = f"b3-{prefix}"
     steps.run("durable_boto3", "boto3 multipart upload from memory",
               lambda: boto3_upload(client, server.bucket, b3, files, workers))

@@ -103,7 +103,7 @@ def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     return plain if isinstance(plain, bytes) else bytes(plain)
 
 
-def decode_view(frame: bytes, expected_digest: bytes | None = None) -> Buffer:
+def decode_view(frame: Buffer, expected_digest: bytes | None = None) -> Buffer:
     """Like decode, but a raw body comes back as a view into ``frame`` (no copy)."""
     return _verified_plaintext(frame, expected_digest)
 

@@ -122,7 +122,7 @@ class FaultyTier:
             raise TierError(f"tier {self.name}: injected EIO on put")
         return self.inner.put(key, parts, expected_sha256)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str) -> Buffer | None:
         if self.fail_gets:
             raise TierError(f"tier {self.name}: injected EIO on get")
         data = self.inner.get(key)

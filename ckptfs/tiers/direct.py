@@ -13,6 +13,9 @@ buffered read-back from the page cache made. With ``read_back`` (tier key
 and compared again: that checks the device, at the price of a device read per chunk.
 Comparisons are memcmp calls, not a second blake3 pass, and run with the GIL released.
 
+Reads of large frames (``read_whole``) use O_DIRECT too: the frame goes from the device
+into the buffer it is served from, without a page-cache copy in between.
+
 Not every filesystem takes O_DIRECT (tmpfs, some FUSE and overlay setups): ``supported``
 probes a directory once, and the tier falls back to buffered writes there.
 """
@@ -122,6 +125,23 @@ def _same(base: int, at: int, part: Buffer) -> bool:
         holder = (ctypes.c_char * n).from_buffer(view)
         return _libc.memcmp(base + at, ctypes.addressof(holder), n) == 0
     return _libc.memcmp(base + at, bytes(view), n) == 0  # a read-only view: rare, copy
+
+
+def read_whole(fd: int, size: int) -> memoryview:
+    """The ``size`` bytes of the file ``fd`` (opened with O_DIRECT), read from the device
+    into an aligned region of a new bytearray: no page-cache copy, and the caller may keep
+    (and slice) the result. A short read returns what was read (the frame check fails)."""
+    padded = _round_up(size, ALIGN)
+    holder = bytearray(padded + ALIGN)
+    skip = -ctypes.addressof(ctypes.c_char.from_buffer(holder)) % ALIGN
+    view = memoryview(holder)[skip : skip + padded]
+    got = 0
+    while got < size:
+        n = os.preadv(fd, [view[got:]], got)
+        if n == 0:
+            break
+        got += n
+    return view[:got]
 
 
 def _compare(base: int, parts: Sequence[Buffer], what: str) -> None:

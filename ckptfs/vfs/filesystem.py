@@ -27,6 +27,7 @@ from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..checkpoints.janitor import Janitor
 from ..checkpoints.retention import RetentionPolicy
 from ..checkpoints.tracker import CheckpointTracker
+from ..chunks.frame import Buffer
 from ..chunks.store import ChunkStore
 from ..config import DurabilityPolicy, policy_for
 from ..errors import (
@@ -846,7 +847,7 @@ class Filesystem:
         if mode != f.inode.mode:
             await self.setattr(f.ino, mode=mode)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> Buffer:
         return await self._handle(fh).file.read(off, size)
 
     async def write(self, fh: int, off: int, data: bytes) -> int:

@@ -24,11 +24,11 @@ import trio
 from ..catalog import Catalog, ChunkRef, Inode
 from ..chunks.store import ChunkStore
 from ..errors import CkptfsError
-from .chunkbuffer import ChunkBuffer
+from .chunkbuffer import Buffer, ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
-READAHEAD_BYTES = 32 * 1024 * 1024  # per sequential reader, fetched in parallel
+READAHEAD_BYTES = 96 * 1024 * 1024  # per sequential reader, fetched in parallel (config.py)
 END_BYTES = 4096  # kept of each file's last stored chunk (checkpoints/events.SMALL_FILE)
 
 
@@ -354,15 +354,19 @@ class OpenFile:
 
     # -- read --------------------------------------------------------------------------------
 
-    async def read(self, off: int, size: int) -> bytes:
+    async def read(self, off: int, size: int) -> Buffer:
+        """Bytes [off, off + size) as the handles see them. A piece of one stored chunk
+        comes back as a view into the verified chunk (pyfuse3 replies from any buffer),
+        so the trio thread makes no copy of it."""
         end = min(off + size, self.size)
         if off >= end:
             return b""
         first, last = off // self.cs, (end - 1) // self.cs
-        out = []
+        out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
             lo, hi = max(off, base) - base, min(end, base + self.cs) - base
+            piece: Buffer
             if idx in self.dirty:
                 piece = self.dirty[idx].slice(lo, hi)
             elif idx in self.inflight:
@@ -378,9 +382,9 @@ class OpenFile:
                     except CkptfsError as exc:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
-                    piece = bytes(memoryview(data)[lo:hi])
+                    piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
             if len(piece) < hi - lo:
-                piece += bytes(hi - lo - len(piece))  # past the chunk's data: a hole
+                piece = bytes(piece) + bytes(hi - lo - len(piece))  # past the data: a hole
             out.append(piece)
         return out[0] if len(out) == 1 else b"".join(out)
 
