@@ -28,8 +28,8 @@ def states(path: Path) -> dict[str, str]:
 
 
 def hf_save(ckdir: Path, step: int, payload: bytes) -> None:
-    """The file sequence of a Hugging Face Trainer save (framework-io.md): trainer_state.json
-    last."""
+    """The file sequence of a Hugging Face Trainer save (docs/frameworks.md):
+    trainer_state.json last."""
     d = ckdir / f"checkpoint-{step}"
     d.mkdir(parents=True)
     for name, data in (("config.json", b"{}"), ("model.safetensors", payload),

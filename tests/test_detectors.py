@@ -1,7 +1,7 @@
 """Checkpoint detectors (ckptfs/checkpoints/detectors.py): pure logic, no mount.
 
-Every framework test replays the call sequence measured in
-/work/shared/research/framework-io.md (section 1) as FsEvents, in order, against a tiny
+Every framework test replays the call sequence measured for it (docs/frameworks.md,
+"The contract") as FsEvents, in order, against a tiny
 in-memory namespace, and asserts after *every* event which detections fired (the default
 expectation of each step is "nothing"), so a detector firing early or twice fails at once.
 """

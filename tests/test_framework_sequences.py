@@ -1,4 +1,4 @@
-"""The file sequences of DeepSpeed, Lightning, Orbax and Megatron (framework-io.md),
+"""The file sequences of DeepSpeed, Lightning, Orbax and Megatron (docs/frameworks.md),
 replayed with real POSIX calls on a real mount: each checkpoint ends up committed once its
 commit signal arrives, attributed to its framework, and nothing else in the directory is
 taken for a checkpoint. (That each detector fires exactly at its signal and not before is

@@ -1,10 +1,10 @@
 """POSIX semantics of a real ckptfs mount, one focused test per semantic.
 
-The contract these tests enforce is section 3 of the framework-io research (the
-compatibility contract): what the checkpoint writers of PyTorch DCP, Orbax/tensorstore,
-Lightning, HF, DeepSpeed and Megatron actually do to a filesystem. Every test asserts real outcomes (errno values,
-bytes, sizes, modes, mtimes) on a real FUSE mount with 256 KiB chunks, so that
-"multi-chunk" costs little.
+The contract these tests enforce is the list of POSIX calls in docs/frameworks.md (what
+the checkpoint writers of PyTorch DCP, Orbax/tensorstore, Lightning, HF, DeepSpeed and
+Megatron actually do to a filesystem; docs/semantics.md says what ckptfs does for each).
+Every test asserts real outcomes (errno values, bytes, sizes, modes, mtimes) on a real
+FUSE mount with 256 KiB chunks, so that "multi-chunk" costs little.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Checkpoint detectors: pure logic turning filesystem events into "begin" and "commit".
 
-One small detector per framework (the call sequences and commit signals are in
-/work/shared/research/framework-io.md, sections 1 and 2), user-configured
-``PatternDetector``s, and a ``DetectorSet`` that runs them all over every event.
+One small detector per framework (the call sequences and commit signals they implement
+are the contract in docs/frameworks.md), user-configured ``PatternDetector``s, and a
+``DetectorSet`` that runs them all over every event.
 
 The rules the ``DetectorSet`` enforces (docs/checkpoints.md):
 
