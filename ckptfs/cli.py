@@ -243,30 +243,28 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from .mount import FSTYPE, find_mount, is_stale, read_pid, wait_unlocked
-
     mp = args.mountpoint.absolute()
-    found = find_mount(mp)
+    found = statedir.find_mount(mp)
     if found is None:
         print(f"ckptfs: {mp} is not mounted", file=sys.stderr)
         return EXIT_USAGE
     source, fstype = found
-    if fstype != FSTYPE:
+    if fstype != statedir.FSTYPE:
         print(f"ckptfs: {mp} is a {fstype} mount, not ckptfs", file=sys.stderr)
         return EXIT_USAGE
-    state_dir = Path(source.split(":", 1)[1]) if ":" in source else None
-    pid = read_pid(state_dir) if state_dir else None
-    flags = ["-u", "-z"] if is_stale(mp) else ["-u"]  # a dead daemon cannot answer a plain -u
+    state_dir = statedir.state_dir_of(source)
+    pid = statedir.read_pid(state_dir) if state_dir else None
+    flags = ["-u", "-z"] if statedir.is_stale(mp) else ["-u"]  # a dead daemon cannot answer a plain -u
     res = subprocess.run(["fusermount3", *flags, str(mp)], capture_output=True, text=True)
     if res.returncode != 0:
         print(f"ckptfs: unmount of {mp} failed: {res.stderr.strip()}", file=sys.stderr)
         return 1
-    if state_dir is None or not (state_dir / "lock").exists():
+    if state_dir is None or not (state_dir / statedir.LOCK_FILE).exists():
         return 0
     deadline = time.monotonic() + args.timeout
     # The daemon releases its state lock last, then its process exits: wait for both, so
     # that a caller may start a new daemon on this state dir (or stop the machine) at once.
-    if wait_unlocked(state_dir, args.timeout) and (
+    if statedir.wait_unlocked(state_dir, args.timeout) and (
         pid is None or _wait_exit(pid, max(0.0, deadline - time.monotonic()))
     ):
         return 0

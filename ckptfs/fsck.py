@@ -34,7 +34,7 @@ from .catalog import Catalog
 from .chunks import frame
 from .config import Config, S3TierConfig, TierConfig
 from .errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
-from .mount import state_lock
+from .statedir import state_lock
 from .tiers.local import LocalTier
 
 if TYPE_CHECKING:

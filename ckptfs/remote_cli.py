@@ -13,8 +13,8 @@ from .catalog import Catalog
 from .catalog.catalog import Backlog
 from .config import default_state_dir
 from .errors import CkptfsError, InvalidArgument
-from .mount import FSTYPE, find_mount, read_pid
 from .progress import progress
+from .statedir import FSTYPE, find_mount, read_pid
 from .stats import read_stats
 
 SYNC_POLL_S = 0.1

@@ -24,7 +24,6 @@ from typing import Any
 from .catalog import Catalog
 from .errors import CkptfsError
 from .metrics import read_address
-from .mount import FSTYPE, fsname, read_pid
 from .remote_cli import (
     describe,
     describe_tier,
@@ -34,27 +33,10 @@ from .remote_cli import (
     resolve_state_dir,
     upload_rate,
 )
+from .statedir import mountpoint_of, read_pid
 
 LATEST_PER_RUN = 3
 WATCH_INTERVAL_S = 1.0
-
-
-def _mountpoint_of(state_dir: Path) -> str | None:
-    """Where the daemon of ``state_dir`` is mounted (from /proc/mounts)."""
-    want = fsname(state_dir)
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == FSTYPE and _unescape(parts[0]) == want:
-                    return _unescape(parts[1])
-    except OSError:
-        return None
-    return None
-
-
-def _unescape(field: str) -> str:
-    return field.encode().decode("unicode_escape") if "\\" in field else field
 
 
 def _local_capacity(path: str | None) -> dict[str, Any] | None:
@@ -115,7 +97,7 @@ def collect(state_dir: Path) -> dict[str, Any]:
     try:
         stats = live_stats(state_dir)
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
-        mountpoint = (stats or {}).get("mountpoint") or _mountpoint_of(state_dir)
+        mountpoint = (stats or {}).get("mountpoint") or mountpoint_of(state_dir)
         tiers = []
         stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
         now = time.time()
