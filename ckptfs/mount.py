@@ -24,11 +24,14 @@ import trio
 
 from . import __version__, preflight, service, statedir
 from .catalog import Catalog
+from .chunks import frame
 from .config import Config, S3TierConfig, TierConfig
 from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
+from .metrics import serve as serve_metrics
 from .tiers.base import Tier
 from .tiers.local import LocalTier
+from .upload.uploader import SNAPSHOT_NAME
 from .vfs.filesystem import Filesystem
 
 if TYPE_CHECKING:
@@ -105,9 +108,6 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
     remote holds, verified, so every file durable there is visible again. If a remote
     cannot be read, refuse to start empty: an empty catalog would later be snapshotted
     over the remote's."""
-    from .chunks import frame
-    from .upload.uploader import SNAPSHOT_NAME
-
     problems = []
     answered = False
     for remote in remotes:
@@ -303,8 +303,6 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        from .metrics import serve as serve_metrics
-
         fs.telemetry.mountpoint = str(mountpoint)
         metrics = serve_metrics(cfg.metrics_address, fs.telemetry, cfg.state_dir)
         unmounted = False
