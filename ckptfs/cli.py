@@ -1,4 +1,5 @@
-"""The ``ckptfs`` command line: mount, umount, fsck.
+"""The ``ckptfs`` command line: the argument parser, and ``mount``, which starts the daemon
+(mount.py); every other subcommand runs from ckptfs/commands/.
 
 Bad arguments, config or other input (a mount point, a state dir in use, a tier directory,
 a bucket): one line naming the key or value, exit code 2. Failures while running: 1.
@@ -7,18 +8,18 @@ a bucket): one line naming the key or value, exit code 2. Failures while running
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import select
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__, statedir
-from .config import Config, load_config
+from .commands.plan import add_plan_arguments
+from .config import Config, load_config, parse_metrics_address
 from .errors import CkptfsError, ConfigError, UsageError
-from .plan import add_plan_arguments
 
 EXIT_USAGE = 2
 DAEMON_READY_TIMEOUT_S = 120
@@ -147,14 +148,8 @@ def _config(args: argparse.Namespace) -> Config:
         allow_shared_device=getattr(args, "allow_shared_device", False),
     )
     if getattr(args, "allow_other", None) is not None:
-        from dataclasses import replace
-
         cfg = replace(cfg, allow_other=args.allow_other)
     if getattr(args, "metrics_address", None) is not None:
-        from dataclasses import replace
-
-        from .config import parse_metrics_address
-
         cfg = replace(cfg, metrics_address=parse_metrics_address(
             args.metrics_address, "--metrics-address"))
     return cfg
@@ -242,121 +237,52 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
     return 1
 
 
-def cmd_umount(args: argparse.Namespace) -> int:
-    from .mount import FSTYPE, find_mount, is_stale, read_pid, wait_unlocked
-
-    mp = args.mountpoint.absolute()
-    found = find_mount(mp)
-    if found is None:
-        print(f"ckptfs: {mp} is not mounted", file=sys.stderr)
-        return EXIT_USAGE
-    source, fstype = found
-    if fstype != FSTYPE:
-        print(f"ckptfs: {mp} is a {fstype} mount, not ckptfs", file=sys.stderr)
-        return EXIT_USAGE
-    state_dir = Path(source.split(":", 1)[1]) if ":" in source else None
-    pid = read_pid(state_dir) if state_dir else None
-    flags = ["-u", "-z"] if is_stale(mp) else ["-u"]  # a dead daemon cannot answer a plain -u
-    res = subprocess.run(["fusermount3", *flags, str(mp)], capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"ckptfs: unmount of {mp} failed: {res.stderr.strip()}", file=sys.stderr)
-        return 1
-    if state_dir is None or not (state_dir / "lock").exists():
-        return 0
-    deadline = time.monotonic() + args.timeout
-    # The daemon releases its state lock last, then its process exits: wait for both, so
-    # that a caller may start a new daemon on this state dir (or stop the machine) at once.
-    if wait_unlocked(state_dir, args.timeout) and (
-        pid is None or _wait_exit(pid, max(0.0, deadline - time.monotonic()))
-    ):
-        return 0
-    print(f"ckptfs: daemon (pid {pid}) still running after {args.timeout:.0f}s", file=sys.stderr)
-    return 1
-
-
-def _wait_exit(pid: int, timeout: float) -> bool:
-    """Wait until process ``pid`` is gone (a zombie counts as gone)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)  # the daemon is not our child: poll its /proc entry
-
-
-def cmd_fsck(args: argparse.Namespace) -> int:
-    from .fsck import run_fsck
-
-    cfg = _config(args)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    rep = run_fsck(cfg, repair=args.repair, verify=args.verify, remote=not args.local_only)
-    summary = (
-        f"fsck: {rep.orphans} orphan chunk(s) ({rep.orphan_bytes} bytes reclaimed), "
-        f"{rep.missing_replicas} missing and {rep.corrupt_replicas} corrupt replica(s), "
-        f"{rep.lost_chunks} chunk(s) with no valid copy, {rep.unlinked_inodes} unlinked inode(s)"
-    )
-    print(summary)
-    if rep.remote_checked or rep.requeued_uploads:
-        print(f"fsck: remote tier(s) checked: {', '.join(rep.remote_checked) or 'none'}; "
-              f"{rep.requeued_uploads} upload(s) re-queued")
-    for name, why in sorted(rep.remote_unchecked.items()):
-        print(f"fsck: remote tier {name} not checked: {why}")
-    if rep.clean:
-        print("fsck: clean")
-        return 0
-    if args.repair and not rep.unresolved(repaired=True):
-        print(f"fsck: repaired {rep.repaired} problem(s)")
-        return 0
-    if rep.damaged_files:
-        print("fsck: damaged files: " + ", ".join(sorted(rep.damaged_files)))
-    return 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Each subcommand imports only what it runs: `ckptfs status` need not load the daemon,
+    # nor `ckptfs mount` the status screen.
     try:
         if args.command == "mount":
             return cmd_mount(args)
         if args.command == "umount":
-            return cmd_umount(args)
+            from .commands.umount import cmd_umount
+
+            return cmd_umount(args.mountpoint, args.timeout)
         if args.command == "sync":
-            from .remote_cli import cmd_sync
+            from .commands.sync import cmd_sync
 
             return cmd_sync(args.path, args.state_dir, args.timeout)
         if args.command == "prefetch":
-            from .prefetch import cmd_prefetch
+            from .commands.prefetch import cmd_prefetch
 
             return cmd_prefetch(args.paths, args.timeout, args.jobs)
         if args.command in ("ls", "show", "latest", "tag", "verify", "gc"):
-            from .checkpoints import commands
+            from .commands import checkpoints
 
             if args.command == "ls":
-                return commands.cmd_ls(args.path, args.json)
+                return checkpoints.cmd_ls(args.path, args.json)
             if args.command == "show":
-                return commands.cmd_show(args.path, args.json)
+                return checkpoints.cmd_show(args.path, args.json)
             if args.command == "latest":
-                return commands.cmd_latest(args.path)
+                return checkpoints.cmd_latest(args.path)
             if args.command == "tag":
-                return commands.cmd_tag(args.path, args.tag)
+                return checkpoints.cmd_tag(args.path, args.tag)
             if args.command == "gc":
-                return commands.cmd_gc(args.path, args.dry_run)
-            return commands.cmd_verify(args.path)
+                return checkpoints.cmd_gc(args.path, args.dry_run)
+            return checkpoints.cmd_verify(args.path)
         if args.command == "plan":
-            from .plan import cmd_plan
+            from .commands.plan import cmd_plan
 
             return cmd_plan(args)
         if args.command == "status":
-            from .status import cmd_status
+            from .commands.status import cmd_status
 
             return cmd_status(args.path, args.state_dir, as_json=args.json, watch=args.watch)
-        return cmd_fsck(args)
+        from .commands.fsck import cmd_fsck
+
+        return cmd_fsck(_config(args), repair=args.repair, verify=args.verify,
+                        local_only=args.local_only)
     except KeyboardInterrupt:
         # Ctrl-C in a long command (sync, prefetch, verify, gc): stop cleanly, no traceback.
         print(f"ckptfs {args.command}: interrupted", file=sys.stderr)

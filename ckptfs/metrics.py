@@ -36,6 +36,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .checkpoints.summary import summarize
 from .errors import CkptfsError
 from .statedir import write_private
 from .tiers.health import FAILING, HEALTHY, Health
@@ -332,10 +333,8 @@ class Telemetry:
 
     def _observe(self, row: dict[str, Any]) -> None:
         """A checkpoint committed while this daemon runs: its save time and skew."""
-        from .checkpoints.commands import describe
-
         try:
-            info = describe(self.fs.catalog, Path(self.mountpoint or "/"), row)
+            info = summarize(self.fs.catalog, Path(self.mountpoint or "/"), row)
         except CkptfsError:
             return
         if info.write_s is not None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import json
 import logging
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +24,14 @@ import trio
 
 from . import __version__, preflight, service, statedir
 from .catalog import Catalog
+from .chunks import frame
 from .config import Config, S3TierConfig, TierConfig
 from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
+from .metrics import serve as serve_metrics
 from .tiers.base import Tier
 from .tiers.local import LocalTier
+from .upload.uploader import SNAPSHOT_NAME
 from .vfs.filesystem import Filesystem
 
 if TYPE_CHECKING:
@@ -38,40 +39,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckptfs.mount")
 
-FSTYPE = "fuse.ckptfs"
-
 
 class MountError(CkptfsError):
     """The mount could not be set up (busy state dir, bad mountpoint, FUSE failure)."""
-
-
-def fsname(state_dir: Path) -> str:
-    # The state dir is part of the mount source, so `ckptfs umount` finds the daemon
-    # from /proc/mounts alone.
-    return f"ckptfs:{state_dir}"
-
-
-def _unescape_mounts(field: str) -> str:
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
-def _real(mountpoint: Path) -> str:
-    # Resolve the parent only: resolving the mountpoint itself would stat it, and a stat
-    # of our own mount from the daemon waits for the loop that should answer it.
-    mountpoint = mountpoint.absolute()
-    return os.path.join(os.path.realpath(mountpoint.parent), mountpoint.name)
-
-
-def find_mount(mountpoint: Path) -> tuple[str, str] | None:
-    """Return (source, fstype) of the topmost mount at ``mountpoint``, if any."""
-    real = _real(mountpoint)
-    found = None
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and _unescape_mounts(parts[1]) == real:
-                found = (_unescape_mounts(parts[0]), parts[2])
-    return found
 
 
 READ_AHEAD_KB = 8192
@@ -81,27 +51,14 @@ def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB) -> None:
     """Raise the kernel read-ahead of our FUSE mount (128 KiB by default) so sequential
     reads arrive as 1 MiB requests. Best effort: needs root; found via mountinfo, because
     a stat() of our own mountpoint here would wait for the loop that serves it."""
-    real = _real(mountpoint)
+    real = statedir.real_mountpoint(mountpoint)
     try:
         with open("/proc/self/mountinfo") as f:
-            devs = [ln.split()[2] for ln in f if _unescape_mounts(ln.split()[4]) == real]
+            devs = [ln.split()[2] for ln in f if statedir.unescape_mounts(ln.split()[4]) == real]
         if devs:
             Path(f"/sys/class/bdi/{devs[-1]}/read_ahead_kb").write_text(f"{kb}\n")
     except OSError as exc:
         log.info("could not raise read-ahead for %s: %s", mountpoint, exc.strerror)
-
-
-_DEAD_MOUNT_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
-
-
-def is_stale(mountpoint: Path) -> bool:
-    """True if a FUSE mount at ``mountpoint`` has lost its daemon. statvfs always goes to
-    the daemon (stat may be answered from the kernel's cache)."""
-    try:
-        os.statvfs(mountpoint)
-    except OSError as exc:
-        return exc.errno in _DEAD_MOUNT_ERRNOS
-    return False
 
 
 def detach(mountpoint: Path) -> None:
@@ -111,55 +68,13 @@ def detach(mountpoint: Path) -> None:
 def clean_stale_mount(mountpoint: Path, state_dir: Path) -> None:
     """A daemon killed with -9 leaves a dead mount: detach it. A ckptfs mount of our own
     state dir is dead by definition, since we hold the state dir's lock."""
-    found = find_mount(mountpoint)
-    ours = found is not None and found == (fsname(state_dir), FSTYPE)
-    if ours or is_stale(mountpoint):
+    found = statedir.find_mount(mountpoint)
+    ours = found is not None and found == (statedir.fsname(state_dir), statedir.FSTYPE)
+    if ours or statedir.is_stale(mountpoint):
         log.warning("cleaning up stale mount at %s (its daemon died)", mountpoint)
         detach(mountpoint)
-        if is_stale(mountpoint) or (ours and find_mount(mountpoint) == found):
+        if statedir.is_stale(mountpoint) or (ours and statedir.find_mount(mountpoint) == found):
             raise MountError(f"stale mount at {mountpoint} could not be removed")
-
-
-@contextlib.contextmanager
-def state_lock(state_dir: Path) -> Iterator[None]:
-    """Exclusive lock on the state dir: one daemon (or one fsck) per catalog. A state dir
-    in use is refused with UsageError (exit 2)."""
-    statedir.ensure_state_dir(state_dir)
-    fd = statedir.open_private(state_dir / "lock", os.O_RDWR)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise preflight.state_dir_busy(state_dir, read_pid(state_dir)) from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def wait_unlocked(state_dir: Path, timeout: float) -> bool:
-    """Wait until no process holds the state dir's lock (the daemon has exited; a zombie
-    counts as exited). Returns False on timeout."""
-    deadline = time.monotonic() + timeout
-    fd = statedir.open_private(state_dir / "lock", os.O_RDWR)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return True
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.05)  # flock has no timeout; poll the condition itself
-    finally:
-        os.close(fd)
-
-
-def read_pid(state_dir: Path) -> int | None:
-    try:
-        return int((state_dir / "daemon.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def open_tiers(cfg: Config) -> list[Tier]:
@@ -193,9 +108,6 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
     remote holds, verified, so every file durable there is visible again. If a remote
     cannot be read, refuse to start empty: an empty catalog would later be snapshotted
     over the remote's."""
-    from .chunks import frame
-    from .upload.uploader import SNAPSHOT_NAME
-
     problems = []
     answered = False
     for remote in remotes:
@@ -298,7 +210,7 @@ def run_mount(
     # whatever umask it was started with.
     os.umask(0o077)
     try:
-        with state_lock(cfg.state_dir):
+        with statedir.state_lock(cfg.state_dir):
             return _serve_locked(cfg, mountpoint, on_ready, takeover, nonempty)
     except UsageError as exc:
         log.error("mount refused: %s", exc)
@@ -384,8 +296,7 @@ def _serve_tiers(
             pyfuse3.init(FuseOps(fs), str(mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
-        pid_file = cfg.state_dir / "daemon.pid"
-        statedir.write_private(pid_file, f"{os.getpid()}\n")
+        pid_file = statedir.write_pid(cfg.state_dir)
         records = [tier_record(t) for t in cfg.tiers] + [tier_record(t) for t in cfg.remote_tiers]
         log.info(
             "ckptfs %s mounted at %s: tiers %s, chunk size %d, state %s",
@@ -393,14 +304,12 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        from .metrics import serve as serve_metrics
-
         fs.telemetry.mountpoint = str(mountpoint)
         metrics = serve_metrics(cfg.metrics_address, fs.telemetry, cfg.state_dir)
         unmounted = False
         try:
             trio.run(_serve, fs, mountpoint, on_ready, leases)
-            unmounted = find_mount(mountpoint) is None
+            unmounted = statedir.find_mount(mountpoint) is None
         finally:
             pyfuse3.close(unmount=not unmounted)
             if metrics is not None:
@@ -417,7 +326,7 @@ def fuse_options(cfg: Config) -> set[str]:
     """The FUSE mount options: pyfuse3's defaults (default_permissions), our names,
     allow_other as configured."""
     options = set(pyfuse3.default_options)
-    options |= {f"fsname={fsname(cfg.state_dir)}", "subtype=ckptfs"}
+    options |= {f"fsname={statedir.fsname(cfg.state_dir)}", "subtype=ckptfs"}
     if cfg.allow_other:
         options.add("allow_other")
     if not cfg.default_permissions:
@@ -500,8 +409,9 @@ def check_mountpoint(mountpoint: Path, state_dir: Path, *, nonempty: bool = Fals
     is mounted there; a dead mount, or one of this state dir (whose daemon, as the free
     lock says, is gone), is left for the daemon to detach. Raises UsageError."""
     mountpoint = mountpoint.absolute()
-    found = find_mount(mountpoint)
-    if found is not None and found != (fsname(state_dir), FSTYPE) and not is_stale(mountpoint):
+    found = statedir.find_mount(mountpoint)
+    ours = (statedir.fsname(state_dir), statedir.FSTYPE)
+    if found is not None and found != ours and not statedir.is_stale(mountpoint):
         raise UsageError(f"{mountpoint} is already a mount point ({found[1]} {found[0]})")
     if found is None:
         preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
@@ -511,8 +421,8 @@ def check_before_spawn(cfg: Config, mountpoint: Path, *, nonempty: bool) -> None
     """What ``ckptfs mount`` refuses before it starts a daemon (exit 2 at once); the
     daemon checks again under the state dir's lock."""
     mountpoint = mountpoint.absolute()
-    if find_mount(mountpoint) is None:
+    if statedir.find_mount(mountpoint) is None:
         preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
-    preflight.check_state_dir_free(cfg.state_dir, read_pid(cfg.state_dir))
+    statedir.check_free(cfg.state_dir)
     check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
     preflight.prepare_local_tiers(cfg.tiers, create=False)

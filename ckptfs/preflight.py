@@ -4,7 +4,7 @@ Run by ``ckptfs mount`` before it starts the daemon (so the operator gets the me
 code at once) and again by the daemon itself (``--foreground``, systemd).
 
 * the mount point: exists, is a directory, is not mounted already, is empty (``--nonempty``);
-* the state dir: no other ckptfs process holds it;
+* the state dir: no other ckptfs process holds it (statedir.check_free);
 * the local tiers: each directory exists (``create = true`` / ``--create`` lets ckptfs make
   it; an unmounted device must not fill the disk below its mount point), and no two tiers
   share a device (``allow_shared_device = true`` on both / ``--allow-shared-device``).
@@ -13,7 +13,6 @@ code at once) and again by the daemon itself (``--foreground``, systemd).
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 from collections.abc import Sequence
@@ -50,29 +49,6 @@ def check_mountpoint_dir(mountpoint: Path, *, nonempty: bool) -> None:
             f"mountpoint {mountpoint} is not empty (it holds {first.name!r}, which the mount "
             "would hide); empty it, or pass --nonempty"
         )
-
-
-def check_state_dir_free(state_dir: Path, holder: int | None) -> None:
-    """Refuse a state dir whose lock another process holds (``holder``: its pid, if known)."""
-    try:
-        fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UsageError(f"state dir {state_dir}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise state_dir_busy(state_dir, holder) from None
-    finally:
-        os.close(fd)
-
-
-def state_dir_busy(state_dir: Path, holder: int | None) -> UsageError:
-    return UsageError(
-        f"state dir {state_dir} is in use by another ckptfs process"
-        + (f" (pid {holder})" if holder else "")
-    )
 
 
 def _key(t: TierConfig, key: str) -> str:

@@ -1,18 +1,34 @@
-"""The state dir is private: it names every file, owner, size and chunk digest of the mount.
+"""The state dir on disk: its modes, its lock, the daemon's pid file, the mount serving it.
 
+The state dir is private: it names every file, owner, size and chunk digest of the mount.
 The directory is 0700 and every file in it 0600, whatever the umask of whoever started
 ckptfs: created with explicit modes, and an existing state dir made so at mount.
+
+One daemon (or one fsck) holds ``STATE_DIR/lock`` (flock) while it uses the catalog; the
+daemon writes its pid to ``STATE_DIR/daemon.pid``. Its FUSE mount names the state dir in
+its source (``ckptfs:STATE_DIR``), so /proc/mounts alone tells which mount serves which
+state dir: the daemon (mount.py) and the commands (ckptfs/commands/) both read it here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from .errors import UsageError
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+
+FSTYPE = "fuse.ckptfs"
+LOCK_FILE = "lock"
+PID_FILE = "daemon.pid"
 
 
 def ensure_state_dir(path: Path) -> None:
@@ -76,3 +92,144 @@ def make_private(state_dir: Path) -> list[str]:
         elif entry.is_file(follow_symlinks=False):
             fix(Path(entry.path), FILE_MODE, entry.name)
     return fixed
+
+
+# -- the lock and the pid file ----------------------------------------------------------------
+
+
+def busy(state_dir: Path, holder: int | None) -> UsageError:
+    return UsageError(
+        f"state dir {state_dir} is in use by another ckptfs process"
+        + (f" (pid {holder})" if holder else "")
+    )
+
+
+@contextlib.contextmanager
+def state_lock(state_dir: Path) -> Iterator[None]:
+    """Exclusive lock on the state dir: one daemon (or one fsck) per catalog. A state dir
+    in use is refused with UsageError (exit 2)."""
+    ensure_state_dir(state_dir)
+    fd = open_private(state_dir / LOCK_FILE, os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy(state_dir, read_pid(state_dir)) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_free(state_dir: Path) -> None:
+    """Refuse (UsageError) a state dir whose lock another process holds."""
+    try:
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"state dir {state_dir}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise busy(state_dir, read_pid(state_dir)) from None
+    finally:
+        os.close(fd)
+
+
+def wait_unlocked(state_dir: Path, timeout: float) -> bool:
+    """Wait until no process holds the state dir's lock (the daemon has exited; a zombie
+    counts as exited). Returns False on timeout."""
+    deadline = time.monotonic() + timeout
+    fd = open_private(state_dir / LOCK_FILE, os.O_RDWR)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)  # flock has no timeout; poll the condition itself
+    finally:
+        os.close(fd)
+
+
+def read_pid(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_pid(state_dir: Path) -> Path:
+    """Record this process as the state dir's daemon; returns the pid file."""
+    path = state_dir / PID_FILE
+    write_private(path, f"{os.getpid()}\n")
+    return path
+
+
+# -- the mount serving it (/proc/mounts) ------------------------------------------------------
+
+
+def fsname(state_dir: Path) -> str:
+    # The state dir is part of the mount source, so `ckptfs umount` finds the daemon
+    # from /proc/mounts alone.
+    return f"ckptfs:{state_dir}"
+
+
+def state_dir_of(source: str) -> Path | None:
+    """The state dir a ckptfs mount source (``ckptfs:STATE_DIR``) names."""
+    return Path(source.split(":", 1)[1]) if ":" in source else None
+
+
+def unescape_mounts(field: str) -> str:
+    """A field of /proc/mounts or mountinfo (spaces and the like are octal escapes)."""
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def real_mountpoint(mountpoint: Path) -> str:
+    """The mount point as /proc/mounts spells it."""
+    # Resolve the parent only: resolving the mountpoint itself would stat it, and a stat
+    # of our own mount from the daemon waits for the loop that should answer it.
+    mountpoint = mountpoint.absolute()
+    return os.path.join(os.path.realpath(mountpoint.parent), mountpoint.name)
+
+
+def find_mount(mountpoint: Path) -> tuple[str, str] | None:
+    """Return (source, fstype) of the topmost mount at ``mountpoint``, if any."""
+    real = real_mountpoint(mountpoint)
+    found = None
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and unescape_mounts(parts[1]) == real:
+                found = (unescape_mounts(parts[0]), parts[2])
+    return found
+
+
+def mountpoint_of(state_dir: Path) -> str | None:
+    """Where the daemon of ``state_dir`` is mounted (from /proc/mounts)."""
+    want = fsname(state_dir)
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == FSTYPE and unescape_mounts(parts[0]) == want:
+                    return unescape_mounts(parts[1])
+    except OSError:
+        return None
+    return None
+
+
+_DEAD_MOUNT_ERRNOS = {errno.ENOTCONN, errno.ECONNABORTED}
+
+
+def is_stale(mountpoint: Path) -> bool:
+    """True if a FUSE mount at ``mountpoint`` has lost its daemon. statvfs always goes to
+    the daemon (stat may be answered from the kernel's cache)."""
+    try:
+        os.statvfs(mountpoint)
+    except OSError as exc:
+        return exc.errno in _DEAD_MOUNT_ERRNOS
+    return False

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy, pytest.
+# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy, lint-imports, pytest.
 #
 #   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh -k catalog -x
 #
@@ -16,6 +16,10 @@ echo "== ruff check"
 .venv/bin/ruff check . || lint_failed+=(ruff)
 echo "== mypy ckptfs"
 .venv/bin/mypy ckptfs || lint_failed+=(mypy)
+echo "== lint-imports"
+# The import contracts in pyproject.toml; no cache: one that saw an edit in the same
+# second as the last run would answer from before it.
+.venv/bin/lint-imports --no-cache || lint_failed+=(lint-imports)
 
 echo "== pytest"
 rc=0

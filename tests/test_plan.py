@@ -21,8 +21,8 @@ from mountutil import run_cli
 from ckptfs import cli
 from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.errors import ConfigError
-from ckptfs.plan import (
+from ckptfs.commands import live
+from ckptfs.commands.plan import (
     Allowance,
     PlanInputs,
     make_plan,
@@ -34,6 +34,7 @@ from ckptfs.plan import (
     upload_bandwidth,
     write_bandwidth,
 )
+from ckptfs.errors import ConfigError
 
 GiB = 1 << 30
 
@@ -226,7 +227,7 @@ def test_from_outside_a_mount_is_an_argument_error(tmp_path: Path) -> None:
 
 def _fake_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> Path:
     """A state dir whose catalog holds /run1/checkpoint-100 (one file of ``size`` bytes,
-    written in 2.5 s) and one local tier in tmp_path; ``_inside`` answers for it."""
+    written in 2.5 s) and one local tier in tmp_path; ``inside_mount`` answers for it."""
     state = tmp_path / "state"
     tier = tmp_path / "t1"
     state.mkdir()
@@ -247,12 +248,10 @@ def _fake_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> P
     finally:
         cat.close()
     mnt = tmp_path / "mnt"
-    from ckptfs.checkpoints import commands
-
     def fake_inside(path: Path) -> tuple[Path, Path, str]:
         return mnt, state, "/" + os.path.relpath(path, mnt)
 
-    monkeypatch.setattr(commands, "_inside", fake_inside)
+    monkeypatch.setattr(live, "inside_mount", fake_inside)
     return mnt / "run1" / "checkpoint-100"
 
 

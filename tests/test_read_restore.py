@@ -25,8 +25,8 @@ from s3fixtures import remove_prefix
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.chunks import frame
-from ckptfs.prefetch import chunk_status, local_tier_names
-from ckptfs.remote_cli import open_catalog
+from ckptfs.commands.live import open_catalog
+from ckptfs.commands.prefetch import chunk_status, local_tier_names
 from ckptfs.stats import read_stats
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)

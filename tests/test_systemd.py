@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, ckptfs_cmd, is_mounted, pid_alive, run_cli
 
-from ckptfs.mount import wait_unlocked
+from ckptfs.statedir import wait_unlocked
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ("ckptfs.service", "ckptfs@.service")

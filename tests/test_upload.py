@@ -128,18 +128,18 @@ async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path
 async def test_upload_rate_is_published_for_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptfs import remote_cli
+    from ckptfs.commands import live, sync
     from ckptfs.upload import uploader
 
     monkeypatch.setattr(uploader, "RATE_WINDOW_S", 0.0)
     async with make_fs(tmp_path, [MemoryTier("l"), MemoryTier("r", kind="remote")]) as fs:
         await write_file(fs, b"f", os.urandom(4 * CS))
         await wait_backlog_empty(fs)
-        rate = remote_cli.upload_rate(fs.catalog)
+        rate = live.upload_rate(fs.catalog)
         assert rate is not None and rate[0] > 0 and rate[1] < 60
         backlog = fs.catalog.backlog()
         pending = type(backlog)(3, 3 * CS, 0, 0, None)
-        assert "ETA" in remote_cli.describe(pending, rate)
+        assert "ETA" in sync.backlog_line(pending, rate)
 
 
 def test_idle_cores_from_proc_stat(tmp_path: Path) -> None:

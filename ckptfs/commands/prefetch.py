@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .catalog import Catalog
-from .errors import CkptfsError
-from .remote_cli import mount_of, open_catalog
-from .stats import read_stats
+from ..catalog import Catalog
+from ..errors import CkptfsError, UsageError
+from ..stats import read_stats
+from .live import mount_of, open_catalog
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -69,7 +69,7 @@ class MountJob:
 
 
 @dataclass
-class Status:
+class ChunkStatus:
     """Where the chunks of the files stand (distinct chunks; bytes counted per file)."""
 
     chunks: int = 0
@@ -93,9 +93,9 @@ def local_tier_names(catalog: Catalog, state_dir: Path) -> list[str]:
     return [t["name"] for t in catalog.recorded_tiers() if t.get("kind", "local") == "local"]
 
 
-def chunk_status(catalog: Catalog, inos: Sequence[int], local_tiers: Sequence[str]) -> Status:
+def chunk_status(catalog: Catalog, inos: Sequence[int], local_tiers: Sequence[str]) -> ChunkStatus:
     """Read-only: for the files ``inos``, which chunks have a valid copy on ``local_tiers``."""
-    st = Status()
+    st = ChunkStatus()
     seen: dict[bytes, bool] = {}
     lp = ",".join("?" * len(local_tiers)) or "NULL"
     for i in range(0, len(inos), _SQL_VARS):
@@ -141,11 +141,7 @@ def local_usage(catalog: Catalog, state_dir: Path) -> list[str]:
 # -- arguments -----------------------------------------------------------------------------
 
 
-class UsageError(Exception):
-    pass
-
-
-def collect(paths: Iterable[Path]) -> list[MountJob]:
+def group_by_mount(paths: Iterable[Path]) -> list[MountJob]:
     """Group the regular files under ``paths`` by mount; UsageError for a bad path."""
     jobs: dict[Path, MountJob] = {}
     seen: set[tuple[Path, int]] = set()
@@ -279,7 +275,7 @@ def _drop(fd: int, off: int, length: int) -> None:
 # -- progress ------------------------------------------------------------------------------
 
 
-class Progress:
+class ProgressLine:
     """One updating line on a terminal; on a pipe, a plain line every 10 s at most."""
 
     def __init__(self, out: TextIO, total: int) -> None:
@@ -327,7 +323,7 @@ def cmd_prefetch(paths: Sequence[Path], timeout: float | None, jobs: int) -> int
         print(f"ckptfs prefetch: --timeout must be positive, got {timeout:g}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        mounts = collect(paths)
+        mounts = group_by_mount(paths)
     except UsageError as exc:
         print(f"ckptfs prefetch: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -358,7 +354,7 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
             print(f"ckptfs prefetch: {len(inos)} file(s) under {job.mountpoint}, "
                   f"{st.file_bytes / 1e9:.2f} GB: already on the local tiers")
             return EXIT_OK
-        progress = Progress(sys.stderr, st.file_bytes)
+        progress = ProgressLine(sys.stderr, st.file_bytes)
         reader.start([by_ino[i] for i in sorted(st.incomplete)])
         passes = 0
         best = st.remote_only
@@ -419,7 +415,7 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
         catalog.close()
 
 
-def _diagnose(catalog: Catalog, state_dir: Path, st: Status, by_ino: dict[int, FileItem]) -> None:
+def _diagnose(catalog: Catalog, state_dir: Path, st: ChunkStatus, by_ino: dict[int, FileItem]) -> None:
     """Name the files not yet local and where the local tiers stand. The daemon skips a
     copy-back when no local tier has room, and does not copy back a chunk it answers from
     its decoded-chunk cache (one read non-sequentially before, e.g. through mmap)."""

@@ -1,4 +1,4 @@
-"""`ckptfs ls | show | latest | tag | verify`: checkpoints of a live mount.
+"""`ckptfs ls | show | latest | tag | verify | gc`: checkpoints of a live mount.
 
 They are named by paths inside the mount (like `ckptfs sync PATH`). ls, show and latest
 read the catalog read-only beside the daemon; tag goes through the mount (an extended
@@ -13,83 +13,22 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
-from ..errors import InvalidArgument
-from ..progress import progress
-from ..remote_cli import mount_of, open_catalog, state_dir_readable
+from ..checkpoints.janitor import to_ckpts
+from ..checkpoints.retention import RetentionPolicy, plan_all, under
+from ..checkpoints.summary import CheckpointSummary, files_of, summarize
+from . import live
+from .live import open_catalog, state_dir_readable
+from .progress import progress
 
 READ_BLOCK = 8 << 20
 
 
-@dataclass
-class CheckpointInfo:
-    path: str  # on this machine (mount point + root)
-    root: str  # inside the mount
-    framework: str
-    step: int | None
-    state: str
-    tags: list[str]
-    namespace: str  # first path component inside the mount
-    run: str  # the directory holding the checkpoint, inside the mount
-    files: int = 0
-    logical_bytes: int = 0
-    stored_bytes: int = 0
-    durable_on: list[str] = field(default_factory=list)  # tiers holding every chunk
-    missing_chunks: int = 0  # chunks with no valid copy anywhere
-    write_s: float | None = None  # first write to commit
-    completion_skew_s: float | None = None  # last minus first file mtime
-    reason: str | None = None
-
-
-def _inside(path: Path) -> tuple[Path, Path, str]:
-    found = mount_of(path)
-    if found is None:
-        raise InvalidArgument(f"{path} is not inside a ckptfs mount")
-    mnt, state_dir = found
-    rel = os.path.relpath(path.absolute(), mnt)
-    return mnt, state_dir, "/" if rel == "." else "/" + rel
-
-
-def _files(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
-    """(ino, size, mtime_ns) of the regular files at or under root."""
-    return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
-
-
-def describe(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointInfo:
-    root = str(row["root"])
-    parts = [p for p in root.split("/") if p]
-    info = CheckpointInfo(
-        path=str(mnt) + root, root=root, framework=str(row["framework"]), step=row["step"],
-        state=str(row["state"]), tags=[t for t in str(row["tags"]).split(",") if t],
-        namespace=parts[0] if len(parts) > 1 else "", run="/" + "/".join(parts[:-1]),
-        reason=row.get("reason"),
-    )
-    files = _files(catalog, root)
-    info.files = len(files)
-    info.logical_bytes = sum(size for _, size, _ in files)
-    chunks: dict[bytes, int] = {}
-    tiers: dict[bytes, set[str]] = {}
-    for ino, _, _ in files:
-        for ref in catalog.extents(ino).values():
-            chunks[ref.digest] = ref.length
-            tiers[ref.digest] = set(ref.tiers)
-    info.stored_bytes = sum(chunks.values())
-    info.missing_chunks = sum(1 for d in chunks if not tiers[d])
-    names = [t["name"] for t in catalog.recorded_tiers()]
-    info.durable_on = [n for n in names if chunks and all(n in tiers[d] for d in chunks)]
-    if row["begin_ns"] is not None and row["commit_ns"] is not None:
-        info.write_s = (int(row["commit_ns"]) - int(row["begin_ns"])) / 1e9
-    if files:
-        mtimes = [m for _, _, m in files]
-        info.completion_skew_s = (max(mtimes) - min(mtimes)) / 1e9
-    return info
-
-
-def _table(infos: list[CheckpointInfo]) -> str:
+def _table(infos: list[CheckpointSummary]) -> str:
     head = ("CHECKPOINT", "FRAMEWORK", "STEP", "STATE", "FILES", "SIZE", "DURABLE ON", "TAGS")
     rows = [head] + [
         (i.root, i.framework, "" if i.step is None else str(i.step), i.state, str(i.files),
@@ -102,10 +41,10 @@ def _table(infos: list[CheckpointInfo]) -> str:
 
 
 def cmd_ls(path: Path, as_json: bool) -> int:
-    mnt, state_dir, inner = _inside(path)
+    mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        infos = [describe(catalog, mnt, r) for r in catalog.checkpoints(inner)]
+        infos = [summarize(catalog, mnt, r) for r in catalog.checkpoints(inner)]
     finally:
         catalog.close()
     if as_json:
@@ -118,14 +57,14 @@ def cmd_ls(path: Path, as_json: bool) -> int:
 
 
 def cmd_show(path: Path, as_json: bool) -> int:
-    mnt, state_dir, inner = _inside(path)
+    mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
         rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
         if not rows:
             print(f"ckptfs show: {path} is not a known checkpoint", file=sys.stderr)
             return 1
-        info = describe(catalog, mnt, rows[0])
+        info = summarize(catalog, mnt, rows[0])
     finally:
         catalog.close()
     if as_json:
@@ -145,14 +84,14 @@ def latest(catalog: Catalog, inner: str) -> dict[str, Any] | None:
         reverse=True,
     )
     for row in candidates:
-        files = _files(catalog, str(row["root"]))
+        files = files_of(catalog, str(row["root"]))
         if files and all(ref.tiers for ino, _, _ in files for ref in catalog.extents(ino).values()):
             return row
     return None
 
 
 def cmd_latest(path: Path) -> int:
-    mnt, state_dir, inner = _inside(path)
+    mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
         row = latest(catalog, inner)
@@ -166,7 +105,7 @@ def cmd_latest(path: Path) -> int:
 
 
 def cmd_tag(path: Path, tag: str) -> int:
-    _inside(path)
+    live.inside_mount(path)
     try:
         os.setxattr(path, "user.ckptfs.tag", tag.encode())
     except OSError as exc:
@@ -180,11 +119,11 @@ def cmd_tag(path: Path, tag: str) -> int:
 def cmd_verify(path: Path) -> int:
     """Read every file of the checkpoint through the mount (page cache dropped first), so
     the daemon verifies each chunk from the tier a restore would use; report throughput."""
-    mnt, state_dir, inner = _inside(path)
+    mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
         rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
-        sizes = {catalog.path_of(ino): size for ino, size, _ in _files(catalog, inner)}
+        sizes = {catalog.path_of(ino): size for ino, size, _ in files_of(catalog, inner)}
     finally:
         catalog.close()
     if not rows:
@@ -240,10 +179,7 @@ def cmd_gc(path: Path, dry_run: bool) -> int:
     """Apply retention now to the checkpoints under ``path`` (through the mount: the daemon
     applies it and returns when done; the owner of ``path`` or root only), or with
     ``dry_run`` print what it would do, from the policies the daemon recorded."""
-    from .janitor import to_ckpts
-    from .retention import RetentionPolicy, plan_all, under
-
-    mnt, state_dir, inner = _inside(path)
+    mnt, state_dir, inner = live.inside_mount(path)
     if not dry_run and not state_dir_readable(state_dir):
         # A user other than the daemon's, on an allow_other mount: the state dir is
         # private, so no report of what changed; the daemon still checks the owner.

@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .catalog import Catalog
-from .chunks import frame
-from .config import Config, S3TierConfig, TierConfig
-from .errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
-from .mount import state_lock
-from .tiers.local import LocalTier
+from ..catalog import Catalog
+from ..chunks import frame
+from ..config import Config, S3TierConfig, TierConfig
+from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
+from ..statedir import state_lock
+from ..tiers.local import LocalTier
 
 if TYPE_CHECKING:
-    from .tiers.s3 import S3Tier
+    from ..tiers.s3 import S3Tier
 
 log = logging.getLogger("ckptfs.fsck")
 
@@ -310,8 +310,8 @@ class _RemoteCheck:
         problem: Callable[[str], None], say: Callable[[str], None], repair: bool, verify: bool,
         referenced: set[bytes], local_valid: set[bytes], pending: set[tuple[bytes, str]],
     ) -> set[bytes] | None:
-        from .tiers.s3 import S3Tier
-        from .upload.lease import (
+        from ..tiers.s3 import S3Tier
+        from ..upload.lease import (
             describe_holder,
             held_elsewhere,
             lease_timing,
@@ -453,3 +453,29 @@ class _RemoteCheck:
                 requeue(digest)
         rep.remote_checked.append(name)
         return valid
+
+
+def cmd_fsck(cfg: Config, *, repair: bool, verify: bool, local_only: bool) -> int:
+    """`ckptfs fsck`: check (and with ``repair`` fix) offline; print a summary; exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rep = run_fsck(cfg, repair=repair, verify=verify, remote=not local_only)
+    summary = (
+        f"fsck: {rep.orphans} orphan chunk(s) ({rep.orphan_bytes} bytes reclaimed), "
+        f"{rep.missing_replicas} missing and {rep.corrupt_replicas} corrupt replica(s), "
+        f"{rep.lost_chunks} chunk(s) with no valid copy, {rep.unlinked_inodes} unlinked inode(s)"
+    )
+    print(summary)
+    if rep.remote_checked or rep.requeued_uploads:
+        print(f"fsck: remote tier(s) checked: {', '.join(rep.remote_checked) or 'none'}; "
+              f"{rep.requeued_uploads} upload(s) re-queued")
+    for name, why in sorted(rep.remote_unchecked.items()):
+        print(f"fsck: remote tier {name} not checked: {why}")
+    if rep.clean:
+        print("fsck: clean")
+        return 0
+    if repair and not rep.unresolved(repaired=True):
+        print(f"fsck: repaired {rep.repaired} problem(s)")
+        return 0
+    if rep.damaged_files:
+        print("fsck: damaged files: " + ", ".join(sorted(rep.damaged_files)))
+    return 1

@@ -42,8 +42,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from .config import parse_size
-from .errors import ConfigError, InvalidArgument
+from ..checkpoints.summary import summarize
+from ..config import parse_size
+from ..errors import ConfigError, InvalidArgument
+from . import live
 
 # Mirrors the defaults of the retention policy (ckptfs/checkpoints/retention.py).
 DEFAULT_KEEP_LOCAL = 2
@@ -218,7 +220,7 @@ class Check:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CapacityPlan:
     inputs: PlanInputs
     tiers: tuple[TierNeed, ...]
     checks: tuple[Check, ...]
@@ -234,7 +236,7 @@ def make_plan(
     have_remote: tuple[int, str] | None = None,
     have_write_bw: tuple[float, str] | None = None,
     have_upload_bw: tuple[float, str] | None = None,
-) -> Plan:
+) -> CapacityPlan:
     """Size both tiers and the bandwidths, and compare with what there is (value, source)."""
     local = tier_capacity("local", p.size, p.keep_local, p.jobs, 1, p.temp,
                           p.failed_residue, p.headroom)
@@ -258,7 +260,7 @@ def make_plan(
                             upload_bandwidth(p.size, p.interval_s, p.jobs, p.replicas,
                                              p.overhead),
                             have_upload_bw))
-    return Plan(p, (local, remote), tuple(checks))
+    return CapacityPlan(p, (local, remote), tuple(checks))
 
 
 def local_tiers_capacity(tiers: Iterable[dict[str, str]]) -> tuple[int | None, list[str]]:
@@ -387,19 +389,16 @@ class Measured:
 
 
 def measure(path: Path) -> Measured:
-    from .checkpoints.commands import _inside, describe
-    from .remote_cli import open_catalog
-
     try:
-        mnt, state_dir, inner = _inside(path)
+        mnt, state_dir, inner = live.inside_mount(path)
     except InvalidArgument as exc:
         raise ConfigError(f"--from: {exc}") from None
-    catalog = open_catalog(state_dir)
+    catalog = live.open_catalog(state_dir)
     try:
         rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
         if not rows:
             raise ConfigError(f"--from: {path} is not a known checkpoint (see `ckptfs ls`)")
-        info = describe(catalog, mnt, rows[0])
+        info = summarize(catalog, mnt, rows[0])
         tiers = catalog.recorded_tiers()
     finally:
         catalog.close()
@@ -438,7 +437,7 @@ def _status(c: Check) -> str:
 
 
 def render(
-    plan: Plan, source: str, measured: Measured | None, window_source: str = "--window"
+    plan: CapacityPlan, source: str, measured: Measured | None, window_source: str = "--window"
 ) -> str:
     p = plan.inputs
     writing = p.jobs if p.writing_jobs is None else p.writing_jobs
@@ -487,7 +486,7 @@ def render(
     return "\n".join(lines)
 
 
-def to_json(plan: Plan, source: str, measured: Measured | None) -> dict[str, Any]:
+def to_json(plan: CapacityPlan, source: str, measured: Measured | None) -> dict[str, Any]:
     p = plan.inputs
     inputs = asdict(p)
     inputs.update(temp_allowance=(p.temp.bytes if p.temp.bytes is not None

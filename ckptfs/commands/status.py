@@ -18,43 +18,21 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .catalog import Catalog
-from .errors import CkptfsError
-from .metrics import read_address
-from .mount import FSTYPE, fsname, read_pid
-from .remote_cli import (
-    describe,
-    describe_tier,
-    live_stats,
-    open_catalog,
-    remote_tier_names,
-    resolve_state_dir,
-    upload_rate,
-)
+from ..catalog import Catalog
+from ..catalog.catalog import Backlog
+from ..checkpoints.summary import summarize
+from ..errors import CkptfsError
+from ..metrics import read_address
+from ..statedir import mountpoint_of, read_pid
+from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
+from .sync import backlog_line
 
 LATEST_PER_RUN = 3
 WATCH_INTERVAL_S = 1.0
-
-
-def _mountpoint_of(state_dir: Path) -> str | None:
-    """Where the daemon of ``state_dir`` is mounted (from /proc/mounts)."""
-    want = fsname(state_dir)
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == FSTYPE and _unescape(parts[0]) == want:
-                    return _unescape(parts[1])
-    except OSError:
-        return None
-    return None
-
-
-def _unescape(field: str) -> str:
-    return field.encode().decode("unicode_escape") if "\\" in field else field
 
 
 def _local_capacity(path: str | None) -> dict[str, Any] | None:
@@ -85,10 +63,6 @@ def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
                      ) -> list[dict[str, Any]]:
-    from dataclasses import asdict
-
-    from .checkpoints.commands import describe as describe_checkpoint
-
     rows = [r for r in catalog.checkpoints("/") if r["state"] != "deleted"]
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -100,7 +74,7 @@ def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | 
         newest = sorted(runs[run], key=lambda r: int(r["id"]), reverse=True)[:LATEST_PER_RUN]
         latest = []
         for r in newest:
-            info = asdict(describe_checkpoint(catalog, mnt or Path(""), r))
+            info = asdict(summarize(catalog, mnt or Path(""), r))
             info["path"] = (str(mnt) + info["root"]) if mnt else None
             info["begin_ns"], info["commit_ns"] = r["begin_ns"], r["commit_ns"]
             latest.append(info)
@@ -109,13 +83,13 @@ def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | 
     return out
 
 
-def collect(state_dir: Path) -> dict[str, Any]:
+def status_facts(state_dir: Path) -> dict[str, Any]:
     """Every fact `ckptfs status` shows, as plain data (the ``--json`` output)."""
     catalog = open_catalog(state_dir)
     try:
-        stats = live_stats(state_dir)
+        stats = daemon_stats(state_dir)
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
-        mountpoint = (stats or {}).get("mountpoint") or _mountpoint_of(state_dir)
+        mountpoint = (stats or {}).get("mountpoint") or mountpoint_of(state_dir)
         tiers = []
         stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
         now = time.time()
@@ -267,6 +241,26 @@ def _capacity_text(c: dict[str, Any] | None) -> str | None:
     return text + (" [capacity cap]" if c.get("capped") else "")
 
 
+def tier_line(t: dict[str, str], live: dict[str, Any] | None) -> str:
+    """One tier in one line: kind and location, and with ``live`` (the daemon's per-tier
+    statistics) its state, reads, speed and errors."""
+    where = t.get("path") or t.get("url") or ""
+    text = f"tier {t['name']}: {t.get('kind', 'local')} {where}"
+    if live is None:
+        return text
+    s = live.get(t["name"])
+    if s is None:
+        return text
+    text += f" - {s['state']}"
+    if s.get("degraded_reason"):
+        text += f" ({s['degraded_reason']})"
+    speed = f"{s['read_mb_s']} MB/s" if s.get("read_mb_s") else "?"
+    text += f"; reads {s['reads']} ({s['read_bytes'] / 2**20:.0f} MiB), {speed}, latency {s['latency_ms']} ms"
+    if s.get("errors"):
+        text += f", {s['errors']} error(s)"
+    return text
+
+
 def plain(s: dict[str, Any]) -> str:
     """The status as plain lines (what a pipe or a log gets)."""
     lines = [f"state dir: {s['state_dir']}"]
@@ -277,7 +271,7 @@ def plain(s: dict[str, Any]) -> str:
     for t in s["tiers"]:
         rec = {"name": t["name"], "kind": t["kind"]}
         rec["url" if t["kind"] != "local" else "path"] = t["location"] or ""
-        text = describe_tier(rec, live if running else None)
+        text = tier_line(rec, live if running else None)
         if running:
             text += _health_text(t)
         cap = _capacity_text(t["capacity"]) if t["kind"] == "local" else None
@@ -298,12 +292,10 @@ def plain(s: dict[str, Any]) -> str:
     if b is None:
         lines.append("backlog: none (no remote tier configured; data is on the local tiers only)")
     else:
-        from .catalog.catalog import Backlog
-
         oldest = None if b["oldest_age_s"] is None else time.time_ns() - int(b["oldest_age_s"] * 1e9)
         rate = b["last_upload_rate"]
         live_rate = b["upload_rate_bytes_s"]
-        lines.append(describe(
+        lines.append(backlog_line(
             Backlog(b["chunks"], b["bytes"], oldest, b["blocked"], b["last_error"]),
             None if b["eta_s"] is None or not live_rate else (live_rate, 0.0),
         ))
@@ -460,7 +452,7 @@ def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = Fals
     sd = resolve_state_dir(path, state_dir)
     open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
     if as_json:
-        return _loop(lambda: print(json.dumps(collect(sd), indent=None if watch else 1),
+        return _loop(lambda: print(json.dumps(status_facts(sd), indent=None if watch else 1),
                                    flush=True), watch)
     if not sys.stdout.isatty():
         first = [True]
@@ -469,23 +461,23 @@ def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = Fals
             if not first[0]:
                 print()
             first[0] = False
-            print(plain(collect(sd)), flush=True)
+            print(plain(status_facts(sd)), flush=True)
 
         return _loop(show, watch)
     from rich.console import Console
 
     console = Console()
     if not watch:
-        console.print(render(collect(sd)))
+        console.print(render(status_facts(sd)))
         return 0
     from rich.live import Live
 
     try:
-        with Live(render(collect(sd)), console=console, auto_refresh=False,
+        with Live(render(status_facts(sd)), console=console, auto_refresh=False,
                   screen=False) as live:
             while True:
                 time.sleep(WATCH_INTERVAL_S)  # the refresh period itself, not a wait for a condition
-                live.update(render(collect(sd)), refresh=True)
+                live.update(render(status_facts(sd)), refresh=True)
     except KeyboardInterrupt:
         return 0
 

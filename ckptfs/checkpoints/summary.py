@@ -1,0 +1,67 @@
+"""A checkpoint in numbers, from the catalog: its files and bytes, the tiers holding every
+chunk, how long the save took. The daemon's metrics observe it for each commit; the
+commands (ls, show, status, plan --from) print it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..catalog import Catalog
+
+
+@dataclass
+class CheckpointSummary:
+    path: str  # on this machine (mount point + root)
+    root: str  # inside the mount
+    framework: str
+    step: int | None
+    state: str
+    tags: list[str]
+    namespace: str  # first path component inside the mount
+    run: str  # the directory holding the checkpoint, inside the mount
+    files: int = 0
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    durable_on: list[str] = field(default_factory=list)  # tiers holding every chunk
+    missing_chunks: int = 0  # chunks with no valid copy anywhere
+    write_s: float | None = None  # first write to commit
+    completion_skew_s: float | None = None  # last minus first file mtime
+    reason: str | None = None
+
+
+def files_of(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
+    """(ino, size, mtime_ns) of the regular files at or under root."""
+    return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
+
+
+def summarize(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointSummary:
+    """The summary of the checkpoint ``row`` (a catalog checkpoint row) mounted at ``mnt``."""
+    root = str(row["root"])
+    parts = [p for p in root.split("/") if p]
+    info = CheckpointSummary(
+        path=str(mnt) + root, root=root, framework=str(row["framework"]), step=row["step"],
+        state=str(row["state"]), tags=[t for t in str(row["tags"]).split(",") if t],
+        namespace=parts[0] if len(parts) > 1 else "", run="/" + "/".join(parts[:-1]),
+        reason=row.get("reason"),
+    )
+    files = files_of(catalog, root)
+    info.files = len(files)
+    info.logical_bytes = sum(size for _, size, _ in files)
+    chunks: dict[bytes, int] = {}
+    tiers: dict[bytes, set[str]] = {}
+    for ino, _, _ in files:
+        for ref in catalog.extents(ino).values():
+            chunks[ref.digest] = ref.length
+            tiers[ref.digest] = set(ref.tiers)
+    info.stored_bytes = sum(chunks.values())
+    info.missing_chunks = sum(1 for d in chunks if not tiers[d])
+    names = [t["name"] for t in catalog.recorded_tiers()]
+    info.durable_on = [n for n in names if chunks and all(n in tiers[d] for d in chunks)]
+    if row["begin_ns"] is not None and row["commit_ns"] is not None:
+        info.write_s = (int(row["commit_ns"]) - int(row["begin_ns"])) / 1e9
+    if files:
+        mtimes = [m for _, _, m in files]
+        info.completion_skew_s = (max(mtimes) - min(mtimes)) / 1e9
+    return info
