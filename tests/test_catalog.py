@@ -201,6 +201,18 @@ def _unchecked_checkpoints(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE checkpoints_v3")
 
 
+def make_v2(path: Path) -> None:
+    """Turn a catalog into what schema version 2 wrote: no CHECK on checkpoints.state."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        _unchecked_checkpoints(conn)
+        conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 def make_v1(path: Path) -> None:
     """Turn a catalog into what schema version 1 wrote: the version-1 inodes table, no
     xattrs table, no CHECK on checkpoints.state, schema_version 1."""
