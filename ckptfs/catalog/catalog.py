@@ -948,10 +948,9 @@ class SqliteCatalog:
             lost = [
                 int(r[0]) for r in c.execute(
                     "SELECT DISTINCT ino FROM extents WHERE digest NOT IN (SELECT digest FROM held)"
-                )
+                ).fetchall()
             ]
-        removed = [self.path_of(ino) for ino in lost]
-        with self._tx(touch=True) as c:
+            removed = [self.path_of(ino) for ino in lost]
             for ino in lost:
                 for parent, in c.execute("SELECT parent FROM dentries WHERE ino=?", (ino,)).fetchall():
                     c.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",

@@ -1,8 +1,11 @@
 """The catalog's surface, as Protocols by concern.
 
 Callers can be typed against the narrow Protocol they use; ``Catalog`` is all of them (what
-an engine implements). Every method is one transaction; namespace errors are the errno
-carrying ones of ckptfs/errors.py (AlreadyExists, NotFound, NotEmpty, ...). The engines:
+an engine implements). Every method that changes something is one transaction (all of it
+or nothing); a read that takes several statements sees one state (SQLite: the daemon's one
+connection, used by one thread at a time; a server engine reads in one transaction).
+Namespace errors are the errno carrying ones of ckptfs/errors.py (AlreadyExists, NotFound,
+NotEmpty, ...). The engines:
 catalog.py (SQLite); a second engine (PostgreSQL, issue 14) implements the same Protocols and
 runs tests/catalog_conformance.py. Rows are the engine-neutral dataclasses of rows.py.
 """
