@@ -400,7 +400,8 @@ class MetaCatalog(Protocol):
         ...
 
     def backup_bytes(self) -> bytes:
-        """A consistent copy of the whole catalog (SQLite online backup)."""
+        """A consistent copy of the whole catalog: the snapshot stored on the remotes (the
+        SQLite engine's is its database file; the format is the engine's)."""
         ...
 
     def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
