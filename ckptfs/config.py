@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .catalog.catalog import CATALOG_FILE, read_recorded_tiers
 from .errors import ConfigError
 
 KiB = 1024
@@ -175,7 +176,7 @@ class Config:
 
     @property
     def catalog_path(self) -> Path:
-        return self.state_dir / "catalog.sqlite"
+        return self.state_dir / CATALOG_FILE
 
     @property
     def log_path(self) -> Path:
@@ -656,23 +657,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
 
 def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3TierConfig, ...]]:
     """The local and remote tiers an existing catalog was last mounted with (read-only)."""
-    import json
-    import sqlite3
-
-    db = state_dir / "catalog.sqlite"
-    if not db.exists():
+    records = read_recorded_tiers(state_dir / CATALOG_FILE)
+    if records is None:
         return (), ()
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key='tiers'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return (), ()
-    if row is None:
-        return (), ()
-    records = json.loads(row[0])
     local = tuple(
         TierConfig(name=t["name"], kind=t["kind"], path=Path(t["path"]), location=t["location"],
                    allow_shared_device=t.get("allow_shared_device") is True,

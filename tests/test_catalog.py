@@ -1,14 +1,16 @@
-"""Catalog namespace and extent logic, without a mount."""
+"""The SQLite catalog engine's own behaviour, without a mount: reopening, snapshot
+adoption and schema migrations. What every engine must do is in catalog_conformance.py."""
 
 import errno
+import json
 import sqlite3
 import stat
 from pathlib import Path
 
 import pytest
 
-from ckptfs.catalog import Catalog, ChunkRef
-from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.catalog import Catalog, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
 from ckptfs.chunks import frame
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import restore_catalog
@@ -33,78 +35,14 @@ def _errno(fn, *args) -> int:  # type: ignore[no-untyped-def]
     return info.value.errno
 
 
-def test_create_lookup_and_exact_errors(cat: Catalog) -> None:
-    f = cat.create(R, b"a", F, 0, 0)
-    assert cat.lookup(R, b"a").ino == f.ino
-    assert _errno(cat.lookup, R, b"missing") == errno.ENOENT
-    assert _errno(cat.create, R, b"a", F, 0, 0) == errno.EEXIST
-    assert _errno(cat.lookup, f.ino, b"x") == errno.ENOTDIR
-    assert _errno(cat.unlink, R, b"missing") == errno.ENOENT
 
 
-def test_directory_link_counts(cat: Catalog) -> None:
-    d = cat.create(R, b"d", D, 0, 0)
-    cat.create(d.ino, b"e", D, 0, 0)
-    assert cat.get_inode(R).nlink == 3
-    assert cat.get_inode(d.ino).nlink == 3
-    assert _errno(cat.rmdir, R, b"d") == errno.ENOTEMPTY
-    cat.rename(d.ino, b"e", R, b"e", False)
-    assert cat.get_inode(d.ino).nlink == 2
-    assert cat.get_inode(R).nlink == 4
-    cat.rmdir(R, b"e")
-    assert cat.get_inode(R).nlink == 3
 
 
-def test_rename_rules(cat: Catalog) -> None:
-    a = cat.create(R, b"a", F, 0, 0)
-    b = cat.create(R, b"b", F, 0, 0)
-    replaced = cat.rename(R, b"a", R, b"b", False)
-    assert replaced is not None and replaced.ino == b.ino and replaced.nlink == 0
-    assert cat.lookup(R, b"b").ino == a.ino
-    assert _errno(cat.lookup, R, b"a") == errno.ENOENT
-    c = cat.create(R, b"c", F, 0, 0)
-    assert _errno(cat.rename, R, b"c", R, b"b", True) == errno.EEXIST  # RENAME_NOREPLACE
-    d = cat.create(R, b"d", D, 0, 0)
-    sub = cat.create(d.ino, b"sub", D, 0, 0)
-    assert _errno(cat.rename, R, b"d", sub.ino, b"x", False) == errno.EINVAL
-    assert _errno(cat.rename, R, b"c", R, b"d", False) == errno.EISDIR
-    assert _errno(cat.rename, R, b"d", R, b"c", False) == errno.ENOTDIR
-    cat.create(sub.ino, b"f", F, 0, 0)
-    e = cat.create(R, b"e", D, 0, 0)
-    cat.rename(R, b"d", R, b"e", False)  # onto an empty directory: allowed
-    assert cat.lookup(R, b"e").ino == d.ino
-    assert cat.get_inode(e.ino).nlink == 0
-    assert cat.lookup(cat.lookup(cat.lookup(R, b"e").ino, b"sub").ino, b"f").ino
-    assert c.ino != d.ino
 
 
-def test_commit_file_and_unreferenced_chunks(cat: Catalog) -> None:
-    f = cat.create(R, b"f", F, 0, 0)
-    r0 = ChunkRef(b"\x01" * 32, 10, ("t0",))
-    r1 = ChunkRef(b"\x02" * 32, 10, ("t1",))
-    cat.commit_file(f.ino, 20, 1, 1, 10, {0: r0, 1: r1})
-    assert cat.extents(f.ino) == {0: r0, 1: r1}
-    assert cat.get_inode(f.ino).size == 20
-    dropped = cat.commit_file(f.ino, 5, 2, 2, 10, {})  # truncate: chunk 1 falls off
-    assert dropped == [r1.digest]
-    assert set(cat.extents(f.ino)) == {0}
-    assert cat.drop_unreferenced([r0.digest, r1.digest]) == {r1.digest: ["t1"]}
-    inode = cat.unlink(R, b"f")
-    assert inode.nlink == 0
-    assert cat.delete_inode(f.ino) == [r0.digest]
-    assert cat.drop_unreferenced([r0.digest]) == {r0.digest: ["t0"]}
-    assert _errno(cat.get_inode, f.ino) == errno.ENOENT
 
 
-def test_readdir_is_stable_across_renames(cat: Catalog) -> None:
-    for i in range(10):
-        cat.create(R, f"f{i}".encode(), F, 0, 0)
-    first = cat.readdir(R, 0, limit=4)
-    rest = cat.readdir(R, first[-1][0], limit=100)
-    names = [n for _, n, _ in first + rest]
-    assert names == [f"f{i}".encode() for i in range(10)]
-    cat.rename(R, b"f0", R, b"g0", False)
-    assert [n for _, n, _ in cat.readdir(R, 0)][0] == b"g0"
 
 
 def test_reopen_keeps_everything(tmp_path: Path) -> None:
@@ -118,8 +56,6 @@ def test_reopen_keeps_everything(tmp_path: Path) -> None:
 
 
 def test_adopting_a_snapshot_drops_files_whose_upload_was_pending(cat: Catalog) -> None:
-    import json
-
     cat.set_meta("tiers", json.dumps([{"name": "l", "kind": "local"}, {"name": "s3", "kind": "s3"}]))
     d = cat.create(R, b"ckpt", D, 0, 0)
     done = cat.create(d.ino, b"done.pt", F, 0, 0)
@@ -156,12 +92,134 @@ CREATE TABLE inodes (
 """
 
 
-def make_v1(path: Path) -> None:
-    """Turn a catalog into what schema version 1 wrote: the version-1 inodes table, no
-    xattrs table, schema_version 1."""
+# The whole schema as version 2 made it (ckptfs before the CHECK on checkpoints.state),
+# verbatim: a catalog built from it is what an existing state dir holds.
+_V2_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS inodes (
+    ino      INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the kernel may still cache an old one
+    mode     INTEGER NOT NULL,
+    uid      INTEGER NOT NULL,
+    gid      INTEGER NOT NULL,
+    size     INTEGER NOT NULL DEFAULT 0,
+    nlink    INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    target   BLOB,
+    rdev     INTEGER NOT NULL DEFAULT 0  -- device number of a char or block special file
+);
+CREATE TABLE IF NOT EXISTS dentries (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name   BLOB NOT NULL,
+    ino    INTEGER NOT NULL,
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS dentries_ino ON dentries (ino);
+-- Extended attributes stored for applications (user.*, trusted.*, security.*); the
+-- user.ckptfs.* control names are not stored here.
+CREATE TABLE IF NOT EXISTS xattrs (
+    ino   INTEGER NOT NULL,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    digest BLOB PRIMARY KEY,
+    length INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replicas (
+    digest BLOB NOT NULL,
+    tier   TEXT NOT NULL,
+    state  TEXT NOT NULL CHECK (state IN ('valid', 'bad')),
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS extents (
+    ino    INTEGER NOT NULL,
+    idx    INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    length INTEGER NOT NULL,
+    PRIMARY KEY (ino, idx)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS extents_digest ON extents (digest);
+-- Chunks still to copy to a remote tier. Written in the commit that makes a file name the
+-- chunk, so a restart replays them; deleted when the copy is recorded as a replica.
+CREATE TABLE IF NOT EXISTS upload_jobs (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    state       TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'blocked')),
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
+-- Checkpoints the detectors found (checkpoints/detectors.py): a directory or a file, by path
+-- inside the mount. state: writing | committed | partial | expired | deleted.
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    root       TEXT NOT NULL UNIQUE,
+    framework  TEXT NOT NULL,
+    step       INTEGER,
+    state      TEXT NOT NULL,
+    begin_ns   INTEGER,
+    commit_ns  INTEGER,
+    reason     TEXT,
+    tags       TEXT NOT NULL DEFAULT '',
+    leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
+);
+-- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
+-- the transaction that drops a chunk's last reference or a local replica (eviction), so a
+-- restart replays them; removed when the frame is gone, or cancelled when the chunk is
+-- wanted again on that tier (a valid replica row or an upload job for the same pair).
+CREATE TABLE IF NOT EXISTS deletions (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL DEFAULT 0,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
+"""
+
+# The checkpoints table of schema versions 1 and 2 (no CHECK on state).
+_V2_CHECKPOINTS = _V2_SCHEMA[_V2_SCHEMA.index("CREATE TABLE IF NOT EXISTS checkpoints"):]
+_V2_CHECKPOINTS = _V2_CHECKPOINTS[: _V2_CHECKPOINTS.index(");") + 2]
+
+
+def _unchecked_checkpoints(conn: sqlite3.Connection) -> None:
+    """Put the checkpoints table back as versions 1 and 2 made it (same rows)."""
+    conn.execute("ALTER TABLE checkpoints RENAME TO checkpoints_v3")
+    conn.execute(_V2_CHECKPOINTS)
+    conn.execute("INSERT INTO checkpoints SELECT * FROM checkpoints_v3")
+    conn.execute("DROP TABLE checkpoints_v3")
+
+
+def make_v2(path: Path) -> None:
+    """Turn a catalog into what schema version 2 wrote: no CHECK on checkpoints.state."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
+        _unchecked_checkpoints(conn)
+        conn.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def make_v1(path: Path) -> None:
+    """Turn a catalog into what schema version 1 wrote: the version-1 inodes table, no
+    xattrs table, no CHECK on checkpoints.state, schema_version 1."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        _unchecked_checkpoints(conn)
         conn.execute("ALTER TABLE inodes RENAME TO inodes_v2")
         conn.execute(_V1_INODES)
         conn.execute("INSERT INTO inodes SELECT ino, mode, uid, gid, size, nlink, atime_ns, "
@@ -174,7 +232,7 @@ def make_v1(path: Path) -> None:
         conn.close()
 
 
-def test_version_1_catalog_is_migrated_to_2(tmp_path: Path) -> None:
+def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
     c = Catalog(path)
     d = c.create(R, b"d", D, 0, 0)
@@ -187,7 +245,7 @@ def test_version_1_catalog_is_migrated_to_2(tmp_path: Path) -> None:
     conn.close()
     c = Catalog(path)
     try:
-        assert c.get_meta("schema_version") == "2"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION)
         got = c.lookup(d.ino, b"f")
         assert (got.ino, got.uid, got.gid, got.mode, got.rdev) == (f.ino, 7, 8, F, 0)
         assert c.get_inode(c.lookup(R, b"ln").ino).target == b"d/f"
@@ -197,9 +255,111 @@ def test_version_1_catalog_is_migrated_to_2(tmp_path: Path) -> None:
         assert c.get_xattr(f.ino, b"user.k") == b"v"
     finally:
         c.close()
-    c = Catalog(path)  # opening a version-2 catalog again changes nothing
-    assert c.get_meta("schema_version") == "2" and c.get_inode(dev.ino).rdev == 0x0103
+    c = Catalog(path)  # opening a migrated catalog again changes nothing
+    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) and c.get_inode(dev.ino).rdev == 0x0103
     c.close()
+
+
+def make_v2_catalog(path: Path) -> None:
+    """A catalog as schema version 2 created it, with the version-2 DDL: a directory, a
+    file and checkpoint rows in every state (one deleted row left the id sequence ahead)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executescript(_V2_SCHEMA)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+        conn.execute("INSERT INTO meta VALUES ('fs_id', 'f')")
+        conn.execute("INSERT INTO inodes (ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, "
+                     "ctime_ns, target, rdev) VALUES (1, ?, 0, 0, 0, 3, 1, 1, 1, NULL, 0)", (D,))
+        conn.execute("INSERT INTO inodes (ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, "
+                     "ctime_ns, target, rdev) VALUES (2, ?, 0, 0, 0, 2, 1, 1, 1, NULL, 0)", (D,))
+        conn.execute("INSERT INTO inodes (ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, "
+                     "ctime_ns, target, rdev) VALUES (3, ?, 5, 6, 0, 1, 1, 1, 1, NULL, 0)", (F,))
+        conn.execute("INSERT INTO dentries (parent, name, ino) VALUES (1, ?, 2)", (b"run",))
+        conn.execute("INSERT INTO dentries (parent, name, ino) VALUES (2, ?, 3)", (b"step-1.pt",))
+        for i, state in enumerate(["writing", "committed", "partial", "expired", "deleted"], 1):
+            conn.execute(
+                "INSERT INTO checkpoints (id, root, framework, step, state, begin_ns, commit_ns, "
+                "reason, tags, leftover) VALUES (?, ?, 'torch', ?, ?, 10, ?, ?, ?, ?)",
+                (i, f"/run/step-{i}", i, state, 20 if state == "committed" else None,
+                 "why" if state == "partial" else None, "milestone" if i == 2 else "",
+                 '["ab"]' if state == "expired" else None),
+            )
+        conn.execute("INSERT INTO checkpoints (root, framework, state) VALUES ('/gone', 'hf', 'deleted')")
+        conn.execute("DELETE FROM checkpoints WHERE root='/gone'")  # id 6 stays used
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _check_sql(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return str(conn.execute("SELECT sql FROM sqlite_master WHERE name='checkpoints'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_version_2_catalog_gets_the_checkpoint_state_check(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    make_v2_catalog(path)
+    assert "CHECK" not in _check_sql(path)
+    c = Catalog(path)
+    try:
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
+        rows = c.checkpoint_rows("/")
+        assert [(r.id, r.root, r.state) for r in rows] == [
+            (1, "/run/step-1", CheckpointState.WRITING), (2, "/run/step-2", CheckpointState.COMMITTED),
+            (3, "/run/step-3", CheckpointState.PARTIAL), (4, "/run/step-4", CheckpointState.EXPIRED),
+            (5, "/run/step-5", CheckpointState.DELETED),
+        ]
+        assert rows[1] == CheckpointRow(2, "/run/step-2", "torch", 2, CheckpointState.COMMITTED,
+                                        10, 20, None, "milestone")
+        assert rows[2].reason == "why"
+        assert c.expired_leftovers() == {"/run/step-4": [b"\xab"]}
+        # The mapping view is what it was before rows were typed (JSON output included).
+        assert c.checkpoints("/run/step-2") == [{
+            "id": 2, "root": "/run/step-2", "framework": "torch", "step": 2, "state": "committed",
+            "begin_ns": 10, "commit_ns": 20, "reason": None, "tags": "milestone"}]
+        assert json.dumps(c.checkpoints("/run/step-2")[0]["state"]) == '"committed"'
+        # Ids are never reused: the deleted row's id 6 stays taken.
+        c.checkpoint_begin("/run/step-7", "torch", 7, 30)
+        assert c.checkpoint_rows("/run/step-7")[0].id == 7
+        # The namespace came through untouched, and inode numbers continue.
+        assert c.lookup(c.lookup(R, b"run").ino, b"step-1.pt").uid == 5
+        assert c.create(R, b"new", F, 0, 0).ino == 4
+        assert _errno(c.checkpoint_set_state, "/run/step-1", "bogus") == errno.EINVAL
+    finally:
+        c.close()
+    assert "CHECK (state IN ('writing', 'committed', 'partial', 'expired', 'deleted'))" in _check_sql(path)
+    conn = sqlite3.connect(path)
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute("UPDATE checkpoints SET state='bogus' WHERE id=1")
+    finally:
+        conn.close()
+    c = Catalog(path)  # opening it again changes nothing
+    try:
+        assert [r.id for r in c.checkpoint_rows("/")] == [1, 2, 3, 4, 5, 7]
+    finally:
+        c.close()
+
+
+def test_version_2_catalog_with_an_unknown_state_is_refused_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    make_v2_catalog(path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE checkpoints SET state='bogus' WHERE id=1")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CkptfsError, match="unknown state 'bogus'"):
+        Catalog(path)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+        assert conn.execute("SELECT count(*) FROM checkpoints").fetchone() == (5,)
+    finally:
+        conn.close()
 
 
 def test_newer_catalog_is_refused(tmp_path: Path) -> None:
@@ -230,24 +390,8 @@ def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> No
     restore_catalog(dest, [remote])  # type: ignore[list-item]
     c = Catalog(dest)
     try:
-        assert c.get_meta("schema_version") == "2"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION)
         assert c.lookup(R, b"f").ino == f.ino
         assert c.list_xattrs(f.ino) == []
     finally:
         c.close()
-
-
-def test_xattrs_in_the_catalog(cat: Catalog) -> None:
-    f = cat.create(R, b"f", F, 0, 0)
-    t0 = cat.get_inode(f.ino).ctime_ns
-    assert cat.set_xattr(f.ino, b"user.b", b"2").ctime_ns >= t0
-    cat.set_xattr(f.ino, b"user.a", b"1")
-    assert cat.list_xattrs(f.ino) == [b"user.a", b"user.b"]
-    assert _errno(lambda: cat.set_xattr(f.ino, b"user.a", b"x", create=True)) == errno.EEXIST
-    assert _errno(lambda: cat.set_xattr(f.ino, b"user.c", b"x", replace_only=True)) == errno.ENODATA
-    assert cat.xattr_inodes() == {f.ino}
-    cat.remove_xattr(f.ino, b"user.a")
-    assert _errno(cat.remove_xattr, f.ino, b"user.a") == errno.ENODATA
-    cat.unlink(R, b"f")
-    cat.delete_inode(f.ino)
-    assert cat.xattr_inodes() == set()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
+from test_catalog import make_v2
 from test_remote_mount import MiB, remote  # noqa: F401
 
 from ckptfs.chunks import frame
@@ -37,6 +39,34 @@ def hf_save(ckdir: Path, step: int, payload: bytes) -> None:
                        ("rng_state.pth", b"r"), ("trainer_state.json", json.dumps({"step": step}).encode())):
         with open(d / name, "wb") as f:
             f.write(data)
+
+
+def test_a_state_dir_of_schema_2_mounts_with_its_checkpoints(ckpt_factory: Any) -> None:
+    """A state dir whose catalog schema 2 made (no CHECK on checkpoint states) mounts; its
+    checkpoints read as before and the catalog gains the CHECK."""
+    m = ckpt_factory.mount()
+    run = m.mountpoint / "run"
+    hf_save(run, 1, b"w" * 10_000)
+    wait_until(lambda: states(run).get("/run/checkpoint-1") == "committed", what="commit")
+    before = ls(run)
+    record = os.getxattr(run / "checkpoint-1", "user.ckptfs.checkpoint")
+    m.stop()
+    db = m.state_dir / "catalog.sqlite"
+    make_v2(db)
+    m.start()
+    assert ls(run) == before
+    assert os.getxattr(run / "checkpoint-1", "user.ckptfs.checkpoint") == record
+    assert os.getxattr(run / "checkpoint-1", "user.ckptfs.state") == b"committed"
+    hf_save(run, 2, b"v" * 10_000)
+    wait_until(lambda: states(run).get("/run/checkpoint-2") == "committed", what="second commit")
+    m.stop()
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='checkpoints'").fetchone()[0]
+        assert "CHECK (state IN (" in sql
+    finally:
+        conn.close()
 
 
 def test_torch_save_is_detected_with_state_visible_in_the_mount(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ message, so an operator can fix the file at once.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptfs import config as C
+from ckptfs.catalog import open_catalog
 from ckptfs.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_IO_THREADS,
@@ -469,3 +471,23 @@ def test_upload_during_save() -> None:
     with pytest.raises(ConfigError) as ei:
         config_from_dict({"upload_during_save": "sometimes"})
     assert str(ei.value).startswith("upload_during_save: expected one of auto, defer, overlap")
+
+
+def test_recorded_tiers_are_read_from_the_catalog_without_changing_it(tmp_path: Path) -> None:
+    assert C.recorded_tiers(tmp_path) == ((), ())  # no catalog yet
+    cat = open_catalog(tmp_path / "catalog.sqlite")
+    assert C.recorded_tiers(tmp_path) == ((), ())  # a catalog that never recorded tiers
+    cat.set_meta("tiers", json.dumps([
+        {"name": "nvme0", "kind": "local", "path": str(tmp_path / "t0"), "location": "local",
+         "direct_io": False},
+        {"name": "s3", "kind": "s3", "bucket": "b", "prefix": "p/", "location": "remote"},
+    ]))
+    cat.close()
+    before = (tmp_path / "catalog.sqlite").read_bytes()
+    local, remote = C.recorded_tiers(tmp_path)
+    assert [(t.name, t.path, t.direct_io, t.origin) for t in local] == [
+        ("nvme0", tmp_path / "t0", False, "recorded")]
+    assert [(t.name, t.bucket, t.prefix) for t in remote] == [("s3", "b", "p/")]
+    assert (tmp_path / "catalog.sqlite").read_bytes() == before
+    (tmp_path / "catalog.sqlite").write_bytes(b"not a database")
+    assert C.recorded_tiers(tmp_path) == ((), ())

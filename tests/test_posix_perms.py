@@ -21,6 +21,8 @@ import pytest
 from test_catalog import make_v1
 from test_posix import expect_errno
 
+from ckptfs.catalog.catalog import SCHEMA_VERSION
+
 # The children run a system Python: the test's own may live where other users cannot read.
 CHILD_PYTHON = "/usr/bin/python3"
 needs_root = pytest.mark.skipif(
@@ -349,7 +351,7 @@ def test_state_dir_of_schema_version_1_mounts_and_is_migrated(ckpt_factory: Any)
     assert os.getxattr(mp / "run" / "step-1.pt", "user.k") == b"v"
     conn = sqlite3.connect(db)
     try:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (str(SCHEMA_VERSION),)
     finally:
         conn.close()
 

@@ -1,5 +1,22 @@
-"""The SQLite catalog: inodes, directory entries, file extents, chunks and their replicas."""
+"""The catalog: inodes, directory entries, file extents, chunks and their replicas, upload
+jobs, the deletion queue, checkpoint rows and meta.
 
-from .catalog import Catalog, ChunkRef, Inode
+protocols.py is its surface (a Protocol per concern, ``protocols.Catalog`` the whole);
+rows.py the rows every engine returns; catalog.py the SQLite engine. ``Catalog`` here is the
+SQLite engine still (callers construct it by that name); ``open_catalog`` is the factory to
+construct through.
+"""
 
-__all__ = ["Catalog", "ChunkRef", "Inode"]
+from . import protocols
+from .catalog import Catalog, SqliteCatalog, open_catalog, read_recorded_tiers
+from .rows import ROOT_INODE, CheckpointRow, CheckpointState, ChunkRef, Inode
+
+
+def _implements(c: SqliteCatalog) -> protocols.Catalog:
+    return c  # mypy checks here that the SQLite engine implements every Protocol
+
+
+__all__ = [
+    "ROOT_INODE", "Catalog", "CheckpointRow", "CheckpointState", "ChunkRef", "Inode",
+    "SqliteCatalog", "open_catalog", "protocols", "read_recorded_tiers",
+]

@@ -1,11 +1,34 @@
-"""SQLite catalog (WAL). Every public method is one transaction.
+"""The SQLite catalog engine (WAL). Every public method is one transaction.
 
-Only one thread at a time uses a Catalog (the VFS runs them through a limiter of one), so
-the connection is shared across worker threads with ``check_same_thread=False``.
+``SqliteCatalog`` implements the catalog Protocols (protocols.py); the rows it returns are
+the engine-neutral ones of rows.py. Only one thread at a time uses it (the VFS runs it
+through a limiter of one), so the connection is shared across worker threads with
+``check_same_thread=False``.
 
 Durability: commits use ``synchronous=NORMAL`` (safe against a killed daemon, since the WAL
 is in the page cache); ``durable=True`` commits (fsync, fsyncdir) switch to FULL for that
 transaction, which also makes every earlier commit durable.
+
+SQLite-isms that stay in this module, and what another engine (PostgreSQL) must replace:
+
+* ``PRAGMA journal_mode/synchronous/foreign_keys`` and the FULL-for-one-transaction trick
+  of ``durable=True``: a server engine commits durably anyway (``synchronous_commit``).
+* ``BEGIN IMMEDIATE`` (take the write lock up front): SERIALIZABLE or row locks
+  (``SELECT ... FOR UPDATE``) with retries of serialization failures.
+* ``INSERT OR REPLACE`` / ``INSERT OR IGNORE``: ``INSERT ... ON CONFLICT DO UPDATE`` /
+  ``DO NOTHING``.
+* ``INTEGER PRIMARY KEY AUTOINCREMENT``, ``cursor.lastrowid`` and ``sqlite_sequence``
+  (inode numbers never reused; the migration to schema 3 carries the sequence over):
+  an identity column / sequence and ``RETURNING ino``.
+* ``WITHOUT ROWID`` tables, ``TEMP TABLE``: ordinary tables with primary keys, a CTE or
+  ``ON COMMIT DROP`` temp table.
+* ``group_concat``: ``string_agg``; ``sum(state='blocked')`` (booleans as integers):
+  ``count(*) FILTER (WHERE ...)``.
+* ``dentries.id`` order for readdir cookies (a rowid alias): a sequence column.
+* ``PRAGMA table_info`` and the table rebuild in ``_migrate`` (SQLite cannot add a CHECK
+  to a table): ``ALTER TABLE ... ADD CONSTRAINT``.
+* ``backup_bytes`` (the online backup API, the snapshot uploaded to the remotes is this
+  file) and ``file:...?mode=ro`` read-only opens: a dump of the catalog's rows.
 """
 
 from __future__ import annotations
@@ -13,11 +36,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +56,49 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from .rows import (
+    ROOT_INODE,
+    Backlog,
+    CheckpointRow,
+    CheckpointState,
+    ChunkRef,
+    Deletion,
+    DeletionBacklog,
+    ExtentReplicas,
+    Inode,
+    UploadJob,
+)
 
-SCHEMA_VERSION = 2  # 2: inodes.rdev and the xattrs table (_migrate)
-ROOT_INODE = 1
+__all__ = [
+    "ROOT_INODE", "SCHEMA_VERSION", "Backlog", "Catalog", "CheckpointRow", "CheckpointState",
+    "ChunkRef", "Deletion", "DeletionBacklog", "ExtentReplicas", "Inode", "SqliteCatalog",
+    "UploadJob", "read_recorded_tiers",
+]
+
+SCHEMA_VERSION = 3  # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (_migrate)
+# The file a state dir keeps the catalog in (Config.catalog_path).
+CATALOG_FILE = "catalog.sqlite"
+
+_CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
+
+
+
+def _checkpoints_ddl(table: str) -> str:
+    """The checkpoints table (the schema-3 migration builds a copy under another name)."""
+    return f"""-- Checkpoints the detectors found (checkpoints/detectors.py): a directory or a file,
+-- by path inside the mount; state is a CheckpointState.
+CREATE TABLE {table} (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    root       TEXT NOT NULL UNIQUE,
+    framework  TEXT NOT NULL,
+    step       INTEGER,
+    state      TEXT NOT NULL CHECK (state IN ({_CHECKPOINT_STATES})),
+    begin_ns   INTEGER,
+    commit_ns  INTEGER,
+    reason     TEXT,
+    tags       TEXT NOT NULL DEFAULT '',
+    leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
+);"""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,20 +163,7 @@ CREATE TABLE IF NOT EXISTS upload_jobs (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
--- Checkpoints the detectors found (checkpoints/detectors.py): a directory or a file, by path
--- inside the mount. state: writing | committed | partial | expired | deleted.
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    root       TEXT NOT NULL UNIQUE,
-    framework  TEXT NOT NULL,
-    step       INTEGER,
-    state      TEXT NOT NULL,
-    begin_ns   INTEGER,
-    commit_ns  INTEGER,
-    reason     TEXT,
-    tags       TEXT NOT NULL DEFAULT '',
-    leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
-);
+""" + _checkpoints_ddl("IF NOT EXISTS checkpoints") + """
 -- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
 -- the transaction that drops a chunk's last reference or a local replica (eviction), so a
 -- restart replays them; removed when the frame is gone, or cancelled when the chunk is
@@ -131,45 +182,6 @@ CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """
 
 
-@dataclass(frozen=True)
-class UploadJob:
-    digest: bytes
-    tier: str
-    length: int
-    enqueued_ns: int
-    attempts: int
-    sources: tuple[str, ...]  # tiers holding a valid copy to upload from
-
-
-@dataclass(frozen=True)
-class Backlog:
-    chunks: int
-    bytes: int
-    oldest_enqueued_ns: int | None
-    blocked: int
-    last_error: str | None
-
-
-@dataclass(frozen=True)
-class Deletion:
-    digest: bytes
-    tier: str
-    length: int
-    attempts: int
-
-
-@dataclass(frozen=True)
-class DeletionBacklog:
-    """The deletion queue of one tier."""
-
-    tier: str
-    chunks: int
-    bytes: int
-    oldest_enqueued_ns: int | None
-    failing: int  # rows whose last attempt failed
-    last_error: str | None
-
-
 def _queue_deletion(c: sqlite3.Connection, digest: bytes, tier: str, length: int, now: int) -> None:
     c.execute(
         "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
@@ -178,41 +190,8 @@ def _queue_deletion(c: sqlite3.Connection, digest: bytes, tier: str, length: int
     )
 
 
-@dataclass(frozen=True)
-class Inode:
-    ino: int
-    mode: int
-    uid: int
-    gid: int
-    size: int
-    nlink: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    target: bytes | None = None
-    rdev: int = 0
-
-    @property
-    def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.mode)
-
-    @property
-    def is_reg(self) -> bool:
-        return stat.S_ISREG(self.mode)
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """Where one chunk of plaintext lives: its digest, plaintext length and tiers."""
-
-    digest: bytes
-    length: int
-    tiers: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return self.digest.hex()
-
+# Host parameters per statement: SQLite before 3.32 allows 999.
+_SQL_VARS = 900
 
 _INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target, rdev"
 
@@ -228,10 +207,51 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
         cols = {str(r[1]) for r in c.execute("PRAGMA table_info(inodes)")}
         if "rdev" not in cols:
             c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+    if version < 3:
+        _add_checkpoint_state_check(c)
     c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
-class Catalog:
+def _add_checkpoint_state_check(c: sqlite3.Connection) -> None:
+    """Schema 3: checkpoints.state gets its CHECK. SQLite cannot add a constraint to a
+    table, so the table is rebuilt under the same name with the same rows, ids and
+    AUTOINCREMENT sequence (ids are never reused: the metrics remember them)."""
+    seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name='checkpoints'").fetchone()
+    bad = c.execute(
+        f"SELECT root, state FROM checkpoints WHERE state NOT IN ({_CHECKPOINT_STATES}) LIMIT 1"
+    ).fetchone()
+    if bad is not None:
+        raise InvalidArgument(f"catalog: checkpoint {bad[0]} has an unknown state {bad[1]!r}")
+    c.execute(_checkpoints_ddl("checkpoints_v3"))
+    c.execute("INSERT INTO checkpoints_v3 (id, root, framework, step, state, begin_ns, commit_ns, "
+              "reason, tags, leftover) SELECT id, root, framework, step, state, begin_ns, "
+              "commit_ns, reason, tags, leftover FROM checkpoints")
+    c.execute("DROP TABLE checkpoints")
+    c.execute("ALTER TABLE checkpoints_v3 RENAME TO checkpoints")
+    if seq is not None:
+        c.execute("UPDATE sqlite_sequence SET seq=max(seq, ?) WHERE name='checkpoints'", (int(seq[0]),))
+        if not c.execute("SELECT 1 FROM sqlite_sequence WHERE name='checkpoints'").fetchone():
+            c.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('checkpoints', ?)", (int(seq[0]),))
+
+
+def read_recorded_tiers(path: Path) -> list[dict[str, Any]] | None:
+    """The tier records (meta ``tiers``) of the catalog file at ``path``, opened read-only
+    and closed again; None if there is no such catalog or it cannot be read (config.py
+    asks before a daemon, maybe a running one, opens it)."""
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='tiers'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else list(json.loads(row[0]))
+
+
+class SqliteCatalog:
     def __init__(self, path: Path, readonly: bool = False) -> None:
         """``readonly`` opens a live catalog beside its daemon (status, sync) without
         touching it; WAL lets the reader see every committed transaction."""
@@ -304,6 +324,7 @@ class Catalog:
             c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def recorded_tiers(self) -> list[dict[str, str]]:
+        """The tiers the catalog was last mounted with (meta ``tiers``, mount.tier_record)."""
         raw = self.get_meta("tiers")
         return [] if raw is None else list(json.loads(raw))
 
@@ -898,8 +919,6 @@ class Catalog:
 
     def backup_bytes(self) -> bytes:
         """A consistent copy of the whole catalog (SQLite online backup)."""
-        import tempfile
-
         with tempfile.TemporaryDirectory() as d:
             dest = sqlite3.connect(Path(d) / "snap.sqlite")
             try:
@@ -929,10 +948,9 @@ class Catalog:
             lost = [
                 int(r[0]) for r in c.execute(
                     "SELECT DISTINCT ino FROM extents WHERE digest NOT IN (SELECT digest FROM held)"
-                )
+                ).fetchall()
             ]
-        removed = [self.path_of(ino) for ino in lost]
-        with self._tx(touch=True) as c:
+            removed = [self.path_of(ino) for ino in lost]
             for ino in lost:
                 for parent, in c.execute("SELECT parent FROM dentries WHERE ino=?", (ino,)).fetchall():
                     c.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
@@ -1061,6 +1079,47 @@ class Catalog:
             )
             return True
 
+    def upload_job_pairs(self) -> set[tuple[bytes, str]]:
+        """Every (digest, tier) with an upload job (``ckptfs fsck --remote``)."""
+        return {(bytes(d), str(t)) for d, t in self.conn.execute("SELECT digest, tier FROM upload_jobs")}
+
+    def queue_upload(self, digest: bytes, tier: str) -> bool:
+        """Queue the copy of a known chunk to a remote tier (the row commit_file writes),
+        leaving its replica rows alone. False if a job is queued already or the chunk is
+        not known."""
+        with self._tx() as c:
+            return c.execute(
+                "INSERT OR IGNORE INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                "SELECT digest, ?, length, ? FROM chunks WHERE digest=?",
+                (tier, time.time_ns(), digest),
+            ).rowcount > 0
+
+    def extent_replicas(self, inos: Sequence[int], tiers: Sequence[str]) -> list[ExtentReplicas]:
+        """Every extent of these files, with whether a valid copy of its chunk is on one of
+        ``tiers`` (``ckptfs prefetch``). Queried in batches (SQLite's variable limit)."""
+        out: list[ExtentReplicas] = []
+        tp = ",".join("?" * len(tiers)) or "NULL"
+        step = max(1, _SQL_VARS - len(tiers))
+        for i in range(0, len(inos), step):
+            batch = list(inos[i : i + step])
+            ip = ",".join("?" * len(batch))
+            rows = self.conn.execute(
+                f"SELECT e.ino, e.digest, e.length, EXISTS (SELECT 1 FROM replicas r "
+                f"WHERE r.digest = e.digest AND r.state = 'valid' AND r.tier IN ({tp})) "
+                f"FROM extents e WHERE e.ino IN ({ip})",
+                (*tiers, *batch),
+            ).fetchall()
+            out += [ExtentReplicas(int(i_), bytes(d), int(n), bool(on)) for i_, d, n, on in rows]
+        return out
+
+    def stored_on_tier(self, tier: str) -> tuple[int, int]:
+        """The valid copies the catalog records on one tier: (chunks, plaintext bytes)."""
+        n, size = self.conn.execute(
+            "SELECT count(*), coalesce(sum(c.length), 0) FROM replicas r JOIN chunks c "
+            "ON c.digest = r.digest WHERE r.tier = ? AND r.state = 'valid'", (tier,)
+        ).fetchone()
+        return int(n), int(size)
+
     # -- checkpoints -------------------------------------------------------------------------
 
     def resolve(self, path: str) -> Inode | None:
@@ -1089,14 +1148,14 @@ class Catalog:
         is written again (an overwrite) starts over. True if the row changed."""
         with self._tx() as c:
             row = c.execute("SELECT state FROM checkpoints WHERE root=?", (root,)).fetchone()
-            if row is not None and row[0] == "writing":
+            if row is not None and row[0] == CheckpointState.WRITING:
                 return False
             c.execute(
                 "INSERT INTO checkpoints (root, framework, step, state, begin_ns) "
-                "VALUES (?, ?, ?, 'writing', ?) ON CONFLICT (root) DO UPDATE SET "
-                "framework=excluded.framework, step=excluded.step, state='writing', "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
+                "framework=excluded.framework, step=excluded.step, state=excluded.state, "
                 "begin_ns=excluded.begin_ns, commit_ns=NULL, reason=NULL",
-                (root, framework, step, t_ns),
+                (root, framework, step, CheckpointState.WRITING.value, t_ns),
             )
             return True
 
@@ -1106,18 +1165,25 @@ class Catalog:
         with self._tx(touch=True) as c:
             c.execute(
                 "INSERT INTO checkpoints (root, framework, step, state, begin_ns, commit_ns, reason) "
-                "VALUES (?, ?, ?, 'committed', ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
                 "framework=excluded.framework, step=coalesce(excluded.step, step), "
-                "state='committed', begin_ns=coalesce(begin_ns, excluded.begin_ns), "
+                "state=excluded.state, begin_ns=coalesce(begin_ns, excluded.begin_ns), "
                 "commit_ns=excluded.commit_ns, reason=excluded.reason",
-                (root, framework, step, t_ns, t_ns, reason),
+                (root, framework, step, CheckpointState.COMMITTED.value, t_ns, t_ns, reason),
             )
 
-    def checkpoint_set_state(self, root: str, state: str, reason: str | None = None) -> None:
+    def checkpoint_set_state(
+        self, root: str, state: CheckpointState | str, reason: str | None = None
+    ) -> None:
+        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument)."""
+        try:
+            st = CheckpointState(state)
+        except ValueError:
+            raise InvalidArgument(f"checkpoint state {state!r}") from None
         with self._tx(touch=True) as c:
             c.execute(
                 "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
-                (state, reason, root),
+                (st.value, reason, root),
             )
 
     def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
@@ -1127,7 +1193,8 @@ class Catalog:
 
     def expired_leftovers(self) -> dict[str, list[bytes]]:
         rows = self.conn.execute(
-            "SELECT root, leftover FROM checkpoints WHERE state='expired' AND leftover IS NOT NULL"
+            "SELECT root, leftover FROM checkpoints WHERE state=? AND leftover IS NOT NULL",
+            (CheckpointState.EXPIRED.value,),
         )
         return {str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
 
@@ -1140,7 +1207,7 @@ class Catalog:
             c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), root))
             return True
 
-    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
+    def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
         """Checkpoint rows at or under ``under``, oldest first."""
         prefix = under.rstrip("/")
         rows = self.conn.execute(
@@ -1148,8 +1215,18 @@ class Catalog:
             "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
             (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
         ).fetchall()
-        keys = ("id", "root", "framework", "step", "state", "begin_ns", "commit_ns", "reason", "tags")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return [
+            CheckpointRow(int(i), str(root), str(fw), None if step is None else int(step),
+                          CheckpointState(state), None if b is None else int(b),
+                          None if cm is None else int(cm), None if why is None else str(why),
+                          str(tags))
+            for i, root, fw, step, state, b, cm, why, tags in rows
+        ]
+
+    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
+        """``checkpoint_rows`` as mappings (``CheckpointRow.as_dict``), for the callers that
+        still index rows by key; to go once they take CheckpointRow."""
+        return [r.as_dict() for r in self.checkpoint_rows(under)]
 
     def rename_checkpoints(self, old: str, new: str) -> None:
         """A directory or file was renamed: checkpoints at or under it move with it."""
@@ -1242,3 +1319,13 @@ class Catalog:
             ino = int(row[0])
             seen += 1
         return "/" + "/".join(reversed(parts))
+
+
+# The name every caller imports today: the SQLite engine, constructible. Once construction
+# goes through open_catalog(), ``Catalog`` can become the Protocol (protocols.Catalog).
+Catalog = SqliteCatalog
+
+
+def open_catalog(path: Path, readonly: bool = False) -> SqliteCatalog:
+    """The catalog of a state dir (the one engine today; issue 14 picks one by URL)."""
+    return SqliteCatalog(path, readonly=readonly)

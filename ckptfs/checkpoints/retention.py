@@ -24,6 +24,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog.rows import CheckpointState
 from ..errors import ConfigError
 
 MILESTONE_TAG = "milestone"
@@ -48,7 +49,7 @@ class Ckpt:
     root: str
     run: str
     step: int | None
-    state: str
+    state: str  # a CheckpointState value (StrEnum: members compare equal to it)
     commit_ns: int
     tags: tuple[str, ...] = ()
 
@@ -90,12 +91,12 @@ def plan_run(ckpts: list[Ckpt], policy: RetentionPolicy, now_ns: int) -> Plan:
     """The plan for the checkpoints of one run."""
     out = Plan()
     committed = sorted(
-        (c for c in ckpts if c.state == "committed"),
+        (c for c in ckpts if c.state == CheckpointState.COMMITTED),
         key=lambda c: (-1 if c.step is None else c.step, c.commit_ns),
         reverse=True,
     )
     for c in ckpts:
-        if c.state == "partial":
+        if c.state == CheckpointState.PARTIAL:
             out.expire.append(c.root)
             out.why[c.root] = "partial (never committed)"
     milestones = [c for c in committed if is_milestone(c, policy)]

@@ -15,10 +15,12 @@ import math
 import stat
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
-from ..catalog import Catalog
+from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
+from ..catalog.rows import FINISHED_STATES, CheckpointState
 from .events import Detection, FsEvent
 
 log = logging.getLogger("ckptfs.checkpoints")
@@ -29,10 +31,14 @@ TICK_S = 1.0
 BATCH_S = 0.02
 
 
+class TrackerCatalog(NamespaceCatalog, CheckpointCatalog, Protocol):
+    """What the tracker asks of the catalog: paths, and the checkpoint rows."""
+
+
 class CatalogView:
     """NamespaceView over the catalog (blocking: call under the catalog limiter)."""
 
-    def __init__(self, catalog: Catalog, writing: list[str]) -> None:
+    def __init__(self, catalog: NamespaceCatalog, writing: list[str]) -> None:
         self.catalog = catalog
         self.writing = writing  # paths of files open for writing now
 
@@ -57,7 +63,7 @@ class CatalogView:
 class CheckpointTracker:
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: TrackerCatalog,
         db_limiter: trio.CapacityLimiter,
         detectors: object,  # a DetectorSet: observe(ev, ns) and tick(now_ns, ns)
         writing_inos: Callable[[], list[int]],
@@ -129,9 +135,11 @@ class CheckpointTracker:
     def _removed(self, path: str) -> None:
         """The application deleted a checkpoint's root (rotation by the framework): it is
         deleted. (Retention's own deletions are already "expired" and finish themselves.)"""
-        for row in self.catalog.checkpoints(path):
-            if row["root"] == path and row["state"] not in ("expired", "deleted"):
-                self.catalog.checkpoint_set_state(path, "deleted", "removed by the application")
+        for row in self.catalog.checkpoint_rows(path):
+            if row.root == path and row.state not in FINISHED_STATES:
+                self.catalog.checkpoint_set_state(
+                    path, CheckpointState.DELETED, "removed by the application"
+                )
                 log.info("checkpoint %s deleted by the application", path)
 
     def _tick(self, inos: list[int]) -> None:
@@ -160,10 +168,10 @@ class CheckpointTracker:
         """A checkpoint still "writing" with no writer open under it for partial_after_s
         (its writer died, or the save was abandoned) is partial: never the latest."""
         now = time.monotonic()
-        writing = [c for c in self.catalog.checkpoints("/") if c["state"] == "writing"]
+        writing = [c for c in self.catalog.checkpoint_rows("/") if c.state is CheckpointState.WRITING]
         live = set()
         for c in writing:
-            root = str(c["root"])
+            root = c.root
             live.add(root)
             if view.open_writers_under(root):
                 self._quiet_since.pop(root, None)
@@ -171,7 +179,7 @@ class CheckpointTracker:
             since = self._quiet_since.setdefault(root, now)
             if now - since >= self.partial_after_s:
                 self.catalog.checkpoint_set_state(
-                    root, "partial", f"no commit, no writer for {self.partial_after_s:.0f} s"
+                    root, CheckpointState.PARTIAL, f"no commit, no writer for {self.partial_after_s:.0f} s"
                 )
                 self._quiet_since.pop(root, None)
                 log.warning("checkpoint %s is partial: it began but never committed", root)

@@ -1,0 +1,427 @@
+"""The catalog's surface, as Protocols by concern.
+
+Callers can be typed against the narrow Protocol they use; ``Catalog`` is all of them (what
+an engine implements). Every method that changes something is one transaction (all of it
+or nothing); a read that takes several statements sees one state (SQLite: the daemon's one
+connection, used by one thread at a time; a server engine reads in one transaction).
+Namespace errors are the errno carrying ones of ckptfs/errors.py (AlreadyExists, NotFound,
+NotEmpty, ...). The engines:
+catalog.py (SQLite); a second engine (PostgreSQL, issue 14) implements the same Protocols and
+runs tests/catalog_conformance.py. Rows are the engine-neutral dataclasses of rows.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .rows import (
+    Backlog,
+    CheckpointRow,
+    CheckpointState,
+    ChunkRef,
+    Deletion,
+    DeletionBacklog,
+    ExtentReplicas,
+    Inode,
+    UploadJob,
+)
+
+
+class NamespaceCatalog(Protocol):
+    """Inodes, directory entries and extended attributes: what the VFS's namespace
+    operations, path lookups and fsck's namespace checks ask."""
+
+    def get_inode(self, ino: int) -> Inode:
+        ...
+
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        ...
+
+    def create(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
+        rdev: int = 0,
+    ) -> Inode:
+        """Create a file, directory, symlink or special file (FIFO, socket, device with
+        ``rdev``) entry. EEXIST if the name is taken."""
+        ...
+
+    def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        ...
+
+    def unlink(self, parent: int, name: bytes) -> Inode:
+        """Remove a non-directory entry; returns the inode with its new link count."""
+        ...
+
+    def rmdir(self, parent: int, name: bytes) -> Inode:
+        ...
+
+    def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
+    ) -> Inode | None:
+        """Atomic rename. Returns the replaced inode (with its new link count), if any."""
+        ...
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Inode:
+        ...
+
+    def readdir(self, parent: int, after_id: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
+        ...
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        ...
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        ...
+
+    def xattr_inodes(self) -> set[int]:
+        """The inodes that have stored extended attributes."""
+        ...
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
+                  replace_only: bool = False) -> Inode:
+        """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
+        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
+        ...
+
+    def remove_xattr(self, ino: int, name: bytes) -> Inode:
+        """ENODATA if the inode has no such attribute."""
+        ...
+
+    def resolve(self, path: str) -> Inode | None:
+        """The inode at ``path`` (absolute inside the mount), or None."""
+        ...
+
+    def list_names(self, ino: int) -> list[str]:
+        ...
+
+    def path_of(self, ino: int) -> str:
+        ...
+
+    def files_under(self, root: str) -> list[Inode]:
+        """The regular files at or under ``root`` (a path inside the mount)."""
+        ...
+
+    def unlinked_inodes(self) -> list[int]:
+        """Inodes with no name left (unlinked while open before a crash or shutdown)."""
+        ...
+
+    def dangling_dentries(self) -> list[tuple[int, bytes, int]]:
+        ...
+
+
+class ContentsCatalog(Protocol):
+    """File contents: extents, chunk rows and the commit of a file."""
+
+    def extents(self, ino: int) -> dict[int, ChunkRef]:
+        ...
+
+    def commit_file(
+        self,
+        ino: int,
+        size: int,
+        mtime_ns: int,
+        ctime_ns: int,
+        chunk_size: int,
+        changes: dict[int, ChunkRef | None],
+        durable: bool = False,
+        uploads: dict[bytes, list[str]] | None = None,
+    ) -> list[bytes]:
+        """Commit a file's new size, times and changed extents in one transaction.
+
+        Extents past the end are dropped. Returns the digests that lost a reference
+        (candidates for garbage collection).
+        """
+        ...
+
+    def delete_inode(self, ino: int) -> list[bytes]:
+        """Drop an inode whose last link and last open handle are gone."""
+        ...
+
+    def drop_unreferenced(
+        self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
+    ) -> dict[bytes, list[str]]:
+        """Drop the chunk, replica and upload rows of chunks no extent references, and queue
+        the deletion of their frames (from the recorded tiers, the tiers in ``extra_tiers``
+        a caller just wrote them to, and the remotes an upload may have reached) in the same
+        transaction. Returns digest -> tiers queued."""
+        ...
+
+    def has_chunk(self, digest: bytes) -> bool:
+        """Whether a committed file names this chunk (its row exists)."""
+        ...
+
+    def chunk_length(self, digest: bytes) -> int:
+        ...
+
+    def digests_under(self, roots: Iterable[str]) -> dict[bytes, int]:
+        """Chunks (digest -> length) named by the files at or under these paths."""
+        ...
+
+    def referenced_digests(self) -> set[bytes]:
+        ...
+
+    def all_extents(self) -> list[tuple[int, int, bytes, int]]:
+        ...
+
+    def extent_replicas(self, inos: Sequence[int], tiers: Sequence[str]) -> list[ExtentReplicas]:
+        """Every extent of these files, with whether a valid copy of its chunk is on one of
+        ``tiers`` (``ckptfs prefetch``). Queried in batches (SQLite's variable limit)."""
+        ...
+
+
+class ReplicaCatalog(Protocol):
+    """Where chunk copies are (replicas), the upload jobs that copy them to remote
+    tiers, and local eviction."""
+
+    def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
+        ...
+
+    def stored_by_tier(self) -> dict[str, tuple[int, int]]:
+        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
+        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
+        ...
+
+    def stored_on_tier(self, tier: str) -> tuple[int, int]:
+        """The valid copies the catalog records on one tier: (chunks, plaintext bytes)."""
+        ...
+
+    def mark_replica_bad(self, digest: bytes, tier: str) -> None:
+        """A read found this copy missing or corrupt: readers skip it until it is healed."""
+        ...
+
+    def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
+        """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
+        False if the chunk was dropped meanwhile: the copy is queued for deletion."""
+        ...
+
+    def add_replica(self, digest: bytes, tier: str, length: int) -> None:
+        ...
+
+    def remove_replica(self, digest: bytes, tier: str) -> None:
+        ...
+
+    def replica_keys(self, tier: str) -> set[bytes]:
+        ...
+
+    def replica_keys_all(self) -> set[bytes]:
+        ...
+
+    def eviction_candidates(
+        self, local_tiers: Sequence[str], remote_tiers: Sequence[str], limit: int
+    ) -> list[tuple[bytes, str, int]]:
+        """Local replicas that may go: a remote tier holds the chunk and no upload still
+        needs the local copy. Chunks of the least recently modified files first (a restart
+        reads the newest checkpoint). Returns (digest, local tier, frame body length)."""
+        ...
+
+    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
+        """Turn a local replica row into a deletion row if a remote copy still backs it and
+        no upload needs it (checked again in the transaction)."""
+        ...
+
+    def requeue_upload(self, digest: bytes, tier: str) -> bool:
+        """Copy a chunk to a remote tier again (its copy there is missing or corrupt)."""
+        ...
+
+    def queue_upload(self, digest: bytes, tier: str) -> bool:
+        """Queue the copy of a known chunk to a remote tier (the row commit_file writes),
+        leaving its replica rows alone. False if a job is queued already or the chunk is
+        not known."""
+        ...
+
+    def upload_job_pairs(self) -> set[tuple[bytes, str]]:
+        """Every (digest, tier) with an upload job (``ckptfs fsck --remote``)."""
+        ...
+
+    def due_uploads(self, now_ns: int, limit: int, skip: set[tuple[bytes, str]]) -> list[UploadJob]:
+        """Jobs ready to run, oldest commit first."""
+        ...
+
+    def due_uploads_of(
+        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]]
+    ) -> list[UploadJob]:
+        """Ready jobs for the given chunks only (someone waits for them: expedite)."""
+        ...
+
+    def pending_digests(self, digests: Iterable[bytes]) -> int:
+        """How many of these chunks still have an upload job."""
+        ...
+
+    def pending_uploads_for(self, inos: Iterable[int]) -> int:
+        """Upload jobs still open for chunks the given files name."""
+        ...
+
+    def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
+        """Earliest retry time among jobs not running now."""
+        ...
+
+    def finish_upload(self, digest: bytes, tier: str) -> bool:
+        """Record a finished copy. False if the job was cancelled meanwhile (the chunk was
+        deleted): the caller then removes the copy it made. Touches the catalog: the next
+        remote snapshot must know the chunk is there."""
+        ...
+
+    def postpone_upload(
+        self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool
+    ) -> None:
+        ...
+
+    def backlog(self) -> Backlog:
+        ...
+
+    def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
+        """Forget pending uploads of these chunks (a superseded checkpoint's)."""
+        ...
+
+
+class DeletionQueue(Protocol):
+    """Chunk frames to delete from tiers (chunks/deleter.py)."""
+
+    def queue_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> int:
+        """Queue frames to delete (frames found left over, e.g. of an expired checkpoint).
+        Safe for any pair: the deleter cancels a row whose chunk is wanted on its tier."""
+        ...
+
+    def due_deletions(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]], tiers: Sequence[str]
+    ) -> list[Deletion]:
+        """Rows of these tiers ready to run, oldest first."""
+        ...
+
+    def next_deletion_due_ns(self, skip: set[tuple[bytes, str]], tiers: Sequence[str]) -> int | None:
+        """Earliest retry time among rows of these tiers not running now."""
+        ...
+
+    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+        """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
+        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
+        a row that is gone (done by someone else) is skipped."""
+        ...
+
+    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+        ...
+
+    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+        ...
+
+    def retry_deletions_now(self, tier: str | None = None) -> int:
+        """Make postponed rows due at once (a tier works again; ``ckptfs gc``)."""
+        ...
+
+    def deletions_pending(self, digests: Iterable[bytes], due_before_ns: int | None = None) -> set[bytes]:
+        """Which of these chunks still have deletion rows (only rows due by then, if given)."""
+        ...
+
+    def deletion_keys(self, tier: str) -> set[bytes]:
+        ...
+
+    def deletion_backlog(self) -> list[DeletionBacklog]:
+        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
+        ...
+
+
+class CheckpointCatalog(Protocol):
+    """The checkpoint rows the detectors record and retention changes."""
+
+    def checkpoint_begin(self, root: str, framework: str, step: int | None, t_ns: int) -> bool:
+        """A checkpoint is being written. A committed or partial one at the same path that
+        is written again (an overwrite) starts over. True if the row changed."""
+        ...
+
+    def checkpoint_commit(
+        self, root: str, framework: str, step: int | None, t_ns: int, reason: str
+    ) -> None:
+        ...
+
+    def checkpoint_set_state(
+        self, root: str, state: CheckpointState | str, reason: str | None = None
+    ) -> None:
+        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument)."""
+        ...
+
+    def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
+        ...
+
+    def expired_leftovers(self) -> dict[str, list[bytes]]:
+        ...
+
+    def checkpoint_tag(self, root: str, tag: str) -> bool:
+        ...
+
+    def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
+        """Checkpoint rows at or under ``under``, oldest first."""
+        ...
+
+    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
+        """``checkpoint_rows`` as mappings (``CheckpointRow.as_dict``), for the callers that
+        still index rows by key; to go once they take CheckpointRow."""
+        ...
+
+    def rename_checkpoints(self, old: str, new: str) -> None:
+        """A directory or file was renamed: checkpoints at or under it move with it."""
+        ...
+
+
+class MetaCatalog(Protocol):
+    """Key/value meta (fs id, recorded tiers, snapshot times), durability and the
+    catalog snapshot stored on the remotes."""
+
+    def get_meta(self, key: str) -> str | None:
+        ...
+
+    def set_meta(self, key: str, value: str) -> None:
+        ...
+
+    def recorded_tiers(self) -> list[dict[str, str]]:
+        """The tiers the catalog was last mounted with (meta ``tiers``, mount.tier_record)."""
+        ...
+
+    def sync(self) -> None:
+        """Make every earlier commit durable (a no-op write in a FULL transaction)."""
+        ...
+
+    def snapshot_of_ns(self) -> int | None:
+        """When the catalog state last stored on the remotes was taken (None: never)."""
+        ...
+
+    def snapshot_is_current(self) -> bool:
+        """The remote catalog snapshot includes every namespace and content change."""
+        ...
+
+    def backup_bytes(self) -> bytes:
+        """A consistent copy of the whole catalog: the snapshot stored on the remotes (the
+        SQLite engine's is its database file; the format is the engine's)."""
+        ...
+
+    def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
+        """Turn a catalog restored from a remote snapshot into this node's catalog.
+
+        A chunk the snapshot records on any remote tier is recorded on every configured
+        remote tier (reads try each; striping may differ on this node); local replicas
+        and upload jobs are forgotten. A file naming a chunk no remote held when the
+        snapshot was taken (its upload was still pending) cannot be recovered: it is
+        removed. Returns (files kept, paths of files removed)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class Catalog(
+    NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
+    MetaCatalog, Protocol,
+):
+    """The whole catalog: what an engine implements."""
+
+    path: Path

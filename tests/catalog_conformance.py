@@ -1,0 +1,405 @@
+"""The catalog conformance suite, written against the catalog Protocols (ckptfs/catalog/
+protocols.py) so that it runs on every engine.
+
+A test module subclasses ``CatalogConformance`` as ``Test...`` and provides a ``catalog``
+fixture that yields an empty catalog of its engine (test_catalog_conformance.py: SQLite).
+Nothing here speaks SQL or knows the engine: only the Protocol's methods and rows.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import stat
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ckptfs.catalog.protocols import Catalog
+from ckptfs.catalog.rows import ROOT_INODE, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.errors import CkptfsError
+
+R = ROOT_INODE
+F = stat.S_IFREG | 0o644
+D = stat.S_IFDIR | 0o755
+A, B, C = b"\x01" * 32, b"\x02" * 32, b"\x03" * 32
+
+
+def errno_of(fn: Callable[..., Any], *args: Any) -> int:
+    with pytest.raises(CkptfsError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def one_chunk_file(cat: Catalog, name: bytes, digest: bytes, tiers: tuple[str, ...] = ("l",),
+                   uploads: dict[bytes, list[str]] | None = None, mtime_ns: int = 1) -> int:
+    """A file in the root naming one 10-byte chunk; its inode number."""
+    f = cat.create(R, name, F, 0, 0)
+    cat.commit_file(f.ino, 10, mtime_ns, mtime_ns, 16, {0: ChunkRef(digest, 10, tiers)},
+                    uploads=uploads)
+    return f.ino
+
+
+class CatalogConformance:
+    # -- namespace ---------------------------------------------------------------------------
+
+    def test_a_new_catalog_has_a_root_directory(self, catalog: Catalog) -> None:
+        root = catalog.get_inode(R)
+        assert root.is_dir and root.nlink == 2
+        assert catalog.readdir(R, 0) == []
+        assert catalog.resolve("/") == root
+
+    def test_create_lookup_and_exact_errors(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"a", F, 0, 0)
+        assert catalog.lookup(R, b"a").ino == f.ino
+        assert errno_of(catalog.lookup, R, b"missing") == errno.ENOENT
+        assert errno_of(catalog.create, R, b"a", F, 0, 0) == errno.EEXIST
+        assert errno_of(catalog.create, R, b"a", D, 0, 0) == errno.EEXIST
+        assert errno_of(catalog.lookup, f.ino, b"x") == errno.ENOTDIR
+        assert errno_of(catalog.create, f.ino, b"x", F, 0, 0) == errno.ENOTDIR
+        assert errno_of(catalog.unlink, R, b"missing") == errno.ENOENT
+        assert errno_of(catalog.get_inode, 10_000) == errno.ENOENT
+
+    def test_inode_numbers_are_never_reused(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        catalog.unlink(R, b"f")
+        catalog.delete_inode(f.ino)
+        assert catalog.create(R, b"f", F, 0, 0).ino > f.ino
+
+    def test_symlinks_special_files_and_setgid_directories(self, catalog: Catalog) -> None:
+        ln = catalog.create(R, b"ln", stat.S_IFLNK | 0o777, 0, 0, b"target")
+        assert catalog.get_inode(ln.ino).target == b"target" and ln.size == 6
+        dev = catalog.create(R, b"dev", stat.S_IFCHR | 0o600, 0, 0, None, 0x0103)
+        assert catalog.get_inode(dev.ino).rdev == 0x0103
+        g = catalog.create(R, b"g", D | stat.S_ISGID, 0, 42)
+        sub = catalog.create(g.ino, b"sub", D, 7, 7)
+        f = catalog.create(g.ino, b"f", F, 7, 7)
+        assert (sub.gid, f.gid) == (42, 42)
+        assert sub.mode & stat.S_ISGID and not f.mode & stat.S_ISGID
+
+    def test_directory_link_counts(self, catalog: Catalog) -> None:
+        d = catalog.create(R, b"d", D, 0, 0)
+        catalog.create(d.ino, b"e", D, 0, 0)
+        assert catalog.get_inode(R).nlink == 3
+        assert catalog.get_inode(d.ino).nlink == 3
+        assert errno_of(catalog.rmdir, R, b"d") == errno.ENOTEMPTY
+        assert errno_of(catalog.unlink, R, b"d") == errno.EISDIR
+        catalog.rename(d.ino, b"e", R, b"e", False)
+        assert catalog.get_inode(d.ino).nlink == 2
+        assert catalog.get_inode(R).nlink == 4
+        assert catalog.rmdir(R, b"e").nlink == 0
+        assert catalog.get_inode(R).nlink == 3
+        catalog.create(R, b"f", F, 0, 0)
+        assert errno_of(catalog.rmdir, R, b"f") == errno.ENOTDIR
+
+    def test_link_and_unlink(self, catalog: Catalog) -> None:
+        d = catalog.create(R, b"d", D, 0, 0)
+        f = catalog.create(R, b"f", F, 0, 0)
+        linked = catalog.link(f.ino, d.ino, b"g")
+        assert linked.ino == f.ino and linked.nlink == 2
+        assert catalog.lookup(d.ino, b"g").ino == f.ino
+        assert errno_of(catalog.link, f.ino, d.ino, b"g") == errno.EEXIST
+        assert errno_of(catalog.link, d.ino, R, b"d2") == errno.EPERM  # no links to directories
+        assert catalog.unlink(R, b"f").nlink == 1
+        assert catalog.get_inode(f.ino).nlink == 1
+        assert catalog.unlink(d.ino, b"g").nlink == 0
+        assert catalog.unlinked_inodes() == [f.ino]  # no name left, the inode remains
+        catalog.delete_inode(f.ino)
+        assert catalog.unlinked_inodes() == []
+        assert errno_of(catalog.get_inode, f.ino) == errno.ENOENT
+
+    def test_rename_rules(self, catalog: Catalog) -> None:
+        a = catalog.create(R, b"a", F, 0, 0)
+        b = catalog.create(R, b"b", F, 0, 0)
+        replaced = catalog.rename(R, b"a", R, b"b", False)  # over an existing name
+        assert replaced is not None and replaced.ino == b.ino and replaced.nlink == 0
+        assert catalog.lookup(R, b"b").ino == a.ino
+        assert errno_of(catalog.lookup, R, b"a") == errno.ENOENT
+        c = catalog.create(R, b"c", F, 0, 0)
+        assert errno_of(catalog.rename, R, b"c", R, b"b", True) == errno.EEXIST  # RENAME_NOREPLACE
+        assert errno_of(catalog.rename, R, b"missing", R, b"x", False) == errno.ENOENT
+        d = catalog.create(R, b"d", D, 0, 0)
+        sub = catalog.create(d.ino, b"sub", D, 0, 0)
+        assert errno_of(catalog.rename, R, b"d", sub.ino, b"x", False) == errno.EINVAL
+        assert errno_of(catalog.rename, R, b"d", d.ino, b"x", False) == errno.EINVAL
+        assert errno_of(catalog.rename, R, b"c", R, b"d", False) == errno.EISDIR
+        assert errno_of(catalog.rename, R, b"d", R, b"c", False) == errno.ENOTDIR
+        catalog.create(sub.ino, b"f", F, 0, 0)
+        e = catalog.create(R, b"e", D, 0, 0)
+        catalog.rename(R, b"d", R, b"e", False)  # onto an empty directory: allowed
+        assert catalog.lookup(R, b"e").ino == d.ino
+        assert catalog.get_inode(e.ino).nlink == 0
+        assert catalog.lookup(catalog.lookup(catalog.lookup(R, b"e").ino, b"sub").ino, b"f").ino
+        assert c.ino != d.ino
+
+    def test_rename_of_a_non_empty_directory_moves_its_subtree(self, catalog: Catalog) -> None:
+        src = catalog.create(R, b"tmp-ckpt", D, 0, 0)
+        shard = catalog.create(src.ino, b"shard-0", F, 0, 0)
+        catalog.create(src.ino, b"inner", D, 0, 0)
+        runs = catalog.create(R, b"runs", D, 0, 0)
+        full = catalog.create(R, b"full", D, 0, 0)
+        catalog.create(full.ino, b"x", F, 0, 0)
+        assert errno_of(catalog.rename, R, b"tmp-ckpt", R, b"full", False) == errno.ENOTEMPTY
+        assert catalog.rename(R, b"tmp-ckpt", runs.ino, b"step-1", False) is None  # Orbax's commit
+        assert catalog.resolve("/runs/step-1/shard-0") == catalog.get_inode(shard.ino)
+        assert catalog.resolve("/tmp-ckpt") is None
+        assert catalog.path_of(shard.ino) == "/runs/step-1/shard-0"
+        assert catalog.get_inode(runs.ino).nlink == 3 and catalog.get_inode(R).nlink == 4
+        assert [i.ino for i in catalog.files_under("/runs")] == [shard.ino]
+
+    def test_rename_between_two_links_of_one_inode_does_nothing(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        catalog.link(f.ino, R, b"g")
+        assert catalog.rename(R, b"f", R, b"g", False) is None
+        assert {n for _, n, _ in catalog.readdir(R, 0)} == {b"f", b"g"}
+        assert catalog.get_inode(f.ino).nlink == 2
+
+    def test_readdir_is_stable_across_renames(self, catalog: Catalog) -> None:
+        for i in range(10):
+            catalog.create(R, f"f{i}".encode(), F, 0, 0)
+        first = catalog.readdir(R, 0, limit=4)
+        rest = catalog.readdir(R, first[-1][0], limit=100)
+        names = [n for _, n, _ in first + rest]
+        assert names == [f"f{i}".encode() for i in range(10)]
+        assert catalog.list_names(R) == [n.decode() for n in names]
+        catalog.rename(R, b"f0", R, b"g0", False)
+        assert [n for _, n, _ in catalog.readdir(R, 0)][0] == b"g0"
+
+    def test_setattr(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        new = catalog.setattr(f.ino, mode=0o600, uid=5, atime_ns=11, mtime_ns=12)
+        assert (new.mode, new.uid, new.gid, new.atime_ns, new.mtime_ns) == (stat.S_IFREG | 0o600, 5, 0, 11, 12)
+        assert catalog.get_inode(f.ino) == new
+        assert new.ctime_ns >= f.ctime_ns
+
+    def test_xattrs(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        t0 = catalog.get_inode(f.ino).ctime_ns
+        assert catalog.set_xattr(f.ino, b"user.b", b"2").ctime_ns >= t0
+        catalog.set_xattr(f.ino, b"user.a", b"1")
+        assert catalog.list_xattrs(f.ino) == [b"user.a", b"user.b"]
+        assert catalog.get_xattr(f.ino, b"user.a") == b"1"
+        assert catalog.get_xattr(f.ino, b"user.c") is None
+        assert errno_of(lambda: catalog.set_xattr(f.ino, b"user.a", b"x", create=True)) == errno.EEXIST
+        assert errno_of(lambda: catalog.set_xattr(f.ino, b"user.c", b"x", replace_only=True)) == errno.ENODATA
+        assert catalog.xattr_inodes() == {f.ino}
+        catalog.remove_xattr(f.ino, b"user.a")
+        assert errno_of(catalog.remove_xattr, f.ino, b"user.a") == errno.ENODATA
+        catalog.unlink(R, b"f")
+        catalog.delete_inode(f.ino)
+        assert catalog.xattr_inodes() == set()
+
+    # -- file contents -----------------------------------------------------------------------
+
+    def test_commit_file_and_unreferenced_chunks(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        r0 = ChunkRef(A, 10, ("t0",))
+        r1 = ChunkRef(B, 10, ("t1",))
+        catalog.commit_file(f.ino, 20, 1, 1, 10, {0: r0, 1: r1})
+        assert catalog.extents(f.ino) == {0: r0, 1: r1}
+        assert catalog.get_inode(f.ino).size == 20
+        assert catalog.has_chunk(A) and catalog.chunk_length(A) == 10
+        assert catalog.referenced_digests() == {A, B}
+        dropped = catalog.commit_file(f.ino, 5, 2, 2, 10, {})  # truncate: chunk 1 falls off
+        assert dropped == [r1.digest]
+        assert set(catalog.extents(f.ino)) == {0}
+        assert catalog.drop_unreferenced([r0.digest, r1.digest]) == {r1.digest: ["t1"]}
+        assert not catalog.has_chunk(B) and catalog.chunk_length(B) == 0
+        inode = catalog.unlink(R, b"f")
+        assert inode.nlink == 0
+        assert catalog.delete_inode(f.ino) == [r0.digest]
+        assert catalog.drop_unreferenced([r0.digest]) == {r0.digest: ["t0"]}
+        assert errno_of(catalog.get_inode, f.ino) == errno.ENOENT
+
+    def test_commit_file_replaces_an_extent_and_keeps_shared_chunks(self, catalog: Catalog) -> None:
+        f = one_chunk_file(catalog, b"f", A)
+        g = one_chunk_file(catalog, b"g", A)  # the same content: one chunk, two extents
+        assert catalog.commit_file(f, 10, 3, 3, 16, {0: ChunkRef(B, 10, ("l",))}) == [A]
+        assert catalog.drop_unreferenced([A]) == {}  # g still names it
+        assert catalog.extents(g)[0].digest == A and catalog.extents(f)[0].digest == B
+        assert sorted(catalog.all_extents()) == sorted([(f, 0, B, 10), (g, 0, A, 10)])
+        assert catalog.digests_under(["/"]) == {A: 10, B: 10}
+        assert catalog.get_inode(f).mtime_ns == 3
+
+    def test_extent_replicas_and_storage_per_tier(self, catalog: Catalog) -> None:
+        f = one_chunk_file(catalog, b"f", A, ("local0",))
+        g = one_chunk_file(catalog, b"g", B, ("remote0",))
+        got = sorted((e.ino, e.digest, e.length, e.on_tiers)
+                     for e in catalog.extent_replicas([f, g], ["local0"]))
+        assert got == [(f, A, 10, True), (g, B, 10, False)]
+        assert all(not e.on_tiers for e in catalog.extent_replicas([f, g], []))
+        many = [*range(10_000, 12_000), g]  # several batches (SQLite: 900 per statement)
+        assert [(e.ino, e.on_tiers) for e in catalog.extent_replicas(many, ["remote0"])] == [(g, True)]
+        assert catalog.stored_on_tier("local0") == (1, 10)
+        assert catalog.stored_on_tier("none") == (0, 0)
+        assert catalog.stored_by_tier() == {"local0": (1, 10), "remote0": (1, 10)}
+
+    # -- replicas and upload jobs ------------------------------------------------------------
+
+    def test_commit_queues_uploads_and_finishing_one_records_the_replica(self, catalog: Catalog) -> None:
+        f = one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]}, mtime_ns=5)
+        one_chunk_file(catalog, b"g", B, ("l", "s3"), uploads={B: ["s3"]})  # already there
+        [job] = catalog.due_uploads(now_ns=10, limit=10, skip=set())
+        assert (job.digest, job.tier, job.length, job.enqueued_ns, job.attempts, job.sources) == (
+            A, "s3", 10, 5, 0, ("l",))
+        assert catalog.upload_job_pairs() == {(A, "s3")}
+        assert catalog.pending_digests([A, B]) == 1 and catalog.pending_uploads_for([f]) == 1
+        assert catalog.due_uploads(10, 10, skip={(A, "s3")}) == []
+        assert catalog.backlog().chunks == 1 and catalog.backlog().bytes == 10
+        assert catalog.finish_upload(A, "s3")
+        assert catalog.replica_tiers(A) == ("l", "s3")
+        assert catalog.extents(f)[0].tiers == ("l", "s3")
+        assert catalog.backlog().chunks == 0 and catalog.next_upload_due_ns(set()) is None
+
+    def test_a_postponed_upload_waits_and_reports_its_error(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        catalog.postpone_upload(A, "s3", next_try_ns=1_000, error="timeout", blocked=True)
+        assert catalog.due_uploads(999, 10, set()) == []
+        assert catalog.next_upload_due_ns(set()) == 1_000
+        [job] = catalog.due_uploads_of([A], 1_000, 10, set())
+        assert job.attempts == 1
+        b = catalog.backlog()
+        assert (b.chunks, b.blocked, b.last_error) == (1, 1, "timeout")
+
+    def test_an_upload_cancelled_meanwhile_queues_its_copy_for_deletion(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        assert catalog.drop_upload_jobs([A]) == 1
+        assert not catalog.finish_upload(A, "s3")  # the copy made is garbage
+        assert catalog.deletion_keys("s3") == {A}
+        assert catalog.replica_tiers(A) == ("l",)
+
+    def test_requeue_and_queue_upload(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"f", A, ("l", "s3"))
+        assert catalog.queue_upload(A, "s3")  # replica rows are left alone
+        assert not catalog.queue_upload(A, "s3")  # queued already
+        assert catalog.replica_tiers(A) == ("l", "s3")
+        assert not catalog.queue_upload(C, "s3")  # an unknown chunk
+        catalog.finish_upload(A, "s3")
+        assert catalog.requeue_upload(A, "s3")  # the remote copy is bad: forget it, copy again
+        assert catalog.replica_tiers(A) == ("l",)
+        assert catalog.upload_job_pairs() == {(A, "s3")}
+        assert not catalog.requeue_upload(C, "s3")
+
+    def test_bad_and_healed_replicas(self, catalog: Catalog) -> None:
+        f = one_chunk_file(catalog, b"f", A, ("l", "m"))
+        catalog.mark_replica_bad(A, "m")
+        assert catalog.replica_tiers(A) == ("l",) and catalog.extents(f)[0].tiers == ("l",)
+        assert catalog.replica_keys("m") == {A}  # the row is still there, just not valid
+        assert catalog.add_replica_if_known(A, "m")
+        assert catalog.replica_tiers(A) == ("l", "m")
+        assert not catalog.add_replica_if_known(C, "m")  # dropped meanwhile: delete the copy
+        assert catalog.deletion_keys("m") == {C}
+        catalog.remove_replica(A, "m")
+        catalog.add_replica(B, "m", 4)  # fsck adopting a frame it found
+        assert catalog.replica_keys("m") == {B} and catalog.chunk_length(B) == 4
+        assert catalog.replica_keys_all() == {A, B}
+
+    def test_eviction_of_local_copies_backed_by_a_remote(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"old", A, ("l", "s3"), mtime_ns=1)
+        one_chunk_file(catalog, b"new", B, ("l", "s3"), mtime_ns=2)
+        one_chunk_file(catalog, b"pending", C, ("l",), uploads={C: ["s3"]}, mtime_ns=0)
+        assert catalog.eviction_candidates(["l"], ["s3"], 10) == [(A, "l", 10), (B, "l", 10)]
+        assert catalog.eviction_candidates(["l"], [], 10) == []
+        assert catalog.forget_local_replica(A, "l", ["s3"])
+        assert not catalog.forget_local_replica(C, "l", ["s3"])  # not uploaded yet
+        assert catalog.replica_tiers(A) == ("s3",) and catalog.deletion_keys("l") == {A}
+
+    # -- the deletion queue ------------------------------------------------------------------
+
+    def test_dropped_chunks_are_queued_for_deletion_and_deleted(self, catalog: Catalog) -> None:
+        f = one_chunk_file(catalog, b"f", A, ("l",), uploads={A: ["s3"]})
+        catalog.unlink(R, b"f")
+        catalog.delete_inode(f)
+        assert catalog.drop_unreferenced([A], extra_tiers={A: {"x"}}) == {A: ["l", "x"]}
+        assert all(catalog.deletion_keys(t) == {A} for t in ("l", "s3", "x"))
+        due = catalog.due_deletions(now_ns=2**62, limit=10, skip=set(), tiers=["l", "s3"])
+        assert sorted((d.digest, d.tier, d.length, d.attempts) for d in due) == [
+            (A, "l", 10, 0), (A, "s3", 10, 0)]
+        assert catalog.due_deletions(2**62, 10, set(), []) == []
+        assert catalog.claim_deletions([(A, "l")]) == [(A, "l")]
+        catalog.postpone_deletion(A, "l", next_try_ns=50, error="EIO")
+        assert catalog.next_deletion_due_ns({(A, "s3")}, ["l", "s3"]) == 50
+        [q] = [q for q in catalog.deletion_backlog() if q.tier == "l"]
+        assert (q.chunks, q.bytes, q.failing, q.last_error) == (1, 10, 1, "EIO")
+        assert catalog.deletions_pending([A, B], due_before_ns=49) == {A}  # s3's row is due
+        assert catalog.retry_deletions_now("l") == 1
+        catalog.finish_deletions([(A, "l"), (A, "s3"), (A, "x")])
+        assert catalog.deletions_pending([A]) == set() and catalog.deletion_backlog() == []
+
+    def test_a_deletion_is_cancelled_when_the_chunk_is_wanted_again(self, catalog: Catalog) -> None:
+        assert catalog.queue_deletions([(A, "l"), (B, "l"), (C, "l")]) == 3
+        one_chunk_file(catalog, b"f", A, ("l",))  # A is back on l
+        one_chunk_file(catalog, b"g", B, ("m",), uploads={B: ["l"]})  # B is to be copied to l
+        catalog.finish_deletions([(C, "l")])  # C is done by someone else
+        assert catalog.claim_deletions([(A, "l"), (B, "l"), (C, "l")]) == []
+        assert catalog.deletion_keys("l") == set()
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def test_checkpoint_rows_and_states(self, catalog: Catalog) -> None:
+        assert catalog.checkpoint_begin("/run/step-1", "torch", 1, 10)
+        assert not catalog.checkpoint_begin("/run/step-1", "torch", 1, 11)  # writing already
+        [row] = catalog.checkpoint_rows("/run")
+        assert row == CheckpointRow(row.id, "/run/step-1", "torch", 1, CheckpointState.WRITING,
+                                    10, None, None, "")
+        catalog.checkpoint_commit("/run/step-1", "torch", None, 20, "marker")
+        [row] = catalog.checkpoint_rows("/run/step-1")
+        assert (row.state, row.step, row.begin_ns, row.commit_ns, row.reason) == (
+            CheckpointState.COMMITTED, 1, 10, 20, "marker")
+        assert catalog.checkpoint_begin("/run/step-1", "torch", 1, 30)  # overwritten: starts over
+        assert catalog.checkpoint_rows("/run/step-1")[0].commit_ns is None
+        catalog.checkpoint_commit("/run/step-2", "hf", 2, 40, "dir")  # a commit with no begin
+        catalog.checkpoint_set_state("/run/step-1", CheckpointState.PARTIAL, "no writer")
+        assert errno_of(catalog.checkpoint_set_state, "/run/step-1", "bogus") == errno.EINVAL
+        assert [(r.root, r.state, r.reason) for r in catalog.checkpoint_rows("/")] == [
+            ("/run/step-1", CheckpointState.PARTIAL, "no writer"),
+            ("/run/step-2", CheckpointState.COMMITTED, "dir")]
+        assert catalog.checkpoint_rows("/ru") == []  # a prefix of a name is not "under"
+        # The mapping view carries the stored strings (JSON output as before).
+        assert json.dumps(catalog.checkpoints("/run/step-2")[0]["state"]) == '"committed"'
+        assert catalog.checkpoints("/run")[1] == catalog.checkpoint_rows("/run")[1].as_dict()
+
+    def test_checkpoint_paths_with_like_wildcards_are_literal(self, catalog: Catalog) -> None:
+        catalog.checkpoint_commit("/a_b/c", "torch", 1, 1, "x")
+        catalog.checkpoint_commit("/axb/c", "torch", 1, 1, "x")
+        catalog.checkpoint_commit("/a%/c", "torch", 1, 1, "x")
+        assert [r.root for r in catalog.checkpoint_rows("/a_b")] == ["/a_b/c"]
+        assert [r.root for r in catalog.checkpoint_rows("/a%")] == ["/a%/c"]
+
+    def test_checkpoint_tags_leftovers_and_renames(self, catalog: Catalog) -> None:
+        catalog.checkpoint_commit("/run/step-1", "torch", 1, 1, "x")
+        assert catalog.checkpoint_tag("/run/step-1", "milestone")
+        assert catalog.checkpoint_tag("/run/step-1", "best")
+        assert not catalog.checkpoint_tag("/nope", "best")
+        assert catalog.checkpoint_rows("/run")[0].tag_set == {"best", "milestone"}
+        catalog.checkpoint_set_state("/run/step-1", CheckpointState.EXPIRED, "retention")
+        catalog.checkpoint_leftover("/run/step-1", [A])
+        assert catalog.expired_leftovers() == {"/run/step-1": [A]}
+        catalog.checkpoint_leftover("/run/step-1", [])
+        assert catalog.expired_leftovers() == {}
+        catalog.checkpoint_commit("/new/step-1", "torch", 1, 2, "x")
+        catalog.rename_checkpoints("/run", "/new")  # the run moved over an older row
+        [row] = catalog.checkpoint_rows("/new")
+        assert (row.root, row.state, row.tags) == ("/new/step-1", CheckpointState.EXPIRED, "best,milestone")
+        assert catalog.checkpoint_rows("/run") == []
+
+    # -- meta --------------------------------------------------------------------------------
+
+    def test_meta_and_recorded_tiers(self, catalog: Catalog) -> None:
+        assert catalog.get_meta("nope") is None
+        assert catalog.get_meta("fs_id")  # every catalog has an id
+        catalog.set_meta("k", "1")
+        catalog.set_meta("k", "2")
+        assert catalog.get_meta("k") == "2"
+        assert catalog.recorded_tiers() == []
+        catalog.set_meta("tiers", json.dumps([{"name": "l", "kind": "local"}]))
+        assert catalog.recorded_tiers() == [{"name": "l", "kind": "local"}]
+        catalog.sync()
+
+    def test_the_snapshot_is_stale_after_a_change(self, catalog: Catalog) -> None:
+        catalog.create(R, b"f", F, 0, 0)
+        assert not catalog.snapshot_is_current() and catalog.snapshot_of_ns() is None
+        catalog.set_meta("snapshot_of_ns", str(2**62))
+        assert catalog.snapshot_is_current() and catalog.snapshot_of_ns() == 2**62
+        assert catalog.backup_bytes()  # a non-empty copy to store on the remotes
