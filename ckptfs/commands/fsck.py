@@ -241,21 +241,6 @@ def _check(
 # -- remote tiers ------------------------------------------------------------------------------
 
 
-def _pending_uploads(catalog: Catalog) -> set[tuple[bytes, str]]:
-    return {(bytes(d), str(t)) for d, t in catalog.conn.execute("SELECT digest, tier FROM upload_jobs")}
-
-
-def _requeue_upload(catalog: Catalog, digest: bytes, tier: str) -> bool:
-    """Queue the copy of a chunk to a remote tier again (the row commit_file writes; one
-    statement, so one transaction). False if a job is queued already."""
-    cur = catalog.conn.execute(
-        "INSERT OR IGNORE INTO upload_jobs (digest, tier, length, enqueued_ns) "
-        "SELECT digest, ?, length, ? FROM chunks WHERE digest=?",
-        (tier, time.time_ns(), digest),
-    )
-    return cur.rowcount > 0
-
-
 def _is_checksum_error(exc: TierError) -> bool:
     import botocore.exceptions as bce
 
@@ -294,7 +279,7 @@ class _RemoteCheck:
         """Check every remote tier; return the chunks each one holds (verified with
         ``verify``). A tier not checked vouches for the copies recorded on it."""
         held: dict[str, set[bytes]] = {}
-        pending = _pending_uploads(catalog)
+        pending = catalog.upload_job_pairs()
         for rc in self.configs:
             found = None
             if not self.enabled:
@@ -367,8 +352,8 @@ class _RemoteCheck:
         orphans = 0
 
         def requeue(digest: bytes) -> None:
-            if digest in referenced and digest in local_valid and _requeue_upload(
-                catalog, digest, name
+            if digest in referenced and digest in local_valid and catalog.queue_upload(
+                digest, name
             ):
                 rep.requeued_uploads += 1
                 say(f"upload of chunk {digest.hex()[:16]} to remote tier {name} queued again")

@@ -49,7 +49,6 @@ DROP_EVERY = 64 * 1024 * 1024  # drop the pages read so far this often
 POLL_S = 0.25  # how often the catalog is read while waiting for copy-backs
 STALL_S = 15.0  # after the reads: no chunk became local for this long -> read again / give up
 REREADS = 1  # extra read passes over files whose chunks stalled
-_SQL_VARS = 500  # inodes per query (SQLite's variable limit is 999 on old builds)
 
 
 @dataclass
@@ -97,23 +96,13 @@ def chunk_status(catalog: Catalog, inos: Sequence[int], local_tiers: Sequence[st
     """Read-only: for the files ``inos``, which chunks have a valid copy on ``local_tiers``."""
     st = ChunkStatus()
     seen: dict[bytes, bool] = {}
-    lp = ",".join("?" * len(local_tiers)) or "NULL"
-    for i in range(0, len(inos), _SQL_VARS):
-        batch = list(inos[i : i + _SQL_VARS])
-        ip = ",".join("?" * len(batch))
-        rows = catalog.conn.execute(
-            f"SELECT e.ino, e.digest, e.length, EXISTS (SELECT 1 FROM replicas r "
-            f"WHERE r.digest = e.digest AND r.state = 'valid' AND r.tier IN ({lp})) "
-            f"FROM extents e WHERE e.ino IN ({ip})",
-            (*local_tiers, *batch),
-        ).fetchall()
-        for ino, digest, length, local in rows:
-            st.file_bytes += int(length)
-            if local:
-                st.local_bytes += int(length)
-            else:
-                st.incomplete.add(int(ino))
-            seen.setdefault(bytes(digest), bool(local))
+    for e in catalog.extent_replicas(inos, local_tiers):
+        st.file_bytes += e.length
+        if e.on_tiers:
+            st.local_bytes += e.length
+        else:
+            st.incomplete.add(e.ino)
+        seen.setdefault(e.digest, e.on_tiers)
     st.chunks = len(seen)
     st.remote_only = sum(1 for local in seen.values() if not local)
     return st
@@ -126,11 +115,8 @@ def local_usage(catalog: Catalog, state_dir: Path) -> list[str]:
     for t in catalog.recorded_tiers():
         if t.get("kind", "local") != "local" or t["name"] not in served:
             continue
-        row = catalog.conn.execute(
-            "SELECT count(*), coalesce(sum(c.length), 0) FROM replicas r JOIN chunks c "
-            "ON c.digest = r.digest WHERE r.tier = ? AND r.state = 'valid'", (t["name"],)
-        ).fetchone()
-        text = f"{t['name']} ({t.get('path', '?')}): {int(row[1]) / 1e9:.2f} GB in {row[0]} chunk(s)"
+        chunks, size = catalog.stored_on_tier(t["name"])
+        text = f"{t['name']} ({t.get('path', '?')}): {size / 1e9:.2f} GB in {chunks} chunk(s)"
         with contextlib.suppress(OSError, KeyError):
             free = shutil.disk_usage(t["path"]).free
             text += f", {free / 1e9:.2f} GB free on its device"
