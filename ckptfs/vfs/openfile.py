@@ -56,6 +56,17 @@ class MemoryBudget:
         self._released = trio.Event()
 
 
+class OpenFiles(dict[int, "OpenFile"]):
+    """The open regular files by inode. Built by the composition root before the memory
+    budget, whose spill (``spill_all``) writes out their partial chunks."""
+
+    def spill_all(self) -> None:
+        """The memory budget is held only by partial chunks that nobody is completing:
+        store them now (short chunks), so their memory comes back instead of deadlocking."""
+        for f in self.values():
+            f.spill()
+
+
 @dataclass(eq=False)
 class _Pending:
     data: ChunkBuffer
