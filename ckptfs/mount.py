@@ -39,6 +39,7 @@ from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
 from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
 from .metrics import Telemetry
+from .metrics import serve as serve_metrics
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.deleter import Deleter
@@ -395,8 +396,6 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        from .metrics import serve as serve_metrics
-
         metrics = serve_metrics(cfg.metrics_address, daemon.telemetry, cfg.state_dir)
         unmounted = False
         try:

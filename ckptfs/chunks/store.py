@@ -574,6 +574,10 @@ class ChunkStore:
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
 
+    async def sync_catalog(self) -> None:
+        """fsync the catalog (after the chunk frames it names)."""
+        await trio.to_thread.run_sync(self.catalog.sync, limiter=self.db_limiter)
+
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""
         by_tier: dict[str, list[str]] = {}

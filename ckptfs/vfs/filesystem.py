@@ -416,11 +416,13 @@ class Filesystem:
     def _services(self) -> Services:
         assert self._nursery is not None, "Filesystem.attach() was not called"
         return Services(
-            store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
-            chunk_size=self.chunk_size, db_limiter=self.db_limiter, invalidate=self.invalidate,
-            remote_copies=self.store.remote_copies, on_commit=self.store.on_requeue,
+            store=self.store, budget=self.budget, nursery=self._nursery,
+            chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
             readahead=self.readahead, copy_back=self.copy_back,
         )
+
+    async def _path_of(self, ino: int) -> str:
+        return await self.db(self.catalog.path_of, ino)
 
     # -- attributes --------------------------------------------------------------------------
 
