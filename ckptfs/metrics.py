@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -44,7 +44,9 @@ from .tiers.health import FAILING, HEALTHY, Health
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from .vfs.filesystem import Filesystem
+    from .catalog import Catalog
+    from .stats import Stats
+    from .tiers.base import Tier
 
 log = logging.getLogger("ckptfs.metrics")
 
@@ -57,6 +59,7 @@ LATENCY_BUCKETS = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
     0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )
+STATS_INTERVAL_S = 1.0  # how often the live statistics are gathered and written
 UPLOAD_RATE_WINDOW_S = 10.0  # the upload rate status shows: bytes uploaded over this window
 SAVE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
 
@@ -144,16 +147,44 @@ def _run_of(root: str) -> str:
     return "/" + "/".join(parts[:-1])
 
 
+class TelemetryStore(Protocol):
+    """What telemetry reads of the chunk store (chunks/store.py)."""
+
+    stats: Stats
+    tiers: dict[str, Tier]
+    remotes: list[Tier]
+    evicted_bytes: int
+
+    @property
+    def waiting_for_room(self) -> int: ...
+
+
+class UploadCounter(Protocol):
+    uploaded_bytes: int
+
+
+class BudgetGauge(Protocol):
+    used: int
+    limit: int
+
+
 class Telemetry:
     """Facts refreshed once a second by the daemon's stats loop (``refresh``), kept in
     ``facts`` (a dict replaced whole: the scrape thread reads it without a lock)."""
 
     DURABLE_CHECK_S = 5.0  # how often the newest remote-durable checkpoint is looked for
 
-    def __init__(self, fs: Filesystem) -> None:
-        self.fs = fs
+    def __init__(
+        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
+        uploader: UploadCounter, budget: BudgetGauge, mountpoint: str | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.db_limiter = db_limiter
+        self.store = store
+        self.uploader = uploader
+        self.budget = budget
         self.facts: dict[str, Any] = {}
-        self.mountpoint: str | None = None
+        self.mountpoint = mountpoint
         self.metrics_address: str | None = None
         self.metrics_requested: str | None = None  # differs when the port was taken
         self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
@@ -166,12 +197,25 @@ class Telemetry:
         self._failing = False
         self._uploaded: deque[tuple[float, int]] = deque()  # (monotonic, uploaded bytes)
 
+    async def publish(self, path: Path) -> None:
+        """Write the live statistics for `ckptfs status` about once a second."""
+        stats = self.store.stats
+        while True:
+            stats.counters["evicted_bytes"] = self.store.evicted_bytes
+            stats.counters["uploaded_bytes"] = self.uploader.uploaded_bytes
+            await self.refresh()
+            try:
+                await trio.to_thread.run_sync(stats.write, path)
+            except OSError as exc:
+                log.warning("could not write %s: %s", path, exc)
+            await trio.sleep(STATS_INTERVAL_S)
+
     async def refresh(self) -> None:
         """Gather the facts (statvfs in a thread, catalog under the db limiter) and publish
         them into the stats snapshot. Errors are logged once, never raised."""
         try:
             capacity = await trio.to_thread.run_sync(self._capacity)
-            catalog_facts = await self.fs.db(self._catalog_facts)
+            catalog_facts = await trio.to_thread.run_sync(self._catalog_facts, limiter=self.db_limiter)
         except (CkptfsError, OSError, RuntimeError) as exc:
             if not self._failing:
                 log.warning("could not gather live statistics: %s", exc)
@@ -189,7 +233,7 @@ class Telemetry:
             dt = now - self._rate_mark[0]
             self._rates = ((written - self._rate_mark[1]) / dt, (read - self._rate_mark[2]) / dt)
         self._rate_mark = (now, written, read)
-        budget = self.fs.budget
+        budget = self.budget
         backlog = catalog_facts.get("backlog")
         health = self._health(pending=bool(backlog and backlog["chunks"]))
         if backlog is not None:
@@ -210,10 +254,10 @@ class Telemetry:
                     "write_bytes_per_s": round(self._rates[0]),
                     "read_bytes_per_s": round(self._rates[1])},
             "memory": {"used": budget.used, "limit": budget.limit,
-                       "writers_waiting_for_room": self.fs.store.waiting_for_room},
+                       "writers_waiting_for_room": self.store.waiting_for_room},
             "refreshed": time.time(),
         }
-        stats = self.fs.store.stats
+        stats = self.store.stats
         stats.tier_extra = {name: {"capacity": c, **{k: v for k, v in health.get(name, {}).items()
                                                      if k != "kind"}}
                             for name, c in capacity.items()}
@@ -230,7 +274,7 @@ class Telemetry:
 
     def _upload_rate(self, now: float) -> float:
         """Bytes/s uploaded over the last UPLOAD_RATE_WINDOW_S (0.0 if nothing was)."""
-        up = self.fs.uploader.uploaded_bytes
+        up = self.uploader.uploaded_bytes
         self._uploaded.append((now, up))
         while len(self._uploaded) > 1 and now - self._uploaded[0][0] > UPLOAD_RATE_WINDOW_S:
             self._uploaded.popleft()
@@ -242,8 +286,8 @@ class Telemetry:
         its failing uploads and their retry while uploads are ``pending`` (a failure of a
         job since cancelled says nothing), read errors (a degraded tier)."""
         out: dict[str, dict[str, Any]] = {}
-        for name, ts in list(self.fs.store.stats.tiers.items()):
-            tier = self.fs.store.tiers.get(name)
+        for name, ts in list(self.store.stats.tiers.items()):
+            tier = self.store.tiers.get(name)
             h = getattr(tier, "health", None)
             seen = h.snapshot() if isinstance(h, Health) else {}
             failures = int(seen.get("consecutive_failures") or 0)
@@ -266,7 +310,7 @@ class Telemetry:
     def _capacity(self) -> dict[str, dict[str, Any]]:
         """Blocking: capacity of every tier (a remote reports only what ckptfs stored)."""
         out: dict[str, dict[str, Any]] = {}
-        for name, tier in self.fs.store.tiers.items():
+        for name, tier in self.store.tiers.items():
             try:
                 u = tier.usage()
             except CkptfsError as exc:
@@ -280,8 +324,8 @@ class Telemetry:
 
     def _catalog_facts(self) -> dict[str, Any]:
         """Blocking, in the catalog's thread (db limiter held)."""
-        cat = self.fs.catalog
-        remotes = [t.name for t in self.fs.store.remotes]
+        cat = self.catalog
+        remotes = [t.name for t in self.store.remotes]
         out: dict[str, Any] = {}
         if remotes:
             b = cat.backlog()
@@ -296,7 +340,7 @@ class Telemetry:
                 "chunks": b.chunks, "bytes": b.bytes, "oldest_age_s": age, "blocked": b.blocked,
                 "last_error": b.last_error, "upload_rate_bytes_s": rate,
                 "eta_s": (b.bytes / rate) if rate and b.bytes else (0.0 if not b.bytes else None),
-                "uploaded_bytes": self.fs.uploader.uploaded_bytes,
+                "uploaded_bytes": self.uploader.uploaded_bytes,
             }
         out["deletions"] = [
             {"tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
@@ -334,7 +378,7 @@ class Telemetry:
     def _observe(self, row: dict[str, Any]) -> None:
         """A checkpoint committed while this daemon runs: its save time and skew."""
         try:
-            info = summarize(self.fs.catalog, Path(self.mountpoint or "/"), row)
+            info = summarize(self.catalog, Path(self.mountpoint or "/"), row)
         except CkptfsError:
             return
         if info.write_s is not None:
@@ -348,7 +392,7 @@ class Telemetry:
         """Per run, the newest committed checkpoint a new node would recover from the
         remote: every chunk has a valid remote copy and no pending upload, and a catalog
         snapshot newer than its commit is on the remote."""
-        cat = self.fs.catalog
+        cat = self.catalog
         snap = cat.snapshot_of_ns() or 0
         out: dict[str, dict[str, Any]] = {}
         for run, rows in committed.items():  # newest first (sorted by the caller)
@@ -384,7 +428,7 @@ class FsCollector(Collector):
         self.t = telemetry
 
     def collect(self) -> Iterator[Metric]:
-        fs = self.t.fs
+        fs = self.t
         facts = self.t.facts
         stats = fs.store.stats
         yield from self._info()

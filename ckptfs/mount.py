@@ -1,8 +1,10 @@
-"""Mount lifecycle only: lock the state dir, open tiers and catalog, serve, shut down in order.
+"""Mount lifecycle and the composition root: lock the state dir, open tiers and catalog,
+build the daemon's components (``build``), serve, shut down in order (``running``).
 
-One nursery owns every background task (chunk writes, prefetches, the signal watcher);
-when the kernel unmounts us, open files are committed, the nursery is cancelled, and the
-catalog is closed last.
+``build`` is the one place that constructs the chunk store, upload and deletion queues,
+checkpoint tracker, janitor, filesystem and telemetry, each given only what it uses; the
+tests build through it too. One nursery owns every background task; the shutdown order is
+documented at ``running`` and in docs/architecture.md ("Composition root").
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +27,25 @@ import trio
 
 from . import __version__, preflight, service, statedir
 from .catalog import Catalog
+from .checkpoints.janitor import GcRequests, Janitor
+from .checkpoints.retention import RetentionPolicy
+from .checkpoints.tracker import CheckpointTracker
 from .chunks import frame
-from .config import Config, S3TierConfig, TierConfig
+from .chunks.guard import ChunkGuard
+from .chunks.room import Room
+from .chunks.store import ChunkStore, stats_for
+from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
 from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
+from .metrics import Telemetry
 from .metrics import serve as serve_metrics
 from .tiers.base import Tier
 from .tiers.local import LocalTier
-from .upload.uploader import SNAPSHOT_NAME
-from .vfs.filesystem import Filesystem
+from .upload.deleter import Deleter
+from .upload.uploader import SNAPSHOT_NAME, Uploader
+from .vfs.filesystem import Filesystem, HandleTable
+from .vfs.openfile import MemoryBudget, OpenFiles
+from .wakeup import Wakeup
 
 if TYPE_CHECKING:
     from .upload.lease import WriterLeases
@@ -278,22 +291,10 @@ def _serve_tiers(
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(f"{cfg.catalog_path}{suffix}", statedir.FILE_MODE)
         chunk_size = reconcile_catalog(catalog, cfg)
-        fs = Filesystem(
-            catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
-            io_threads=cfg.io_threads, invalidate=_invalidate_inode,
-            remote_copies=cfg.remote_copies, upload_concurrency=cfg.upload_concurrency,
-            upload_during_save=cfg.upload_during_save,
-            on_local_full=cfg.on_local_full, local_full_timeout_s=cfg.local_full_timeout_s,
-            policies=cfg.policies, stats_path=cfg.state_dir / "stats.json",
-            readahead=cfg.readahead, copy_back=cfg.copy_back,
-            detectors=_detectors(cfg), partial_after_s=cfg.checkpoint_partial_after_s,
-            invalidate_entry=_invalidate_entry, retention=cfg.retention,
-            high_watermark=cfg.local_high_watermark,
-            remote_compression=cfg.remote_compression,
-        )
+        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint)
         options = fuse_options(cfg)
         try:
-            pyfuse3.init(FuseOps(fs), str(mountpoint), options)
+            pyfuse3.init(FuseOps(daemon.fs), str(mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
         pid_file = statedir.write_pid(cfg.state_dir)
@@ -304,11 +305,10 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        fs.telemetry.mountpoint = str(mountpoint)
-        metrics = serve_metrics(cfg.metrics_address, fs.telemetry, cfg.state_dir)
+        metrics = serve_metrics(cfg.metrics_address, daemon.telemetry, cfg.state_dir)
         unmounted = False
         try:
-            trio.run(_serve, fs, mountpoint, on_ready, leases)
+            trio.run(_serve, daemon, mountpoint, on_ready, leases)
             unmounted = statedir.find_mount(mountpoint) is None
         finally:
             pyfuse3.close(unmount=not unmounted)
@@ -320,6 +320,194 @@ def _serve_tiers(
         return 0
     finally:
         catalog.close()
+
+
+# -- the composition root --------------------------------------------------------------------
+
+
+@dataclass
+class Daemon:
+    """The components of a mounted filesystem, as ``build`` wired them."""
+
+    catalog: Catalog
+    db_limiter: trio.CapacityLimiter
+    store: ChunkStore
+    uploader: Uploader
+    deleter: Deleter
+    tracker: CheckpointTracker | None
+    gc: GcRequests
+    janitor: Janitor
+    budget: MemoryBudget
+    fs: Filesystem
+    telemetry: Telemetry
+    stats_path: Path | None = None
+
+
+def build(
+    catalog: Catalog,
+    tiers: Sequence[Tier],
+    *,
+    chunk_size: int,
+    memory_budget: int,
+    io_threads: int,
+    invalidate: Callable[[int], None] | None = None,
+    invalidate_entry: Callable[[int, bytes], None] | None = None,
+    remote_copies: int = 1,
+    upload_concurrency: int = 8,
+    upload_during_save: str = "auto",
+    remote_compression: str = "auto",
+    on_local_full: str = "block",
+    local_full_timeout_s: float = 600.0,
+    policies: tuple[DurabilityPolicy, ...] = (),
+    stats_path: Path | None = None,
+    readahead: int = 32 * 1024 * 1024,
+    copy_back: str = "sequential",
+    detectors: object | None = None,
+    partial_after_s: float = 600.0,
+    retention: tuple[RetentionPolicy, ...] = (),
+    high_watermark: float = 0.9,
+    mountpoint: str | None = None,
+) -> Daemon:
+    """Build the daemon's object graph, each component given what it uses, in an order
+    where whatever a component needs exists before it; nothing is wired afterwards. Two
+    needs run against that order (the store wakes the uploader and the deleter, which use
+    the store's state; the tracker and the filesystem ask the janitor for passes, and the
+    janitor deletes through the filesystem): they go through objects built before both
+    sides (the store's shared state, Wakeups, GcRequests, the handle and open-file tables).
+    """
+    db_limiter = trio.CapacityLimiter(1)  # one catalog call at a time, in a worker thread
+    # State shared by the store, the uploader and the deleter.
+    guard = ChunkGuard(t.name for t in tiers if t.kind == "local")
+    stats = stats_for(tiers)
+    room = Room()
+    synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)
+    upload_wake, delete_wake = Wakeup(), Wakeup()
+    # The VFS's tables, shared with the memory budget, the tracker and the janitor.
+    open_files, handles = OpenFiles(), HandleTable()
+    budget = MemoryBudget(memory_budget, spill=open_files.spill_all)
+    deleter = Deleter(catalog, tiers, db_limiter, guard=guard, stats=stats, room=room,
+                      forget_frames=synced.difference_update, wake=delete_wake,
+                      on_done=upload_wake.set)  # an upload may wait for a deletion
+    uploader = Uploader(
+        catalog, tiers, db_limiter, upload_concurrency, guard=guard, stats=stats, room=room,
+        deleter=deleter, wake=upload_wake, remote_compression=remote_compression,
+        saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
+        during_save=upload_during_save,
+    )
+    store = ChunkStore(
+        tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
+        catalog=catalog, db_limiter=db_limiter, on_local_full=on_local_full,
+        local_full_timeout_s=local_full_timeout_s, guard=guard, stats=stats, room=room,
+        synced=synced, deleter=deleter,
+        # A full local tier moves the writers' uncommitted chunks to the remote through it.
+        spill_copy=uploader.copy_uncommitted,
+        on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
+    )
+    gc = GcRequests(retry_deletions=deleter.retry_now)
+    tracker = None if detectors is None else CheckpointTracker(
+        catalog, db_limiter, detectors, handles.writing_inos, partial_after_s,
+        on_commit=gc.kick,  # retention after each checkpoint commit
+    )
+    fs = Filesystem(
+        catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
+        handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
+        invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
+        readahead=readahead, copy_back=copy_back,
+    )
+    janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
+                      handles.open_inos, retention, high_watermark,
+                      max(0.5, high_watermark - 0.1))
+    telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint)
+    return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
+                  fs, telemetry, stats_path)
+
+
+def build_for_config(
+    cfg: Config, catalog: Catalog, tiers: Sequence[Tier], chunk_size: int,
+    mountpoint: Path | None = None,
+) -> Daemon:
+    """``build`` with a mount's configuration."""
+    return build(
+        catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
+        io_threads=cfg.io_threads, invalidate=_invalidate_inode,
+        invalidate_entry=_invalidate_entry, remote_copies=cfg.remote_copies,
+        upload_concurrency=cfg.upload_concurrency, upload_during_save=cfg.upload_during_save,
+        remote_compression=cfg.remote_compression, on_local_full=cfg.on_local_full,
+        local_full_timeout_s=cfg.local_full_timeout_s, policies=cfg.policies,
+        stats_path=cfg.state_dir / "stats.json", readahead=cfg.readahead,
+        copy_back=cfg.copy_back, detectors=_detectors(cfg),
+        partial_after_s=cfg.checkpoint_partial_after_s, retention=cfg.retention,
+        high_watermark=cfg.local_high_watermark,
+        mountpoint=None if mountpoint is None else str(mountpoint),
+    )
+
+
+class _Services:
+    """Background services started together and stopped together, in their own cancel
+    scopes inside the mount's nursery; ``stop`` returns once every one has ended."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._scopes: list[trio.CancelScope] = []
+        self._running = 0
+        self._ended = trio.Event()
+
+    def start(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        scope = trio.CancelScope()
+        self._scopes.append(scope)
+        self._running += 1
+        self._nursery.start_soon(self._run, scope, fn, args)
+
+    async def _run(
+        self, scope: trio.CancelScope, fn: Callable[..., Awaitable[object]], args: tuple[object, ...]
+    ) -> None:
+        try:
+            with scope:
+                await fn(*args)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._ended.set()
+
+    async def stop(self) -> None:
+        for scope in self._scopes:
+            scope.cancel()
+        if self._running:
+            await self._ended.wait()
+
+
+@contextlib.asynccontextmanager
+async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.Nursery]:
+    """Run the daemon's background services in one nursery around the body (which serves
+    FUSE, or a test's requests). The shutdown order, once the body returns:
+
+    1. the body ends: FUSE has stopped (the kernel sends no more requests);
+    2. writers drain: open files are committed and synced (``Filesystem.shutdown``;
+       ``drain=False``, as in tests that stop as a crash would, skips it);
+    3. the tracker and the janitor stop (no new retention, evictions or deletions), then
+       the upload and deletion queues and the statistics;
+    4. the nursery's remaining tasks (chunk writes, heals, copy-backs, readahead) are
+       cancelled; the caller closes the catalog last, after ``running`` returned.
+    """
+    d = daemon
+    async with trio.open_nursery() as nursery:
+        d.store.attach(nursery)  # heals and copy-backs
+        d.fs.attach(nursery)  # the open files' chunk writes and readahead
+        producers, queues = _Services(nursery), _Services(nursery)
+        queues.start(d.uploader.run)  # replays the jobs left by an earlier run at once
+        queues.start(d.deleter.run)  # drains rows left by an earlier run at once
+        if d.tracker is not None:
+            producers.start(d.tracker.run)
+        producers.start(d.janitor.run)
+        if d.stats_path is not None:
+            queues.start(d.telemetry.publish, d.stats_path)
+        await d.fs.recover()
+        yield nursery
+        if drain:
+            await d.fs.shutdown()
+        await producers.stop()
+        await queues.stop()
+        nursery.cancel_scope.cancel()
 
 
 def fuse_options(cfg: Config) -> set[str]:
@@ -363,21 +551,17 @@ def _invalidate_inode(ino: int) -> None:
 
 
 async def _serve(
-    fs: Filesystem, mountpoint: Path, on_ready: Callable[[str | None], None],
+    daemon: Daemon, mountpoint: Path, on_ready: Callable[[str | None], None],
     leases: WriterLeases | None = None,
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        fs.attach(nursery)
+    async with running(daemon) as nursery:
         if leases is not None:
-            nursery.start_soon(leases.run)  # the heartbeat, cancelled with the uploader
-        await fs.recover()
+            nursery.start_soon(leases.run)  # the heartbeat, cancelled after the uploader
         nursery.start_soon(_watch_signals)
         nursery.start_soon(_after_init, mountpoint, on_ready)
         nursery.start_soon(service.watchdog)
-        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        await pyfuse3.main(min_tasks=4, max_tasks=64)  # FUSE stops first: the unmount
         service.notify("STOPPING=1", f"STATUS=unmounted from {mountpoint}; committing open files")
-        await fs.shutdown()
-        nursery.cancel_scope.cancel()
 
 
 async def _after_init(mountpoint: Path, on_ready: Callable[[str | None], None]) -> None:

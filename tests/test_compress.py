@@ -11,11 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import trio
 from test_upload import wait_backlog_empty
 from test_vfs import make_fs, read_file, write_file
 
-from ckptfs.catalog import Catalog
 from ckptfs.chunks import compress, frame
 from ckptfs.chunks.compress import MAX_RATIO, Estimate, RemoteCompressor, remote_frame, worth_it
 from ckptfs.chunks.frame import Codec
@@ -268,16 +266,8 @@ async def test_uploader_sends_lz4_and_keeps_local_frames_raw(tmp_path: Path) -> 
 
 @asynccontextmanager
 async def fs_on(path: Path, tiers: list[Tier], chunk_size: int) -> AsyncIterator[Filesystem]:
-    cat = Catalog(path / "catalog.sqlite")
-    fs = Filesystem(cat, tiers, chunk_size=chunk_size, memory_budget=8 * chunk_size,
-                    io_threads=2)
-    try:
-        async with trio.open_nursery() as nursery:
-            fs.attach(nursery)
-            yield fs
-            nursery.cancel_scope.cancel()
-    finally:
-        cat.close()
+    async with make_fs(path, tiers, chunk_size=chunk_size, memory_budget=8 * chunk_size) as fs:
+        yield fs
 
 
 async def test_real_s3_holds_a_smaller_lz4_frame_and_reads_back_exact(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_janitor import POLICY, state
 from test_local_full import wait_for
-from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
+from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -164,7 +164,8 @@ async def save(fs: Filesystem, run: int, step: int, model: bytes) -> None:
 async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tmp_path: Path) -> None:
     local = MemoryTier("l")
     x = os.urandom(3 * CS)
-    async with make_fs(tmp_path, [local], detectors=DetectorSet.default(), retention=POLICY) as fs:
+    async with make_daemon(tmp_path, [local], detectors=DetectorSet.default(), retention=POLICY) as d:
+        fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         await save(fs, run.ino, 1, x)
         fh, inode = await fs.create(ROOT_INODE, b"copy.bin", 0o644, RW, ROOT)
@@ -173,11 +174,11 @@ async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tm
         await wait_for(lambda: not f._running and len(f.written) == 3)
         await save(fs, run.ino, 2, os.urandom(3 * CS))
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
-        await fs.janitor.run_now()
+        await d.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # its chunks are pinned
         await fs.flush(fh)
         await fs.release(fh)
-        await fs.janitor.run_now()  # copy.bin references them now: kept, checkpoint deleted
+        await d.janitor.run_now()  # copy.bin references them now: kept, checkpoint deleted
         assert await state(fs, "/run/checkpoint-1") == "deleted"
         await deletions_done(fs)
         fs.store._cache.clear()

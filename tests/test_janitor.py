@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 from test_local_full import wait_for
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import RW, deletions_done, make_fs
+from test_vfs import RW, deletions_done, make_daemon, make_fs
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
@@ -42,18 +42,19 @@ def options() -> dict:  # type: ignore[type-arg]
 
 
 async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Path) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")], **options()) as fs:
+    async with make_daemon(tmp_path, [MemoryTier("l")], **options()) as d:
+        fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         d1 = await save(fs, run.ino, 1)
         model = await fs.lookup(d1, b"model.safetensors")
         fh = await fs.open(model.ino, os.O_RDONLY)  # a restore is reading step 1
         await save(fs, run.ino, 2)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
-        report = await fs.janitor.run_now()
+        report = await d.janitor.run_now()
         assert report.busy == 1 and await state(fs, "/run/checkpoint-1") == "committed"
         assert len(await fs.read(fh, 0, 10)) == 10
         await fs.release(fh)
-        report = await fs.janitor.run_now()
+        report = await d.janitor.run_now()
         assert report.expired == 1 and await state(fs, "/run/checkpoint-1") == "deleted"
 
 
@@ -62,20 +63,21 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True  # the remote is down: nothing gets uploaded
     policy = (RetentionPolicy("/run", keep_local=1, keep=5, skip_superseded_uploads=False),)
-    async with make_fs(tmp_path, [local, remote], detectors=DetectorSet.default(),
-                       retention=policy) as fs:
+    async with make_daemon(tmp_path, [local, remote], detectors=DetectorSet.default(),
+                       retention=policy) as d:
+        fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (1, 2, 3):
             await save(fs, run.ino, step)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 3)
         frames = len(local.frames)
-        report = await fs.janitor.run_now()
+        report = await d.janitor.run_now()
         assert report.evicted_bytes == 0 and len(local.frames) == frames  # only copies
         remote.fail_puts = False
         fs.uploader.clock = skip_backoff
         fs.uploader.kick()
         await wait_backlog_empty(fs)
-        await fs.janitor.run_now()
+        await d.janitor.run_now()
         await deletions_done(fs)
         # Now the remote holds them: the local copies of steps 1-2 leave. (Checked on the
         # tier, not in this pass's report: the tracker's kick after the third commit may
@@ -87,7 +89,8 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
 
 async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), FaultyTier(MemoryTier("r", kind="remote"))
-    async with make_fs(tmp_path, [local, remote], **options()) as fs:
+    async with make_daemon(tmp_path, [local, remote], **options()) as d:
+        fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         await save(fs, run.ino, 1)
         await wait_backlog_empty(fs)
@@ -96,14 +99,14 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         remote.fail_gets = remote.fail_deletes = True  # the remote is unreachable now
         await save(fs, run.ino, 2)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
-        await fs.janitor.run_now()
+        await d.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
         assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
         backlog = await fs.db(fs.catalog.deletion_backlog)  # the queue keeps them, with why
         assert [(b.tier, b.chunks) for b in backlog] == [("r", len(uploaded))]
         assert backlog[0].last_error and "injected EIO" in backlog[0].last_error
         remote.fail_gets = remote.fail_deletes = False
-        await fs.janitor.run_now()  # gc: postponed deletions are retried at once
+        await d.janitor.run_now()  # gc: postponed deletions are retried at once
         assert await state(fs, "/run/checkpoint-1") == "deleted"
         assert not uploaded & set(remote.inner.frames)  # type: ignore[attr-defined]
         await deletions_done(fs)
@@ -113,13 +116,14 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True  # a slow or absent remote: the backlog would grow
     policy = (RetentionPolicy("/run", keep_local=3, keep=5, milestone_every=4),)
-    async with make_fs(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
-                       retention=policy) as fs:
+    async with make_daemon(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
+                       retention=policy) as d:
+        fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (3, 4, 5, 6):
             await save(fs, run.ino, step)
         await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 4)
-        await fs.janitor.run_now()
+        await d.janitor.run_now()
         pending = await fs.db(fs.catalog.digests_under, ["/run/checkpoint-4", "/run/checkpoint-6"])
         backlog = await fs.db(fs.catalog.backlog)
         # Only the newest (6) and the milestone (4) still wait for the remote.
@@ -135,15 +139,16 @@ async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
 
     local = MemoryTier("l", capacity=10 * (CS + frame.HEADER_SIZE))
     remote = MemoryTier("r", kind="remote")
-    async with make_fs(tmp_path, [local, remote], high_watermark=0.9) as fs:
+    async with make_daemon(tmp_path, [local, remote], high_watermark=0.9) as d:
+        fs = d.fs
         for i in range(3):  # 9 of 10 chunks' room: above the 0.9 watermark... almost
             await write_file(fs, f"f{i}".encode(), os.urandom(3 * CS))
         await wait_backlog_empty(fs)
-        await fs.janitor._watermark()
+        await d.janitor._watermark()
         assert len(local.frames) == 9  # 0.9 is not above the mark
         await write_file(fs, b"f3", os.urandom(CS))
         await wait_backlog_empty(fs)
-        await fs.janitor._watermark()
+        await d.janitor._watermark()
         used, total = fs.store.local_fill()
         assert used / total <= 0.8 + 1e-9  # down to the low mark (0.1 below)
         assert set(local.frames) <= set(remote.frames)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
+from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks import frame
@@ -366,7 +366,8 @@ async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copie
     inner = remote.inner
     assert isinstance(inner, MemoryTier)
     try:
-        async with make_fs(tmp_path, [local, remote]) as fs:
+        async with make_daemon(tmp_path, [local, remote]) as d:
+            fs = d.fs
             fa, _ = await fs.create(ROOT_INODE, b"a", 0o644, RW, ROOT)
             await fs.write(fa, 0, a)
             await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
@@ -380,7 +381,7 @@ async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copie
             assert keys <= set(inner.frames)  # the copies landed after the drop ...
             await wait_for_deletions_failing(fs, "r", len(keys))  # ... and are queued
             remote.fail_deletes = False
-            await fs.deleter.retry_now()
+            await d.deleter.retry_now()
             await deletions_done(fs)
             assert not keys & set(inner.frames)
             assert not keys & set(local.frames)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from test_vfs import make_fs
+from test_vfs import make_daemon, make_fs
 
 from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -19,6 +19,7 @@ from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.events import FsEvent
 from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.errors import CkptfsError
+from ckptfs.mount import Daemon
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
@@ -26,14 +27,14 @@ from ckptfs.vfs.filesystem import Filesystem
 DATA = os.urandom(4096)
 
 
-def count_db_hops(monkeypatch: pytest.MonkeyPatch, fs: Filesystem) -> list[str]:
+def count_db_hops(monkeypatch: pytest.MonkeyPatch, d: Daemon) -> list[str]:
     """Names of the catalog thread calls made by requests (not by the background tasks)."""
     calls: list[str] = []
     real = trio.to_thread.run_sync
-    background = (fs.tracker, fs.deleter, fs.uploader, fs.telemetry, fs.janitor)
+    background = (d.tracker, d.deleter, d.uploader, d.telemetry, d.janitor)
 
     async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        if kw.get("limiter") is fs.db_limiter and getattr(fn, "__self__", None) not in background:
+        if kw.get("limiter") is d.db_limiter and getattr(fn, "__self__", None) not in background:
             calls.append(getattr(fn, "__qualname__", repr(fn)))
         return await real(fn, *args, **kw)
 
@@ -63,9 +64,10 @@ def recorded(fs: Filesystem) -> list[FsEvent]:
 async def test_one_catalog_round_trip_per_create_close_rename_unlink(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+        fs = daemon.fs
         d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
-        calls = count_db_hops(monkeypatch, fs)
+        calls = count_db_hops(monkeypatch, daemon)
         fh, _ = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
         assert len(calls) == 1, calls  # create: the inode and the event's path
         assert len(await hops(calls, fs.write(fh, 0, DATA))) == 0  # the path is cached
@@ -191,9 +193,10 @@ def test_a_burst_of_events_costs_one_catalog_round_trip(tmp_path: Path) -> None:
 async def test_directory_getattr_after_a_change_needs_no_round_trip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+    async with make_daemon(tmp_path, [MemoryTier("l")]) as daemon:
+        fs = daemon.fs
         d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
-        calls = count_db_hops(monkeypatch, fs)
+        calls = count_db_hops(monkeypatch, daemon)
         for op in (
             fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT),
             fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT),

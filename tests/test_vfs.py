@@ -14,6 +14,7 @@ import trio
 from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.errors import CkptfsError
+from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.vfs.context import ROOT
@@ -24,17 +25,23 @@ RW = os.O_RDWR
 
 
 @asynccontextmanager
-async def make_fs(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Filesystem]:
+async def make_daemon(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
+    """The daemon's object graph as mount.py builds and runs it (without FUSE). Leaving
+    the block stops it as a crash would: open files are not committed (drain=False)."""
     cat = Catalog(path / "catalog.sqlite")
-    fs = Filesystem(cat, tiers, chunk_size=CS, memory_budget=8 * CS, io_threads=2, **options)
+    options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
     try:
-        async with trio.open_nursery() as nursery:
-            fs.attach(nursery)
-            await fs.recover()
-            yield fs
-            nursery.cancel_scope.cancel()
+        daemon = build(cat, tiers, **options)
+        async with running(daemon, drain=False):
+            yield daemon
     finally:
         cat.close()
+
+
+@asynccontextmanager
+async def make_fs(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Filesystem]:
+    async with make_daemon(path, tiers, **options) as daemon:
+        yield daemon.fs
 
 
 async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:

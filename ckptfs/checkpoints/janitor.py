@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import trio
 
+from ..catalog import Catalog
 from ..errors import CkptfsError
+from ..tiers.base import Tier
 from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of, under
 
-if TYPE_CHECKING:
-    from ..vfs.filesystem import Filesystem
-
 log = logging.getLogger("ckptfs.retention")
+
+T = TypeVar("T")
 
 WATERMARK_CHECK_S = 5.0
 LEFTOVER_RETRY_S = 30.0  # expired checkpoints not yet verified gone are looked at this often
@@ -57,22 +59,18 @@ def to_ckpts(rows: list[dict[str, Any]]) -> list[Ckpt]:
     ]
 
 
-class Janitor:
-    def __init__(
-        self, fs: Filesystem, policies: tuple[RetentionPolicy, ...],
-        high_watermark: float = 0.9, low_watermark: float = 0.8,
-    ) -> None:
-        self.fs = fs
-        self.policies = policies
-        self.high = high_watermark
-        self.low = low_watermark
+class GcRequests:
+    """Requests for retention passes, and their completion: the tracker asks after each
+    checkpoint commit (``kick``), `ckptfs gc PATH` through the filesystem (``run_now``); the
+    Janitor serves them. Built before all three (mount.py), so none is wired to another."""
+
+    def __init__(self, retry_deletions: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._retry_deletions = retry_deletions  # postponed deletions: due now (gc)
         self._wake = trio.Event()
         self._everything = False  # a commit asked for a pass over every run
         self._scopes: set[str] = set()  # subtrees `ckptfs gc PATH` asked for
         self._done = trio.Event()  # set (and replaced) after each retention pass
-        self.passes = 0
-        self._started = self._finished = 0  # loop iterations begun and ended
-        self._leftovers_at = time.monotonic()
+        self.started = self.finished = 0  # janitor loop iterations begun and ended
         self.last = JanitorReport()
 
     def kick(self) -> None:
@@ -82,28 +80,100 @@ class Janitor:
     async def run_now(self, scope: str = "/") -> JanitorReport:
         """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
         after this call (``ckptfs gc PATH``); postponed deletions are tried again at once."""
-        wanted = self._started + 1
+        wanted = self.started + 1
         # The scope and the wake-up go in before any await, so the pass this call waits for
         # (the next one to start) covers the scope, and no second pass is asked for.
         self._scopes.add(scope)
         self._wake.set()
-        await self.fs.deleter.retry_now()
-        while self._finished < wanted:
+        if self._retry_deletions is not None:
+            await self._retry_deletions()
+        while self.finished < wanted:
             await self._done.wait()
         return self.last
 
+    async def next(self, timeout_s: float) -> tuple[bool, set[str] | None]:
+        """The janitor waits for a request (at most ``timeout_s``) and takes it: whether
+        one came, and its scopes (None: every run)."""
+        with trio.move_on_after(timeout_s):
+            await self._wake.wait()
+        woken = self._wake.is_set()
+        self._wake = trio.Event()
+        scopes = None if self._everything else self._scopes
+        self._everything, self._scopes = False, set()
+        self.started += 1
+        return woken, scopes
+
+    def served(self) -> None:
+        self.finished = self.started
+        done, self._done = self._done, trio.Event()
+        done.set()
+
+
+class JanitorStore(Protocol):
+    """What the janitor needs of the chunk store (chunks/store.py)."""
+
+    remotes: list[Tier]
+    tiers: dict[str, Tier]
+
+    def local_fill(self) -> tuple[int, int]: ...
+
+    async def evict(self, want: int) -> int: ...
+
+    def evict_digests(self, digests: Iterable[bytes]) -> int: ...
+
+    def deletions_queued(self) -> None: ...
+
+
+class JanitorDeleter(Protocol):
+    """What the janitor needs of the deletion queue (upload/deleter.py)."""
+
+    remote_limiter: trio.CapacityLimiter
+
+    async def settle(self, digests: Iterable[bytes], timeout_s: float) -> None: ...
+
+
+class Janitor:
+    def __init__(
+        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: JanitorStore,
+        deleter: JanitorDeleter, requests: GcRequests,
+        remove_tree: Callable[[str], Awaitable[None]], open_inos: Callable[[], list[int]],
+        policies: tuple[RetentionPolicy, ...],
+        high_watermark: float = 0.9, low_watermark: float = 0.8,
+    ) -> None:
+        """``remove_tree`` deletes a checkpoint as unlink and rmdir would (the VFS's);
+        ``open_inos``: the inodes open now (never expire a checkpoint being read)."""
+        self.catalog = catalog
+        self.db_limiter = db_limiter
+        self.store = store
+        self.deleter = deleter
+        self.requests = requests
+        self.remove_tree = remove_tree
+        self.open_inos = open_inos
+        self.policies = policies
+        self.high = high_watermark
+        self.low = low_watermark
+        self.passes = 0
+        self._leftovers_at = time.monotonic()
+
+    @property
+    def last(self) -> JanitorReport:
+        return self.requests.last
+
+    def kick(self) -> None:
+        self.requests.kick()
+
+    async def run_now(self, scope: str = "/") -> JanitorReport:
+        return await self.requests.run_now(scope)
+
+    async def db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
+
     async def run(self) -> None:
         while True:
-            with trio.move_on_after(WATERMARK_CHECK_S):
-                await self._wake.wait()
-            woken = self._wake.is_set()
-            self._wake = trio.Event()
-            scopes = None if self._everything else self._scopes
-            self._everything, self._scopes = False, set()
-            self._started += 1
+            woken, scopes = await self.requests.next(WATERMARK_CHECK_S)
             if woken and self.policies:
                 try:
-                    self.last = await self.retention_pass(scopes)
+                    self.requests.last = await self.retention_pass(scopes)
                     await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.error("retention pass failed: %s", exc)
@@ -114,13 +184,11 @@ class Janitor:
                     await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.warning("retrying deletions failed: %s", exc)
-            self._finished = self._started
-            done, self._done = self._done, trio.Event()
-            done.set()
+            self.requests.served()
             await self._watermark()
 
     async def _watermark(self) -> None:
-        store = self.fs.store
+        store = self.store
         if not store.remotes:
             return
         used, total = await trio.to_thread.run_sync(store.local_fill)
@@ -133,8 +201,7 @@ class Janitor:
 
     async def retention_pass(self, scopes: set[str] | None = None) -> JanitorReport:
         """Plan every run; act on the checkpoints under one of ``scopes`` (None: all)."""
-        fs = self.fs
-        rows = await fs.db(fs.catalog.checkpoints, "/")
+        rows = await self.db(self.catalog.checkpoints, "/")
         plans = plan_all(to_ckpts(rows), self.policies, time.time_ns())
         report = JanitorReport()
         for run, plan in plans.items():
@@ -154,40 +221,38 @@ class Janitor:
         def acts(root: str) -> bool:
             return scopes is None or any(under(root, s) for s in scopes)
 
-        fs = self.fs
-        kept_local = await fs.db(fs.catalog.digests_under, plan.keep_local)
+        kept_local = await self.db(self.catalog.digests_under, plan.keep_local)
         skipping = [r for r in plan.skip_upload if acts(r)]
         if skipping:
-            skip = await fs.db(fs.catalog.digests_under, skipping)
+            skip = await self.db(self.catalog.digests_under, skipping)
             living = [r for r in plan.keep_local + plan.evict_local if r not in skipping]
-            needed = await fs.db(fs.catalog.digests_under, living)
+            needed = await self.db(self.catalog.digests_under, living)
             drop = [d for d in skip if d not in needed]
             if drop:
-                report.skipped_upload_jobs += await fs.db(fs.catalog.drop_upload_jobs, drop)
+                report.skipped_upload_jobs += await self.db(self.catalog.drop_upload_jobs, drop)
         evicting = [r for r in plan.evict_local if acts(r)]
-        if evicting and fs.store.remotes:
-            victims = await fs.db(fs.catalog.digests_under, evicting)
-            report.evicted_bytes += await fs.db(
-                fs.store.evict_digests, [d for d in victims if d not in kept_local]
+        if evicting and self.store.remotes:
+            victims = await self.db(self.catalog.digests_under, evicting)
+            report.evicted_bytes += await self.db(
+                self.store.evict_digests, [d for d in victims if d not in kept_local]
             )
-            fs.store.deletions_queued()
+            self.store.deletions_queued()
         for root in plan.expire:
             if acts(root):
                 await self._expire(root, plan.why.get(root, ""), report)
 
     async def _expire(self, root: str, why: str, report: JanitorReport) -> None:
-        fs = self.fs
         if await self._open_under(root):
             report.busy += 1
             return
-        digests = await fs.db(fs.catalog.digests_under, [root])
-        await fs.db(fs.catalog.checkpoint_set_state, root, "expired", why)
+        digests = await self.db(self.catalog.digests_under, [root])
+        await self.db(self.catalog.checkpoint_set_state, root, "expired", why)
         report.expired += 1
         log.info("checkpoint %s expired (%s): deleting it", root, why)
         # Remembered before the files go: the chunks to verify gone (or delete again).
-        await fs.db(fs.catalog.checkpoint_leftover, root, list(digests))
+        await self.db(self.catalog.checkpoint_leftover, root, list(digests))
         try:
-            await fs.remove_tree(root)
+            await self.remove_tree(root)
         except CkptfsError as exc:
             log.warning("could not delete expired checkpoint %s: %s", root, exc)
             return
@@ -199,26 +264,25 @@ class Janitor:
         *deleted*. The deletion queue does the deleting: this waits a little for it, then
         looks (``tier.has``, outside every lock and limiter the file system needs) and
         queues again whatever is still there. False: not yet, look again later."""
-        fs = self.fs
-        await fs.deleter.settle(digests, SETTLE_S)
-        referenced = await fs.db(fs.catalog.referenced_digests)
+        await self.deleter.settle(digests, SETTLE_S)
+        referenced = await self.db(self.catalog.referenced_digests)
         candidates = [d for d in digests if d not in referenced]  # shared ones are kept
-        queued = await fs.db(fs.catalog.deletions_pending, candidates)
+        queued = await self.db(self.catalog.deletions_pending, candidates)
         present, unknown = await trio.to_thread.run_sync(
             self._still_there, [d for d in candidates if d not in queued],
-            limiter=fs.deleter.remote_limiter,
+            limiter=self.deleter.remote_limiter,
         )
         if present:
-            await fs.db(fs.catalog.queue_deletions, present)
-            fs.store.deletions_queued()
+            await self.db(self.catalog.queue_deletions, present)
+            self.store.deletions_queued()
         left = sorted(queued | {d for d, _ in present} | unknown)
-        await fs.db(fs.catalog.checkpoint_leftover, root, left)
+        await self.db(self.catalog.checkpoint_leftover, root, left)
         if left:
             log.info("checkpoint %s: %d chunk(s) not yet verified gone from every tier "
                      "(queued for deletion, or held by a file being written); looking again "
                      "later", root, len(left))
             return False
-        await fs.db(fs.catalog.checkpoint_set_state, root, "deleted", None)
+        await self.db(self.catalog.checkpoint_set_state, root, "deleted", None)
         log.info("checkpoint %s deleted: verified gone from every tier", root)
         return True
 
@@ -229,7 +293,7 @@ class Janitor:
         unknown: set[bytes] = set()
         failed: dict[str, str] = {}  # tiers that could not answer: not asked again now
         for d in digests:
-            for tier in self.fs.store.tiers.values():
+            for tier in self.store.tiers.values():
                 if tier.name in failed:
                     unknown.add(d)
                     continue
@@ -244,15 +308,13 @@ class Janitor:
         return present, unknown
 
     async def retry_leftovers(self) -> None:
-        fs = self.fs
-        for root, digests in (await fs.db(fs.catalog.expired_leftovers)).items():
+        for root, digests in (await self.db(self.catalog.expired_leftovers)).items():
             await self._finish(root, digests)
 
     async def _open_under(self, root: str) -> bool:
-        fs = self.fs
-        inos = sorted({h.file.ino for h in fs.handles.values()})
+        inos = sorted(set(self.open_inos()))
         for ino in inos:
-            path = await fs.db(fs.catalog.path_of, ino)
+            path = await self.db(self.catalog.path_of, ino)
             if path == root or path.startswith(root.rstrip("/") + "/"):
                 return True
         return False

@@ -68,7 +68,10 @@ class CheckpointTracker:
         detectors: object,  # a DetectorSet: observe(ev, ns) and tick(now_ns, ns)
         writing_inos: Callable[[], list[int]],
         partial_after_s: float = 600.0,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
+        """``writing_inos``: the inodes open for writing now (the VFS's handles);
+        ``on_commit``: a checkpoint committed (retention may run: GcRequests.kick)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.detectors = detectors
@@ -77,7 +80,7 @@ class CheckpointTracker:
         self._send, self._recv = trio.open_memory_channel[FsEvent](math.inf)
         self.commits = 0  # commits seen, counted on the trio thread
         self._new_commits = 0  # counted in the worker thread of the current batch
-        self.on_commit: Callable[[], None] | None = None  # retention runs after a commit
+        self.on_commit = on_commit  # retention runs after a commit
         self._quiet_since: dict[str, float] = {}  # writing checkpoints with no open writer
 
     def push(self, ev: FsEvent) -> None:

@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -30,9 +30,21 @@ from ..stats import Stats
 from ..tiers.base import Tier
 from . import frame
 from .guard import ChunkGuard
+from .room import Room
 
-if TYPE_CHECKING:
-    from ..upload.deleter import Deleter
+
+class LocalDeleter(Protocol):
+    """What eviction needs of the deletion queue: delete queued local frames now."""
+
+    async def delete_local(self, pairs: list[tuple[bytes, str]]) -> int: ...
+
+
+def stats_for(tiers: Sequence[Tier]) -> Stats:
+    """The live statistics of a tier set (shared by the store, the uploader, the deleter)."""
+    stats = Stats()
+    for t in tiers:
+        stats.add_tier(t.name, t.kind)
+    return stats
 
 log = logging.getLogger("ckptfs.chunks")
 
@@ -75,8 +87,22 @@ class ChunkStore:
     def __init__(
         self, tiers: Sequence[Tier], io_threads: int, cache_bytes: int, catalog: Catalog,
         db_limiter: trio.CapacityLimiter, on_local_full: str = "block",
-        local_full_timeout_s: float = 600.0,
+        local_full_timeout_s: float = 600.0, *,
+        guard: ChunkGuard | None = None,
+        stats: Stats | None = None,
+        room: Room | None = None,
+        synced: set[bytes] | None = None,
+        deleter: LocalDeleter | None = None,
+        spill_copy: SpillCopy | None = None,
+        on_requeue: Callable[[], None] | None = None,
+        on_deletions: Callable[[], None] | None = None,
+        remote_copies: int = 1,
     ) -> None:
+        """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
+        the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
+        (eviction), ``spill_copy`` moves uncommitted chunks to a remote (the uploader's),
+        ``on_requeue`` tells the uploader of new upload jobs (a heal, a commit),
+        ``on_deletions`` wakes the deleter."""
         self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
         # New chunks land on local tiers only; remote tiers get copies from the uploader.
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -93,31 +119,28 @@ class ChunkStore:
         self._full: dict[str, float] = {}
         # Pins, deletions in flight and where uncommitted chunks are, under one lock held
         # for dict operations only (chunks/guard.py).
-        self.guard = ChunkGuard(self.local)
-        self.deleter: Deleter | None = None  # drains the deletion queue (set by the VFS)
-        self.spill_copy: SpillCopy | None = None  # set by the filesystem (the uploader)
-        self.remote_copies = 1
+        self.guard = guard if guard is not None else ChunkGuard(self.local)
+        self.deleter = deleter
+        self.spill_copy = spill_copy
+        self.remote_copies = remote_copies
         self.spilled_bytes = 0
         self._spill_running = False
         self._spill_retry_at = -1e9
-        self._synced: set[bytes] = set()
+        self._synced: set[bytes] = synced if synced is not None else set()  # frames fsynced
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self.on_local_full = on_local_full
         self.local_full_timeout_s = local_full_timeout_s
-        self._room = trio.Event()  # set (and replaced) when uploads or deletions may free room
+        self.room = room if room is not None else Room()
         self.evicted_bytes = 0
-        self.waiting_for_room = 0  # writers blocked until uploads free local space
-        self._room_gen = 0  # bumped whenever room may have been freed
-        self.stats = Stats()
-        for t in tiers:
-            self.stats.add_tier(t.name, t.kind)
+        self.stats = stats if stats is not None else stats_for(tiers)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
-        self.on_requeue: Callable[[], None] | None = None  # tell the uploader of new jobs
+        self.on_requeue = on_requeue
+        self._on_deletions = on_deletions
         self._copy_backs: OrderedDict[bytes, tuple[ChunkRef, frame.Buffer]] = OrderedDict()
         self._copy_back_bytes = 0
         self._copy_back_wake = trio.Event()
@@ -188,17 +211,24 @@ class ChunkStore:
 
     def room_may_have_freed(self) -> None:
         """An upload finished or chunks were deleted: writers waiting for room look again."""
-        self._room_gen += 1
-        self._room.set()
-        self._room = trio.Event()
+        self.room.freed()
+
+    @property
+    def waiting_for_room(self) -> int:
+        """Writers blocked until uploads free local space."""
+        return self.room.waiting
+
+    @waiting_for_room.setter
+    def waiting_for_room(self, n: int) -> None:
+        self.room.waiting = n
 
     async def _make_room(self, need: int, exc: NoSpace, waited_since: float | None) -> float | None:
         """Free local space for a chunk of ``need`` bytes, or raise NoSpace. Returns when
         the caller first had to wait (None if eviction alone made room)."""
         batch = max(2 * need, 64 * 1024 * 1024)  # evict in batches: fewer catalog scans
-        gen = self._room_gen
+        gen = self.room.gen
         freed = await self.evict(batch)
-        if freed or self._room_gen != gen:
+        if freed or self.room.gen != gen:
             self._full.clear()
             self.room_may_have_freed()  # other writers waiting for room try again too
             return waited_since
@@ -216,7 +246,7 @@ class ChunkStore:
         # their local frames make room.
         moving = self._start_spill(batch)
         backlog, deleting = await trio.to_thread.run_sync(self._outlook, limiter=self.db_limiter)
-        if moving == "none" and not backlog.chunks and not deleting and self._room_gen == gen:
+        if moving == "none" and not backlog.chunks and not deleting and self.room.gen == gen:
             # No upload job, nothing evictable, no uncommitted chunk to move, no local
             # frame queued for deletion: no event could ever free room, so waiting would
             # only delay the error.
@@ -238,12 +268,12 @@ class ChunkStore:
             raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
         # Woken by each finished upload or move; the periodic look covers room freed
         # outside ckptfs and retries a move that failed.
-        self.waiting_for_room += 1
+        self.room.waiting += 1
         try:
             with trio.move_on_after(min(left, 5.0)):
-                await self._room.wait()
+                await self.room.event.wait()
         finally:
-            self.waiting_for_room -= 1
+            self.room.waiting -= 1
         self._full.clear()
         return waited_since
 
@@ -252,17 +282,17 @@ class ChunkStore:
         deletion queue (the deleter drains them at once and wakes the writers), wait for
         that, at most LOCAL_DELETION_WAIT_S. True if room may have been freed."""
         with trio.move_on_after(LOCAL_DELETION_WAIT_S):
-            while self._room_gen == gen:
-                room = self._room  # taken before the look, so no wake-up is missed
+            while self.room.gen == gen:
+                room = self.room.event  # taken before the look, so no wake-up is missed
                 _, deleting = await trio.to_thread.run_sync(self._outlook, limiter=self.db_limiter)
                 if not deleting:
-                    return self._room_gen != gen
-                self.waiting_for_room += 1
+                    return self.room.gen != gen
+                self.room.waiting += 1
                 try:
                     await room.wait()
                 finally:
-                    self.waiting_for_room -= 1
-        if self._room_gen != gen:
+                    self.room.waiting -= 1
+        if self.room.gen != gen:
             self._full.clear()
             return True
         log.error("local tiers full; frames in the deletion queue were not freed within %.0f s",
@@ -454,8 +484,8 @@ class ChunkStore:
 
     def deletions_queued(self) -> None:
         """Rows were added to the deletion queue: wake the deleter."""
-        if self.deleter is not None:
-            self.deleter.kick()
+        if self._on_deletions is not None:
+            self._on_deletions()
 
     def forget_frames(self, digests: Iterable[bytes]) -> None:
         """These frames were deleted: a frame put again later is not known durable."""
@@ -505,11 +535,11 @@ class ChunkStore:
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
         waited_since: float | None = None
         while True:
-            gen = self._room_gen
+            gen = self.room.gen
             try:
                 ref = await self._write_once(parts)
             except NoSpace as exc:
-                if self._room_gen != gen:
+                if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
                 waited_since = await self._make_room(
                     sum(len(p) for p in parts) + frame.HEADER_SIZE, exc, waited_since
@@ -543,6 +573,10 @@ class ChunkStore:
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
+
+    async def sync_catalog(self) -> None:
+        """fsync the catalog (after the chunk frames it names)."""
+        await trio.to_thread.run_sync(self.catalog.sync, limiter=self.db_limiter)
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
         """fsync chunk frames not yet known to be durable, all tiers in parallel."""

@@ -20,14 +20,18 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import Deletion
-from ..chunks.store import ChunkStore
+from ..chunks.guard import ChunkGuard
+from ..chunks.room import Room
 from ..errors import CkptfsError
+from ..stats import Stats
+from ..tiers.base import Tier
+from ..wakeup import Wakeup
 from .uploader import backoff_s
 
 log = logging.getLogger("ckptfs.deleter")
@@ -43,12 +47,24 @@ Pair = tuple[bytes, str]
 
 class Deleter:
     def __init__(
-        self, catalog: Catalog, store: ChunkStore, db_limiter: trio.CapacityLimiter,
+        self, catalog: Catalog, tiers: Sequence[Tier], db_limiter: trio.CapacityLimiter, *,
+        guard: ChunkGuard, stats: Stats, room: Room,
+        forget_frames: Callable[[Iterable[bytes]], None] = lambda digests: None,
+        wake: Wakeup | None = None, on_done: Callable[[], None] | None = None,
         concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
     ) -> None:
+        """``guard``, ``stats`` and ``room`` are the store's (shared, built first);
+        ``forget_frames``: these frames were deleted (a frame put again is not known
+        durable); ``wake``: who wakes this queue (the store, the uploader, GC); ``on_done``:
+        a batch or row finished (the uploader may wait for a deletion)."""
         self.catalog = catalog
-        self.store = store
-        self.guard = store.guard
+        self.tiers = {t.name: t for t in tiers}
+        self.local = sorted(t.name for t in tiers if t.kind == "local")
+        self.remote = sorted(t.name for t in tiers if t.kind != "local")
+        self.stats = stats
+        self.room = room
+        self.forget_frames = forget_frames
+        self.guard = guard
         self.db_limiter = db_limiter
         self.clock = clock
         self.concurrency = concurrency
@@ -60,12 +76,12 @@ class Deleter:
         self._remote_running = 0
         self._failing: set[str] = set()  # tiers whose last deletion failed
         self._recovered: set[str] = set()  # tiers that work again: retry their rows now
-        self._wake = trio.Event()
+        self._wake = wake if wake is not None else Wakeup()
         self._progress = trio.Event()  # set (and replaced) after each batch or row
         self.deleted = 0
         self.deleted_bytes = 0
         self.failures = 0
-        self.on_done: Callable[[], None] | None = None  # an upload may wait for a deletion
+        self.on_done = on_done
 
     def kick(self) -> None:
         self._wake.set()
@@ -98,12 +114,11 @@ class Deleter:
                 token.run_sync_soon(self._released)
 
         self.guard.on_release = released
-        local = sorted(self.store.local)
-        remote = sorted(t.name for t in self.store.remotes)
+        local, remote = self.local, self.remote
         known = local + remote
         async with trio.open_nursery() as nursery:
             while True:
-                self._wake = trio.Event()
+                self._wake.clear()
                 if self._recovered:
                     tiers, self._recovered = self._recovered, set()
                     for name in sorted(tiers):
@@ -195,13 +210,13 @@ class Deleter:
                     await self._postpone(*pair, (attempts or {}).get(pair, 0), err)
             finally:
                 # Before a waiting writer puts its frame again: it is not known durable.
-                self.store.forget_frames(d for d, _ in done)
+                self.forget_frames(d for d, _ in done)
                 self.guard.end_delete(marked)
             if done:
                 self.deleted += len(done)
                 self.deleted_bytes += freed
-                self.store.stats.count("deletions", len(done))
-                self.store.room_may_have_freed()
+                self.stats.count("deletions", len(done))
+                self.room.freed()
                 for name in {t for _, t in done} & self._failing:
                     log.info("deletions on tier %s work again", name)
                     self.tier_works(name)
@@ -214,7 +229,7 @@ class Deleter:
         """Blocking: delete local frames (idempotent); (pair, bytes freed, error or None)."""
         out: list[tuple[Pair, int, str | None]] = []
         for d, name in pairs:
-            tier = self.store.tiers[name]
+            tier = self.tiers[name]
             try:
                 out.append(((d, name), tier.delete(d.hex()), None))
             except CkptfsError as exc:
@@ -236,7 +251,7 @@ class Deleter:
                 )
                 if not ok:
                     return
-                tier = self.store.tiers[row.tier]
+                tier = self.tiers[row.tier]
                 try:
                     # A hung server holds only this thread; at unmount it is abandoned
                     # (the row stays and is retried at the next mount).
@@ -251,7 +266,7 @@ class Deleter:
                     self.catalog.finish_deletions, ok, limiter=self.db_limiter
                 )
                 self.deleted += 1
-                self.store.stats.count("deletions")
+                self.stats.count("deletions")
                 if row.tier in self._failing:
                     log.info("deletions on tier %s work again", row.tier)
                     self.tier_works(row.tier)
@@ -265,7 +280,7 @@ class Deleter:
     async def _postpone(self, digest: bytes, tier: str, attempts: int, error: str) -> None:
         delay = backoff_s(attempts)
         self.failures += 1
-        self.store.stats.count("deletion_failures")
+        self.stats.count("deletion_failures")
         if tier not in self._failing:
             log.warning("deleting chunks on tier %s failed, will retry with backoff: %s",
                         tier, error)

@@ -17,6 +17,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import trio
 
@@ -24,9 +25,13 @@ from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
 from ..chunks import frame
 from ..chunks.compress import RemoteCompressor
-from ..chunks.store import ChunkStore
+from ..chunks.guard import ChunkGuard
+from ..chunks.room import Room
 from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
+from ..stats import Stats
+from ..tiers.base import Tier
 from ..tiers.health import state_of
+from ..wakeup import Wakeup
 from .cpuidle import IdleCores
 
 log = logging.getLogger("ckptfs.upload")
@@ -54,28 +59,50 @@ def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
     return d * (0.5 + 0.5 * rnd())
 
 
+class DeletionQueue(Protocol):
+    """What the uploader tells the deleter (upload/deleter.py)."""
+
+    def kick(self) -> None: ...  # rows were queued (a cancelled job's copy)
+
+    def tier_works(self, tier: str) -> None: ...  # postponed deletions there: retry now
+
+
 class Uploader:
     def __init__(
         self,
         catalog: Catalog,
-        store: ChunkStore,
+        tiers: Sequence[Tier],
         db_limiter: trio.CapacityLimiter,
         concurrency: int = 8,
+        *,
+        guard: ChunkGuard,
+        stats: Stats,
+        room: Room,
+        deleter: DeletionQueue | None = None,
+        wake: Wakeup | None = None,
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
         remote_compression: str = "auto",
         during_save: str = "auto",
         idle_cores: Callable[[], float | None] | None = None,
     ) -> None:
+        """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
+        in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue."""
         self.catalog = catalog
-        self.store = store
+        self.tiers = {t.name: t for t in tiers}
+        self.local = {t.name: t for t in tiers if t.kind == "local"}
+        self.remotes = sorted((t for t in tiers if t.kind != "local"), key=lambda t: t.name)
+        self.guard = guard
+        self.stats = stats
+        self.room = room
+        self.deleter = deleter
         self.db_limiter = db_limiter
         self.concurrency = concurrency
         self.clock = clock
         self.limiter = trio.CapacityLimiter(concurrency)
         self.running: set[tuple[bytes, str]] = set()
         self.uploaded_bytes = 0
-        self._wake = trio.Event()
+        self._wake = wake if wake is not None else Wakeup()
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
@@ -110,7 +137,7 @@ class Uploader:
         now = time.monotonic()
         if self._saving_since is None:
             self._saving_since = now
-        if self._urgent or self.store.waiting_for_room or self.during_save == "overlap":
+        if self._urgent or self.room.waiting or self.during_save == "overlap":
             return self.concurrency
         deferred = 0 if now - self._saving_since < MAX_DEFER_S else 1
         if self.during_save == "auto":
@@ -127,24 +154,24 @@ class Uploader:
         self._spare = 0 if idle is None else len(self.running) + max(0, int(idle - 1.0))
 
     async def run(self) -> None:
-        if not self.store.remotes:
+        if not self.remotes:
             return
         async with trio.open_nursery() as nursery:
             while True:
-                self._wake = trio.Event()
+                self._wake.clear()
                 snapshot_retry_s = await self._maybe_snapshot()
                 await self._measure_spare()
                 free = self._limit() - len(self.running)
                 # No upload of a pair whose frame the deleter is removing right now (it
                 # would delete the new copy): it kicks us when done.
-                busy = self.running | self.store.guard.deleting_pairs()
+                busy = self.running | self.guard.deleting_pairs()
                 if free > 0:
                     jobs = await trio.to_thread.run_sync(
                         self._due_jobs, list(self._urgent), self.clock(), free, set(busy),
                         limiter=self.db_limiter,
                     )
                     for job in jobs:
-                        if self.store.guard.deleting(job.digest, job.tier):
+                        if self.guard.deleting(job.digest, job.tier):
                             continue  # marked while we asked the catalog
                         self.running.add((job.digest, job.tier))
                         nursery.start_soon(self._upload, job)
@@ -173,7 +200,7 @@ class Uploader:
         """Upload these chunks before others, then wait until they are on the remote tiers
         and a catalog snapshot naming them is stored there (recoverable by a new node).
         False on timeout."""
-        if not self.store.remotes:
+        if not self.remotes:
             return True
         for d in digests:
             self._urgent[d] = self._urgent.get(d, 0) + 1
@@ -222,7 +249,7 @@ class Uploader:
         except PermanentTierError as exc:
             log.error("upload to tier %s refused: %s; chunks stay local, retry in %.0f s",
                       job.tier, exc, BLOCKED_RETRY_S)
-            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc),
+            self.stats.record_upload_failure(job.tier, str(exc), state_of(exc),
                                                    BLOCKED_RETRY_S)
             await self._postpone(job, BLOCKED_RETRY_S, str(exc), blocked=True)
         except (ChunkMissing, CorruptChunk) as exc:
@@ -233,25 +260,26 @@ class Uploader:
                 log.warning("upload to tier %s failed, will retry with backoff: %s", job.tier, exc)
                 self._failing.add(job.tier)
             delay = backoff_s(job.attempts)
-            self.store.stats.record_upload_failure(job.tier, str(exc), state_of(exc), delay)
+            self.stats.record_upload_failure(job.tier, str(exc), state_of(exc), delay)
             await self._postpone(job, delay, str(exc), blocked=False)
         else:
-            self.store.stats.record_upload_ok(job.tier)
+            self.stats.record_upload_ok(job.tier)
             if job.tier in self._failing:
                 log.info("uploads to tier %s work again", job.tier)
                 self._failing.discard(job.tier)
-            if self.store.deleter is not None:
-                self.store.deleter.tier_works(job.tier)  # postponed deletions: retry now
+            if self.deleter is not None:
+                self.deleter.tier_works(job.tier)  # postponed deletions: retry now
             kept = await trio.to_thread.run_sync(
                 self.catalog.finish_upload, job.digest, job.tier, limiter=self.db_limiter
             )
             if kept:
                 self.uploaded_bytes += job.length
-                self.store.stats.record_write(job.tier, job.length)
-                self.store.room_may_have_freed()  # its local copy may be evicted now
+                self.stats.record_write(job.tier, job.length)
+                self.room.freed()  # its local copy may be evicted now
                 await self._record_rate()
             else:
-                self.store.deletions_queued()  # the cancelled job's copy: queued for deletion
+                if self.deleter is not None:
+                    self.deleter.kick()  # the cancelled job's copy: queued for deletion
         finally:
             self.running.discard(key)
             self._progressed()
@@ -266,7 +294,7 @@ class Uploader:
         job = UploadJob(digest, tier, length, 0, 0, tuple(sources))
         await trio.to_thread.run_sync(self._copy, job, limiter=self.limiter)
         self.uploaded_bytes += length
-        self.store.stats.record_write(tier, length)
+        self.stats.record_write(tier, length)
 
     async def _maybe_snapshot(self) -> float:
         """When the catalog changed since the last snapshot and nothing is pending (or
@@ -297,7 +325,7 @@ class Uploader:
         digest = frame.digest_of(data)
         framed = b"".join(bytes(p) for p in frame.encode([data], digest))
         try:
-            for remote in self.store.remotes:
+            for remote in self.remotes:
                 await trio.to_thread.run_sync(
                     remote.put_meta, SNAPSHOT_NAME, framed, limiter=self.limiter  # type: ignore[attr-defined]
                 )
@@ -309,16 +337,16 @@ class Uploader:
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = time.monotonic()
-        if self.store.deleter is not None:
-            for remote in self.store.remotes:
-                self.store.deleter.tier_works(remote.name)  # postponed deletions: retry now
+        if self.deleter is not None:
+            for remote in self.remotes:
+                self.deleter.tier_works(remote.name)  # postponed deletions: retry now
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
         )
         self.snapshot_of_ns = of_ns
         self._progressed()
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
-                 len(data), len(self.store.remotes))
+                 len(data), len(self.remotes))
         return SNAPSHOT_RECHECK_S
 
     async def _record_rate(self) -> None:
@@ -346,13 +374,13 @@ class Uploader:
 
     def _copy(self, job: UploadJob) -> None:
         """Blocking: read a verified local copy and put it on the remote tier."""
-        remote = self.store.tiers.get(job.tier)
+        remote = self.tiers.get(job.tier)
         if remote is None:
             raise PermanentTierError(f"tier {job.tier} is not configured")
         key = job.digest.hex()
         problems = []
         for name in job.sources:
-            tier = self.store.local.get(name)
+            tier = self.local.get(name)
             if tier is None:
                 continue
             raw = tier.get(key)

@@ -16,17 +16,13 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from ..catalog import Catalog, ChunkRef, Inode
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
-from ..checkpoints.janitor import Janitor
-from ..checkpoints.retention import RetentionPolicy
-from ..checkpoints.tracker import CheckpointTracker
 from ..chunks.frame import Buffer
 from ..chunks.store import ChunkStore
 from ..config import DurabilityPolicy, policy_for
@@ -42,15 +38,12 @@ from ..errors import (
     NotSupported,
     PermissionDenied,
 )
-from ..metrics import Telemetry
 from ..service import syncfs_all
-from ..tiers.base import Tier, TierUsage
-from ..upload.deleter import Deleter
-from ..upload.uploader import Uploader
+from ..tiers.base import TierUsage
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .dirattrs import DirAttrs
-from .openfile import MemoryBudget, OpenFile, Services
+from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -66,7 +59,6 @@ XATTR_STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
 XATTR_NAME_MAX = 255  # as Linux: longer names give ERANGE
 XATTR_SIZE_MAX = 65536  # as Linux: larger values give E2BIG
 SETID = stat.S_ISUID | stat.S_ISGID
-STATS_INTERVAL_S = 1.0
 
 
 def _check_name(name: bytes) -> bytes:
@@ -148,70 +140,76 @@ class FsStats:
     name_max: int
 
 
+class HandleTable(dict[int, Handle]):
+    """The open handles by number. Built by the composition root and shared with the
+    checkpoint tracker (files open for writing) and the janitor (files open at all)."""
+
+    def writing_inos(self) -> list[int]:
+        return sorted({h.file.ino for h in self.values() if h.writable})
+
+    def open_inos(self) -> list[int]:
+        return sorted({h.file.ino for h in self.values()})
+
+
+class EventSink(Protocol):
+    """Where filesystem events go (checkpoints/tracker.py); never blocks."""
+
+    def push(self, ev: FsEvent) -> None: ...
+
+
+class DurableWaiter(Protocol):
+    """The upload queue, for ``durability = "remote"`` (upload/uploader.py)."""
+
+    async def wait_durable(self, digests: set[bytes], timeout_s: float) -> bool: ...
+
+
+class GcRunner(Protocol):
+    """Retention on request (``user.ckptfs.gc``; checkpoints/janitor.py GcRequests)."""
+
+    async def run_now(self, scope: str = "/") -> object: ...
+
+
 class Filesystem:
     def __init__(
         self,
         catalog: Catalog,
-        tiers: Sequence[Tier],
+        store: ChunkStore,
         *,
+        db_limiter: trio.CapacityLimiter,
+        budget: MemoryBudget,
+        open_files: OpenFiles,
+        handles: HandleTable,
         chunk_size: int,
-        memory_budget: int,
-        io_threads: int,
+        uploader: DurableWaiter,
+        gc: GcRunner,
+        tracker: EventSink | None = None,
         invalidate: Callable[[int], None] | None = None,
-        remote_copies: int = 1,
-        upload_concurrency: int = 8,
-        upload_during_save: str = "auto",
-        remote_compression: str = "auto",
-        on_local_full: str = "block",
-        local_full_timeout_s: float = 600.0,
+        invalidate_entry: Callable[[int, bytes], None] | None = None,
         policies: tuple[DurabilityPolicy, ...] = (),
-        stats_path: Path | None = None,
         readahead: int = 32 * 1024 * 1024,
         copy_back: str = "sequential",
-        detectors: object | None = None,
-        partial_after_s: float = 600.0,
-        invalidate_entry: Callable[[int, bytes], None] | None = None,
-        retention: tuple[RetentionPolicy, ...] = (),
-        high_watermark: float = 0.9,
     ) -> None:
+        """Built by the composition root (mount.py ``build``), which also builds what it is
+        given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
+        out the partial chunks of ``open_files``), ``handles`` (shared with the tracker and
+        the janitor), ``uploader`` (waits for remote durability), ``gc`` (retention now),
+        ``tracker`` (checkpoint events; None: off)."""
         self.catalog = catalog
         self.invalidate = invalidate
         self.chunk_size = chunk_size
-        self.db_limiter = trio.CapacityLimiter(1)
-        self.store = ChunkStore(
-            tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
-            catalog=catalog, db_limiter=self.db_limiter, on_local_full=on_local_full,
-            local_full_timeout_s=local_full_timeout_s,
-        )
-        self.budget = MemoryBudget(memory_budget, spill=self._spill)
-        self.remote_copies = remote_copies
-        self.uploader = Uploader(
-            catalog, self.store, self.db_limiter, upload_concurrency,
-            remote_compression=remote_compression,
-            saving=lambda: self.budget.used > 0,  # chunk buffers in memory: a save runs
-            during_save=upload_during_save,
-        )
-        # A full local tier moves the writers' uncommitted chunks to the remote through it.
-        self.store.spill_copy = self.uploader.copy_uncommitted
-        self.store.remote_copies = remote_copies
-        # The deletion queue: GC, eviction and retention only write catalog rows.
-        self.deleter = Deleter(catalog, self.store, self.db_limiter)
-        self.store.deleter = self.deleter
+        self.db_limiter = db_limiter
+        self.store = store
+        self.budget = budget
+        self.uploader = uploader
+        self.gc = gc
         self.policies = policies
-        self.stats_path = stats_path
         self.readahead = readahead
         self.copy_back = copy_back
         self.invalidate_entry = invalidate_entry
         # Checkpoint awareness: operations become events for the detectors (None: off).
-        self.tracker: CheckpointTracker | None = None if detectors is None else CheckpointTracker(
-            catalog, self.db_limiter, detectors, self._writing_inos, partial_after_s
-        )
-        # Retention after each checkpoint commit, and the local high watermark.
-        self.janitor = Janitor(self, retention, high_watermark, max(0.5, high_watermark - 0.1))
-        if self.tracker is not None:
-            self.tracker.on_commit = self.janitor.kick
-        self.open_files: dict[int, OpenFile] = {}
-        self.handles: dict[int, Handle] = {}
+        self.tracker = tracker
+        self.open_files = open_files
+        self.handles = handles
         # Opens between their catalog read and their entry in open_files: an unlink must
         # not drop such an inode in its own catalog call (_unlinked).
         self._opening: dict[int, int] = {}
@@ -231,41 +229,13 @@ class Filesystem:
         # security.capability before buffered writes, and the answer for the others
         # must not cost a catalog round trip.
         self._xattr_inos: set[int] | None = None
-        # Capacity, backlog and checkpoint facts for `ckptfs status` and the metrics.
-        self.telemetry = Telemetry(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def attach(self, nursery: trio.Nursery) -> None:
-        """Give the filesystem the mount's nursery for its chunk writes, prefetches and
-        the upload queue (which replays the jobs left by an earlier run at once)."""
+        """The mount's nursery, where the open files' chunk writes and readahead run
+        (mount.py ``running``; the background services run there too, not started here)."""
         self._nursery = nursery
-        self.store.attach(nursery)
-        self.store.on_requeue = self.uploader.kick
-        self.deleter.on_done = self.uploader.kick  # an upload may wait for a deletion
-        nursery.start_soon(self.uploader.run)
-        nursery.start_soon(self.deleter.run)  # drains rows left by an earlier run at once
-        if self.tracker is not None:
-            nursery.start_soon(self.tracker.run)
-        nursery.start_soon(self.janitor.run)
-        if self.stats_path is not None:
-            nursery.start_soon(self._publish_stats, self.stats_path)
-
-    async def _publish_stats(self, path: Path) -> None:
-        """Write the live statistics for `ckptfs status` about once a second."""
-        stats = self.store.stats
-        while True:
-            stats.counters["evicted_bytes"] = self.store.evicted_bytes
-            stats.counters["uploaded_bytes"] = self.uploader.uploaded_bytes
-            await self.telemetry.refresh()
-            try:
-                await trio.to_thread.run_sync(stats.write, path)
-            except OSError as exc:
-                log.warning("could not write %s: %s", path, exc)
-            await trio.sleep(STATS_INTERVAL_S)
-
-    def _writing_inos(self) -> list[int]:
-        return sorted({h.file.ino for h in self.handles.values() if h.writable})
 
     async def _path(self, parent: int, name: bytes) -> str:
         base = await self.db(self.catalog.path_of, parent)
@@ -443,20 +413,16 @@ class Filesystem:
         await trio.to_thread.run_sync(syncfs_all, roots)
         await self.db(self.catalog.sync)
 
-    def _spill(self) -> None:
-        """The memory budget is held only by partial chunks that nobody is completing:
-        store them now (short chunks), so their memory comes back instead of deadlocking."""
-        for f in self.open_files.values():
-            f.spill()
-
     def _services(self) -> Services:
         assert self._nursery is not None, "Filesystem.attach() was not called"
         return Services(
-            store=self.store, catalog=self.catalog, budget=self.budget, nursery=self._nursery,
-            chunk_size=self.chunk_size, db_limiter=self.db_limiter, invalidate=self.invalidate,
-            remote_copies=self.remote_copies, on_commit=self.uploader.kick,
+            store=self.store, budget=self.budget, nursery=self._nursery,
+            chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
             readahead=self.readahead, copy_back=self.copy_back,
         )
+
+    async def _path_of(self, ino: int) -> str:
+        return await self.db(self.catalog.path_of, ino)
 
     # -- attributes --------------------------------------------------------------------------
 
@@ -1046,7 +1012,7 @@ class Filesystem:
         check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
             scope = await self.db(self.catalog.path_of, ino)
-            report = await self.janitor.run_now(scope)
+            report = await self.gc.run_now(scope)
             log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
             return
         if name == XATTR_PREFETCH:

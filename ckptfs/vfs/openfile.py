@@ -3,8 +3,9 @@
 Writes land in per-chunk buffers (``dirty``). A buffer that fills up is handed to the
 ChunkStore at once (``inflight``), so hashing and device writes run in worker threads while
 the writer goes on. Close/fsync (``commit``) writes the remaining partial buffers, waits for
-every chunk, and commits size, times and extents in one catalog transaction: each commit is
-an atomic replacement of the file's content, and a crash before it leaves the previous one.
+every chunk, and hands the version to the layer below (chunks/commit.py), which commits
+size, times and extents in one catalog transaction: each commit is an atomic replacement of
+the file's content, and a crash before it leaves the previous one.
 
 Concurrency: mutations (write, truncate, commit) hold ``lock``; reads do not, and pick
 their source (dirty buffer, in-flight buffer, stored chunk) without awaiting in between.
@@ -16,12 +17,13 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
-from ..catalog import Catalog, ChunkRef, Inode
+from ..catalog import ChunkRef, Inode
+from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
 from ..errors import CkptfsError
 from .chunkbuffer import Buffer, ChunkBuffer
@@ -56,6 +58,17 @@ class MemoryBudget:
         self._released = trio.Event()
 
 
+class OpenFiles(dict[int, "OpenFile"]):
+    """The open regular files by inode. Built by the composition root before the memory
+    budget, whose spill (``spill_all``) writes out their partial chunks."""
+
+    def spill_all(self) -> None:
+        """The memory budget is held only by partial chunks that nobody is completing:
+        store them now (short chunks), so their memory comes back instead of deadlocking."""
+        for f in self.values():
+            f.spill()
+
+
 @dataclass(eq=False)
 class _Pending:
     data: ChunkBuffer
@@ -66,18 +79,14 @@ class _Pending:
 class Services:
     """What an OpenFile needs from the filesystem around it."""
 
-    store: ChunkStore
-    catalog: Catalog
+    store: ChunkStore  # chunk writes and reads, and the commit of a version (chunks/commit.py)
     budget: MemoryBudget
-    nursery: trio.Nursery
+    nursery: trio.Nursery  # where chunk writes and readahead run
     chunk_size: int
-    db_limiter: trio.CapacityLimiter
+    path_of: Callable[[int], Awaitable[str]]  # an inode's path, for error messages
     # Tells the kernel to drop its cached pages and attributes of an inode whose content
     # changed behind its back (a failed write was discarded). None without a kernel.
     invalidate: Callable[[int], None] | None = None
-    # Remote replication: how many remote tiers hold each chunk, and who to tell of a commit.
-    remote_copies: int = 1
-    on_commit: Callable[[], None] | None = None
     # Reads: bytes fetched ahead of a sequential reader; when a chunk read from a remote
     # tier only is copied to a local one ("sequential", "always", "never").
     readahead: int = READAHEAD_BYTES
@@ -265,7 +274,8 @@ class OpenFile:
     # -- commit ------------------------------------------------------------------------------
 
     async def commit(self, durable: bool = False) -> None:
-        """Make every write so far part of the file: data first, then one catalog commit.
+        """Make every write so far part of the file: the remaining partial chunks are
+        stored, then the layer below commits the version in one call (chunks/commit.py).
         With ``durable``, the chunk frames and the catalog are fsynced first."""
         async with self.lock:
             if self.failed is not None:
@@ -275,68 +285,29 @@ class OpenFile:
             await self._wait_inflight()
             if self.failed is not None:
                 raise self.failed
-            if durable:
-                # Every chunk the file will name, including ones committed by earlier
-                # closes; the store skips those it already knows to be durable.
-                final = {**self.committed, **self.changes}
-                n_final = math.ceil(self.size / self.cs)
-                try:
-                    await self.svc.store.sync(
-                        r for i, r in final.items() if r is not None and i < n_final
-                    )
-                except CkptfsError as exc:
-                    # Reported by this fsync; the handles keep failing until they close
-                    # and commit nothing of this version (docs/semantics.md).
-                    self.failed = exc
-                    raise
-            if not (self.changes or self.meta_dirty):
-                if durable:
-                    await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
+            version = FileVersion(
+                self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
+                dict(self.changes), list(self.written), self.meta_dirty,
+            )
+            committed = await commit_version(
+                self.svc.store, version, durable, sync_failed=self._sync_failed
+            )
+            if committed is None:
                 return
-            store = self.svc.store
-            uploads = {
-                r.digest: store.remote_targets(r.digest, self.svc.remote_copies)
-                for r in self.changes.values()
-                if r is not None
-            } if store.remotes else None
-
-            pending = dict(self.changes)
-
-            def commit() -> tuple[dict[int, ChunkRef | None], list[bytes]]:
-                # The store's tiers of each chunk, read under the catalog limiter: a chunk a
-                # full local tier moved to a remote (under the same limiter) is recorded
-                # there, and gets no upload job.
-                changes = {i: None if r is None else store.current(r)
-                           for i, r in pending.items()}
-                return changes, self.svc.catalog.commit_file(
-                    self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, changes, durable,
-                    uploads,
-                )
-
-            changes, dropped = await trio.to_thread.run_sync(commit, limiter=self.svc.db_limiter)
-            if uploads and self.svc.on_commit is not None:
-                self.svc.on_commit()
-            n_chunks = math.ceil(self.size / self.cs)
-            old = dict(self.committed)
-            for idx, ref in changes.items():
-                if ref is None or idx >= n_chunks:
-                    self.committed.pop(idx, None)
-                else:
-                    self.committed[idx] = ref
-            for idx in [i for i in self.committed if i >= n_chunks]:
-                del self.committed[idx]
+            self.committed.clear()
+            self.committed.update(committed)
             self.changes.clear()
             self.meta_dirty = False
             self._committed_attrs = (self.size, self.mtime_ns, self.ctime_ns)
-            written, self.written = store.release(self.written), []
-            dropped_set = set(dropped)
-            garbage = [r for r in old.values() if r.digest in dropped_set]
-            kept = {r.digest for r in self.committed.values()}
-            garbage += [r for r in written if r.digest not in kept]
-            await self.svc.store.collect(garbage)
+            self.written = []
             if self.bypassed_cache and self.svc.invalidate is not None:
                 self.bypassed_cache = False
                 await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
+
+    def _sync_failed(self, exc: CkptfsError) -> None:
+        # Reported by this fsync; the handles keep failing until they close and commit
+        # nothing of this version (docs/semantics.md).
+        self.failed = exc
 
     async def sync_committed(self) -> None:
         """fsync the content as last committed (its chunk frames, then the catalog),
@@ -344,7 +315,7 @@ class OpenFile:
         async with self.lock:
             n_chunks = math.ceil(self._committed_attrs[0] / self.cs)
             await self.svc.store.sync(r for i, r in self.committed.items() if i < n_chunks)
-            await trio.to_thread.run_sync(self.svc.catalog.sync, limiter=self.svc.db_limiter)
+            await self.svc.store.sync_catalog()
 
     async def release_all(self) -> None:
         """The last handle closed: drop uncommitted state (a failed write stays uncommitted)."""
@@ -393,9 +364,7 @@ class OpenFile:
         return mode == "always" or (mode == "sequential" and sequential)
 
     async def _log_read_error(self, offset: int, idx: int, exc: CkptfsError) -> None:
-        path = await trio.to_thread.run_sync(
-            self.svc.catalog.path_of, self.ino, limiter=self.svc.db_limiter
-        )
+        path = await self.svc.path_of(self.ino)
         log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
 
     def _readahead(self, idx: int) -> bool:
