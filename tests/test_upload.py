@@ -184,6 +184,8 @@ async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, m
             assert fs.uploader.saving()
             assert len(remote.frames) == 2
             if mode == "auto-idle":
+                assert not up.running
+                await up._measure_spare()
                 assert up._limit() == min(up.concurrency, 6)  # one per idle core but one
         await fs.flush(fh)
         await fs.release(fh)
