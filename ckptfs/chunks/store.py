@@ -145,6 +145,7 @@ class ChunkStore:
         self._copy_back_bytes = 0
         self._copy_back_wake = trio.Event()
         self._last_fetch = 0.0
+        self._reads_done = trio.Event()  # set (and replaced) when the last fetch in flight ends
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -672,6 +673,9 @@ class ChunkStore:
             finally:
                 del self._flights[ref.digest]
                 flight.done.set()
+                if not self._flights:
+                    self._reads_done.set()
+                    self._reads_done = trio.Event()
         else:
             await flight.done.wait()
         if flight.error is not None:
@@ -799,9 +803,16 @@ class ChunkStore:
             if not self._copy_backs:
                 self._copy_back_wake = trio.Event()
                 await self._copy_back_wake.wait()
-            # Poll for a pause in reads (a daemon loop, not a test).
-            while self._flights or time.monotonic() - self._last_fetch < COPY_BACK_IDLE_S:
-                await trio.sleep(COPY_BACK_IDLE_S / 2)
+            # Wait for a pause in reads: no fetch in flight (an event), then none started
+            # for COPY_BACK_IDLE_S (a deadline that each new fetch moves).
+            while True:
+                if self._flights:
+                    await self._reads_done.wait()
+                    continue
+                left = self._last_fetch + COPY_BACK_IDLE_S - time.monotonic()
+                if left <= 0:
+                    break
+                await trio.sleep(left)
             digest, (ref, data) = next(iter(self._copy_backs.items()))
             del self._copy_backs[digest]
             self._copy_back_bytes -= len(data)

@@ -322,8 +322,12 @@ class Uploader:
                 SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at)
             )
         of_ns, data = taken
-        digest = frame.digest_of(data)
-        framed = b"".join(bytes(p) for p in frame.encode([data], digest))
+
+        def framed_copy() -> bytes:  # hashing a large catalog takes a while: not on the loop
+            digest = frame.digest_of(data)
+            return b"".join(bytes(p) for p in frame.encode([data], digest))
+
+        framed = await trio.to_thread.run_sync(framed_copy, limiter=self.limiter)
         try:
             for remote in self.remotes:
                 await trio.to_thread.run_sync(
