@@ -35,7 +35,7 @@ DEFAULT_IO_THREADS = 4
 # on each device read (performance.md, "Read path").
 DEFAULT_READAHEAD = 96 * MiB
 MIN_CHUNK_SIZE = 64 * KiB
-# lz4 for the copy sent to a remote tier (ckptfs/chunks/compress.py): "auto" compresses a
+# lz4 for the copy sent to a remote tier (ckptfs/codec/compress.py): "auto" compresses a
 # chunk only when a sample says it pays, "off" never, "always" whenever it is smaller.
 REMOTE_COMPRESSION_MODES = ("auto", "off", "always")
 MAX_CHUNK_SIZE = 64 * MiB

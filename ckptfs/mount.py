@@ -30,10 +30,10 @@ from .catalog import Catalog
 from .checkpoints.janitor import GcRequests, Janitor
 from .checkpoints.retention import RetentionPolicy
 from .checkpoints.tracker import CheckpointTracker
-from .chunks import frame
 from .chunks.guard import ChunkGuard
 from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
+from .codec import frame
 from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
 from .errors import CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps

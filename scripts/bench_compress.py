@@ -8,7 +8,7 @@ tensor, a zero tensor) one 16 MiB chunk is framed as ckptfs frames it and measur
 * ratio: lz4 block body / plaintext, whole chunk;
 * compress: GB/s of ``lz4.block.compress`` on the whole chunk; verify: GB/s of
   ``frame.verify`` on the LZ4 frame (decompress + blake3), what the uploader pays as well;
-* sample: the ratio estimated from ckptfs.chunks.compress's 4 x 64 KiB samples, and the time
+* sample: the ratio estimated from ckptfs.codec.compress's 4 x 64 KiB samples, and the time
   that sampling decision takes (``remote_frame`` on data it leaves raw is nothing else);
 * CPU ms: what compressing and verifying the whole chunk is estimated to cost (sample cost
   plus the fresh-memory cost a RemoteCompressor learned from the compressible chunks here)
@@ -38,8 +38,8 @@ import lz4  # noqa: E402
 import lz4.block  # noqa: E402
 import torch  # noqa: E402
 
-from ckptfs.chunks import compress, frame  # noqa: E402
-from ckptfs.chunks.frame import Codec  # noqa: E402
+from ckptfs.codec import compress, frame  # noqa: E402
+from ckptfs.codec.frame import Codec  # noqa: E402
 
 MiB = 1 << 20
 CHUNK = 16 * MiB

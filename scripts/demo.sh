@@ -148,7 +148,7 @@ ckptfs sync "$MNT/run1/checkpoint-100" --timeout 120
 "$PY" - "$S3_ENDPOINT" "$S3_BUCKET" <<'EOF'
 import sys
 import boto3
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 
 endpoint, bucket = sys.argv[1], sys.argv[2]
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")

@@ -11,7 +11,7 @@ import pytest
 
 from ckptfs.catalog import Catalog, CheckpointRow, CheckpointState, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import restore_catalog
 from ckptfs.testing.tiers import MemoryTier

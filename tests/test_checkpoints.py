@@ -14,7 +14,7 @@ from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
 from test_catalog import make_v2
 from test_remote_mount import MiB, remote  # noqa: F401
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

@@ -14,9 +14,10 @@ import pytest
 from test_upload import wait_backlog_empty
 from test_vfs import make_fs, read_file, write_file
 
-from ckptfs.chunks import compress, frame
-from ckptfs.chunks.compress import MAX_RATIO, Estimate, RemoteCompressor, remote_frame, worth_it
-from ckptfs.chunks.frame import Codec
+from ckptfs import config
+from ckptfs.codec import compress, frame
+from ckptfs.codec.compress import MAX_RATIO, Estimate, RemoteCompressor, remote_frame, worth_it
+from ckptfs.codec.frame import Codec
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError, CorruptChunk
 from ckptfs.testing.tiers import MemoryTier
@@ -301,3 +302,7 @@ async def test_real_s3_holds_a_smaller_lz4_frame_and_reads_back_exact(
     async with fs_on(tmp_path, [empty, s3], MiB) as fs:
         assert await read_file(fs, b"ckpt.bin") == data
     assert empty.frames == {}
+
+
+def test_the_codec_and_the_config_name_the_same_modes() -> None:
+    assert compress.MODES == config.REMOTE_COMPRESSION_MODES

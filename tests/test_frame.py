@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.errors import CorruptChunk
 
 

@@ -135,7 +135,7 @@ async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
 ) -> None:
     from test_vfs import CS, write_file
 
-    from ckptfs.chunks import frame
+    from ckptfs.codec import frame
 
     local = MemoryTier("l", capacity=10 * (CS + frame.HEADER_SIZE))
     remote = MemoryTier("r", kind="remote")

@@ -12,7 +12,7 @@ from test_upload import skip_backoff, wait_backlog_empty
 from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.config import DurabilityPolicy
 from ckptfs.errors import CkptfsError, NoSpace
 from ckptfs.testing.tiers import FaultyTier, MemoryTier

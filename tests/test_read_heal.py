@@ -13,7 +13,7 @@ import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from test_remote_mount import MiB, remote, write  # noqa: F401
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

@@ -8,7 +8,7 @@ from test_local_full import wait_for
 from test_upload import wait_backlog_empty
 from test_vfs import CS, make_fs, read_file, write_file
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.stats import Stats
 from ckptfs.testing.tiers import MemoryTier
 

@@ -24,7 +24,7 @@ from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
 from s3fixtures import remove_prefix
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.commands.live import open_catalog
 from ckptfs.commands.prefetch import chunk_status, local_tier_names
 from ckptfs.stats import read_stats

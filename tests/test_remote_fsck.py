@@ -19,7 +19,7 @@ from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
 from s3server import SeaweedServer, free_ports
 from test_remote_mount import remote, remote_objects  # noqa: F401
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

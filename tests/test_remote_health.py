@@ -35,7 +35,7 @@ from tier_conformance import framed, joined
 
 from ckptfs.catalog import ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.errors import ObjectUnreadable, TransientTierError
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.tiers.s3 import S3Tier

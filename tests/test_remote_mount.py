@@ -15,7 +15,7 @@ from s3fixtures import remove_prefix
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import Catalog
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

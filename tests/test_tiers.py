@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tier_conformance import TierConformance, framed
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.config import TierConfig
 from ckptfs.errors import CorruptChunk, NoSpace, TierError
 from ckptfs.testing.tiers import MemoryTier

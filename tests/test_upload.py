@@ -9,7 +9,7 @@ import trio
 from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload.cpuidle import IdleCores

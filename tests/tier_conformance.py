@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ckptfs.chunks import frame
+from ckptfs.codec import frame
 from ckptfs.errors import ChunkMissing, CorruptChunk
 from ckptfs.tiers.base import Tier
 

@@ -25,10 +25,10 @@ import trio
 
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
+from ..codec import frame
 from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
-from . import frame
 from .guard import ChunkGuard
 from .room import Room
 

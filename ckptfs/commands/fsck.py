@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..catalog import Catalog
-from ..chunks import frame
+from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
 from ..statedir import state_lock

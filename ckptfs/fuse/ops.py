@@ -18,7 +18,7 @@ import trio
 
 from .. import metrics
 from ..catalog import Inode
-from ..chunks.frame import Buffer
+from ..codec.frame import Buffer
 from ..errors import CkptfsError
 from ..vfs.context import RequestContext, groups_from_status
 from ..vfs.filesystem import Filesystem, uses_direct_io

@@ -7,7 +7,7 @@ import hashlib
 import threading
 from collections.abc import Iterator, Sequence
 
-from ..chunks.frame import Buffer
+from ..codec.frame import Buffer
 from ..errors import NoSpace, TierError, TransientTierError
 from ..tiers.base import Tier, TierUsage, verify_by_reading
 

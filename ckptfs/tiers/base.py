@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..chunks import frame
-from ..chunks.frame import Buffer
+from ..codec import frame
+from ..codec.frame import Buffer
 from ..errors import ChunkMissing
 
 

@@ -30,7 +30,7 @@ import os
 import threading
 from collections.abc import Sequence
 
-from ..chunks.frame import Buffer
+from ..codec.frame import Buffer
 from ..errors import CorruptChunk
 
 ALIGN = 4096  # covers every logical block size in use (512 and 4096)

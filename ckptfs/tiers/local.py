@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..chunks.frame import Buffer
+from ..codec.frame import Buffer
 from ..config import TierConfig
 from ..errors import CorruptChunk, NoSpace, TierError
 from . import direct

@@ -46,8 +46,8 @@ import botocore.config
 import botocore.exceptions as bce
 import urllib3.exceptions
 
-from ..chunks import frame
-from ..chunks.frame import Buffer
+from ..codec import frame
+from ..codec.frame import Buffer
 from ..config import S3TierConfig
 from ..errors import (
     AccessDenied,

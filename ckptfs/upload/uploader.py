@@ -23,10 +23,10 @@ import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
-from ..chunks import frame
-from ..chunks.compress import RemoteCompressor
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
+from ..codec import frame
+from ..codec.compress import RemoteCompressor
 from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
@@ -396,7 +396,7 @@ class Uploader:
             except CorruptChunk as exc:
                 problems.append(f"{name}: {exc}")
                 continue
-            # The raw frame, or a verified LZ4 frame of it when that pays (chunks/compress.py).
+            # The raw frame, or a verified LZ4 frame of it when that pays (codec/compress.py).
             body, choice = self.compressor.frame_for(raw, job.digest)
             # The server checks what arrives against the checksum of the bytes we send.
             sha = base64.b64encode(hashlib.sha256(body).digest()).decode()

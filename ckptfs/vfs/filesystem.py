@@ -23,8 +23,8 @@ import trio
 from ..catalog import Catalog, ChunkRef, Inode
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
-from ..chunks.frame import Buffer
 from ..chunks.store import ChunkStore
+from ..codec.frame import Buffer
 from ..config import DurabilityPolicy, policy_for
 from ..errors import (
     CkptfsError,

@@ -37,14 +37,13 @@ from dataclasses import dataclass
 import blake3
 import lz4.block
 
-from ..config import REMOTE_COMPRESSION_MODES
 from ..errors import CorruptChunk
 from . import frame
 from .frame import Buffer, Codec
 
 log = logging.getLogger("ckptfs.compress")
 
-MODES = REMOTE_COMPRESSION_MODES
+MODES = ("auto", "off", "always")  # config.REMOTE_COMPRESSION_MODES (a test keeps them equal)
 SAMPLES = 4
 SAMPLE_SIZE = 64 * 1024
 # Below 10 % saved, a compressed copy is not worth a decompression on every remote read.
