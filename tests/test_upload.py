@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -13,7 +14,7 @@ from ckptfs.codec import frame
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload.cpuidle import IdleCores
-from ckptfs.upload.uploader import backoff_s
+from ckptfs.upload.uploader import MAX_DEFER_S, backoff_s
 from ckptfs.vfs.context import ROOT
 
 
@@ -191,3 +192,21 @@ async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, m
         await fs.release(fh)
         await wait_backlog_empty(fs)  # the save's end lets every mode upload
         assert len(remote.frames) == 3
+
+
+async def test_a_long_save_lets_one_upload_through_after_max_defer(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [local, remote], upload_during_save="defer") as fs:
+        up = fs.uploader
+        fh = await _open_save(fs, b"saving")
+        assert up._limit() == 0  # the save just began: uploads wait for it
+        mock_clock.jump(MAX_DEFER_S - 1)
+        assert up._limit() == 0
+        mock_clock.jump(2)
+        assert up._limit() == 1  # a save older than MAX_DEFER_S: one upload at a time
+        await fs.flush(fh)
+        await fs.release(fh)
+        assert not up.saving()
+        assert up._limit() == up.concurrency

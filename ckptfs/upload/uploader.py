@@ -134,7 +134,7 @@ class Uploader:
         if not self.saving():
             self._saving_since = None
             return self.concurrency
-        now = time.monotonic()
+        now = trio.current_time()  # trio's clock: tests drive it with trio.testing.MockClock
         if self._saving_since is None:
             self._saving_since = now
         if self._urgent or self.room.waiting or self.during_save == "overlap":
