@@ -84,7 +84,7 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         first = await store.write([os.urandom(CS)])
         assert store.guard.pinned(first.digest)
         v1 = FileVersion(inode.ino, CS, 1, 1, CS, {}, {0: first}, [first])
-        committed = await commit_version(store, v1, durable=True)
+        committed = await commit_version(store, v1, synced=True)
         assert committed is not None and committed[0].digest == first.digest
         assert cat.extents(inode.ino)[0].digest == first.digest
         assert cat.get_inode(inode.ino).size == CS
@@ -93,12 +93,12 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         assert d.uploader._wake.is_set()  # the uploader was told
         second = await store.write([os.urandom(CS // 2)])
         v2 = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {0: second}, [second])
-        committed = await commit_version(store, v2, durable=False)
+        committed = await commit_version(store, v2, synced=False)
         assert committed is not None and committed[0].digest == second.digest
         assert not cat.has_chunk(first.digest)  # the replaced chunk was collected ...
         assert {q.tier for q in cat.deletion_backlog()} >= {"l"}  # ... into the deletion queue
         # Nothing changed: nothing to commit, the caller keeps its state.
         same = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {}, [])
-        assert await commit_version(store, same, durable=True) is None
+        assert await commit_version(store, same, synced=True) is None
     finally:
         cat.close()

@@ -6,13 +6,13 @@ through a limiter of one), so the connection is shared across worker threads wit
 ``check_same_thread=False``.
 
 Durability: commits use ``synchronous=NORMAL`` (safe against a killed daemon, since the WAL
-is in the page cache); ``durable=True`` commits (fsync, fsyncdir) switch to FULL for that
-transaction, which also makes every earlier commit durable.
+is in the page cache); ``synced=True`` commits (fsync, fsyncdir) switch to FULL for that
+transaction, which also syncs every earlier commit.
 
 SQLite-isms that stay in this module, and what another engine (PostgreSQL) must replace:
 
 * ``PRAGMA journal_mode/synchronous/foreign_keys`` and the FULL-for-one-transaction trick
-  of ``durable=True``: a server engine commits durably anyway (``synchronous_commit``).
+  of ``synced=True``: a server engine commits durably anyway (``synchronous_commit``).
 * ``BEGIN IMMEDIATE`` (take the write lock up front): SERIALIZABLE or row locks
   (``SELECT ... FOR UPDATE``) with retries of serialization failures.
 * ``INSERT OR REPLACE`` / ``INSERT OR IGNORE``: ``INSERT ... ON CONFLICT DO UPDATE`` /
@@ -273,10 +273,10 @@ class SqliteCatalog:
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
-    def _tx(self, durable: bool = False, touch: bool = False) -> Iterator[sqlite3.Connection]:
+    def _tx(self, synced: bool = False, touch: bool = False) -> Iterator[sqlite3.Connection]:
         """One transaction. ``touch`` marks a change of the namespace or of file contents
         (meta ``changed_ns``): the remote catalog snapshot is stale until it is retaken."""
-        if durable:
+        if synced:
             self.conn.execute("PRAGMA synchronous=FULL")
         try:
             self.conn.execute("BEGIN IMMEDIATE")
@@ -291,7 +291,7 @@ class SqliteCatalog:
                 raise
             self.conn.execute("COMMIT")
         finally:
-            if durable:
+            if synced:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
 
     def _init_schema(self) -> None:
@@ -329,8 +329,8 @@ class SqliteCatalog:
         return [] if raw is None else list(json.loads(raw))
 
     def sync(self) -> None:
-        """Make every earlier commit durable (a no-op write in a FULL transaction)."""
-        with self._tx(durable=True) as c:
+        """Make every earlier commit synced to disk (a no-op write in a FULL transaction)."""
+        with self._tx(synced=True) as c:
             c.execute("INSERT OR REPLACE INTO meta VALUES ('last_sync_ns', ?)", (str(time.time_ns()),))
 
     # -- namespace ---------------------------------------------------------------------------
@@ -600,7 +600,7 @@ class SqliteCatalog:
         ctime_ns: int,
         chunk_size: int,
         changes: dict[int, ChunkRef | None],
-        durable: bool = False,
+        synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
     ) -> list[bytes]:
         """Commit a file's new size, times and changed extents in one transaction.
@@ -609,7 +609,7 @@ class SqliteCatalog:
         (candidates for garbage collection).
         """
         n_chunks = (size + chunk_size - 1) // chunk_size
-        with self._tx(durable=durable, touch=True) as c:
+        with self._tx(synced=synced, touch=True) as c:
             dropped = [
                 bytes(r[0])
                 for r in c.execute(

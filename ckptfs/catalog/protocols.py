@@ -134,7 +134,7 @@ class ContentsCatalog(Protocol):
         ctime_ns: int,
         chunk_size: int,
         changes: dict[int, ChunkRef | None],
-        durable: bool = False,
+        synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
     ) -> list[bytes]:
         """Commit a file's new size, times and changed extents in one transaction.
@@ -388,7 +388,7 @@ class MetaCatalog(Protocol):
         ...
 
     def sync(self) -> None:
-        """Make every earlier commit durable (a no-op write in a FULL transaction)."""
+        """Make every earlier commit synced to disk (a no-op write in a FULL transaction)."""
         ...
 
     def snapshot_of_ns(self) -> int | None:

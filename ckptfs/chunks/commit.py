@@ -2,7 +2,7 @@
 wrote into the file's content (vfs/openfile.py ``OpenFile.commit``).
 
 The open file first hands its remaining partial chunks to the store and waits for every
-chunk write; then ``commit_version``: with ``durable``, fsync every chunk frame the file
+chunk write; then ``commit_version``: with ``synced``, fsync every chunk frame the file
 will name; commit size, times, extents and the upload jobs of new chunks in one catalog
 transaction (an atomic replacement of the file's content: a crash before it leaves the
 previous one); wake the uploader; release the pins of the chunks written; collect the
@@ -38,7 +38,7 @@ class FileVersion:
 
 
 async def commit_version(
-    store: ChunkStore, v: FileVersion, durable: bool,
+    store: ChunkStore, v: FileVersion, synced: bool,
     sync_failed: Callable[[CkptfsError], None] | None = None,
 ) -> dict[int, ChunkRef] | None:
     """Commit ``v``; returns the file's extents as committed (None: nothing to commit, the
@@ -46,9 +46,9 @@ async def commit_version(
     is committed."""
     cs = v.chunk_size
     n_chunks = math.ceil(v.size / cs)
-    if durable:
+    if synced:
         # Every chunk the file will name, including ones committed by earlier closes; the
-        # store skips those it already knows to be durable.
+        # store skips those it already knows to be synced.
         final = {**v.committed, **v.changes}
         try:
             await store.sync(r for i, r in final.items() if r is not None and i < n_chunks)
@@ -57,7 +57,7 @@ async def commit_version(
                 sync_failed(exc)
             raise
     if not (v.changes or v.meta_only):
-        if durable:
+        if synced:
             await store.sync_catalog()
         return None
     uploads = {
@@ -73,7 +73,7 @@ async def commit_version(
         # no upload job.
         changes = {i: None if r is None else store.current(r) for i, r in pending.items()}
         return changes, store.catalog.commit_file(
-            v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, durable, uploads,
+            v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads,
         )
 
     changes, dropped = await trio.to_thread.run_sync(commit, limiter=store.db_limiter)

@@ -489,7 +489,7 @@ class ChunkStore:
             self._on_deletions()
 
     def forget_frames(self, digests: Iterable[bytes]) -> None:
-        """These frames were deleted: a frame put again later is not known durable."""
+        """These frames were deleted: a frame put again later is not known synced."""
         for d in digests:
             self._synced.discard(d)
 
@@ -580,7 +580,7 @@ class ChunkStore:
         await trio.to_thread.run_sync(self.catalog.sync, limiter=self.db_limiter)
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
-        """fsync chunk frames not yet known to be durable, all tiers in parallel."""
+        """fsync chunk frames not yet known to be synced, all tiers in parallel."""
         by_tier: dict[str, list[str]] = {}
         todo = []
         for ref in map(self.current, refs):

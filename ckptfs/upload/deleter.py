@@ -209,7 +209,7 @@ class Deleter:
                 for pair, err in failed:
                     await self._postpone(*pair, (attempts or {}).get(pair, 0), err)
             finally:
-                # Before a waiting writer puts its frame again: it is not known durable.
+                # Before a waiting writer puts its frame again: it is not known synced.
                 self.forget_frames(d for d, _ in done)
                 self.guard.end_delete(marked)
             if done:

@@ -404,10 +404,10 @@ class Filesystem:
         for f in list(self.open_files.values()):
             if f.is_dirty():
                 try:
-                    await f.commit(durable=True)
+                    await f.commit(synced=True)
                 except CkptfsError as exc:
                     log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
-        # Every file closed earlier is durable locally too: its frames reach the devices
+        # Every file closed earlier is synced too: its frames reach the devices
         # before the catalog that names them is synced.
         roots = [getattr(t, "root", None) for t in self.store.local.values()]
         await trio.to_thread.run_sync(syncfs_all, roots)
@@ -464,7 +464,7 @@ class Filesystem:
             f = self.open_files.get(ino)
             if f is not None and self._has_writer(f):
                 # Joins the version the writers are making (every handle sees it at
-                # once) and becomes durable with its next commit, their close or fsync.
+                # once) and is synced with its next commit, their close or fsync.
                 await f.truncate(size)
             else:
                 # Nobody open for writing would commit it: apply and commit at once.
@@ -845,15 +845,15 @@ class Filesystem:
         if f.failed is not None or (f.is_dirty() and (
             h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
         )):
-            await self._commit(f, durable=False)
+            await self._commit(f, synced=False)
             await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
         h = self._handle(fh)
         if not h.writable:
-            await h.file.sync_committed()  # a reader makes the committed content durable
+            await h.file.sync_committed()  # a reader syncs the committed content
             return
-        await self._commit(h.file, durable=True)
+        await self._commit(h.file, synced=True)
         await self._apply_durability(h.file)
 
     def _has_writer(self, f: OpenFile, besides: int | None = None) -> bool:
@@ -876,9 +876,9 @@ class Filesystem:
                       path, policy.timeout_s, policy.path)
             raise CkptfsError(f"{path}: not durable on the remote in time", errno=errno.EIO)
 
-    async def _commit(self, f: OpenFile, durable: bool) -> None:
+    async def _commit(self, f: OpenFile, synced: bool) -> None:
         try:
-            await f.commit(durable=durable)
+            await f.commit(synced=synced)
         except CkptfsError:
             if f.failed is not None:
                 await self._retire(f)

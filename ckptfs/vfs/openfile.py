@@ -273,10 +273,10 @@ class OpenFile:
 
     # -- commit ------------------------------------------------------------------------------
 
-    async def commit(self, durable: bool = False) -> None:
+    async def commit(self, synced: bool = False) -> None:
         """Make every write so far part of the file: the remaining partial chunks are
         stored, then the layer below commits the version in one call (chunks/commit.py).
-        With ``durable``, the chunk frames and the catalog are fsynced first."""
+        With ``synced`` (fsync), the chunk frames and the catalog are fsynced first."""
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
@@ -290,7 +290,7 @@ class OpenFile:
                 dict(self.changes), list(self.written), self.meta_dirty,
             )
             committed = await commit_version(
-                self.svc.store, version, durable, sync_failed=self._sync_failed
+                self.svc.store, version, synced, sync_failed=self._sync_failed
             )
             if committed is None:
                 return
