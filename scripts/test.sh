@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy, lint-imports, pytest.
+# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy (ckptfs and tests),
+# lint-imports, pytest.
 #
 #   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh -k catalog -x
 #
@@ -16,6 +17,10 @@ echo "== ruff check"
 .venv/bin/ruff check . || lint_failed+=(ruff)
 echo "== mypy ckptfs"
 .venv/bin/mypy ckptfs || lint_failed+=(mypy)
+echo "== mypy tests"
+# Two runs: tests/conftest.py and tests/compat/conftest.py are both the module "conftest".
+.venv/bin/mypy tests --exclude tests/compat || lint_failed+=(mypy-tests)
+.venv/bin/mypy tests/compat || lint_failed+=(mypy-tests-compat)
 echo "== lint-imports"
 # The import contracts in pyproject.toml; no cache: one that saw an edit in the same
 # second as the last run would answer from before it.

@@ -5,6 +5,7 @@ import errno
 import json
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ D = stat.S_IFDIR | 0o755
 
 
 @pytest.fixture
-def cat(tmp_path: Path) -> Catalog:
+def cat(tmp_path: Path) -> Iterator[Catalog]:
     c = Catalog(tmp_path / "c.sqlite")
     yield c
     c.close()
@@ -387,7 +388,7 @@ def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> No
     remote.put_meta(SNAPSHOT_NAME, b"".join(bytes(p) for p in frame.encode([data], digest)))
     dest = tmp_path / "new" / "catalog.sqlite"
     dest.parent.mkdir()
-    restore_catalog(dest, [remote])  # type: ignore[list-item]
+    restore_catalog(dest, [remote])
     c = Catalog(dest)
     try:
         assert c.get_meta("schema_version") == str(SCHEMA_VERSION)

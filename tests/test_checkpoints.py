@@ -151,7 +151,11 @@ def test_retention_over_twelve_steps_with_a_remote_outage(
             payloads[step] = os.urandom(MiB + step)
             hf_save(run, step, payloads[step])
             root = f"/run/checkpoint-{step}"
-            wait_until(lambda r=root: states(run).get(r) == "committed", what=f"commit {step}")
+
+            def committed(r: str = root) -> bool:
+                return states(run).get(r) == "committed"
+
+            wait_until(committed, what=f"commit {step}")
             assert run_cli("latest", str(run)).stdout.strip() == str(run / f"checkpoint-{step}")
         assert run_cli("sync", str(run), "--timeout", "120").returncode == 0
         res = run_cli("gc", str(run))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_upload import wait_backlog_empty
-from test_vfs import make_fs, read_file, write_file
+from test_vfs import make_fs, read_file, uploader_of, write_file
 
 from ckptfs import config
 from ckptfs.codec import compress, frame
@@ -252,7 +252,7 @@ async def test_uploader_sends_lz4_and_keeps_local_frames_raw(tmp_path: Path) -> 
     async with make_fs(tmp_path, [local, remote]) as fs:
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
-        assert fs.uploader.compressor.chunks_lz4 >= 1 and fs.uploader.compressor.chunks_raw >= 1
+        assert uploader_of(fs).compressor.chunks_lz4 >= 1 and uploader_of(fs).compressor.chunks_raw >= 1
     assert set(remote.frames) == set(local.frames)
     codecs = set()
     for key, sent in remote.frames.items():
@@ -282,7 +282,7 @@ async def test_real_s3_holds_a_smaller_lz4_frame_and_reads_back_exact(
     async with fs_on(tmp_path, [local, s3], MiB) as fs:
         await write_file(fs, b"ckpt.bin", data, step=MiB)
         await wait_backlog_empty(fs)
-        assert fs.uploader.compressor.network_rate is None
+        assert uploader_of(fs).compressor.network_rate is None
     keys = sorted(local.frames)
     assert sorted(s3.list_keys()) == keys and len(keys) == 2
     codecs = {}

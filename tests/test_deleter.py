@@ -18,6 +18,7 @@ from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, wr
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
+from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
@@ -173,7 +174,7 @@ async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tm
         f = fs.open_files[inode.ino]
         await wait_for(lambda: not f._running and len(f.written) == 3)
         await save(fs, run.ino, 2, os.urandom(3 * CS))
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 2)
         await d.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # its chunks are pinned
         await fs.flush(fh)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted
 
-torch = pytest.importorskip("torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

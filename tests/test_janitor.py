@@ -4,15 +4,17 @@ checkpoint being read, never evict data not yet uploaded, expired data verified 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import trio
 from test_local_full import wait_for
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import RW, deletions_done, make_daemon, make_fs
+from test_vfs import RW, deletions_done, make_daemon, make_fs, uploader_of
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.retention import RetentionPolicy
+from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
@@ -37,7 +39,7 @@ async def state(fs: Filesystem, root: str) -> str | None:
     return str(rows[0]["state"]) if rows else None
 
 
-def options() -> dict:  # type: ignore[type-arg]
+def options() -> dict[str, Any]:
     return {"detectors": DetectorSet.default(), "retention": POLICY}
 
 
@@ -49,7 +51,7 @@ async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Pat
         model = await fs.lookup(d1, b"model.safetensors")
         fh = await fs.open(model.ino, os.O_RDONLY)  # a restore is reading step 1
         await save(fs, run.ino, 2)
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 2)
         report = await d.janitor.run_now()
         assert report.busy == 1 and await state(fs, "/run/checkpoint-1") == "committed"
         assert len(await fs.read(fh, 0, 10)) == 10
@@ -69,13 +71,13 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (1, 2, 3):
             await save(fs, run.ino, step)
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 3)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 3)
         frames = len(local.frames)
         report = await d.janitor.run_now()
         assert report.evicted_bytes == 0 and len(local.frames) == frames  # only copies
         remote.fail_puts = False
-        fs.uploader.clock = skip_backoff
-        fs.uploader.kick()
+        uploader_of(fs).clock = skip_backoff
+        uploader_of(fs).kick()
         await wait_backlog_empty(fs)
         await d.janitor.run_now()
         await deletions_done(fs)
@@ -98,7 +100,7 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         assert uploaded
         remote.fail_gets = remote.fail_deletes = True  # the remote is unreachable now
         await save(fs, run.ino, 2)
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 2)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 2)
         await d.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
         assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
@@ -122,7 +124,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (3, 4, 5, 6):
             await save(fs, run.ino, step)
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 4)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 4)
         await d.janitor.run_now()
         pending = await fs.db(fs.catalog.digests_under, ["/run/checkpoint-4", "/run/checkpoint-6"])
         backlog = await fs.db(fs.catalog.backlog)
@@ -167,6 +169,6 @@ async def test_a_close_reports_the_tail_without_reading_the_chunk_back(tmp_path:
         await fs.flush(fh)
         local.fail_gets = True  # any read of a chunk now fails
         await fs.release(fh)
-        await wait_for(lambda: fs.tracker is not None and fs.tracker.commits >= 1)
+        await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 1)
         assert await state(fs, "/step-3.pt") == "committed"
         local.fail_gets = False

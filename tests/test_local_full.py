@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 import trio
 from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
+from test_vfs import (
+    CS,
+    RW,
+    deletions_done,
+    make_daemon,
+    make_fs,
+    read_file,
+    uploader_of,
+    write_file,
+)
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame
@@ -204,7 +213,7 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
             inner = remote.inner
             assert isinstance(inner, MemoryTier)
             assert {r.key for r in refs.values()} <= set(inner.frames)
-            assert fs.uploader.snapshot_of_ns >= inode.mtime_ns
+            assert uploader_of(fs).snapshot_of_ns >= inode.mtime_ns
             assert "catalog.snapshot" in inner.metas
     finally:
         remote.put_gate.set()
@@ -225,8 +234,8 @@ async def test_remote_policy_times_out_with_eio_and_keeps_the_file(tmp_path: Pat
         await fs.release(fh)
         assert await read_file(fs, b"f") == data  # committed locally all the same
         remote.fail_puts = False
-        fs.uploader.clock = skip_backoff
-        fs.uploader.kick()
+        uploader_of(fs).clock = skip_backoff
+        uploader_of(fs).kick()
         await wait_backlog_empty(fs)
 
 
@@ -236,14 +245,14 @@ async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_pat
         await write_file(fs, b"done", os.urandom(2 * CS))
         fh = await mkfile(fs, ROOT_INODE, b"saving")
         await fs.write(fh, 0, os.urandom(CS // 2))  # a save in progress: a buffer in memory
-        assert fs.uploader.saving()
-        assert fs.uploader._limit() == 0  # no upload competes with the save
+        assert uploader_of(fs).saving()
+        assert uploader_of(fs)._limit() == 0  # no upload competes with the save
         fs.store.waiting_for_room += 1  # ... unless a writer waits for uploads to free room
-        assert fs.uploader._limit() == fs.uploader.concurrency
+        assert uploader_of(fs)._limit() == uploader_of(fs).concurrency
         fs.store.waiting_for_room -= 1
         await fs.flush(fh)
         await fs.release(fh)
-        assert not fs.uploader.saving()
+        assert not uploader_of(fs).saving()
         await wait_backlog_empty(fs)  # once the save committed, everything goes up
         assert len(remote.frames) == 3
 
@@ -337,7 +346,7 @@ async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies
                 await wait_for(lambda: bool(fs.store.guard.moving()))  # A's chunks are moving
                 await fs.flush(fa)  # A commits while they move: its upload jobs are queued
                 await fs.release(fa)
-                await wait_for(lambda: len(fs.uploader.running) == 2)  # and its jobs run
+                await wait_for(lambda: len(uploader_of(fs).running) == 2)  # and its jobs run
                 remote.put_gate.set()
             await wait_backlog_empty(fs)
             inner = remote.inner

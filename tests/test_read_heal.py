@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
@@ -30,7 +31,7 @@ def flip_byte(path: Path, offset: int = frame.HEADER_SIZE + 100) -> None:
         f.write(bytes([b[0] ^ 0x5A]))
 
 
-def stats(m: Mount) -> dict:  # type: ignore[type-arg]
+def stats(m: Mount) -> dict[str, Any]:
     p = m.state_dir / "stats.json"
     return json.loads(p.read_text()) if p.exists() else {}
 

@@ -30,7 +30,7 @@ from s3fixtures import remove_prefix, tier_config
 from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
 from test_remote_mount import remote  # noqa: F401
 from test_upload import wait_backlog_empty
-from test_vfs import CS, make_fs, write_file
+from test_vfs import CS, make_fs, uploader_of, write_file
 from tier_conformance import framed, joined
 
 from ckptfs.catalog import ChunkRef
@@ -193,7 +193,7 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
             ref = (await fs.db(fs.catalog.extents, ino))[0]
             assert set(ref.tiers) == {"l", "r"}
             await trio.to_thread.run_sync(flip_stored_byte, server, data[CS // 2:][:64])
-            uploaded = fs.uploader.uploaded_bytes
+            uploaded = uploader_of(fs).uploaded_bytes
             # A reader whose view names only the remote copy (the local one came later).
             got = await fs.store.read(ChunkRef(ref.digest, ref.length, ("r",)))
             assert bytes(got) == data[:CS]
@@ -201,7 +201,7 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
             assert stats.get("unreadable_copies") == 1 and not stats.is_degraded("r")
             # Healed: the copy was marked bad and uploaded again from the local copy.
             with trio.fail_after(60):
-                while fs.uploader.uploaded_bytes == uploaded or "r" not in await fs.db(
+                while uploader_of(fs).uploaded_bytes == uploaded or "r" not in await fs.db(
                     fs.catalog.replica_tiers, ref.digest
                 ):
                     await trio.sleep(0.05)  # polling the catalog, with a deadline

@@ -1,5 +1,7 @@
 """Retention planning (pure logic)."""
 
+from typing import Any
+
 import pytest
 
 from ckptfs.checkpoints.retention import (
@@ -63,6 +65,6 @@ def test_policies_apply_per_run_by_glob() -> None:
     ({"path": "/r", "bogus": 1}, "retention[0].bogus"),
     ({"path": "/r", "skip_superseded_uploads": "yes"}, "retention[0].skip_superseded_uploads"),
 ])
-def test_bad_retention_config_names_the_key(table: dict, key: str) -> None:  # type: ignore[type-arg]
+def test_bad_retention_config_names_the_key(table: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
         policies_from_config([table])

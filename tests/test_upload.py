@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_vfs import CS, RW, deletions_done, make_fs, read_file, write_file
+from test_vfs import CS, RW, deletions_done, make_fs, read_file, uploader_of, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame
@@ -57,8 +57,8 @@ async def test_outage_grows_backlog_then_drains(tmp_path: Path) -> None:
         backlog = await fs.db(fs.catalog.backlog)
         assert backlog.chunks == 4 and backlog.bytes == 4 * CS
         remote.fail_puts = False
-        fs.uploader.clock = skip_backoff
-        fs.uploader.kick()
+        uploader_of(fs).clock = skip_backoff
+        uploader_of(fs).kick()
         await wait_backlog_empty(fs)
         assert len(remote.inner.frames) == 4  # type: ignore[attr-defined]
 
@@ -73,8 +73,8 @@ async def test_restart_replays_pending_uploads(tmp_path: Path) -> None:
         assert (await fs.db(fs.catalog.backlog)).chunks == 2
     healthy: list[Tier] = [local, MemoryTier("r", kind="remote")]
     async with make_fs(tmp_path, healthy) as fs:
-        fs.uploader.clock = skip_backoff
-        fs.uploader.kick()
+        uploader_of(fs).clock = skip_backoff
+        uploader_of(fs).kick()
         await wait_backlog_empty(fs)
         assert len(healthy[1].frames) == 2  # type: ignore[attr-defined]
 
@@ -118,8 +118,8 @@ async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path
                 await trio.sleep(0.01)
         assert inner.frames == {}  # the receiving end refused every damaged body
         remote.corrupt_puts = False
-        fs.uploader.clock = skip_backoff
-        fs.uploader.kick()
+        uploader_of(fs).clock = skip_backoff
+        uploader_of(fs).kick()
         await wait_backlog_empty(fs)
     assert len(inner.frames) == 2
     for key, raw in inner.frames.items():
@@ -170,7 +170,7 @@ async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, m
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     during = mode.split("-")[0]
     async with make_fs(tmp_path, [local, remote], upload_during_save=during) as fs:
-        up = fs.uploader
+        up = uploader_of(fs)
         up.idle_cores = lambda: 0.6 if mode == "auto-busy" else 7.0
         fh = await _open_save(fs, b"saving")  # before the first file: nothing may slip out
         await write_file(fs, b"done", os.urandom(2 * CS))  # committed, upload jobs queued
@@ -182,7 +182,7 @@ async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, m
             assert not remote.frames
         else:
             await wait_backlog_empty(fs)  # uploaded while the save still runs
-            assert fs.uploader.saving()
+            assert uploader_of(fs).saving()
             assert len(remote.frames) == 2
             if mode == "auto-idle":
                 assert not up.running
@@ -199,7 +199,7 @@ async def test_a_long_save_lets_one_upload_through_after_max_defer(
 ) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     async with make_fs(tmp_path, [local, remote], upload_during_save="defer") as fs:
-        up = fs.uploader
+        up = uploader_of(fs)
         fh = await _open_save(fs, b"saving")
         assert up._limit() == 0  # the save just began: uploads wait for it
         mock_clock.jump(MAX_DEFER_S - 1)

@@ -17,6 +17,7 @@ from ckptfs.errors import CkptfsError
 from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload.uploader import Uploader
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
@@ -44,6 +45,14 @@ async def make_fs(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterato
         yield daemon.fs
 
 
+def uploader_of(fs: Filesystem) -> Uploader:
+    """The upload queue behind ``fs`` (the filesystem itself only sees a DurableWaiter),
+    for tests that drive or inspect it."""
+    up = fs.uploader
+    assert isinstance(up, Uploader)
+    return up
+
+
 async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
     """Wait until the deletion queue is empty (frames are deleted in the background)."""
     with trio.fail_after(timeout):
@@ -64,7 +73,7 @@ async def read_file(fs: Filesystem, name: bytes) -> bytes:
     inode = await fs.lookup(ROOT_INODE, name)
     fh = await fs.open(inode.ino, os.O_RDONLY)
     try:
-        return await fs.read(fh, 0, inode.size + 10)
+        return bytes(await fs.read(fh, 0, inode.size + 10))
     finally:
         await fs.release(fh)
 

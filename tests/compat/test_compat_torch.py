@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from compatkit import Nodes, latest, ls
 from compatstate import assert_identical, snapshot
 
-torch = pytest.importorskip("torch", reason="torch is part of the test extra")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch", reason="torch is part of the test extra")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is in the test extra")
 
 VOCAB = 1000

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,7 @@ def save(rank: int, run: Path, ref: Path, port: str) -> None:
     # all-reduce differently on each rank and deadlock: seen here with gloo).
     ckpt_group = dist.new_group(backend="gloo")
     future = dcp.async_save(sd, checkpoint_id=run / "step-4", process_group=ckpt_group)
+    assert isinstance(future, Future)  # no stager given: a plain Future, no AsyncSaveResponse
     step(model, opt)  # training goes on while the checkpoint is written
     future.result()
     torch.save(snapshot(get_state_dict(model, opt)[0]), ref / f"dcp-step-5-rank{rank}.pt")

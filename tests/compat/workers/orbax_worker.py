@@ -85,9 +85,9 @@ def save(root: Path, ref: Path) -> None:
         for n in range(1, 6):
             s = train_step(s)
             if mngr.save(n, args=ocp.args.StandardSave(s)):
-                np.savez(ref / f"orbax-step-{n}.npz", **flat(s))
+                np.savez(ref / f"orbax-step-{n}.npz", allow_pickle=False, **flat(s))
         mngr.wait_until_finished()
-    np.savez(ref / "orbax-step-5.npz", **flat(s))
+    np.savez(ref / "orbax-step-5.npz", allow_pickle=False, **flat(s))
     mark("saved", ",".join(sorted(os.listdir(root))))
 
 
