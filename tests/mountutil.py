@@ -106,6 +106,17 @@ def disallowed_log_lines(
     return [line for line in lines if not allowed(line)]
 
 
+def _config_sets(args: Sequence[str], key: str) -> bool:
+    """Whether the ``--config FILE`` among ``args`` sets ``key``."""
+    if "--config" not in args or args.index("--config") + 1 >= len(args):
+        return False
+    path = Path(args[args.index("--config") + 1])
+    try:
+        return key in tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
 def _mount_state_dir(args: Sequence[str]) -> Path | None:
     """The state dir a ``ckptfs mount ARGS`` command uses (None: the user's default)."""
     config: str | None = None
@@ -169,10 +180,10 @@ class Mount:
         for d in self.locals:
             a += ["--local", str(d)]
         extra = list(self.extra_args)
-        if "--metrics-address" not in extra and "--config" not in extra:
+        if "--metrics-address" not in extra and not _config_sets(extra, "metrics_address"):
             # Each test daemon serves metrics on a port of its own (never the default 9464,
-            # which a demo or a real daemon on this machine may hold). A test's config file
-            # says what it wants itself.
+            # which a demo or a real daemon on this machine may hold: the daemon would warn
+            # that it is taken). A test's config file that names an address keeps it.
             extra += ["--metrics-address", "127.0.0.1:0"]
         return a + extra
 
