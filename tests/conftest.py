@@ -82,11 +82,6 @@ def daemon_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     new = mountutil.DAEMON_LOGS.take_new()
     node = request.node
-    import os, json  # TEMP AUDIT
-    if os.environ.get("H5_AUDIT") and new:
-        with open(os.environ["H5_AUDIT"], "a") as f:
-            f.write(json.dumps({"test": node.nodeid, "logs": len(new),
-                                "bad": mountutil.disallowed_log_lines([l for ls in new.values() for l in ls], False, None)[:20]}) + "\n")
     failed = any(
         (rep := getattr(node, f"rep_{when}", None)) is not None and rep.failed
         for when in ("setup", "call")
