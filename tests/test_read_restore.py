@@ -245,8 +245,9 @@ def test_sequential_read_of_a_remote_only_file_copies_it_back(
 
 @pytest.mark.allow_log_errors
 # FIXME(issue 13): besides the expected "no valid copy" errors the daemon logs
-# "ERROR ckptfs.fuse: unexpected error in setxattr" with a Traceback (the prefetch
-# xattr lets a non-CkptfsError escape to the FUSE boundary).
+# "ERROR ckptfs.fuse: unexpected error in setxattr" with a Traceback: the nursery of
+# Filesystem.stage_file wraps the ChunkMissing in an ExceptionGroup, which the FUSE
+# error boundary does not unwrap.
 @pytest.mark.allow_log_warnings("moved from")
 def test_prefetch_names_the_file_it_cannot_read(
     tmp_path: Path, seaweed: SeaweedServer, remote: str
