@@ -5,7 +5,7 @@
 
 The daemon-log check (``daemon_log_check``, autouse) covers every test that starts a
 daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log. The
-lines a test's daemons logged must hold no ``ERROR`` or ``Traceback`` line unless the test
+lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line unless the test
 is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless it is marked
 ``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain one of
 them). Mounts are always unmounted and their daemons stopped, also when the test fails.
@@ -31,7 +31,6 @@ from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: E402, F401
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024
 TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")
-
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
