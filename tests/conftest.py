@@ -5,10 +5,10 @@
 
 The daemon-log check (``daemon_log_check``, autouse) covers every test that starts a
 daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log. The
-lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line unless the test
-is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless it is marked
-``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain one of
-them). Mounts are always unmounted and their daemons stopped, also when the test fails.
+lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line
+unless the test is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless
+it is marked ``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain
+one of them). Mounts are always unmounted and their daemons stopped, also when the test fails.
 """
 
 from __future__ import annotations
