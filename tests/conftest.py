@@ -65,11 +65,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 def bad_log_lines(lines: Sequence[str], item: pytest.Item) -> list[str]:
     """The lines of a daemon log that ``item``'s markers do not allow."""
-    warn_marker = item.get_closest_marker("allow_log_warnings")
+    # Every allow_log_warnings marker counts (test, class, module, or added by a fixture);
+    # one without arguments allows any warning.
+    warn_markers = list(item.iter_markers("allow_log_warnings"))
+    allowed: tuple[str, ...] | None = None
+    if warn_markers:
+        allowed = () if any(not m.args for m in warn_markers) else tuple(
+            a for m in warn_markers for a in m.args
+        )
     return mountutil.disallowed_log_lines(
         lines,
         allow_errors=item.get_closest_marker("allow_log_errors") is not None,
-        allowed_warnings=None if warn_marker is None else tuple(warn_marker.args),
+        allowed_warnings=allowed,
     )
 
 

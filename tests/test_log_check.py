@@ -74,6 +74,11 @@ def test_expected_warning(tmp_path):
 def test_other_warning(tmp_path):
     log(tmp_path, {WARN!r})
 
+@pytest.mark.allow_log_warnings("another warning")
+def test_markers_add_up(tmp_path, request):
+    request.node.add_marker(pytest.mark.allow_log_warnings("room again"))
+    log(tmp_path, {WARN!r})
+
 def test_error_in_a_deleted_state_dir(tmp_path):
     log(tmp_path, {ERR!r})
     mountutil.DAEMON_LOGS.snapshot(tmp_path / "state")
@@ -107,10 +112,11 @@ def test_every_test_is_checked_by_its_markers(pytester: pytest.Pytester) -> None
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")
     out = res.stdout.str()
     outcomes = res.parseoutcomes()
-    assert outcomes.get("passed") == 7 and outcomes.get("errors") == 4, out
+    assert outcomes.get("passed") == 8 and outcomes.get("errors") == 4, out
     for name in ("test_warning", "test_other_warning", "test_error_in_a_deleted_state_dir",
                  "test_command_line_registers"):
         assert f"ERROR at teardown of {name}" in out, out
-    for name in ("test_clean", "test_expected_warning", "test_expected_error"):
+    for name in ("test_clean", "test_expected_warning", "test_markers_add_up",
+                 "test_expected_error"):
         assert f"of {name} " not in out, out
     assert "state/ckptfs.log" in out and "local tiers have room again" in out, out
