@@ -154,6 +154,8 @@ class Nodes:
         ``seconds`` without a writer (tests/test_checkpoints.py does the same)."""
         cfg = self.base / "ckptfs.toml"
         cfg.write_text(f"checkpoint_partial_after = {seconds}\n")
+        # The test kills a save: the daemon warns that its checkpoint is partial.
+        self.request.node.add_marker(pytest.mark.allow_log_warnings("is partial"))
         self.extra = ("--config", str(cfg))
         return self
 
