@@ -3,9 +3,12 @@
 ``ckpt``          a live mount (two local tiers, 256 KiB chunks) for one test.
 ``ckpt_factory``  make mounts that a test can unmount and mount again with the same state.
 
-After every test that used a mount, the daemon log must hold no ``ERROR`` or
-``Traceback`` line, unless the test is marked ``@pytest.mark.allow_log_errors``.
-Mounts are always unmounted and their daemons stopped, also when the test fails.
+The daemon-log check (``daemon_log_check``, autouse) covers every test that starts a
+daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log. The
+lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line
+unless the test is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless
+it is marked ``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain
+one of them). Mounts are always unmounted and their daemons stopped, also when the test fails.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: E402, F401
 TEST_CHUNK_SIZE = 256 * 1024
 TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")
 
-_LOG_BAD_MARKERS = ("ERROR", "Traceback")
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The framework suite trains real models: all of it is slow (`-m 'not slow'` skips it).
@@ -46,6 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "allow_log_errors: the test provokes errors on purpose; do not fail it on ERROR or "
         "Traceback lines in the ckptfs daemon log",
     )
+    config.addinivalue_line(
+        "markers",
+        "allow_log_warnings(*substrings): the test provokes daemon warnings on purpose; do "
+        "not fail it on WARNING lines in the ckptfs daemon log (with arguments: only on "
+        "warnings that contain none of them)",
+    )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -56,27 +63,50 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     return rep
 
 
-def bad_log_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if any(m in line for m in _LOG_BAD_MARKERS)]
+def bad_log_lines(lines: Sequence[str], item: pytest.Item) -> list[str]:
+    """The lines of a daemon log that ``item``'s markers do not allow."""
+    # Every allow_log_warnings marker counts (test, class, module, or added by a fixture);
+    # one without arguments allows any warning.
+    warn_markers = list(item.iter_markers("allow_log_warnings"))
+    allowed: tuple[str, ...] | None = None
+    if warn_markers:
+        allowed = () if any(not m.args for m in warn_markers) else tuple(
+            a for m in warn_markers for a in m.args
+        )
+    return mountutil.disallowed_log_lines(
+        lines,
+        allow_errors=item.get_closest_marker("allow_log_errors") is not None,
+        allowed_warnings=allowed,
+    )
 
 
-def _finish_mount(request: pytest.FixtureRequest, mounts: Sequence[Mount]) -> None:
-    """After the mounts are gone: show logs of failed tests, enforce a clean log."""
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
+@pytest.fixture(autouse=True)
+def daemon_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the test and its mounts are gone: show the daemon logs of a failed test, else
+    fail on log lines its markers do not allow. Autouse and set up first, so it is torn
+    down after every mount fixture of the test."""
+    yield
+    new = mountutil.DAEMON_LOGS.take_new()
+    node = request.node
+    failed = any(
+        (rep := getattr(node, f"rep_{when}", None)) is not None and rep.failed
+        for when in ("setup", "call")
+    )
+    if failed:
         # The test already failed: show the daemon's side instead of reporting it twice.
-        for m in mounts:
-            tail = "\n".join(m.log.splitlines()[-80:])
-            print(f"--- ckptfs log tail ({m.state_dir}) ---\n{tail}")
-        return
-    if request.node.get_closest_marker("allow_log_errors"):
+        for log, lines in new.items():
+            tail = "\n".join(lines[-80:])
+            print(f"--- ckptfs log tail ({log}) ---\n{tail}")
         return
     problems = []
-    for m in mounts:
-        bad = bad_log_lines(m.log)
+    for log, lines in new.items():
+        bad = bad_log_lines(lines, node)
         if bad:
-            problems.append(f"{m.state_dir / 'ckptfs.log'}:\n" + "\n".join(bad[:40]))
-    assert not problems, "ckptfs daemon logged errors:\n" + "\n".join(problems)
+            problems.append(f"{log}:\n" + "\n".join(bad[:40]))
+    assert not problems, (
+        "ckptfs daemon logged lines the test does not allow (mark it allow_log_errors / "
+        "allow_log_warnings if it provokes them):\n" + "\n".join(problems)
+    )
 
 
 def _require_fuse() -> None:
@@ -85,16 +115,11 @@ def _require_fuse() -> None:
 
 
 @pytest.fixture
-def ckpt(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Mount]:
+def ckpt(tmp_path: Path) -> Iterator[Mount]:
     """A live ckptfs mount with two local tiers and 256 KiB chunks."""
     _require_fuse()
-    holder: list[Mount] = []
-    try:
-        with mountutil.mounted(tmp_path, n_local=2, extra_args=TEST_MOUNT_ARGS) as m:
-            holder.append(m)
-            yield m
-    finally:
-        _finish_mount(request, holder)
+    with mountutil.mounted(tmp_path, n_local=2, extra_args=TEST_MOUNT_ARGS) as m:
+        yield m
 
 
 class CkptFactory:
@@ -128,12 +153,7 @@ class CkptFactory:
 
 
 @pytest.fixture
-def ckpt_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[CkptFactory]:
+def ckpt_factory(tmp_path: Path) -> Iterator[CkptFactory]:
     _require_fuse()
-    factory: CkptFactory | None = None
-    try:
-        with contextlib.ExitStack() as stack:
-            factory = CkptFactory(tmp_path, stack)
-            yield factory
-    finally:
-        _finish_mount(request, factory.mounts if factory else [])
+    with contextlib.ExitStack() as stack:
+        yield CkptFactory(tmp_path, stack)

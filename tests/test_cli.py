@@ -301,6 +301,8 @@ def test_foreground_mount(tmp_path: Path) -> None:
             str(tmp_path / "t0"),
             "--create",
             "--foreground",
+            "--metrics-address",  # a free port: 9464 may be taken here
+            "127.0.0.1:0",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -332,6 +334,7 @@ def test_foreground_mount(tmp_path: Path) -> None:
 
 
 @needs_fuse
+@pytest.mark.allow_log_warnings("cleaning up stale mount")
 def test_stale_mount_cleaned_by_next_mount(tmp_path: Path) -> None:
     """A supervisor remounts right after the daemon died: the dead mount must not block it.
 
@@ -350,6 +353,7 @@ def test_stale_mount_cleaned_by_next_mount(tmp_path: Path) -> None:
         assert (m.mountpoint / "kept").read_bytes() == b"committed"
 
 
+@pytest.mark.allow_log_warnings("cleaning up stale mount")
 def test_stale_mount_cleaned_once_detectable(tmp_path: Path) -> None:
     """The same once the kernel itself reports the dead connection (ENOTCONN/ECONNABORTED)."""
     with mounted(tmp_path, n_local=1) as m:
@@ -514,6 +518,7 @@ def test_fsck_on_a_mounted_state_dir_exit_2(tmp_path: Path) -> None:
 
 
 @needs_fuse
+@pytest.mark.allow_log_errors  # "mount refused: ... does not exist"
 def test_missing_bucket_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from s3server import ACCESS_KEY, SECRET_KEY
 
@@ -529,6 +534,7 @@ def test_missing_bucket_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pyt
 
 
 @needs_fuse
+@pytest.mark.allow_log_errors  # "mount refused: ... cannot write"
 def test_read_only_credentials_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """Credentials that may read and list but not write (the server's reader identity):
     the write probe at mount finds it; nothing is left under the prefix."""
@@ -555,6 +561,7 @@ def test_read_only_credentials_refused_exit_2(tmp_path: Path, seaweed, monkeypat
 
 
 @needs_fuse
+@pytest.mark.allow_log_warnings("is taken (another daemon?)")
 def test_metrics_port_taken_serves_on_a_free_port(tmp_path: Path) -> None:
     import json
     import socket

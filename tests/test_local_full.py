@@ -102,7 +102,6 @@ async def test_block_waits_for_uploads_then_the_save_goes_on(tmp_path: Path) -> 
         remote.put_gate.set()
 
 
-@pytest.mark.allow_log_errors
 async def test_enospc_policy_fails_the_write_and_keeps_the_data(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -122,7 +121,6 @@ async def test_enospc_policy_fails_the_write_and_keeps_the_data(
         remote.put_gate.set()
 
 
-@pytest.mark.allow_log_errors
 async def test_block_gives_enospc_after_its_timeout(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -139,7 +137,6 @@ async def test_block_gives_enospc_after_its_timeout(
         remote.put_gate.set()
 
 
-@pytest.mark.allow_log_errors
 async def test_without_a_remote_a_full_tier_is_enospc_at_once(tmp_path: Path) -> None:
     async with make_fs(tmp_path, [small_local(2)]) as fs:
         with trio.fail_after(5), pytest.raises(NoSpace):
@@ -219,7 +216,6 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
         remote.put_gate.set()
 
 
-@pytest.mark.allow_log_errors
 async def test_remote_policy_times_out_with_eio_and_keeps_the_file(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True
@@ -288,7 +284,6 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
         assert await read_file(fs, b"big") == data
 
 
-@pytest.mark.allow_log_errors
 async def test_block_fails_at_once_when_nothing_can_free_room(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -303,7 +298,6 @@ async def test_block_fails_at_once_when_nothing_can_free_room(
         assert "writers wait for 0 bytes" not in caplog.text
 
 
-@pytest.mark.allow_log_errors
 async def test_a_failing_remote_makes_block_wait_then_enospc(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

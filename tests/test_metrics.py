@@ -177,6 +177,7 @@ def test_metrics_can_be_disabled(tmp_path: Path) -> None:
 
 
 @needs_fuse
+@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")  # the outage
 def test_backlog_and_remote_durable_checkpoint(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -49,6 +49,7 @@ def frame_ok(path: Path) -> bool:
 
 
 @pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("corrupt; healing it")
 def test_a_flipped_byte_is_served_right_counted_and_repaired(
     tmp_path: Path, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -71,6 +72,7 @@ def test_a_flipped_byte_is_served_right_counted_and_repaired(
 
 
 @pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("statfs: tier local0", "cannot sync")  # its directory is gone
 def test_a_removed_local_tier_degrades_and_reads_come_from_the_remote(
     tmp_path: Path, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -154,7 +154,7 @@ def checkpoint(n: int = 3) -> dict[str, bytes]:
 # -- tests -----------------------------------------------------------------------------------
 
 
-@pytest.mark.allow_log_errors  # the remount during the outage logs the unreachable remote
+@pytest.mark.allow_log_warnings("moved from", "not reachable now", "writer lease")
 def test_prefetch_makes_a_restored_checkpoint_readable_without_the_remote(
     tmp_path: Path, seaweed: SeaweedServer, remote: str
 ) -> None:
@@ -190,6 +190,7 @@ def test_prefetch_makes_a_restored_checkpoint_readable_without_the_remote(
             seaweed.start()
 
 
+@pytest.mark.allow_log_warnings("moved from")
 def test_safetensors_with_remote_only_chunks_loads_through_mmap(
     tmp_path: Path, remote: str
 ) -> None:
@@ -221,6 +222,7 @@ def test_safetensors_with_remote_only_chunks_loads_through_mmap(
         assert_log_clean(m)
 
 
+@pytest.mark.allow_log_warnings("moved from")
 def test_sequential_read_of_a_remote_only_file_copies_it_back(
     tmp_path: Path, remote: str
 ) -> None:
@@ -242,6 +244,11 @@ def test_sequential_read_of_a_remote_only_file_copies_it_back(
 
 
 @pytest.mark.allow_log_errors
+# FIXME(issue 13): besides the expected "no valid copy" errors the daemon logs
+# "ERROR ckptfs.fuse: unexpected error in setxattr" with a Traceback: the nursery of
+# Filesystem.stage_file wraps the ChunkMissing in an ExceptionGroup, which the FUSE
+# error boundary does not unwrap.
+@pytest.mark.allow_log_warnings("moved from")
 def test_prefetch_names_the_file_it_cannot_read(
     tmp_path: Path, seaweed: SeaweedServer, remote: str
 ) -> None:
@@ -257,6 +264,7 @@ def test_prefetch_names_the_file_it_cannot_read(
         assert "Traceback" not in res.stderr
 
 
+@pytest.mark.allow_log_warnings("is no longer configured")  # node 2 has no local tier
 def test_prefetch_reports_local_tiers_without_room(tmp_path: Path, remote: str) -> None:
     """A local tier capped at two chunks: the daemon copies two back and skips the rest;
     prefetch gives up at its timeout, counting the chunks still remote-only."""

@@ -217,6 +217,7 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
 
 @needs_fuse
 @pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("moved from")  # node 2 restores node 1's catalog
 def test_a_restored_node_gets_eio_for_the_bad_object_and_keeps_using_the_remote(
     tmp_path: Path, server: SeaweedServer, own_remote: tuple[str, str],
 ) -> None:
@@ -247,7 +248,6 @@ def test_a_restored_node_gets_eio_for_the_bad_object_and_keeps_using_the_remote(
 
 
 @needs_fuse
-@pytest.mark.allow_log_errors
 def test_fsck_names_the_unreadable_object_checks_the_others_and_repair_uploads_it_again(
     tmp_path: Path, server: SeaweedServer, own_remote: tuple[str, str],
 ) -> None:
@@ -286,7 +286,7 @@ def test_fsck_names_the_unreadable_object_checks_the_others_and_repair_uploads_i
 
 
 @needs_fuse
-@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")  # the outage
 def test_status_with_the_remote_down_says_unreachable_with_no_rate_or_eta(
     tmp_path: Path, server: SeaweedServer, own_remote: tuple[str, str],
 ) -> None:
@@ -326,7 +326,8 @@ def test_status_with_the_remote_down_says_unreachable_with_no_rate_or_eta(
 
 
 @needs_fuse
-@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_errors  # "remote tier remote0 unusable: ... access denied"
+@pytest.mark.allow_log_warnings("writer lease")
 def test_status_says_access_denied_for_a_wrong_secret(
     tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
@@ -346,6 +347,7 @@ def test_status_says_access_denied_for_a_wrong_secret(
 
 
 @needs_fuse
+@pytest.mark.allow_log_warnings("moved from")  # node 2 restores node 1's catalog
 def test_a_node_restored_from_the_bucket_shows_what_the_remote_and_local_tiers_hold(
     tmp_path: Path, remote: tuple[str, str],  # noqa: F811
 ) -> None:

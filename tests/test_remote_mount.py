@@ -85,7 +85,7 @@ def test_chunks_reach_the_bucket_and_sync_waits_for_them(
         assert status.returncode == 0 and "backlog: empty" in status.stdout, status.stdout
 
 
-@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")
 def test_outage_grows_backlog_and_drains_after_restart(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -118,7 +118,7 @@ def test_outage_grows_backlog_and_drains_after_restart(
             frame.verify(raw, bytes.fromhex(key))
 
 
-@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("cleaning up stale mount")
 def test_killed_daemon_resumes_its_queue(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -139,6 +139,7 @@ def test_killed_daemon_resumes_its_queue(
 
 
 @pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("writer lease", "upload failed", "failed, will retry")
 def test_wrong_credentials_are_reported_and_data_stays_local(
     tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,6 +160,8 @@ def test_wrong_credentials_are_reported_and_data_stays_local(
         assert "backlog: 2 chunk(s)" in status and "last error" in status, status
 
 
+@pytest.mark.allow_log_errors  # "remote tier remote0 unusable", "mount failed: the state dir is empty"
+@pytest.mark.allow_log_warnings("writer lease")
 def test_new_node_with_wrong_credentials_refuses_to_start_empty(
     tmp_path: Path, remote: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,6 +175,7 @@ def test_new_node_with_wrong_credentials_refuses_to_start_empty(
     assert "remote0" in res.stderr and "refusing to start with an empty catalog" in res.stderr
 
 
+@pytest.mark.allow_log_warnings("moved from", "is no longer configured")  # a new node, other tier paths
 def test_new_node_restores_everything_durable_from_the_remote_alone(
     tmp_path: Path, remote: tuple[str, str]
 ) -> None:
@@ -224,6 +228,7 @@ def test_server_refuses_a_body_damaged_after_it_was_checked(s3_tier) -> None:  #
     frame.verify(s3_tier.get(digest.hex()) or b"", digest)
 
 
+@pytest.mark.allow_log_warnings("local tiers full", "local tiers have room again")
 def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_room(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -250,6 +255,7 @@ def test_local_budget_full_evicts_uploaded_chunks_and_blocks_until_uploads_free_
         assert len(remote_objects(seaweed, prefix)) == 8 * 3
 
 
+@pytest.mark.allow_log_warnings("local tiers full", "local tiers have room again")
 def test_a_file_larger_than_the_local_budget_moves_its_chunks_to_the_remote(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -294,6 +300,7 @@ def test_a_file_larger_than_the_local_budget_moves_its_chunks_to_the_remote(
         assert len(remote_objects(seaweed, prefix)) == 13
 
 
+@pytest.mark.allow_log_warnings("writer lease", "moved from")  # node 2 takes over
 def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(
     tmp_path: Path, remote: tuple[str, str]
 ) -> None:
@@ -314,6 +321,7 @@ def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(
         assert (m.mountpoint / "final" / "model.pt").read_bytes() == data
 
 
+@pytest.mark.allow_log_warnings("moved from")
 def test_a_rename_alone_reaches_the_remote_snapshot(
     tmp_path: Path, remote: tuple[str, str]
 ) -> None:

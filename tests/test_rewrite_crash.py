@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # a runtime import of "conftest" may find tests/compat/confte
 
 KiB = 1024
 MiB = 1024 * KiB
+# Every test kills its daemon: the remount warns that it cleans up the stale mount.
+pytestmark = pytest.mark.allow_log_warnings("cleaning up stale mount")
+
 OLD_SIZE = 8 * MiB  # 32 chunks of the tests' 256 KiB
 NEW_PART = 3 * MiB + 5 * KiB  # whole chunks (already stored) and a partial one
 

@@ -250,6 +250,7 @@ def write(path: Path, data: bytes) -> None:
 
 @needs_fuse
 @pytest.mark.allow_log_errors  # node 1 logs the loss of its lease at ERROR
+@pytest.mark.allow_log_warnings("writer lease")  # node 2 takes it over, node 1 is refused
 def test_second_node_is_refused_while_the_first_is_mounted_and_takeover_wins(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -288,6 +289,7 @@ def test_second_node_is_refused_while_the_first_is_mounted_and_takeover_wins(
 
 
 @needs_fuse
+@pytest.mark.allow_log_warnings("moved from")  # node 2 restores node 1's catalog
 def test_clean_unmount_releases_the_lease_for_the_next_node(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -28,6 +28,8 @@ def nodes(
     if not FUSE_AVAILABLE:
         pytest.skip(SKIP_REASON)
     url, _prefix = remote
+    # Node 2 restores node 1's catalog with its own tier paths: the daemon says the tiers moved.
+    request.node.add_marker(pytest.mark.allow_log_warnings("moved from"))
     n = Nodes(tmp_path, url, request)
     failed = True
     try:
