@@ -54,6 +54,18 @@ def boundary(fn: F) -> F:
                 log.debug("%s -> %s: %s", fn.__name__, errno.errorcode.get(exc.errno), exc)
             metrics.count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
             raise pyfuse3.FUSEError(exc.errno) from None
+        except ExceptionGroup as group:
+            # A nursery's errors: if every one is ours, answer with the first one's errno.
+            if group.split(CkptfsError)[1] is not None:
+                log.exception("unexpected error in %s", fn.__name__)
+                metrics.count_op_error(op, "EIO")
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            first: BaseException = group
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            code = first.errno if isinstance(first, CkptfsError) else errno.EIO
+            metrics.count_op_error(op, errno.errorcode.get(code, str(code)))
+            raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             metrics.count_op_error(op, "EIO")

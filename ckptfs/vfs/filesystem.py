@@ -1031,17 +1031,23 @@ class Filesystem:
         a few in parallel; returns when done. ENOSPC if the local tiers have no room."""
         refs = list((await self.db(self.catalog.extents, ino)).values())
         no_room = 0
+        failed: list[CkptfsError] = []
         limiter = trio.CapacityLimiter(STAGE_PARALLEL)
 
         async def one(ref: ChunkRef) -> None:
             nonlocal no_room
             async with limiter:
-                if not await self.store.stage(ref):
-                    no_room += 1
+                try:
+                    if not await self.store.stage(ref):
+                        no_room += 1
+                except CkptfsError as exc:  # reported below with its errno, not as a group
+                    failed.append(exc)
 
         async with trio.open_nursery() as n:
             for ref in refs:
                 n.start_soon(one, ref)
+        if failed:
+            raise failed[0]
         if no_room:
             raise NoSpace(f"{no_room} chunk(s) could not be staged: no local tier has room")
 
