@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -158,16 +159,20 @@ class LocalTier:
     def get(self, key: str) -> Buffer | None:
         path = self._path(key)
         try:
-            if self.verified_put:  # O_DIRECT works here: large frames skip the page cache
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
-                try:
-                    size = os.fstat(fd).st_size
-                    if size >= direct.MIN_FRAME:
-                        return direct.read_whole(fd, size)
-                finally:
-                    os.close(fd)
-            with open(path, "rb", buffering=0) as f:
-                return f.read()
+            if not self.verified_put:
+                with open(path, "rb", buffering=0) as f:
+                    return f.read()
+            # O_DIRECT works here: a large frame skips the page cache; a small one is read
+            # buffered from the same descriptor (O_DIRECT cleared), not opened twice.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+            try:
+                size = os.fstat(fd).st_size
+                if size >= direct.MIN_FRAME:
+                    return direct.read_whole(fd, size)
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                return os.pread(fd, size + 1, 0)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             if not self._chunks.is_dir():
                 raise TierError(f"tier {self.name}: directory {self._chunks} vanished") from None
