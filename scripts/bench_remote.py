@@ -451,20 +451,25 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
                 extra)
     nodes.append(node)
     node.mount()
-    stall: list[float] = []
 
-    def save_and_sync() -> None:
-        t0 = time.perf_counter()
-        save(node.mnt / ckpt, files, threads)
-        stall.append(time.perf_counter() - t0)
-        res = ckptfs("sync", str(node.mnt), "--timeout", "1800", timeout=2000)
-        if res.returncode:
-            raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
+    def durable(key: str, stall_key: str, label: str, on: Node) -> None:
+        """Save on ``on``, then `ckptfs sync`: the time until durable, and the save alone."""
+        stall: list[float] = []
 
-    steps.run("durable_ckptfs", "save + ckptfs sync (time to durable)", save_and_sync, node)
-    steps.passes[-1]["stall_remote"] = {"seconds": stall[0], "cpu_daemon_s": None,
-                                        "cpu_seaweed_s": None, "cpu_script_s": None}
-    print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
+        def save_and_sync() -> None:
+            t0 = time.perf_counter()
+            save(on.mnt / ckpt, files, threads)
+            stall.append(time.perf_counter() - t0)
+            res = ckptfs("sync", str(on.mnt), "--timeout", "1800", timeout=2000)
+            if res.returncode:
+                raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
+
+        steps.run(key, label, save_and_sync, on)
+        steps.passes[-1][stall_key] = {"seconds": stall[0], "cpu_daemon_s": None,
+                                       "cpu_seaweed_s": None, "cpu_script_s": None}
+        print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
+
+    durable("durable_ckptfs", "stall_remote", "save + ckptfs sync (time to durable)", node)
 
     # The same on a node whose uploads overlap the save (upload_during_save = "overlap").
     overlap_cfg = base / "overlap.toml"
@@ -474,21 +479,8 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
                  [*extra, f"--config={overlap_cfg}"])
     nodes.append(onode)
     onode.mount()
-    ostall: list[float] = []
-
-    def save_and_sync_overlap() -> None:
-        t0 = time.perf_counter()
-        save(onode.mnt / ckpt, files, threads)
-        ostall.append(time.perf_counter() - t0)
-        res = ckptfs("sync", str(onode.mnt), "--timeout", "1800", timeout=2000)
-        if res.returncode:
-            raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
-
-    steps.run("durable_overlap", "save + ckptfs sync, uploads overlapping the save",
-              save_and_sync_overlap, onode)
-    steps.passes[-1]["stall_overlap"] = {"seconds": ostall[0], "cpu_daemon_s": None,
-                                         "cpu_seaweed_s": None, "cpu_script_s": None}
-    print(f"  of which the save (stall): {ostall[0]:.2f} s", flush=True)
+    durable("durable_overlap", "stall_overlap",
+            "save + ckptfs sync, uploads overlapping the save", onode)
     onode.umount()
     nodes.remove(onode)
     shutil.rmtree(onode.base, ignore_errors=True)
