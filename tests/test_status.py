@@ -190,10 +190,18 @@ def test_watch_redraws_until_ctrl_c(saved: Mount) -> None:
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
 
 
-def test_json_watch_prints_a_line_a_second_until_ctrl_c(saved: Mount) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_json_watch_prints_a_line_a_second_until_ctrl_c(saved: Mount, inherited: str) -> None:
+    # "ignored": started from a shell that ignores SIGINT for background jobs (nohup,
+    # `cmd &`): Ctrl-C must still end --watch.
     m = saved
     proc = subprocess.Popen(ckptfs_cmd("status", str(m.mountpoint), "--json", "--watch"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if inherited == "ignored" else None)
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())

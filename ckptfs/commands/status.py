@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -451,6 +452,11 @@ def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = Fals
                watch: bool = False) -> int:
     sd = resolve_state_dir(path, state_dir)
     open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
+    if watch:
+        # Ctrl-C is the only way out of --watch: a shell that started us in the background
+        # (nohup, `cmd &` without job control) hands us SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler; take it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if as_json:
         return _loop(lambda: print(json.dumps(status_facts(sd), indent=None if watch else 1),
                                    flush=True), watch)
