@@ -307,7 +307,9 @@ class CkptfsTarget(Target):
         self.mnt.mkdir(parents=True, exist_ok=True)
         for t in self.tiers:
             t.mkdir(parents=True, exist_ok=True)
-        args = ["mount", str(self.mnt), "--state-dir", str(self.state)]
+        # Both tiers are directories on one disk here: say so (ckptfs refuses tiers sharing
+        # a device otherwise).
+        args = ["mount", str(self.mnt), "--state-dir", str(self.state), "--allow-shared-device"]
         for t in self.tiers:
             args += ["--local", str(t)]
         t0 = time.perf_counter()
