@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,8 @@ from test_remote_mount import MiB, remote  # noqa: F401
 from ckptfs.catalog import Catalog
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError
-from ckptfs.metrics import parse_exposition, sample
+from ckptfs.testing.exposition import families, sample, scrape_text, total
+from ckptfs.testing.exposition import scrape as scrape_state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
@@ -36,13 +36,7 @@ def address(m: Mount) -> str:
 
 
 def scrape(m: Mount) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address(m)}/metrics", timeout=10) as r:
-        assert r.status == 200
-        return parse_exposition(r.read().decode())
-
-
-def total(samples: dict[str, float], name: str) -> float:
-    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+    return scrape_state_dir(m.state_dir)
 
 
 # ------------------------------------------------------------------------------ config
@@ -239,8 +233,6 @@ def test_dashboard_and_docs_name_only_exported_metrics(tmp_path: Path) -> None:
     docs = (ROOT / "docs" / "operations.md").read_text()
     names = {n for text in [*exprs, docs] for n in re.findall(r"\bckptfs_[a-z_]+", text)}
     used = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in names}
-    with mounted(tmp_path, 1, ("--config", str(metrics_config(tmp_path)))) as m, \
-            urllib.request.urlopen(f"http://{address(m)}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    families = {re.sub(r"_total$", "", n) for n in re.findall(r"^# TYPE (\S+) ", text, re.M)}
-    assert used - families == set(), f"named but not exported: {sorted(used - families)}"
+    with mounted(tmp_path, 1, ("--config", str(metrics_config(tmp_path)))) as m:
+        exported = families(scrape_text(m.state_dir))
+    assert used - exported == set(), f"named but not exported: {sorted(used - exported)}"

@@ -27,7 +27,7 @@ from ..catalog import Catalog
 from ..catalog.catalog import Backlog
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
-from ..metrics import read_address
+from ..metrics.exporter import read_address
 from ..statedir import mountpoint_of, read_pid
 from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
 from .sync import backlog_line
