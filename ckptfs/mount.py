@@ -35,7 +35,7 @@ from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
 from .codec import frame
 from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
-from .errors import CkptfsError, PermanentTierError, TierError, UsageError
+from .errors import EXIT_USAGE, CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
@@ -230,7 +230,7 @@ def run_mount(
         log.error("mount refused: %s", exc)
         service.notify(f"STATUS=mount refused: {exc}")
         on_ready(str(exc))
-        return 2
+        return EXIT_USAGE
     except CkptfsError as exc:
         log.error("mount failed: %s", exc)
         service.notify(f"STATUS=mount failed: {exc}")

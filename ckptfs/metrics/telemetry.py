@@ -25,6 +25,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..catalog import CheckpointRow, CheckpointState
+from ..checkpoints.durability import checkpoint_durable
+from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
 from ..tiers.health import FAILING, HEALTHY, Health
@@ -67,11 +70,6 @@ _COUNTERS = {
 }
 
 
-def _run_of(root: str) -> str:
-    parts = [p for p in root.split("/") if p]
-    return "/" + "/".join(parts[:-1])
-
-
 class TelemetryStore(Protocol):
     """What telemetry reads of the chunk store (chunks/store.py)."""
 
@@ -112,7 +110,7 @@ class Telemetry:
         self.facts: dict[str, Any] = {}
         self.mountpoint = mountpoint
         self.endpoint = endpoint or Endpoint()  # where the exporter serves the metrics
-        self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
+        self._seen: dict[int, int | None] = {}  # checkpoint id -> commit_ns already observed
         self._primed = False  # checkpoints committed before this daemon started: not observed
         self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
         self._remote_durable: dict[str, dict[str, Any]] = {}
@@ -273,18 +271,17 @@ class Telemetry:
              else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9)}
             for q in cat.deletion_backlog()
         ]
-        rows = cat.checkpoints("/")
+        rows = cat.checkpoint_rows("/")
         states: dict[str, int] = {}
         latest: dict[str, dict[str, Any]] = {}
-        committed: dict[str, list[dict[str, Any]]] = {}
+        committed: dict[str, list[CheckpointRow]] = {}
         for r in rows:
-            states[str(r["state"])] = states.get(str(r["state"]), 0) + 1
-            if r["state"] != "committed":
+            states[r.state.value] = states.get(r.state.value, 0) + 1
+            if r.state is not CheckpointState.COMMITTED:
                 continue
-            run = _run_of(str(r["root"]))
-            committed.setdefault(run, []).append(r)
-            if self._seen.get(int(r["id"])) != r["commit_ns"]:
-                self._seen[int(r["id"])] = r["commit_ns"]
+            committed.setdefault(run_of(r.root), []).append(r)
+            if self._seen.get(r.id) != r.commit_ns:
+                self._seen[r.id] = r.commit_ns
                 if self._primed:
                     self._observe(r)
         self._primed = True
@@ -300,7 +297,7 @@ class Telemetry:
         out["remote_durable"] = self._remote_durable if remotes else {}
         return out
 
-    def _observe(self, row: dict[str, Any]) -> None:
+    def _observe(self, row: CheckpointRow) -> None:
         """A checkpoint committed while this daemon runs: its save time and skew."""
         try:
             info = summarize(self.catalog, Path(self.mountpoint or "/"), row)
@@ -312,24 +309,16 @@ class Telemetry:
             CHECKPOINT_SKEW_SECONDS.observe(max(0.0, info.completion_skew_s))
 
     def _find_remote_durable(
-        self, committed: dict[str, list[dict[str, Any]]], remotes: set[str]
+        self, committed: dict[str, list[CheckpointRow]], remotes: set[str]
     ) -> dict[str, dict[str, Any]]:
-        """Per run, the newest committed checkpoint a new node would recover from the
-        remote: every chunk has a valid remote copy and no pending upload, and a catalog
-        snapshot newer than its commit is on the remote."""
-        cat = self.catalog
-        snap = cat.snapshot_of_ns() or 0
+        """Per run, the newest committed checkpoint durable on the remote
+        (checkpoints/durability.py: what a new node would recover)."""
         out: dict[str, dict[str, Any]] = {}
         for run, rows in committed.items():  # newest first (sorted by the caller)
             for r in rows[:8]:
-                key = (str(r["root"]), int(r["commit_ns"] or 0))
+                key = (r.root, r.commit_ns or 0)
                 if key not in self._durable:
-                    if snap < key[1]:
-                        continue
-                    digests = cat.digests_under([key[0]])
-                    if not digests or cat.pending_digests(digests):
-                        continue
-                    if not all(remotes & set(cat.replica_tiers(d)) for d in digests):
+                    if not checkpoint_durable(self.catalog, key[0], key[1], remotes):
                         continue
                     self._durable.add(key)
                 out[run] = _brief(r)
@@ -337,13 +326,13 @@ class Telemetry:
         return out
 
 
-def _newest_first(row: dict[str, Any]) -> tuple[int, int]:
-    return (-1 if row["step"] is None else int(row["step"]), int(row["commit_ns"] or 0))
+def _newest_first(row: CheckpointRow) -> tuple[int, int]:
+    return (-1 if row.step is None else row.step, row.commit_ns or 0)
 
 
-def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    return {"root": row["root"], "step": row["step"], "framework": row["framework"],
-            "commit_ns": row["commit_ns"]}
+def _brief(row: CheckpointRow) -> dict[str, Any]:
+    return {"root": row.root, "step": row.step, "framework": row.framework,
+            "commit_ns": row.commit_ns}
 
 
 class FsCollector(Collector):
