@@ -123,13 +123,14 @@ def test_scrape_during_a_save_matches_what_was_written(tmp_path: Path) -> None:
         assert after["ckptfs_checkpoint_completion_skew_seconds_count"] == 1
         cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
         try:
-            [row] = cat.checkpoints("/run")
+            [row] = cat.checkpoint_rows("/run")
         finally:
             cat.close()
-        save_s = (row["commit_ns"] - row["begin_ns"]) / 1e9
+        assert row.commit_ns is not None and row.begin_ns is not None
+        save_s = (row.commit_ns - row.begin_ns) / 1e9
         assert after["ckptfs_checkpoint_save_seconds_sum"] == pytest.approx(save_s, abs=1e-3)
         assert sample(after, "ckptfs_checkpoint_latest_timestamp_seconds", run="/run") == \
-            pytest.approx(row["commit_ns"] / 1e9)
+            pytest.approx(row.commit_ns / 1e9)
 
         # Capacity per tier: the device's size, and exactly the frames the tier holds.
         def used_matches() -> bool:
