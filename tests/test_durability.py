@@ -1,4 +1,4 @@
-"""The one definition of "durable on the remote" (checkpoints/durability.py), against a real
+"""The one definition of "durable on the remote" (catalog/durability.py), against a real
 SQLite catalog: the chunks (no upload pending, a remote copy of each) and the names (a
 catalog snapshot on the remote covering the commit) are both needed."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.checkpoints.durability import checkpoint_durable, on_remote, snapshot_covers, uploaded
+from ckptfs.catalog.durability import checkpoint_durable, on_remote, snapshot_covers, uploaded
 
 F = stat.S_IFREG | 0o644
 D = stat.S_IFDIR | 0o755

@@ -25,7 +25,7 @@ class CheckpointSummary:
     logical_bytes: int = 0
     stored_bytes: int = 0
     # Tiers holding a valid copy of every chunk, local ones too (whether a new node would
-    # recover it from the remote is checkpoints/durability.py).
+    # recover it from the remote is catalog/durability.py).
     durable_on: list[str] = field(default_factory=list)
     missing_chunks: int = 0  # chunks with no valid copy anywhere
     write_s: float | None = None  # first write to commit

@@ -1,5 +1,5 @@
 """`ckptfs sync [PATH]`: wait until everything under PATH (or the whole state dir) is
-durable on the remote tiers (checkpoints/durability.py: its uploads done, then a catalog
+durable on the remote tiers (catalog/durability.py: its uploads done, then a catalog
 snapshot covering them), watching the live catalog read-only beside the daemon."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..catalog.catalog import Backlog
-from ..checkpoints.durability import snapshot_covers
+from ..catalog.durability import snapshot_covers
 from .live import open_catalog, remote_tier_names, resolve_state_dir
 from .progress import progress
 

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..catalog import CheckpointRow, CheckpointState
-from ..checkpoints.durability import checkpoint_durable
+from ..catalog.durability import checkpoint_durable
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
@@ -312,7 +312,7 @@ class Telemetry:
         self, committed: dict[str, list[CheckpointRow]], remotes: set[str]
     ) -> dict[str, dict[str, Any]]:
         """Per run, the newest committed checkpoint durable on the remote
-        (checkpoints/durability.py: what a new node would recover)."""
+        (catalog/durability.py: what a new node would recover)."""
         out: dict[str, dict[str, Any]] = {}
         for run, rows in committed.items():  # newest first (sorted by the caller)
             for r in rows[:8]:

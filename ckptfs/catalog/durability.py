@@ -11,7 +11,8 @@ The daemon's telemetry asks it of each checkpoint (``checkpoint_durable``: the n
 durable one per run, in ``ckptfs status`` and ``/metrics``). ``ckptfs sync`` waits for the
 files under a path: no upload of their chunks pending, then ``snapshot_covers`` the moment
 that was first seen (it asks no remote copy: a path may hold superseded checkpoints whose
-uploads retention dropped on purpose).
+uploads retention dropped on purpose). A close under a ``durability = "remote"`` policy
+(upload/uploader.py ``wait_durable``) waits for the same two halves of its file's chunks.
 """
 
 from __future__ import annotations
