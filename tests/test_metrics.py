@@ -17,7 +17,7 @@ from test_remote_mount import MiB, remote  # noqa: F401
 from ckptfs.catalog import Catalog
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError
-from ckptfs.testing.exposition import families, sample, scrape_text, total
+from ckptfs.testing.exposition import families, parse_exposition, sample, scrape_text, total
 from ckptfs.testing.exposition import scrape as scrape_state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +65,21 @@ def test_bad_metrics_address_in_a_config_file_exits_2(tmp_path: Path) -> None:
     res = run_cli("mount", str(tmp_path / "mnt"), "--metrics-address", "nope",
                   "--state-dir", str(tmp_path / "state"))
     assert res.returncode == 2 and "--metrics-address" in res.stderr, res.stderr
+
+
+def test_exposition_reader_picks_series_by_labels_in_any_order() -> None:
+    """ckptfs/testing/exposition.py, which every scrape below goes through."""
+    text = ('# HELP ckptfs_x A doc\n# TYPE ckptfs_x counter\n'
+            'ckptfs_x_total{tier="a,b",kind="local"} 3.0\nckptfs_x_total{tier="c",kind="s3"} 4.0\n'
+            '# TYPE ckptfs_up gauge\nckptfs_up 1.0\n')
+    samples = parse_exposition(text)
+    assert sample(samples, "ckptfs_x_total", kind="local", tier="a,b") == 3.0
+    assert sample(samples, "ckptfs_x_total", tier="c") == 4.0
+    assert sample(samples, "ckptfs_up") == 1.0
+    assert total(samples, "ckptfs_x_total") == 7.0
+    assert families(text) == {"ckptfs_x", "ckptfs_up"}
+    with pytest.raises(KeyError):
+        sample(samples, "ckptfs_x_total", tier="a")  # a label value is matched whole
 
 
 # ------------------------------------------------------------------------------ scrapes
