@@ -19,9 +19,8 @@ from pathlib import Path
 from . import __version__, statedir
 from .commands.plan import add_plan_arguments
 from .config import Config, load_config, parse_metrics_address
-from .errors import CkptfsError, ConfigError, UsageError
+from .errors import EXIT_USAGE, CkptfsError, ConfigError, UsageError
 
-EXIT_USAGE = 2
 DAEMON_READY_TIMEOUT_S = 120
 
 

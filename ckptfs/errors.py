@@ -112,6 +112,11 @@ class ObjectUnreadable(CorruptChunk):
     short, a read that stalls): that copy is bad, not the tier."""
 
 
+# The exit code of a refused input (UsageError, ConfigError, a bad command line): the CLI and
+# the daemon (mount refused) exit with it.
+EXIT_USAGE = 2
+
+
 class UsageError(CkptfsError):
     """Bad input to a command rather than a failure while running: a mount point that does
     not exist, is a file, is mounted or not empty; a state dir in use; a tier directory that

@@ -35,10 +35,11 @@ from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
 from .codec import frame
 from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
-from .errors import CkptfsError, PermanentTierError, TierError, UsageError
+from .errors import EXIT_USAGE, CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
-from .metrics import Telemetry
-from .metrics import serve as serve_metrics
+from .metrics.exporter import Endpoint
+from .metrics.exporter import serve as serve_metrics
+from .metrics.telemetry import FsCollector, Telemetry
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.deleter import Deleter
@@ -229,7 +230,7 @@ def run_mount(
         log.error("mount refused: %s", exc)
         service.notify(f"STATUS=mount refused: {exc}")
         on_ready(str(exc))
-        return 2
+        return EXIT_USAGE
     except CkptfsError as exc:
         log.error("mount failed: %s", exc)
         service.notify(f"STATUS=mount failed: {exc}")
@@ -305,7 +306,8 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        metrics = serve_metrics(cfg.metrics_address, daemon.telemetry, cfg.state_dir)
+        metrics = serve_metrics(cfg.metrics_address, FsCollector(daemon.telemetry),
+                                cfg.state_dir, daemon.telemetry.endpoint)
         unmounted = False
         try:
             trio.run(_serve, daemon, mountpoint, on_ready, leases)
@@ -417,7 +419,7 @@ def build(
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
                       handles.open_inos, retention, high_watermark,
                       max(0.5, high_watermark - 0.1))
-    telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint)
+    telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint, Endpoint())
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
                   fs, telemetry, stats_path)
 

@@ -67,8 +67,8 @@ class TierStats:
 class Stats:
     tiers: dict[str, TierStats] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
-    # Facts the daemon gathers once a second (ckptfs/metrics.py Telemetry): merged into the
-    # snapshot, top level and per tier (capacity), for `ckptfs status`.
+    # Facts the daemon gathers once a second (Telemetry, ckptfs/metrics/telemetry.py):
+    # merged into the snapshot, top level and per tier (capacity), for `ckptfs status`.
     extra: dict[str, Any] = field(default_factory=dict)
     tier_extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

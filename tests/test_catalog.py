@@ -319,10 +319,10 @@ def test_version_2_catalog_gets_the_checkpoint_state_check(tmp_path: Path) -> No
         assert rows[2].reason == "why"
         assert c.expired_leftovers() == {"/run/step-4": [b"\xab"]}
         # The mapping view is what it was before rows were typed (JSON output included).
-        assert c.checkpoints("/run/step-2") == [{
+        assert [r.as_dict() for r in c.checkpoint_rows("/run/step-2")] == [{
             "id": 2, "root": "/run/step-2", "framework": "torch", "step": 2, "state": "committed",
             "begin_ns": 10, "commit_ns": 20, "reason": None, "tags": "milestone"}]
-        assert json.dumps(c.checkpoints("/run/step-2")[0]["state"]) == '"committed"'
+        assert json.dumps(c.checkpoint_rows("/run/step-2")[0].as_dict()["state"]) == '"committed"'
         # Ids are never reused: the deleted row's id 6 stays taken.
         c.checkpoint_begin("/run/step-7", "torch", 7, 30)
         assert c.checkpoint_rows("/run/step-7")[0].id == 7

@@ -35,8 +35,8 @@ async def save(fs: Filesystem, run: int, step: int) -> int:
 
 
 async def state(fs: Filesystem, root: str) -> str | None:
-    rows = [c for c in await fs.db(fs.catalog.checkpoints, root) if c["root"] == root]
-    return str(rows[0]["state"]) if rows else None
+    rows = [c for c in await fs.db(fs.catalog.checkpoint_rows, root) if c.root == root]
+    return rows[0].state.value if rows else None
 
 
 def options() -> dict[str, Any]:

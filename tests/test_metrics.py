@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,8 @@ from test_remote_mount import MiB, remote  # noqa: F401
 from ckptfs.catalog import Catalog
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError
-from ckptfs.metrics import parse_exposition, sample
+from ckptfs.testing.exposition import families, parse_exposition, sample, scrape_text, total
+from ckptfs.testing.exposition import scrape as scrape_state_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
@@ -36,13 +36,7 @@ def address(m: Mount) -> str:
 
 
 def scrape(m: Mount) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address(m)}/metrics", timeout=10) as r:
-        assert r.status == 200
-        return parse_exposition(r.read().decode())
-
-
-def total(samples: dict[str, float], name: str) -> float:
-    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+    return scrape_state_dir(m.state_dir)
 
 
 # ------------------------------------------------------------------------------ config
@@ -71,6 +65,21 @@ def test_bad_metrics_address_in_a_config_file_exits_2(tmp_path: Path) -> None:
     res = run_cli("mount", str(tmp_path / "mnt"), "--metrics-address", "nope",
                   "--state-dir", str(tmp_path / "state"))
     assert res.returncode == 2 and "--metrics-address" in res.stderr, res.stderr
+
+
+def test_exposition_reader_picks_series_by_labels_in_any_order() -> None:
+    """ckptfs/testing/exposition.py, which every scrape below goes through."""
+    text = ('# HELP ckptfs_x A doc\n# TYPE ckptfs_x counter\n'
+            'ckptfs_x_total{tier="a,b",kind="local"} 3.0\nckptfs_x_total{tier="c",kind="s3"} 4.0\n'
+            '# TYPE ckptfs_up gauge\nckptfs_up 1.0\n')
+    samples = parse_exposition(text)
+    assert sample(samples, "ckptfs_x_total", kind="local", tier="a,b") == 3.0
+    assert sample(samples, "ckptfs_x_total", tier="c") == 4.0
+    assert sample(samples, "ckptfs_up") == 1.0
+    assert total(samples, "ckptfs_x_total") == 7.0
+    assert families(text) == {"ckptfs_x", "ckptfs_up"}
+    with pytest.raises(KeyError):
+        sample(samples, "ckptfs_x_total", tier="a")  # a label value is matched whole
 
 
 # ------------------------------------------------------------------------------ scrapes
@@ -129,13 +138,14 @@ def test_scrape_during_a_save_matches_what_was_written(tmp_path: Path) -> None:
         assert after["ckptfs_checkpoint_completion_skew_seconds_count"] == 1
         cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
         try:
-            [row] = cat.checkpoints("/run")
+            [row] = cat.checkpoint_rows("/run")
         finally:
             cat.close()
-        save_s = (row["commit_ns"] - row["begin_ns"]) / 1e9
+        assert row.commit_ns is not None and row.begin_ns is not None
+        save_s = (row.commit_ns - row.begin_ns) / 1e9
         assert after["ckptfs_checkpoint_save_seconds_sum"] == pytest.approx(save_s, abs=1e-3)
         assert sample(after, "ckptfs_checkpoint_latest_timestamp_seconds", run="/run") == \
-            pytest.approx(row["commit_ns"] / 1e9)
+            pytest.approx(row.commit_ns / 1e9)
 
         # Capacity per tier: the device's size, and exactly the frames the tier holds.
         def used_matches() -> bool:
@@ -239,8 +249,6 @@ def test_dashboard_and_docs_name_only_exported_metrics(tmp_path: Path) -> None:
     docs = (ROOT / "docs" / "operations.md").read_text()
     names = {n for text in [*exprs, docs] for n in re.findall(r"\bckptfs_[a-z_]+", text)}
     used = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in names}
-    with mounted(tmp_path, 1, ("--config", str(metrics_config(tmp_path)))) as m, \
-            urllib.request.urlopen(f"http://{address(m)}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    families = {re.sub(r"_total$", "", n) for n in re.findall(r"^# TYPE (\S+) ", text, re.M)}
-    assert used - families == set(), f"named but not exported: {sorted(used - families)}"
+    with mounted(tmp_path, 1, ("--config", str(metrics_config(tmp_path)))) as m:
+        exported = families(scrape_text(m.state_dir))
+    assert used - exported == set(), f"named but not exported: {sorted(used - exported)}"

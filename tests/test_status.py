@@ -80,7 +80,7 @@ def test_status_json_matches_the_catalog(saved: Mount) -> None:
     cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
     try:
         recorded = cat.recorded_tiers()
-        rows = cat.checkpoints("/")
+        rows = [r.as_dict() for r in cat.checkpoint_rows("/")]
     finally:
         cat.close()
     assert [t["name"] for t in s["tiers"]] == [t["name"] for t in recorded]

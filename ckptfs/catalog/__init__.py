@@ -4,7 +4,8 @@ jobs, the deletion queue, checkpoint rows and meta.
 protocols.py is its surface (a Protocol per concern, ``protocols.Catalog`` the whole);
 rows.py the rows every engine returns; catalog.py the SQLite engine. ``Catalog`` here is the
 SQLite engine still (callers construct it by that name); ``open_catalog`` is the factory to
-construct through.
+construct through. durability.py is the one definition of "durable on the remote", read
+through the protocols (no SQL: every engine shares it).
 """
 
 from . import protocols

@@ -1223,11 +1223,6 @@ class SqliteCatalog:
             for i, root, fw, step, state, b, cm, why, tags in rows
         ]
 
-    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
-        """``checkpoint_rows`` as mappings (``CheckpointRow.as_dict``), for the callers that
-        still index rows by key; to go once they take CheckpointRow."""
-        return [r.as_dict() for r in self.checkpoint_rows(under)]
-
     def rename_checkpoints(self, old: str, new: str) -> None:
         """A directory or file was renamed: checkpoints at or under it move with it."""
         with self._tx() as c:

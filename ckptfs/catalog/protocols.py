@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from .rows import (
     Backlog,
@@ -361,11 +361,6 @@ class CheckpointCatalog(Protocol):
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
         """Checkpoint rows at or under ``under``, oldest first."""
-        ...
-
-    def checkpoints(self, under: str = "/") -> list[dict[str, Any]]:
-        """``checkpoint_rows`` as mappings (``CheckpointRow.as_dict``), for the callers that
-        still index rows by key; to go once they take CheckpointRow."""
         ...
 
     def rename_checkpoints(self, old: str, new: str) -> None:

@@ -45,8 +45,8 @@ class CheckpointRow:
         return frozenset(t for t in self.tags.split(",") if t)
 
     def as_dict(self) -> dict[str, Any]:
-        """The row as the mapping the catalog returned before rows were typed (the state as
-        its stored string), for the callers and JSON outputs that still take one."""
+        """The row as a mapping with the state as its stored string: the JSON record of the
+        ``user.ckptfs.checkpoint`` attribute (keys and values as before rows were typed)."""
         return {"id": self.id, "root": self.root, "framework": self.framework, "step": self.step,
                 "state": self.state.value, "begin_ns": self.begin_ns, "commit_ns": self.commit_ns,
                 "reason": self.reason, "tags": self.tags}

@@ -28,10 +28,10 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from ..catalog import Catalog
+from ..catalog import Catalog, CheckpointState
 from ..errors import CkptfsError
 from ..tiers.base import Tier
-from .retention import Ckpt, Plan, RetentionPolicy, plan_all, run_of, under
+from .retention import Plan, RetentionPolicy, plan_all, to_ckpts, under
 
 log = logging.getLogger("ckptfs.retention")
 
@@ -50,13 +50,6 @@ class JanitorReport:
     deleted: int = 0
     busy: int = 0  # expiries postponed: a file under the checkpoint is open
 
-
-def to_ckpts(rows: list[dict[str, Any]]) -> list[Ckpt]:
-    return [
-        Ckpt(str(r["root"]), run_of(str(r["root"])), r["step"], str(r["state"]),
-             int(r["commit_ns"] or 0), tuple(t for t in str(r["tags"]).split(",") if t))
-        for r in rows
-    ]
 
 
 class GcRequests:
@@ -201,7 +194,7 @@ class Janitor:
 
     async def retention_pass(self, scopes: set[str] | None = None) -> JanitorReport:
         """Plan every run; act on the checkpoints under one of ``scopes`` (None: all)."""
-        rows = await self.db(self.catalog.checkpoints, "/")
+        rows = await self.db(self.catalog.checkpoint_rows, "/")
         plans = plan_all(to_ckpts(rows), self.policies, time.time_ns())
         report = JanitorReport()
         for run, plan in plans.items():
@@ -246,7 +239,7 @@ class Janitor:
             report.busy += 1
             return
         digests = await self.db(self.catalog.digests_under, [root])
-        await self.db(self.catalog.checkpoint_set_state, root, "expired", why)
+        await self.db(self.catalog.checkpoint_set_state, root, CheckpointState.EXPIRED, why)
         report.expired += 1
         log.info("checkpoint %s expired (%s): deleting it", root, why)
         # Remembered before the files go: the chunks to verify gone (or delete again).
@@ -282,7 +275,7 @@ class Janitor:
                      "(queued for deletion, or held by a file being written); looking again "
                      "later", root, len(left))
             return False
-        await self.db(self.catalog.checkpoint_set_state, root, "deleted", None)
+        await self.db(self.catalog.checkpoint_set_state, root, CheckpointState.DELETED, None)
         log.info("checkpoint %s deleted: verified gone from every tier", root)
         return True
 

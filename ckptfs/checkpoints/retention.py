@@ -24,7 +24,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog.rows import CheckpointState
+from ..catalog.rows import CheckpointRow, CheckpointState
 from ..errors import ConfigError
 
 MILESTONE_TAG = "milestone"
@@ -72,6 +72,12 @@ def is_milestone(c: Ckpt, policy: RetentionPolicy) -> bool:
 def run_of(root: str) -> str:
     parent = root.rstrip("/").rsplit("/", 1)[0]
     return parent or "/"
+
+
+def to_ckpts(rows: list[CheckpointRow]) -> list[Ckpt]:
+    """Catalog checkpoint rows as retention plans them."""
+    return [Ckpt(r.root, run_of(r.root), r.step, r.state, r.commit_ns or 0,
+                 tuple(sorted(r.tag_set))) for r in rows]
 
 
 def under(path: str, scope: str) -> bool:

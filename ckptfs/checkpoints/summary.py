@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, CheckpointRow
+from .retention import run_of
 
 
 @dataclass
@@ -24,7 +24,9 @@ class CheckpointSummary:
     files: int = 0
     logical_bytes: int = 0
     stored_bytes: int = 0
-    durable_on: list[str] = field(default_factory=list)  # tiers holding every chunk
+    # Tiers holding a valid copy of every chunk, local ones too (whether a new node would
+    # recover it from the remote is catalog/durability.py).
+    durable_on: list[str] = field(default_factory=list)
     missing_chunks: int = 0  # chunks with no valid copy anywhere
     write_s: float | None = None  # first write to commit
     completion_skew_s: float | None = None  # last minus first file mtime
@@ -36,15 +38,14 @@ def files_of(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
     return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
 
 
-def summarize(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointSummary:
-    """The summary of the checkpoint ``row`` (a catalog checkpoint row) mounted at ``mnt``."""
-    root = str(row["root"])
+def summarize(catalog: Catalog, mnt: Path, row: CheckpointRow) -> CheckpointSummary:
+    """The summary of the checkpoint ``row`` mounted at ``mnt``."""
+    root = row.root
     parts = [p for p in root.split("/") if p]
     info = CheckpointSummary(
-        path=str(mnt) + root, root=root, framework=str(row["framework"]), step=row["step"],
-        state=str(row["state"]), tags=[t for t in str(row["tags"]).split(",") if t],
-        namespace=parts[0] if len(parts) > 1 else "", run="/" + "/".join(parts[:-1]),
-        reason=row.get("reason"),
+        path=str(mnt) + root, root=root, framework=row.framework, step=row.step,
+        state=row.state.value, tags=[t for t in row.tags.split(",") if t],
+        namespace=parts[0] if len(parts) > 1 else "", run=run_of(root), reason=row.reason,
     )
     files = files_of(catalog, root)
     info.files = len(files)
@@ -59,8 +60,8 @@ def summarize(catalog: Catalog, mnt: Path, row: dict[str, Any]) -> CheckpointSum
     info.missing_chunks = sum(1 for d in chunks if not tiers[d])
     names = [t["name"] for t in catalog.recorded_tiers()]
     info.durable_on = [n for n in names if chunks and all(n in tiers[d] for d in chunks)]
-    if row["begin_ns"] is not None and row["commit_ns"] is not None:
-        info.write_s = (int(row["commit_ns"]) - int(row["begin_ns"])) / 1e9
+    if row.begin_ns is not None and row.commit_ns is not None:
+        info.write_s = (row.commit_ns - row.begin_ns) / 1e9
     if files:
         mtimes = [m for _, _, m in files]
         info.completion_skew_s = (max(mtimes) - min(mtimes)) / 1e9

@@ -15,11 +15,9 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from ..catalog import Catalog
-from ..checkpoints.janitor import to_ckpts
-from ..checkpoints.retention import RetentionPolicy, plan_all, under
+from ..catalog import Catalog, CheckpointRow, CheckpointState
+from ..checkpoints.retention import RetentionPolicy, plan_all, to_ckpts, under
 from ..checkpoints.summary import CheckpointSummary, files_of, summarize
 from . import live
 from .live import open_catalog, state_dir_readable
@@ -44,7 +42,7 @@ def cmd_ls(path: Path, as_json: bool) -> int:
     mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        infos = [summarize(catalog, mnt, r) for r in catalog.checkpoints(inner)]
+        infos = [summarize(catalog, mnt, r) for r in catalog.checkpoint_rows(inner)]
     finally:
         catalog.close()
     if as_json:
@@ -60,7 +58,7 @@ def cmd_show(path: Path, as_json: bool) -> int:
     mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
+        rows = [r for r in catalog.checkpoint_rows(inner) if r.root == inner]
         if not rows:
             print(f"ckptfs show: {path} is not a known checkpoint", file=sys.stderr)
             return 1
@@ -75,16 +73,17 @@ def cmd_show(path: Path, as_json: bool) -> int:
     return 0
 
 
-def latest(catalog: Catalog, inner: str) -> dict[str, Any] | None:
+def latest(catalog: Catalog, inner: str) -> CheckpointRow | None:
     """The newest committed checkpoint under ``inner`` whose every chunk has a valid copy:
     highest step, then latest commit; never a partial or writing one."""
     candidates = sorted(
-        (r for r in catalog.checkpoints(inner) if r["state"] == "committed" and r["root"] != inner),
-        key=lambda r: (-1 if r["step"] is None else int(r["step"]), int(r["commit_ns"] or 0)),
+        (r for r in catalog.checkpoint_rows(inner)
+         if r.state is CheckpointState.COMMITTED and r.root != inner),
+        key=lambda r: (-1 if r.step is None else r.step, r.commit_ns or 0),
         reverse=True,
     )
     for row in candidates:
-        files = files_of(catalog, str(row["root"]))
+        files = files_of(catalog, row.root)
         if files and all(ref.tiers for ino, _, _ in files for ref in catalog.extents(ino).values()):
             return row
     return None
@@ -100,7 +99,7 @@ def cmd_latest(path: Path) -> int:
     if row is None:
         print(f"ckptfs latest: no committed checkpoint under {path}", file=sys.stderr)
         return 1
-    print(str(mnt) + str(row["root"]))
+    print(str(mnt) + row.root)
     return 0
 
 
@@ -122,7 +121,7 @@ def cmd_verify(path: Path) -> int:
     mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
+        rows = [r for r in catalog.checkpoint_rows(inner) if r.root == inner]
         sizes = {catalog.path_of(ino): size for ino, size, _ in files_of(catalog, inner)}
     finally:
         catalog.close()
@@ -152,9 +151,9 @@ def cmd_verify(path: Path) -> int:
                 problems.append(f"{rel}: read {n} bytes, the catalog says {size}")
             total += n
     elapsed = time.perf_counter() - started
-    state = rows[0]["state"]
-    if state != "committed":
-        problems.append(f"state is {state}, not committed")
+    state = rows[0].state
+    if state is not CheckpointState.COMMITTED:
+        problems.append(f"state is {state.value}, not committed")
     rate = total / elapsed / 1e6 if elapsed > 0 else 0.0
     print(f"ckptfs verify: {path}: {len(sizes)} file(s), {total / 2**20:.1f} MiB read and "
           f"verified in {elapsed:.2f} s ({rate:.0f} MB/s)")
@@ -186,11 +185,11 @@ def cmd_gc(path: Path, dry_run: bool) -> int:
         return _gc_through_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        before = {str(r["root"]): str(r["state"]) for r in catalog.checkpoints(inner)}
+        before = {r.root: r.state.value for r in catalog.checkpoint_rows(inner)}
         raw = catalog.get_meta("retention")
         policies = tuple(RetentionPolicy(**p) for p in json.loads(raw)) if raw else ()
         # Each run planned whole (as the daemon does), shown for what lies under PATH.
-        plans = plan_all(to_ckpts(catalog.checkpoints("/")), policies, time.time_ns())
+        plans = plan_all(to_ckpts(catalog.checkpoint_rows("/")), policies, time.time_ns())
     finally:
         catalog.close()
     if not policies:
@@ -212,7 +211,7 @@ def cmd_gc(path: Path, dry_run: bool) -> int:
         return 1
     catalog = open_catalog(state_dir)
     try:
-        after = {str(r["root"]): str(r["state"]) for r in catalog.checkpoints(inner)}
+        after = {r.root: r.state.value for r in catalog.checkpoint_rows(inner)}
     finally:
         catalog.close()
     changed = [(r, before.get(r), s) for r, s in after.items() if before.get(r) != s]

@@ -42,6 +42,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from ..catalog import CheckpointState
 from ..checkpoints.summary import summarize
 from ..config import parse_size
 from ..errors import ConfigError, InvalidArgument
@@ -395,7 +396,7 @@ def measure(path: Path) -> Measured:
         raise ConfigError(f"--from: {exc}") from None
     catalog = live.open_catalog(state_dir)
     try:
-        rows = [r for r in catalog.checkpoints(inner) if r["root"] == inner]
+        rows = [r for r in catalog.checkpoint_rows(inner) if r.root == inner]
         if not rows:
             raise ConfigError(f"--from: {path} is not a known checkpoint (see `ckptfs ls`)")
         info = summarize(catalog, mnt, rows[0])
@@ -403,7 +404,7 @@ def measure(path: Path) -> Measured:
     finally:
         catalog.close()
     cap, notes = local_tiers_capacity(tiers)
-    if info.state != "committed":
+    if info.state != CheckpointState.COMMITTED:
         notes.insert(0, f"checkpoint {info.root} is {info.state}: its size may be short")
     return Measured(str(path), info.root, info.state, info.logical_bytes, info.write_s, cap, notes)
 

@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import TextIO
 
 from ..catalog import Catalog
-from ..errors import CkptfsError, UsageError
+from ..errors import EXIT_USAGE, CkptfsError, UsageError
 from ..stats import read_stats
 from .live import mount_of, open_catalog
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 READ_SIZE = 8 * 1024 * 1024  # bytes per read() call
 DROP_EVERY = 64 * 1024 * 1024  # drop the pages read so far this often

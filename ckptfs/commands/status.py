@@ -23,11 +23,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, CheckpointRow, CheckpointState
 from ..catalog.catalog import Backlog
+from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
-from ..metrics import read_address
+from ..metrics.exporter import read_address
 from ..statedir import mountpoint_of, read_pid
 from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
 from .sync import backlog_line
@@ -64,20 +65,19 @@ def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
                      ) -> list[dict[str, Any]]:
-    rows = [r for r in catalog.checkpoints("/") if r["state"] != "deleted"]
-    runs: dict[str, list[dict[str, Any]]] = {}
+    rows = [r for r in catalog.checkpoint_rows("/") if r.state is not CheckpointState.DELETED]
+    runs: dict[str, list[CheckpointRow]] = {}
     for r in rows:
-        parts = [p for p in str(r["root"]).split("/") if p]
-        runs.setdefault("/" + "/".join(parts[:-1]), []).append(r)
+        runs.setdefault(run_of(r.root), []).append(r)
     durable = (live or {}).get("remote_durable") or {}
     out = []
     for run in sorted(runs):
-        newest = sorted(runs[run], key=lambda r: int(r["id"]), reverse=True)[:LATEST_PER_RUN]
+        newest = sorted(runs[run], key=lambda r: r.id, reverse=True)[:LATEST_PER_RUN]
         latest = []
         for r in newest:
             info = asdict(summarize(catalog, mnt or Path(""), r))
             info["path"] = (str(mnt) + info["root"]) if mnt else None
-            info["begin_ns"], info["commit_ns"] = r["begin_ns"], r["commit_ns"]
+            info["begin_ns"], info["commit_ns"] = r.begin_ns, r.commit_ns
             latest.append(info)
         out.append({"run": run, "checkpoints": len(runs[run]), "latest": latest,
                     "remote_durable": durable.get(run)})
@@ -419,8 +419,9 @@ def render(s: dict[str, Any]) -> Any:
                pad_edge=False)
     for col in ("run", "checkpoint", "step", "state", "files", "size", "save", "skew", "durable on"):
         ck.add_column(col, overflow="fold")
-    state_style = {"committed": "green", "writing": "cyan", "partial": "bold red",
-                   "expired": "dim"}
+    state_style: dict[str, str] = {
+        CheckpointState.COMMITTED: "green", CheckpointState.WRITING: "cyan",
+        CheckpointState.PARTIAL: "bold red", CheckpointState.EXPIRED: "dim"}
     for run in s["runs"]:
         durable_root = (run["remote_durable"] or {}).get("root")
         for i, c in enumerate(run["latest"]):

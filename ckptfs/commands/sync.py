@@ -1,5 +1,6 @@
 """`ckptfs sync [PATH]`: wait until everything under PATH (or the whole state dir) is
-durable on the remote tiers, watching the live catalog read-only beside the daemon."""
+durable on the remote tiers (catalog/durability.py: its uploads done, then a catalog
+snapshot covering them), watching the live catalog read-only beside the daemon."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..catalog.catalog import Backlog
+from ..catalog.durability import snapshot_covers
 from .live import open_catalog, remote_tier_names, resolve_state_dir
 from .progress import progress
 
@@ -69,10 +71,7 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
                 uploaded_ns = time.time_ns()
             # Durable means recoverable: the chunks, and a catalog snapshot taken after they
             # were uploaded (the daemon retakes it within seconds even under steady writes).
-            snap = catalog.snapshot_of_ns()
-            if uploaded_ns is not None and (
-                catalog.snapshot_is_current() or (snap is not None and snap >= uploaded_ns)
-            ):
+            if uploaded_ns is not None and snapshot_covers(catalog, uploaded_ns):
                 print(f"ckptfs sync: {path or sd} is durable on the remote tier(s)")
                 return 0
             if deadline is not None and time.monotonic() >= deadline:

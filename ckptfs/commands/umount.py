@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 from .. import statedir
-
-EXIT_USAGE = 2
+from ..errors import EXIT_USAGE
 
 
 def cmd_umount(mountpoint: Path, timeout: float) -> int:

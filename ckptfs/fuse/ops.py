@@ -16,10 +16,10 @@ from typing import Any, TypeVar, cast
 import pyfuse3
 import trio
 
-from .. import metrics
 from ..catalog import Inode
 from ..codec.frame import Buffer
 from ..errors import CkptfsError
+from ..metrics.requests import APP, count_op_error, op_observer
 from ..vfs.context import RequestContext, groups_from_status
 from ..vfs.filesystem import Filesystem, uses_direct_io
 
@@ -39,7 +39,7 @@ ATTR_TIMEOUT = 1.0
 def boundary(fn: F) -> F:
     # Every request is timed as the application waits for it (ckptfs_fuse_op_seconds).
     op = fn.__name__
-    observe = metrics.op_observer(op)
+    observe = op_observer(op)
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -47,28 +47,28 @@ def boundary(fn: F) -> F:
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError as exc:
-            metrics.count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
+            count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
             raise
         except CkptfsError as exc:
             if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA):
                 log.debug("%s -> %s: %s", fn.__name__, errno.errorcode.get(exc.errno), exc)
-            metrics.count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
+            count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))
             raise pyfuse3.FUSEError(exc.errno) from None
         except ExceptionGroup as group:
             # A nursery's errors: if every one is ours, answer with the first one's errno.
             if group.split(CkptfsError)[1] is not None:
                 log.exception("unexpected error in %s", fn.__name__)
-                metrics.count_op_error(op, "EIO")
+                count_op_error(op, "EIO")
                 raise pyfuse3.FUSEError(errno.EIO) from None
             first: BaseException = group
             while isinstance(first, BaseExceptionGroup):
                 first = first.exceptions[0]
             code = first.errno if isinstance(first, CkptfsError) else errno.EIO
-            metrics.count_op_error(op, errno.errorcode.get(code, str(code)))
+            count_op_error(op, errno.errorcode.get(code, str(code)))
             raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
-            metrics.count_op_error(op, "EIO")
+            count_op_error(op, "EIO")
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             observe(time.perf_counter() - started)
@@ -212,13 +212,13 @@ class FuseOps(pyfuse3.Operations):
         # Any contiguous buffer (pyfuse3 replies via PyObject_GetBuffer; its stub says
         # bytes): a view into the verified chunk, no copy on the trio thread.
         data = await self.fs.read(fh, off, size)
-        metrics.APP.read += len(data)
+        APP.read += len(data)
         return data
 
     @boundary
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         n = await self.fs.write(fh, off, buf)
-        metrics.APP.written += n
+        APP.written += n
         return n
 
     @boundary

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from ..catalog import Catalog, ChunkRef, Inode
+from ..catalog import Catalog, CheckpointRow, ChunkRef, Inode
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..chunks.store import ChunkStore
@@ -910,9 +910,9 @@ class Filesystem:
 
     # -- checkpoint state as extended attributes -----------------------------------------
 
-    async def _checkpoint_of(self, ino: int) -> dict[str, Any] | None:
+    async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
         path = await self.db(self.catalog.path_of, ino)
-        rows = [c for c in await self.db(self.catalog.checkpoints, path) if c["root"] == path]
+        rows = [c for c in await self.db(self.catalog.checkpoint_rows, path) if c.root == path]
         return rows[0] if rows else None
 
     async def _xattr_index(self) -> set[int]:
@@ -931,8 +931,8 @@ class Filesystem:
             if ckpt is None:
                 return None
             if name == XATTR_STATE:
-                return str(ckpt["state"]).encode()
-            return json.dumps(ckpt, sort_keys=True).encode()
+                return ckpt.state.value.encode()
+            return json.dumps(ckpt.as_dict(), sort_keys=True).encode()
         if ino not in await self._xattr_index():
             return None
         return await self.db(self.catalog.get_xattr, ino, name)

@@ -1,89 +1,50 @@
-"""Prometheus metrics of a running daemon, and the live facts `ckptfs status` shows.
+"""The facts a running daemon gathers about itself, for `ckptfs status` and ``/metrics``.
 
-* The FUSE adapter times every request (``ckptfs_fuse_op_seconds{op}``: what the application
-  waits for in write, flush (close), fsync, release, read, ...) and counts the bytes
-  applications write and read. These live in this module's own registry (never the
-  prometheus_client global one).
 * ``Telemetry`` gathers, once a second from the daemon's stats loop, what needs the catalog
   or a statvfs: capacity per tier, the upload backlog, checkpoint states, the newest
   checkpoint per run and the newest one durable on the remote, save durations and skews.
   It keeps them in a snapshot (also merged into ``STATE_DIR/stats.json``).
 * ``FsCollector`` turns that snapshot and the thread-safe live counters (``ckptfs.stats``)
-  into metrics at scrape time. The scrape runs in the HTTP server's thread: it never
-  touches the SQLite connection.
-* ``MetricsServer`` serves ``/metrics`` on ``metrics_address`` (config; localhost by
-  default, "" disables, port 0 picks a free port) and writes the bound address to
-  ``STATE_DIR/metrics.addr``.
+  into metrics at scrape time. The scrape runs in the exporter's HTTP thread
+  (metrics/exporter.py): it never touches the SQLite connection.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import math
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .checkpoints.summary import summarize
-from .errors import CkptfsError
-from .statedir import write_private
-from .tiers.health import FAILING, HEALTHY, Health
+from .. import __version__
+from ..catalog import CheckpointRow, CheckpointState
+from ..catalog.durability import checkpoint_durable
+from ..checkpoints.retention import run_of
+from ..checkpoints.summary import summarize
+from ..errors import CkptfsError
+from ..tiers.health import FAILING, HEALTHY, Health
+from .exporter import REGISTRY, Endpoint
+from .requests import APP
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
-    from .catalog import Catalog
-    from .stats import Stats
-    from .tiers.base import Tier
+    from ..catalog import Catalog
+    from ..stats import Stats
+    from ..tiers.base import Tier
 
 log = logging.getLogger("ckptfs.metrics")
 
-REGISTRY = CollectorRegistry()
-disable_created_metrics()  # no *_created series: they double the scrape for nothing
-ADDR_FILE = "metrics.addr"
-
-# From 50 µs (a cached read) to 2 minutes (a close that waits for room or the remote).
-LATENCY_BUCKETS = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-)
 STATS_INTERVAL_S = 1.0  # how often the live statistics are gathered and written
 UPLOAD_RATE_WINDOW_S = 10.0  # the upload rate status shows: bytes uploaded over this window
 SAVE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
 
-FUSE_OP_SECONDS = Histogram(
-    "ckptfs_fuse_op_seconds",
-    "Time the daemon took to answer a FUSE request: the pause the application sees in "
-    "write, flush (every close), fsync, release, read, ...",
-    ["op"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
-)
-FUSE_OP_ERRORS = Counter(
-    "ckptfs_fuse_op_errors", "FUSE requests answered with an error, by errno name",
-    ["op", "errno"], registry=REGISTRY,
-)
-
-
-class AppBytes:
-    """Bytes applications wrote and read through the mount. Only the trio thread adds to
-    them (FUSE handlers), so plain ints do; the scrape thread reads them."""
-
-    written = 0
-    read = 0
-
-
-APP = AppBytes()
 CHECKPOINT_SAVE_SECONDS = Histogram(
     "ckptfs_checkpoint_save_seconds",
     "Checkpoint save duration, first write to commit, of checkpoints committed since start",
@@ -94,21 +55,6 @@ CHECKPOINT_SKEW_SECONDS = Histogram(
     "Per-file completion skew of a checkpoint: last minus first file completed",
     buckets=SAVE_BUCKETS, registry=REGISTRY,
 )
-
-
-def op_observer(op: str) -> Callable[[float], None]:
-    """The latency recorder of one FUSE operation (bound once, cheap per call)."""
-    return FUSE_OP_SECONDS.labels(op=op).observe
-
-
-_error_children: dict[tuple[str, str], Any] = {}
-
-
-def count_op_error(op: str, errno_name: str) -> None:
-    child = _error_children.get((op, errno_name))
-    if child is None:
-        child = _error_children[(op, errno_name)] = FUSE_OP_ERRORS.labels(op=op, errno=errno_name)
-    child.inc()
 
 
 # Counters of ckptfs.stats exported under their own names (others: ckptfs_events_total).
@@ -122,29 +68,6 @@ _COUNTERS = {
     "deletions": "Chunk frames deleted from a tier by the deletion queue",
     "deletion_failures": "Attempts of the deletion queue that failed (retried with backoff)",
 }
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` (as config.parse_metrics_address returns)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def read_address(state_dir: Path) -> str | None:
-    """The address a daemon serves metrics on (None: none, or no daemon wrote one)."""
-    try:
-        return (state_dir / ADDR_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _run_of(root: str) -> str:
-    parts = [p for p in root.split("/") if p]
-    return "/" + "/".join(parts[:-1])
 
 
 class TelemetryStore(Protocol):
@@ -177,6 +100,7 @@ class Telemetry:
     def __init__(
         self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
         uploader: UploadCounter, budget: BudgetGauge, mountpoint: str | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         self.catalog = catalog
         self.db_limiter = db_limiter
@@ -185,9 +109,8 @@ class Telemetry:
         self.budget = budget
         self.facts: dict[str, Any] = {}
         self.mountpoint = mountpoint
-        self.metrics_address: str | None = None
-        self.metrics_requested: str | None = None  # differs when the port was taken
-        self._seen: dict[int, int] = {}  # checkpoint id -> commit_ns already observed
+        self.endpoint = endpoint or Endpoint()  # where the exporter serves the metrics
+        self._seen: dict[int, int | None] = {}  # checkpoint id -> commit_ns already observed
         self._primed = False  # checkpoints committed before this daemon started: not observed
         self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
         self._remote_durable: dict[str, dict[str, Any]] = {}
@@ -263,8 +186,8 @@ class Telemetry:
                             for name, c in capacity.items()}
         stats.extra = {
             "mountpoint": self.mountpoint,
-            "metrics": self.metrics_address,
-            "metrics_requested": self.metrics_requested,
+            "metrics": self.endpoint.address,
+            "metrics_requested": self.endpoint.requested,
             "backlog": self.facts.get("backlog"),
             "remote_durable": self.facts.get("remote_durable", {}),
             "checkpoint_states": self.facts.get("checkpoint_states", {}),
@@ -348,18 +271,17 @@ class Telemetry:
              else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9)}
             for q in cat.deletion_backlog()
         ]
-        rows = cat.checkpoints("/")
+        rows = cat.checkpoint_rows("/")
         states: dict[str, int] = {}
         latest: dict[str, dict[str, Any]] = {}
-        committed: dict[str, list[dict[str, Any]]] = {}
+        committed: dict[str, list[CheckpointRow]] = {}
         for r in rows:
-            states[str(r["state"])] = states.get(str(r["state"]), 0) + 1
-            if r["state"] != "committed":
+            states[r.state.value] = states.get(r.state.value, 0) + 1
+            if r.state is not CheckpointState.COMMITTED:
                 continue
-            run = _run_of(str(r["root"]))
-            committed.setdefault(run, []).append(r)
-            if self._seen.get(int(r["id"])) != r["commit_ns"]:
-                self._seen[int(r["id"])] = r["commit_ns"]
+            committed.setdefault(run_of(r.root), []).append(r)
+            if self._seen.get(r.id) != r.commit_ns:
+                self._seen[r.id] = r.commit_ns
                 if self._primed:
                     self._observe(r)
         self._primed = True
@@ -375,7 +297,7 @@ class Telemetry:
         out["remote_durable"] = self._remote_durable if remotes else {}
         return out
 
-    def _observe(self, row: dict[str, Any]) -> None:
+    def _observe(self, row: CheckpointRow) -> None:
         """A checkpoint committed while this daemon runs: its save time and skew."""
         try:
             info = summarize(self.catalog, Path(self.mountpoint or "/"), row)
@@ -387,24 +309,16 @@ class Telemetry:
             CHECKPOINT_SKEW_SECONDS.observe(max(0.0, info.completion_skew_s))
 
     def _find_remote_durable(
-        self, committed: dict[str, list[dict[str, Any]]], remotes: set[str]
+        self, committed: dict[str, list[CheckpointRow]], remotes: set[str]
     ) -> dict[str, dict[str, Any]]:
-        """Per run, the newest committed checkpoint a new node would recover from the
-        remote: every chunk has a valid remote copy and no pending upload, and a catalog
-        snapshot newer than its commit is on the remote."""
-        cat = self.catalog
-        snap = cat.snapshot_of_ns() or 0
+        """Per run, the newest committed checkpoint durable on the remote
+        (catalog/durability.py: what a new node would recover)."""
         out: dict[str, dict[str, Any]] = {}
         for run, rows in committed.items():  # newest first (sorted by the caller)
             for r in rows[:8]:
-                key = (str(r["root"]), int(r["commit_ns"] or 0))
+                key = (r.root, r.commit_ns or 0)
                 if key not in self._durable:
-                    if snap < key[1]:
-                        continue
-                    digests = cat.digests_under([key[0]])
-                    if not digests or cat.pending_digests(digests):
-                        continue
-                    if not all(remotes & set(cat.replica_tiers(d)) for d in digests):
+                    if not checkpoint_durable(self.catalog, key[0], key[1], remotes):
                         continue
                     self._durable.add(key)
                 out[run] = _brief(r)
@@ -412,13 +326,13 @@ class Telemetry:
         return out
 
 
-def _newest_first(row: dict[str, Any]) -> tuple[int, int]:
-    return (-1 if row["step"] is None else int(row["step"]), int(row["commit_ns"] or 0))
+def _newest_first(row: CheckpointRow) -> tuple[int, int]:
+    return (-1 if row.step is None else row.step, row.commit_ns or 0)
 
 
-def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    return {"root": row["root"], "step": row["step"], "framework": row["framework"],
-            "commit_ns": row["commit_ns"]}
+def _brief(row: CheckpointRow) -> dict[str, Any]:
+    return {"root": row.root, "step": row.step, "framework": row.framework,
+            "commit_ns": row.commit_ns}
 
 
 class FsCollector(Collector):
@@ -577,113 +491,3 @@ class FsCollector(Collector):
                 ts.add_metric([run], (c["commit_ns"] or 0) / 1e9)
             yield step
             yield ts
-
-
-class MetricsServer:
-    """``/metrics`` over HTTP in a thread of its own, on the configured address."""
-
-    def __init__(self, address: str, telemetry: Telemetry, state_dir: Path) -> None:
-        self.requested = address
-        self.telemetry = telemetry
-        self.state_dir = state_dir
-        self.address: str | None = None
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self._collector = FsCollector(telemetry)
-
-    def start(self) -> str:
-        """Listen; return the bound address ("host:port"). Raises OSError."""
-        host, port = split_address(self.requested)
-        REGISTRY.register(self._collector)
-        try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=REGISTRY)
-        except BaseException:
-            REGISTRY.unregister(self._collector)
-            raise
-        self.address = join_address(host, self._server.server_port)
-        self.telemetry.metrics_address = self.address
-        write_private(self.state_dir / ADDR_FILE, self.address + "\n")
-        return self.address
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            (self.state_dir / ADDR_FILE).unlink()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        with contextlib.suppress(KeyError):
-            REGISTRY.unregister(self._collector)
-        self.telemetry.metrics_address = None
-        self._server = self._thread = None
-
-
-def serve(address: str, telemetry: Telemetry, state_dir: Path) -> MetricsServer | None:
-    """Start the metrics server, or log why not (the mount goes on without metrics)."""
-    with contextlib.suppress(OSError):
-        (state_dir / ADDR_FILE).unlink()  # a daemon killed earlier may have left one
-    if not address:
-        log.info("metrics disabled (metrics_address = \"\")")
-        return None
-    telemetry.metrics_requested = address
-    server = MetricsServer(address, telemetry, state_dir)
-    try:
-        bound = server.start()
-    except OSError as exc:
-        host, port = split_address(address)
-        if exc.errno != errno.EADDRINUSE or port == 0:
-            log.warning("metrics: cannot listen on %s (%s); serving without metrics", address,
-                        exc.strerror or exc)
-            return None
-        # A second daemon on this node (another mount) with the default port: serve on a
-        # free port of the same host rather than not at all; metrics.addr and status say where.
-        server = MetricsServer(join_address(host, 0), telemetry, state_dir)
-        try:
-            bound = server.start()
-        except OSError as exc2:
-            log.warning("metrics: cannot listen on %s (%s); serving without metrics",
-                        address, exc2.strerror or exc2)
-            return None
-        log.warning("metrics: port %d on %s is taken (another daemon?); serving on %s "
-                    "instead (see STATE_DIR/%s, ckptfs status)", port, host, bound, ADDR_FILE)
-    log.info("metrics at http://%s/metrics", bound)
-    return server
-
-
-def parse_exposition(text: str) -> dict[str, float]:
-    """``{'name{label="v",...}': value}`` from a scrape (for tests and tools)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        out[key] = float(value)
-    return out
-
-
-def sample(samples: dict[str, float], name: str, **labels: str) -> float:
-    """One value out of ``parse_exposition``'s result (labels in any order)."""
-    want = {f'{k}="{v}"' for k, v in labels.items()}
-    for key, value in samples.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        got = set(_split_labels(rest.rstrip("}"))) if rest else set()
-        if want <= got:
-            return value
-    raise KeyError(f"{name}{labels}")
-
-
-def _split_labels(text: str) -> Iterable[str]:
-    part, quoted = "", False
-    for ch in text:
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            yield part
-            part = ""
-        else:
-            part += ch
-    if part:
-        yield part
