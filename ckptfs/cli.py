@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import __version__, statedir
+from .catalog import recorded_tiers
 from .commands.plan import add_plan_arguments
 from .config import Config, load_config, parse_metrics_address
 from .errors import CkptfsError, ConfigError, UsageError
@@ -146,6 +147,7 @@ def _config(args: argparse.Namespace) -> Config:
         args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
         remote_urls=args.remote, create_tiers=getattr(args, "create", False),
         allow_shared_device=getattr(args, "allow_shared_device", False),
+        recorded=recorded_tiers,  # a remount with only --state-dir: the catalog's tiers
     )
     if getattr(args, "allow_other", None) is not None:
         cfg = replace(cfg, allow_other=args.allow_other)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptfs import config as C
-from ckptfs.catalog import open_catalog
+from ckptfs.catalog import open_catalog, recorded_tiers
 from ckptfs.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_IO_THREADS,
@@ -361,9 +361,9 @@ def test_config_is_frozen(tmp_path: Path) -> None:
 def test_default_state_dir_for_root_or_user(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(C.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert C.default_state_dir() == Path("/var/lib/ckptfs")
-    monkeypatch.setattr(C.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert C.default_state_dir() == tmp_path / "xdg" / "ckptfs"
 
@@ -474,9 +474,9 @@ def test_upload_during_save() -> None:
 
 
 def test_recorded_tiers_are_read_from_the_catalog_without_changing_it(tmp_path: Path) -> None:
-    assert C.recorded_tiers(tmp_path) == ((), ())  # no catalog yet
+    assert recorded_tiers(tmp_path) == ((), ())  # no catalog yet
     cat = open_catalog(tmp_path / "catalog.sqlite")
-    assert C.recorded_tiers(tmp_path) == ((), ())  # a catalog that never recorded tiers
+    assert recorded_tiers(tmp_path) == ((), ())  # a catalog that never recorded tiers
     cat.set_meta("tiers", json.dumps([
         {"name": "nvme0", "kind": "local", "path": str(tmp_path / "t0"), "location": "local",
          "direct_io": False},
@@ -484,10 +484,30 @@ def test_recorded_tiers_are_read_from_the_catalog_without_changing_it(tmp_path: 
     ]))
     cat.close()
     before = (tmp_path / "catalog.sqlite").read_bytes()
-    local, remote = C.recorded_tiers(tmp_path)
+    local, remote = recorded_tiers(tmp_path)
     assert [(t.name, t.path, t.direct_io, t.origin) for t in local] == [
         ("nvme0", tmp_path / "t0", False, "recorded")]
     assert [(t.name, t.bucket, t.prefix) for t in remote] == [("s3", "b", "p/")]
     assert (tmp_path / "catalog.sqlite").read_bytes() == before
     (tmp_path / "catalog.sqlite").write_bytes(b"not a database")
-    assert C.recorded_tiers(tmp_path) == ((), ())
+    assert recorded_tiers(tmp_path) == ((), ())
+
+
+def test_load_config_mounts_the_recorded_tiers_only_through_the_reader_it_is_given(
+    tmp_path: Path,
+) -> None:
+    cat = open_catalog(tmp_path / "catalog.sqlite")
+    cat.set_meta("tiers", json.dumps([
+        {"name": "nvme0", "kind": "local", "path": str(tmp_path / "t0"), "location": "local"},
+    ]))
+    cat.close()
+    # The CLI passes the catalog's reader: a remount with only --state-dir gets its tiers.
+    (t,) = load_config(state_dir=tmp_path, recorded=recorded_tiers).tiers
+    assert (t.name, t.path, t.origin) == ("nvme0", tmp_path / "t0", "recorded")
+    # Any tier given (--local here) wins over the recorded ones, as before.
+    (t,) = load_config(state_dir=tmp_path, local_dirs=[str(tmp_path / "x")],
+                       recorded=recorded_tiers).tiers
+    assert t.origin == "--local"
+    # Without a reader config opens no catalog: the embedded default.
+    (t,) = load_config(state_dir=tmp_path).tiers
+    assert t.origin == "default"
