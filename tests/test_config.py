@@ -83,11 +83,11 @@ def test_parse_size_rejects_and_names_key(value: object) -> None:
 
 def test_defaults_from_empty_dict() -> None:
     cfg = config_from_dict({})
-    assert cfg.chunk_size == DEFAULT_CHUNK_SIZE
-    assert cfg.memory_budget == DEFAULT_MEMORY_BUDGET
-    assert cfg.io_threads == DEFAULT_IO_THREADS
-    assert cfg.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
-    assert cfg.default_permissions is True
+    assert cfg.store.chunk_size == DEFAULT_CHUNK_SIZE
+    assert cfg.store.memory_budget == DEFAULT_MEMORY_BUDGET
+    assert cfg.store.io_threads == DEFAULT_IO_THREADS
+    assert cfg.fuse.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
+    assert cfg.fuse.default_permissions is True
     assert cfg.tiers == ()
     assert cfg.state_dir.is_absolute()
 
@@ -118,10 +118,10 @@ path = "{tmp_path / "t1"}"
     )
     cfg = load_config(p)
     assert cfg.state_dir == tmp_path / "state"
-    assert cfg.chunk_size == MiB
-    assert cfg.memory_budget == 64 * MiB
-    assert cfg.io_threads == 2
-    assert cfg.allow_other is True
+    assert cfg.store.chunk_size == MiB
+    assert cfg.store.memory_budget == 64 * MiB
+    assert cfg.store.io_threads == 2
+    assert cfg.fuse.allow_other is True
     assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]
     t0, t1 = cfg.tiers
     assert t0.path == tmp_path / "t0" and t0.kind == "local"
@@ -160,9 +160,9 @@ def test_state_dir_override_beats_file(tmp_path: Path) -> None:
 
 def test_chunk_size_override(tmp_path: Path) -> None:
     p = write(tmp_path, 'chunk_size = "8MiB"\n')
-    assert load_config(p, state_dir=tmp_path).chunk_size == 8 * MiB
-    assert load_config(p, state_dir=tmp_path, chunk_size="1MiB").chunk_size == MiB
-    assert load_config(state_dir=tmp_path, chunk_size=2 * MiB).chunk_size == 2 * MiB
+    assert load_config(p, state_dir=tmp_path).store.chunk_size == 8 * MiB
+    assert load_config(p, state_dir=tmp_path, chunk_size="1MiB").store.chunk_size == MiB
+    assert load_config(state_dir=tmp_path, chunk_size=2 * MiB).store.chunk_size == 2 * MiB
 
 
 def test_bad_chunk_size_override_names_key(tmp_path: Path) -> None:
@@ -355,7 +355,9 @@ def test_config_error_is_einval() -> None:
 def test_config_is_frozen(tmp_path: Path) -> None:
     cfg = load_config(state_dir=tmp_path)
     with pytest.raises(AttributeError):
-        cfg.chunk_size = 1  # type: ignore[misc]
+        cfg.store.chunk_size = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        cfg.store = cfg.store  # type: ignore[misc]
 
 
 def test_default_state_dir_for_root_or_user(
@@ -466,8 +468,8 @@ def test_tiers_on_one_device_are_refused_unless_all_allow_it(tmp_path: Path) -> 
 
 
 def test_upload_during_save() -> None:
-    assert config_from_dict({}).upload_during_save == "auto"
-    assert config_from_dict({"upload_during_save": "defer"}).upload_during_save == "defer"
+    assert config_from_dict({}).upload.during_save == "auto"
+    assert config_from_dict({"upload_during_save": "defer"}).upload.during_save == "defer"
     with pytest.raises(ConfigError) as ei:
         config_from_dict({"upload_during_save": "sometimes"})
     assert str(ei.value).startswith("upload_during_save: expected one of auto, defer, overlap")

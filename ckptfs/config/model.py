@@ -21,7 +21,6 @@ GiB = 1024 * MiB
 # thread hop, a frame file create + rename + fsync, a catalog row) that show, and 32 MiB
 # was no faster. A partial-chunk read-modify-write of 16 MiB still takes only milliseconds.
 DEFAULT_CHUNK_SIZE = 16 * MiB
-# Chunk buffers of files being written; half as much again is the decoded-chunk cache.
 DEFAULT_MEMORY_BUDGET = 1 * GiB
 DEFAULT_IO_THREADS = 4
 # Six 16 MiB chunks in flight per sequential reader: two (32 MiB) left a cold read waiting
@@ -163,42 +162,97 @@ class RetentionPolicy:
         return fnmatch.fnmatchcase(run, self.glob)
 
 
+# --------------------------------------------------------------------------- components
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The chunk store and the write path's memory (chunks/store.py, vfs/openfile.py)."""
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    # Chunk buffers of files being written; half as much again is the decoded-chunk cache.
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    io_threads: int = DEFAULT_IO_THREADS
+    remote_copies: int = 1  # how many remote tiers hold each chunk (its upload jobs)
+    # When the local tiers are full of chunks not yet on a remote: wait for uploads to
+    # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
+    on_local_full: OnLocalFull = "block"
+    local_full_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    """The upload queue to the remote tiers (upload/uploader.py)."""
+
+    concurrency: int = 8  # uploads in flight at once (upload_concurrency)
+    during_save: UploadDuringSave = "auto"  # upload_during_save
+    compression: RemoteCompression = "auto"  # remote_compression
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """The read path (vfs/openfile.py, chunks/store.py): bytes fetched ahead of each
+    sequential reader (0: none), and when a chunk read from a remote tier only is written
+    to a local tier too."""
+
+    readahead: int = DEFAULT_READAHEAD
+    copy_back: CopyBack = "sequential"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoint awareness (checkpoints/detectors.py, tracker.py; docs/checkpoints.md)."""
+
+    enabled: bool = True  # the ``checkpoints`` key
+    partial_after_s: float = 600.0  # checkpoint_partial_after
+    patterns: tuple[PatternConfig, ...] = ()  # [[checkpoint_pattern]]
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """What the janitor keeps, evicts and expires (checkpoints/janitor.py)."""
+
+    policies: tuple[RetentionPolicy, ...] = ()  # [[retention]]
+    local_high_watermark: float = 0.9
+
+
+@dataclass(frozen=True)
+class FuseConfig:
+    """The FUSE mount options (mount.fuse_options)."""
+
+    allow_other: bool = False  # config_from_dict: on by default when running as root
+    # The kernel checks permissions from the mode bits (FUSE default_permissions); off
+    # only for a single-user mount, since ckptfs itself checks no access.
+    default_permissions: bool = True
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (metrics.py): "HOST:PORT" to listen on ("" disables; port 0
+    picks a free one)."""
+
+    address: str = DEFAULT_METRICS_ADDRESS  # metrics_address
+
+
 # --------------------------------------------------------------------------- Config
 
 
 @dataclass(frozen=True)
 class Config:
+    """A mount's configuration: where its state lives, its tiers, and each component's
+    part. The composition root (mount.py) hands each component its own part."""
+
     state_dir: Path
     tiers: tuple[TierConfig, ...]  # local tiers: new chunks land here
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    memory_budget: int = DEFAULT_MEMORY_BUDGET
-    io_threads: int = DEFAULT_IO_THREADS
-    allow_other: bool = False  # config_from_dict: on by default when running as root
-    # The kernel checks permissions from the mode bits (FUSE default_permissions); off
-    # only for a single-user mount, since ckptfs itself checks no access.
-    default_permissions: bool = True
     remote_tiers: tuple[S3TierConfig, ...] = ()  # remote tiers: the uploader copies chunks here
-    remote_copies: int = 1  # how many remote tiers hold each chunk
-    upload_concurrency: int = 8  # uploads in flight at once
-    upload_during_save: UploadDuringSave = "auto"
-    remote_compression: RemoteCompression = "auto"
-    # Reads: bytes fetched ahead of each sequential reader (0: none), and when a chunk read
-    # from a remote tier only is written to a local tier too.
-    readahead: int = DEFAULT_READAHEAD
-    copy_back: CopyBack = "sequential"
-    # Checkpoint awareness (checkpoints.md): detection, partial timeout, retention.
-    checkpoints: bool = True
-    checkpoint_partial_after_s: float = 600.0
-    checkpoint_patterns: tuple[PatternConfig, ...] = ()
-    retention: tuple[RetentionPolicy, ...] = ()
-    local_high_watermark: float = 0.9
-    # When the local tiers are full of chunks not yet on a remote: wait for uploads to
-    # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
-    on_local_full: OnLocalFull = "block"
-    local_full_timeout_s: float = 600.0
-    policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability
-    # Prometheus metrics: "HOST:PORT" to listen on ("" disables; port 0 picks a free one).
-    metrics_address: str = DEFAULT_METRICS_ADDRESS
+    store: StoreConfig = field(default_factory=StoreConfig)
+    upload: UploadConfig = field(default_factory=UploadConfig)
+    reads: ReadConfig = field(default_factory=ReadConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability (the VFS's commits)
+    fuse: FuseConfig = field(default_factory=FuseConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     @property
