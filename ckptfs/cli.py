@@ -17,8 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import __version__, statedir
+from .catalog import recorded_tiers
 from .commands.plan import add_plan_arguments
-from .config import Config, load_config, parse_metrics_address
+from .config import Config, MetricsConfig, load_config, parse_metrics_address
 from .errors import EXIT_USAGE, CkptfsError, ConfigError, UsageError
 
 DAEMON_READY_TIMEOUT_S = 120
@@ -145,12 +146,13 @@ def _config(args: argparse.Namespace) -> Config:
         args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
         remote_urls=args.remote, create_tiers=getattr(args, "create", False),
         allow_shared_device=getattr(args, "allow_shared_device", False),
+        recorded=recorded_tiers,  # a remount with only --state-dir: the catalog's tiers
     )
     if getattr(args, "allow_other", None) is not None:
-        cfg = replace(cfg, allow_other=args.allow_other)
+        cfg = replace(cfg, fuse=replace(cfg.fuse, allow_other=args.allow_other))
     if getattr(args, "metrics_address", None) is not None:
-        cfg = replace(cfg, metrics_address=parse_metrics_address(
-            args.metrics_address, "--metrics-address"))
+        cfg = replace(cfg, metrics=MetricsConfig(parse_metrics_address(
+            args.metrics_address, "--metrics-address")))
     return cfg
 
 
@@ -189,7 +191,7 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", str(args.mountpoint.absolute()),
            "--foreground", "--ready-fd", str(w), "--log-level", args.log_level,
-           "--state-dir", str(cfg.state_dir), "--chunk-size", str(cfg.chunk_size)]
+           "--state-dir", str(cfg.state_dir), "--chunk-size", str(cfg.store.chunk_size)]
     if args.config:
         cmd += ["--config", str(Path(args.config).absolute())]
     for d in args.local:
@@ -202,7 +204,7 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
     if args.allow_other is not None:
         cmd.append("--allow-other" if args.allow_other else "--no-allow-other")
     if args.metrics_address is not None:
-        cmd += ["--metrics-address", cfg.metrics_address]
+        cmd += ["--metrics-address", cfg.metrics.address]
     with os.fdopen(statedir.open_private(cfg.log_path), "ab") as logf:
         proc = subprocess.Popen(
             cmd, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,

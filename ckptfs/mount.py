@@ -27,14 +27,24 @@ import trio
 
 from . import __version__, preflight, service, statedir
 from .catalog import Catalog
+from .checkpoints.detectors import DetectorSet
 from .checkpoints.janitor import GcRequests, Janitor
-from .checkpoints.retention import RetentionPolicy
 from .checkpoints.tracker import CheckpointTracker
 from .chunks.guard import ChunkGuard
 from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
 from .codec import frame
-from .config import Config, DurabilityPolicy, S3TierConfig, TierConfig
+from .config import (
+    CheckpointConfig,
+    Config,
+    DurabilityPolicy,
+    FuseConfig,
+    ReadConfig,
+    RetentionConfig,
+    S3TierConfig,
+    TierConfig,
+    UploadConfig,
+)
 from .errors import EXIT_USAGE, CkptfsError, PermanentTierError, TierError, UsageError
 from .fuse.ops import FuseOps
 from .metrics.exporter import Endpoint
@@ -184,7 +194,7 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     The extent grid depends on the chunk size, so an existing catalog keeps its own.
     """
     recorded = catalog.get_meta("chunk_size")
-    chunk_size = cfg.chunk_size
+    chunk_size = cfg.store.chunk_size
     if recorded is None:
         catalog.set_meta("chunk_size", str(chunk_size))
     elif int(recorded) != chunk_size:
@@ -207,7 +217,7 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     merged = {**old, **now}
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
     # For `ckptfs gc --dry-run`, which plans beside the daemon from the catalog alone.
-    catalog.set_meta("retention", json.dumps([dataclasses.asdict(p) for p in cfg.retention]))
+    catalog.set_meta("retention", json.dumps([dataclasses.asdict(p) for p in cfg.retention.policies]))
     return chunk_size
 
 
@@ -293,7 +303,7 @@ def _serve_tiers(
                 os.chmod(f"{cfg.catalog_path}{suffix}", statedir.FILE_MODE)
         chunk_size = reconcile_catalog(catalog, cfg)
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint)
-        options = fuse_options(cfg)
+        options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
             pyfuse3.init(FuseOps(daemon.fs), str(mountpoint), options)
         except RuntimeError as exc:
@@ -306,7 +316,7 @@ def _serve_tiers(
             ", ".join(f"{r['name']}={r.get('path') or r.get('url')}" for r in records),
             chunk_size, cfg.state_dir,
         )
-        metrics = serve_metrics(cfg.metrics_address, FsCollector(daemon.telemetry),
+        metrics = serve_metrics(cfg.metrics.address, FsCollector(daemon.telemetry),
                                 cfg.state_dir, daemon.telemetry.endpoint)
         unmounted = False
         try:
@@ -355,19 +365,15 @@ def build(
     invalidate: Callable[[int], None] | None = None,
     invalidate_entry: Callable[[int, bytes], None] | None = None,
     remote_copies: int = 1,
-    upload_concurrency: int = 8,
-    upload_during_save: str = "auto",
-    remote_compression: str = "auto",
     on_local_full: str = "block",
     local_full_timeout_s: float = 600.0,
+    upload: UploadConfig = UploadConfig(),
+    reads: ReadConfig = ReadConfig(),
     policies: tuple[DurabilityPolicy, ...] = (),
     stats_path: Path | None = None,
-    readahead: int = 32 * 1024 * 1024,
-    copy_back: str = "sequential",
-    detectors: object | None = None,
+    detectors: DetectorSet | None = None,
     partial_after_s: float = 600.0,
-    retention: tuple[RetentionPolicy, ...] = (),
-    high_watermark: float = 0.9,
+    retention: RetentionConfig = RetentionConfig(),
     mountpoint: str | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
@@ -391,10 +397,9 @@ def build(
                       forget_frames=synced.difference_update, wake=delete_wake,
                       on_done=upload_wake.set)  # an upload may wait for a deletion
     uploader = Uploader(
-        catalog, tiers, db_limiter, upload_concurrency, guard=guard, stats=stats, room=room,
-        deleter=deleter, wake=upload_wake, remote_compression=remote_compression,
+        catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
+        deleter=deleter, wake=upload_wake,
         saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
-        during_save=upload_during_save,
     )
     store = ChunkStore(
         tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
@@ -414,11 +419,11 @@ def build(
         catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
-        readahead=readahead, copy_back=copy_back,
+        readahead=reads.readahead, copy_back=reads.copy_back,
     )
+    high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
-                      handles.open_inos, retention, high_watermark,
-                      max(0.5, high_watermark - 0.1))
+                      handles.open_inos, retention.policies, high, max(0.5, high - 0.1))
     telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint, Endpoint())
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
                   fs, telemetry, stats_path)
@@ -429,17 +434,15 @@ def build_for_config(
     mountpoint: Path | None = None,
 ) -> Daemon:
     """``build`` with a mount's configuration."""
+    store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
     return build(
-        catalog, tiers, chunk_size=chunk_size, memory_budget=cfg.memory_budget,
-        io_threads=cfg.io_threads, invalidate=_invalidate_inode,
-        invalidate_entry=_invalidate_entry, remote_copies=cfg.remote_copies,
-        upload_concurrency=cfg.upload_concurrency, upload_during_save=cfg.upload_during_save,
-        remote_compression=cfg.remote_compression, on_local_full=cfg.on_local_full,
-        local_full_timeout_s=cfg.local_full_timeout_s, policies=cfg.policies,
-        stats_path=cfg.state_dir / "stats.json", readahead=cfg.readahead,
-        copy_back=cfg.copy_back, detectors=_detectors(cfg),
-        partial_after_s=cfg.checkpoint_partial_after_s, retention=cfg.retention,
-        high_watermark=cfg.local_high_watermark,
+        catalog, tiers, chunk_size=chunk_size, memory_budget=store.memory_budget,
+        io_threads=store.io_threads, invalidate=_invalidate_inode,
+        invalidate_entry=_invalidate_entry, remote_copies=store.remote_copies,
+        on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
+        upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
+        stats_path=cfg.state_dir / "stats.json", detectors=detectors_for(cfg.checkpoints),
+        partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
     )
 
@@ -512,11 +515,11 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         nursery.cancel_scope.cancel()
 
 
-def fuse_options(cfg: Config) -> set[str]:
+def fuse_options(cfg: FuseConfig, state_dir: Path) -> set[str]:
     """The FUSE mount options: pyfuse3's defaults (default_permissions), our names,
     allow_other as configured."""
     options = set(pyfuse3.default_options)
-    options |= {f"fsname={statedir.fsname(cfg.state_dir)}", "subtype=ckptfs"}
+    options |= {f"fsname={statedir.fsname(state_dir)}", "subtype=ckptfs"}
     if cfg.allow_other:
         options.add("allow_other")
     if not cfg.default_permissions:
@@ -527,12 +530,10 @@ def fuse_options(cfg: Config) -> set[str]:
     return options
 
 
-def _detectors(cfg: Config) -> object | None:
-    if not cfg.checkpoints:
-        return None
-    from .checkpoints.detectors import DetectorSet
-
-    return DetectorSet.default(cfg.checkpoint_patterns)
+def detectors_for(cfg: CheckpointConfig) -> DetectorSet | None:
+    """The detectors a mount runs: the configured patterns and the built-in ones, or
+    none with ``checkpoints = false``."""
+    return DetectorSet.default(cfg.patterns) if cfg.enabled else None
 
 
 def _invalidate_entry(parent: int, name: bytes) -> None:

@@ -9,7 +9,8 @@ from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.commit import FileVersion, commit_version
-from ckptfs.mount import Daemon, build, running
+from ckptfs.config import config_from_dict
+from ckptfs.mount import Daemon, build, build_for_config, running
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
@@ -33,6 +34,34 @@ def test_no_component_is_handed_the_filesystem(tmp_path: Path) -> None:
         assert d.store.guard is d.uploader.guard is d.deleter.guard
         assert d.store.room is d.uploader.room is d.deleter.room
         assert d.store.spill_copy == d.uploader.copy_uncommitted
+    finally:
+        cat.close()
+
+
+def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
+    cfg = config_from_dict({
+        "chunk_size": "1MiB", "memory_budget": "4MiB", "io_threads": 3, "remote_copies": 2, "on_local_full": "enospc",
+        "local_full_timeout": 7, "upload_concurrency": 5, "upload_during_save": "overlap",
+        "remote_compression": "off", "readahead": "1MiB", "copy_back": "never",
+        "checkpoint_partial_after": 9, "local_high_watermark": 0.7,
+        "retention": [{"path": "/runs/*", "keep": 2}],
+        "policy": [{"path": "/final", "durability": "remote"}],
+    })
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    try:
+        d = build_for_config(cfg, cat, [MemoryTier("l"), MemoryTier("r", kind="remote")], CS)
+        assert (d.uploader.concurrency, d.uploader.during_save, d.uploader.compressor.mode) == (
+            5, "overlap", "off")
+        assert (d.store.io.total_tokens, d.store.remote_copies, d.store.on_local_full,
+                d.store.local_full_timeout_s) == (3, 2, "enospc", 7.0)
+        assert d.budget.limit == 4 * 1024 * 1024
+        assert (d.fs.readahead, d.fs.copy_back, d.fs.policies) == (1024 * 1024, "never",
+                                                                  cfg.policies)
+        assert d.tracker is not None and d.tracker.partial_after_s == 9.0
+        assert (d.janitor.policies, d.janitor.high) == (cfg.retention.policies, 0.7)
+        # checkpoints = false: no detectors, no tracker.
+        off = config_from_dict({"checkpoints": False})
+        assert build_for_config(off, cat, [MemoryTier("l")], CS).tracker is None
     finally:
         cat.close()
 

@@ -233,9 +233,9 @@ def test_compressor_learns_the_cost_of_fresh_memory() -> None:
 
 
 def test_config_key() -> None:
-    assert config_from_dict({}).remote_compression == "auto"
+    assert config_from_dict({}).upload.compression == "auto"
     for mode in ("auto", "off", "always"):
-        assert config_from_dict({"remote_compression": mode}).remote_compression == mode
+        assert config_from_dict({"remote_compression": mode}).upload.compression == mode
     for bad in ("lz4", "", True, 1):
         with pytest.raises(ConfigError, match=r"^remote_compression: expected one of"):
             config_from_dict({"remote_compression": bad})

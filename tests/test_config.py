@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptfs import config as C
-from ckptfs.catalog import open_catalog
+from ckptfs.catalog import open_catalog, recorded_tiers
 from ckptfs.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_IO_THREADS,
@@ -83,11 +83,11 @@ def test_parse_size_rejects_and_names_key(value: object) -> None:
 
 def test_defaults_from_empty_dict() -> None:
     cfg = config_from_dict({})
-    assert cfg.chunk_size == DEFAULT_CHUNK_SIZE
-    assert cfg.memory_budget == DEFAULT_MEMORY_BUDGET
-    assert cfg.io_threads == DEFAULT_IO_THREADS
-    assert cfg.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
-    assert cfg.default_permissions is True
+    assert cfg.store.chunk_size == DEFAULT_CHUNK_SIZE
+    assert cfg.store.memory_budget == DEFAULT_MEMORY_BUDGET
+    assert cfg.store.io_threads == DEFAULT_IO_THREADS
+    assert cfg.fuse.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
+    assert cfg.fuse.default_permissions is True
     assert cfg.tiers == ()
     assert cfg.state_dir.is_absolute()
 
@@ -118,10 +118,10 @@ path = "{tmp_path / "t1"}"
     )
     cfg = load_config(p)
     assert cfg.state_dir == tmp_path / "state"
-    assert cfg.chunk_size == MiB
-    assert cfg.memory_budget == 64 * MiB
-    assert cfg.io_threads == 2
-    assert cfg.allow_other is True
+    assert cfg.store.chunk_size == MiB
+    assert cfg.store.memory_budget == 64 * MiB
+    assert cfg.store.io_threads == 2
+    assert cfg.fuse.allow_other is True
     assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]
     t0, t1 = cfg.tiers
     assert t0.path == tmp_path / "t0" and t0.kind == "local"
@@ -160,9 +160,9 @@ def test_state_dir_override_beats_file(tmp_path: Path) -> None:
 
 def test_chunk_size_override(tmp_path: Path) -> None:
     p = write(tmp_path, 'chunk_size = "8MiB"\n')
-    assert load_config(p, state_dir=tmp_path).chunk_size == 8 * MiB
-    assert load_config(p, state_dir=tmp_path, chunk_size="1MiB").chunk_size == MiB
-    assert load_config(state_dir=tmp_path, chunk_size=2 * MiB).chunk_size == 2 * MiB
+    assert load_config(p, state_dir=tmp_path).store.chunk_size == 8 * MiB
+    assert load_config(p, state_dir=tmp_path, chunk_size="1MiB").store.chunk_size == MiB
+    assert load_config(state_dir=tmp_path, chunk_size=2 * MiB).store.chunk_size == 2 * MiB
 
 
 def test_bad_chunk_size_override_names_key(tmp_path: Path) -> None:
@@ -355,15 +355,17 @@ def test_config_error_is_einval() -> None:
 def test_config_is_frozen(tmp_path: Path) -> None:
     cfg = load_config(state_dir=tmp_path)
     with pytest.raises(AttributeError):
-        cfg.chunk_size = 1  # type: ignore[misc]
+        cfg.store.chunk_size = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        cfg.store = cfg.store  # type: ignore[misc]
 
 
 def test_default_state_dir_for_root_or_user(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(C.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert C.default_state_dir() == Path("/var/lib/ckptfs")
-    monkeypatch.setattr(C.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert C.default_state_dir() == tmp_path / "xdg" / "ckptfs"
 
@@ -466,17 +468,17 @@ def test_tiers_on_one_device_are_refused_unless_all_allow_it(tmp_path: Path) -> 
 
 
 def test_upload_during_save() -> None:
-    assert config_from_dict({}).upload_during_save == "auto"
-    assert config_from_dict({"upload_during_save": "defer"}).upload_during_save == "defer"
+    assert config_from_dict({}).upload.during_save == "auto"
+    assert config_from_dict({"upload_during_save": "defer"}).upload.during_save == "defer"
     with pytest.raises(ConfigError) as ei:
         config_from_dict({"upload_during_save": "sometimes"})
     assert str(ei.value).startswith("upload_during_save: expected one of auto, defer, overlap")
 
 
 def test_recorded_tiers_are_read_from_the_catalog_without_changing_it(tmp_path: Path) -> None:
-    assert C.recorded_tiers(tmp_path) == ((), ())  # no catalog yet
+    assert recorded_tiers(tmp_path) == ((), ())  # no catalog yet
     cat = open_catalog(tmp_path / "catalog.sqlite")
-    assert C.recorded_tiers(tmp_path) == ((), ())  # a catalog that never recorded tiers
+    assert recorded_tiers(tmp_path) == ((), ())  # a catalog that never recorded tiers
     cat.set_meta("tiers", json.dumps([
         {"name": "nvme0", "kind": "local", "path": str(tmp_path / "t0"), "location": "local",
          "direct_io": False},
@@ -484,10 +486,30 @@ def test_recorded_tiers_are_read_from_the_catalog_without_changing_it(tmp_path: 
     ]))
     cat.close()
     before = (tmp_path / "catalog.sqlite").read_bytes()
-    local, remote = C.recorded_tiers(tmp_path)
+    local, remote = recorded_tiers(tmp_path)
     assert [(t.name, t.path, t.direct_io, t.origin) for t in local] == [
         ("nvme0", tmp_path / "t0", False, "recorded")]
     assert [(t.name, t.bucket, t.prefix) for t in remote] == [("s3", "b", "p/")]
     assert (tmp_path / "catalog.sqlite").read_bytes() == before
     (tmp_path / "catalog.sqlite").write_bytes(b"not a database")
-    assert C.recorded_tiers(tmp_path) == ((), ())
+    assert recorded_tiers(tmp_path) == ((), ())
+
+
+def test_load_config_mounts_the_recorded_tiers_only_through_the_reader_it_is_given(
+    tmp_path: Path,
+) -> None:
+    cat = open_catalog(tmp_path / "catalog.sqlite")
+    cat.set_meta("tiers", json.dumps([
+        {"name": "nvme0", "kind": "local", "path": str(tmp_path / "t0"), "location": "local"},
+    ]))
+    cat.close()
+    # The CLI passes the catalog's reader: a remount with only --state-dir gets its tiers.
+    (t,) = load_config(state_dir=tmp_path, recorded=recorded_tiers).tiers
+    assert (t.name, t.path, t.origin) == ("nvme0", tmp_path / "t0", "recorded")
+    # Any tier given (--local here) wins over the recorded ones, as before.
+    (t,) = load_config(state_dir=tmp_path, local_dirs=[str(tmp_path / "x")],
+                       recorded=recorded_tiers).tiers
+    assert t.origin == "--local"
+    # Without a reader config opens no catalog: the embedded default.
+    (t,) = load_config(state_dir=tmp_path).tiers
+    assert t.origin == "default"

@@ -20,6 +20,7 @@ from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.chunks.guard import ChunkGuard
+from ckptfs.config import RetentionConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
@@ -165,7 +166,8 @@ async def save(fs: Filesystem, run: int, step: int, model: bytes) -> None:
 async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tmp_path: Path) -> None:
     local = MemoryTier("l")
     x = os.urandom(3 * CS)
-    async with make_daemon(tmp_path, [local], detectors=DetectorSet.default(), retention=POLICY) as d:
+    async with make_daemon(tmp_path, [local], detectors=DetectorSet.default(),
+                           retention=RetentionConfig(POLICY)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         await save(fs, run.ino, 1, x)

@@ -25,7 +25,6 @@ from ckptfs.checkpoints.detectors import (
     PatternConfig,
     PatternDetector,
     is_temp_name,
-    patterns_from_config,
     step_from_name,
     zip_at_eof,
 )
@@ -45,6 +44,7 @@ from ckptfs.checkpoints.events import (
     Detector,
     FsEvent,
 )
+from ckptfs.config import patterns_from_config
 from ckptfs.errors import ConfigError
 
 SEC = 1_000_000_000

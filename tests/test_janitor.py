@@ -15,6 +15,7 @@ from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.retention import RetentionPolicy
 from ckptfs.checkpoints.tracker import CheckpointTracker
+from ckptfs.config import RetentionConfig
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
@@ -40,7 +41,7 @@ async def state(fs: Filesystem, root: str) -> str | None:
 
 
 def options() -> dict[str, Any]:
-    return {"detectors": DetectorSet.default(), "retention": POLICY}
+    return {"detectors": DetectorSet.default(), "retention": RetentionConfig(POLICY)}
 
 
 async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Path) -> None:
@@ -66,7 +67,7 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
     remote.fail_puts = True  # the remote is down: nothing gets uploaded
     policy = (RetentionPolicy("/run", keep_local=1, keep=5, skip_superseded_uploads=False),)
     async with make_daemon(tmp_path, [local, remote], detectors=DetectorSet.default(),
-                       retention=policy) as d:
+                       retention=RetentionConfig(policy)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (1, 2, 3):
@@ -119,7 +120,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
     remote.fail_puts = True  # a slow or absent remote: the backlog would grow
     policy = (RetentionPolicy("/run", keep_local=3, keep=5, milestone_every=4),)
     async with make_daemon(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
-                       retention=policy) as d:
+                       retention=RetentionConfig(policy)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
         for step in (3, 4, 5, 6):
@@ -141,7 +142,8 @@ async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
 
     local = MemoryTier("l", capacity=10 * (CS + frame.HEADER_SIZE))
     remote = MemoryTier("r", kind="remote")
-    async with make_daemon(tmp_path, [local, remote], high_watermark=0.9) as d:
+    async with make_daemon(tmp_path, [local, remote],
+                           retention=RetentionConfig(local_high_watermark=0.9)) as d:
         fs = d.fs
         for i in range(3):  # 9 of 10 chunks' room: above the 0.9 watermark... almost
             await write_file(fs, f"f{i}".encode(), os.urandom(3 * CS))

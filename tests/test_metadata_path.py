@@ -16,7 +16,7 @@ from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints import tracker as tracker_mod
 from ckptfs.checkpoints.detectors import DetectorSet
-from ckptfs.checkpoints.events import FsEvent
+from ckptfs.checkpoints.events import Detection, FsEvent
 from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import Daemon
@@ -142,17 +142,19 @@ async def test_new_write_only_files_need_no_page_cache_invalidation(tmp_path: Pa
 
 
 class _Observer:
+    name = "observer"
+
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
         self.current: list[str] = []
         self.seen = threading.Event()
 
-    def observe(self, ev: FsEvent, ns: object) -> list[object]:
+    def observe(self, ev: FsEvent, ns: object) -> list[Detection]:
         self.current.append(ev.path)
         self.seen.set()
         return []
 
-    def tick(self, now_ns: int, ns: object) -> list[object]:
+    def tick(self, now_ns: int, ns: object) -> list[Detection]:
         return []
 
 

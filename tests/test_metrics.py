@@ -49,10 +49,10 @@ def test_bad_metrics_address_names_the_key(bad: object) -> None:
 
 
 def test_metrics_address_forms() -> None:
-    assert config_from_dict({}).metrics_address == "127.0.0.1:9464"  # localhost by default
-    assert config_from_dict({"metrics_address": ""}).metrics_address == ""
-    assert config_from_dict({"metrics_address": "[::1]:0"}).metrics_address == "[::1]:0"
-    assert config_from_dict({"metrics_address": "0.0.0.0:9100"}).metrics_address == "0.0.0.0:9100"
+    assert config_from_dict({}).metrics.address == "127.0.0.1:9464"  # localhost by default
+    assert config_from_dict({"metrics_address": ""}).metrics.address == ""
+    assert config_from_dict({"metrics_address": "[::1]:0"}).metrics.address == "[::1]:0"
+    assert config_from_dict({"metrics_address": "0.0.0.0:9100"}).metrics.address == "0.0.0.0:9100"
 
 
 def test_bad_metrics_address_in_a_config_file_exits_2(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from test_upload import wait_backlog_empty
 from test_vfs import CS, make_fs, read_file, write_file
 
 from ckptfs.codec import frame
+from ckptfs.config import ReadConfig
 from ckptfs.stats import Stats
 from ckptfs.testing.tiers import MemoryTier
 
@@ -76,10 +77,10 @@ async def test_a_sequential_read_copies_remote_only_chunks_back(tmp_path: Path) 
 async def test_copy_back_never_leaves_chunks_on_the_remote_only(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     data = os.urandom(4 * CS)
-    async with make_fs(tmp_path, [local, remote], copy_back="never") as fs:
+    async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
         assert await fs.store.evict(1 << 30) > 0
-    async with make_fs(tmp_path, [local, remote], copy_back="never") as fs:
+    async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
         assert await read_file(fs, b"f") == data
         assert fs.store.stats.get("copy_backs") == 0 and not local.frames

@@ -9,8 +9,8 @@ from ckptfs.checkpoints.retention import (
     RetentionPolicy,
     plan_all,
     plan_run,
-    policies_from_config,
 )
+from ckptfs.config import policies_from_config
 from ckptfs.errors import ConfigError
 
 S = 10**9

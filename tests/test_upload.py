@@ -11,6 +11,7 @@ from test_vfs import CS, RW, deletions_done, make_fs, read_file, uploader_of, wr
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame
+from ckptfs.config import UPLOAD_DURING_SAVE, UploadConfig
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload.cpuidle import IdleCores
@@ -168,8 +169,8 @@ async def _open_save(fs, name: bytes) -> int:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("mode", ["defer", "auto-busy", "auto-idle", "overlap"])
 async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, mode: str) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
-    during = mode.split("-")[0]
-    async with make_fs(tmp_path, [local, remote], upload_during_save=during) as fs:
+    during = next(m for m in UPLOAD_DURING_SAVE if mode.split("-")[0] == m)
+    async with make_fs(tmp_path, [local, remote], upload=UploadConfig(during_save=during)) as fs:
         up = uploader_of(fs)
         up.idle_cores = lambda: 0.6 if mode == "auto-busy" else 7.0
         fh = await _open_save(fs, b"saving")  # before the first file: nothing may slip out
@@ -198,7 +199,8 @@ async def test_a_long_save_lets_one_upload_through_after_max_defer(
     tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
-    async with make_fs(tmp_path, [local, remote], upload_during_save="defer") as fs:
+    async with make_fs(tmp_path, [local, remote],
+                       upload=UploadConfig(during_save="defer")) as fs:
         up = uploader_of(fs)
         fh = await _open_save(fs, b"saving")
         assert up._limit() == 0  # the save just began: uploads wait for it

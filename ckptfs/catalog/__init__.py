@@ -10,6 +10,7 @@ through the protocols (no SQL: every engine shares it).
 
 from . import protocols
 from .catalog import Catalog, SqliteCatalog, open_catalog, read_recorded_tiers
+from .recorded import recorded_tiers
 from .rows import ROOT_INODE, CheckpointRow, CheckpointState, ChunkRef, Inode
 
 
@@ -19,5 +20,5 @@ def _implements(c: SqliteCatalog) -> protocols.Catalog:
 
 __all__ = [
     "ROOT_INODE", "Catalog", "CheckpointRow", "CheckpointState", "ChunkRef", "Inode",
-    "SqliteCatalog", "open_catalog", "protocols", "read_recorded_tiers",
+    "SqliteCatalog", "open_catalog", "protocols", "read_recorded_tiers", "recorded_tiers",
 ]

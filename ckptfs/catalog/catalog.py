@@ -76,8 +76,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3  # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (_migrate)
-# The file a state dir keeps the catalog in (Config.catalog_path).
-CATALOG_FILE = "catalog.sqlite"
 
 _CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -236,7 +234,7 @@ def _add_checkpoint_state_check(c: sqlite3.Connection) -> None:
 
 def read_recorded_tiers(path: Path) -> list[dict[str, Any]] | None:
     """The tier records (meta ``tiers``) of the catalog file at ``path``, opened read-only
-    and closed again; None if there is no such catalog or it cannot be read (config.py
+    and closed again; None if there is no such catalog or it cannot be read (recorded.py
     asks before a daemon, maybe a running one, opens it)."""
     if not path.exists():
         return None

@@ -29,13 +29,12 @@ The rules the ``DetectorSet`` enforces (docs/checkpoints.md):
 from __future__ import annotations
 
 import fnmatch
-import math
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import ConfigError
+from ..config.model import DEFAULT_QUIET_S, PATTERN_COMMITS, PatternConfig
 from .events import (
     CHMOD,
     CREATE,
@@ -750,21 +749,6 @@ class LightningDetector(BaseDetector):
 
 # --------------------------------------------------------------------------- patterns
 
-PATTERN_COMMITS = ("rename", "quiescence")  # plus "file:NAME"
-DEFAULT_QUIET_S = 30.0
-
-
-@dataclass(frozen=True)
-class PatternConfig:
-    """A ``[[checkpoint_pattern]]`` table: roots matching ``glob`` (fnmatch on the whole
-    path inside the mount, as retention policies: ``*`` also matches ``/``) commit by
-    ``commit``: "file:NAME", "rename" or "quiescence" (after ``quiet_s``)."""
-
-    glob: str
-    commit: str
-    quiet_s: float = DEFAULT_QUIET_S
-    framework: str = "pattern"
-
 
 class PatternDetector(BaseDetector):
     """User-configured checkpoint roots. The root of a path is its shortest prefix (at a
@@ -842,77 +826,6 @@ class PatternDetector(BaseDetector):
 
     def owns(self, path: str, ns: NamespaceView) -> str | None:
         return self.root_of(path)
-
-
-_PATTERN_KEYS = {"glob", "commit", "quiet_seconds", "framework"}
-_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def patterns_from_config(raw: object) -> tuple[PatternConfig, ...]:
-    """Validate the ``[[checkpoint_pattern]]`` array of tables (the value of the
-    ``checkpoint_pattern`` key). Every error names its key and raises ConfigError."""
-    from ..config import array_of_tables
-
-    out: list[PatternConfig] = []
-    for where, table in array_of_tables(
-        raw, "checkpoint_pattern", set(_PATTERN_KEYS), ("glob", "commit")
-    ):
-        glob = _pattern_glob(table["glob"], f"{where}.glob")
-        if any(p.glob == glob for p in out):
-            raise ConfigError(f"{where}.glob: {glob!r} has two patterns")
-        commit = _pattern_commit(table["commit"], f"{where}.commit")
-        quiet_s = DEFAULT_QUIET_S
-        if "quiet_seconds" in table:
-            if commit != "quiescence":
-                raise ConfigError(
-                    f"{where}.quiet_seconds: only allowed with commit = \"quiescence\" "
-                    f"(commit is {commit!r})"
-                )
-            value = table["quiet_seconds"]
-            if (isinstance(value, bool) or not isinstance(value, int | float)
-                    or not math.isfinite(value) or not 0.1 <= value <= 86400):
-                raise ConfigError(
-                    f"{where}.quiet_seconds: expected a number of seconds from 0.1 to 86400, "
-                    f"got {value!r}"
-                )
-            quiet_s = float(value)
-        framework = table.get("framework", "pattern")
-        if not isinstance(framework, str) or not _LABEL_RE.match(framework):
-            raise ConfigError(
-                f"{where}.framework: expected a label of 1-64 of [A-Za-z0-9_.-], got {framework!r}"
-            )
-        out.append(PatternConfig(glob, commit, quiet_s, framework))
-    return tuple(out)
-
-
-def _pattern_glob(value: object, where: str) -> str:
-    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
-        raise ConfigError(f"{where}: expected a glob inside the mount starting with '/', got {value!r}")
-    parts = value.rstrip("/").split("/")[1:]
-    if not parts or any(p in ("", ".", "..") for p in parts):
-        raise ConfigError(
-            f"{where}: empty, '.' or '..' path segments (or the mount root) are not allowed, "
-            f"got {value!r}"
-        )
-    return "/" + "/".join(parts)
-
-
-def _pattern_commit(value: object, where: str) -> str:
-    if isinstance(value, str) and value in PATTERN_COMMITS:
-        return value
-    if isinstance(value, str) and value.startswith("file:"):
-        name = value[5:]
-        segs = name.split("/")
-        if not name or name.startswith("/") or "\x00" in name or any(
-            s in ("", ".", "..") for s in segs
-        ):
-            raise ConfigError(
-                f"{where}: file:NAME needs a relative path inside the root, got {value!r}"
-            )
-        return value
-    raise ConfigError(
-        f"{where}: expected \"file:NAME\", \"rename\" or \"quiescence\", got {value!r}"
-    )
 
 
 # --------------------------------------------------------------------------- the set

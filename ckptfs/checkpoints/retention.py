@@ -20,28 +20,12 @@ delete a checkpoint that is open.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..catalog.rows import CheckpointRow, CheckpointState
-from ..errors import ConfigError
+from ..config.model import RetentionPolicy
 
 MILESTONE_TAG = "milestone"
-
-
-@dataclass(frozen=True)
-class RetentionPolicy:
-    glob: str  # run directories (inside the mount) this policy covers, fnmatch syntax
-    keep_local: int = 2
-    keep: int = 5
-    milestone_every: int = 0
-    keep_milestones: int = 0  # 0: every milestone
-    max_age_s: float | None = None
-    skip_superseded_uploads: bool = True
-
-    def covers(self, run: str) -> bool:
-        return fnmatch.fnmatchcase(run, self.glob)
 
 
 @dataclass(frozen=True)
@@ -154,42 +138,3 @@ def plan_all(
         if policy is not None:
             plans[run] = plan_run(items, policy, now_ns)
     return plans
-
-
-_KEYS = {"path", "keep_local", "keep", "milestone_every", "keep_milestones", "max_age",
-         "skip_superseded_uploads"}
-
-
-def _int(table: dict[str, Any], key: str, where: str, default: int, lo: int) -> int:
-    v = table.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"{where}.{key}: expected an integer >= {lo}, got {v!r}")
-    return v
-
-
-def policies_from_config(raw: object) -> tuple[RetentionPolicy, ...]:
-    """Parse ``[[retention]]`` tables strictly (every error names its key)."""
-    from ..config import array_of_tables
-
-    out = []
-    for where, table in array_of_tables(raw, "retention", _KEYS):
-        path = table.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ConfigError(f"{where}.path: expected a glob of run directories starting with "
-                              f"'/', got {path!r}")
-        age = table.get("max_age")
-        if age is not None and (isinstance(age, bool) or not isinstance(age, int | float) or age <= 0):
-            raise ConfigError(f"{where}.max_age: expected a number of seconds > 0, got {age!r}")
-        skip = table.get("skip_superseded_uploads", True)
-        if not isinstance(skip, bool):
-            raise ConfigError(f"{where}.skip_superseded_uploads: expected true or false, got {skip!r}")
-        out.append(RetentionPolicy(
-            glob=path.rstrip("/") or "/",
-            keep_local=_int(table, "keep_local", where, 2, 0),
-            keep=_int(table, "keep", where, 5, 1),
-            milestone_every=_int(table, "milestone_every", where, 0, 0),
-            keep_milestones=_int(table, "keep_milestones", where, 0, 0),
-            max_age_s=None if age is None else float(age),
-            skip_superseded_uploads=skip,
-        ))
-    return tuple(out)

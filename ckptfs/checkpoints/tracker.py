@@ -21,7 +21,7 @@ import trio
 
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
 from ..catalog.rows import FINISHED_STATES, CheckpointState
-from .events import Detection, FsEvent
+from .events import Detection, Detector, FsEvent
 
 log = logging.getLogger("ckptfs.checkpoints")
 
@@ -65,7 +65,7 @@ class CheckpointTracker:
         self,
         catalog: TrackerCatalog,
         db_limiter: trio.CapacityLimiter,
-        detectors: object,  # a DetectorSet: observe(ev, ns) and tick(now_ns, ns)
+        detectors: Detector,  # a DetectorSet
         writing_inos: Callable[[], list[int]],
         partial_after_s: float = 600.0,
         on_commit: Callable[[], None] | None = None,
@@ -128,7 +128,7 @@ class CheckpointTracker:
             if ev.kind in ("unlink", "rmdir"):
                 self._removed(ev.path)
             try:
-                found = self.detectors.observe(ev, view)  # type: ignore[attr-defined]
+                found = self.detectors.observe(ev, view)
             except Exception:  # a detector bug must not stop the filesystem
                 log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
                 continue
@@ -149,7 +149,7 @@ class CheckpointTracker:
         view = self._view(inos)
         now_ns = time.time_ns()
         try:
-            found = self.detectors.tick(now_ns, view)  # type: ignore[attr-defined]
+            found = self.detectors.tick(now_ns, view)
         except Exception:
             log.exception("checkpoint detectors failed on tick")
             found = []

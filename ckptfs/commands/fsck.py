@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..catalog import Catalog
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
+from ..config.model import AddressingStyle
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
 from ..statedir import state_lock
 from ..tiers.local import LocalTier
@@ -108,7 +109,8 @@ def _recorded_remotes(catalog: Catalog, cfg: Config) -> list[S3TierConfig]:
         remotes.append(current or S3TierConfig(
             name=rec["name"], bucket=rec["bucket"], prefix=prefix,
             endpoint_url=rec.get("endpoint_url"), region=rec.get("region", "us-east-1"),
-            addressing_style=rec.get("addressing_style", "path"),
+            # Recorded from a checked config (mount.tier_record).
+            addressing_style=cast(AddressingStyle, rec.get("addressing_style", "path")),
             location=rec.get("location", "remote"),
         ))
     return remotes

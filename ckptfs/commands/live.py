@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
-from ..config import default_state_dir
+from ..config import CATALOG_FILE, default_state_dir
 from ..errors import CkptfsError, InvalidArgument
 from ..statedir import FSTYPE, find_mount, read_pid, state_dir_of
 from ..stats import read_stats
@@ -59,7 +59,7 @@ def state_dir_readable(state_dir: Path) -> bool:
 
 def open_catalog(state_dir: Path) -> Catalog:
     """The state dir's catalog, read-only (the daemon may be writing it)."""
-    db = state_dir / "catalog.sqlite"
+    db = state_dir / CATALOG_FILE
     if state_dir.is_dir() and not state_dir_readable(state_dir):
         raise CkptfsError(
             f"cannot read the state dir {state_dir}: it is private to the user the daemon "

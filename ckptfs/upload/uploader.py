@@ -27,6 +27,7 @@ from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
 from ..codec import frame
 from ..codec.compress import RemoteCompressor
+from ..config.model import UploadConfig
 from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
@@ -73,7 +74,7 @@ class Uploader:
         catalog: Catalog,
         tiers: Sequence[Tier],
         db_limiter: trio.CapacityLimiter,
-        concurrency: int = 8,
+        config: UploadConfig = UploadConfig(),
         *,
         guard: ChunkGuard,
         stats: Stats,
@@ -82,12 +83,11 @@ class Uploader:
         wake: Wakeup | None = None,
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
-        remote_compression: str = "auto",
-        during_save: str = "auto",
         idle_cores: Callable[[], float | None] | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
-        in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue."""
+        in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
+        ``config``: concurrency, uploads during a save, compression (config.UploadConfig)."""
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -97,9 +97,9 @@ class Uploader:
         self.room = room
         self.deleter = deleter
         self.db_limiter = db_limiter
-        self.concurrency = concurrency
+        self.concurrency = config.concurrency
         self.clock = clock
-        self.limiter = trio.CapacityLimiter(concurrency)
+        self.limiter = trio.CapacityLimiter(config.concurrency)
         self.running: set[tuple[bytes, str]] = set()
         self.uploaded_bytes = 0
         self._wake = wake if wake is not None else Wakeup()
@@ -110,7 +110,7 @@ class Uploader:
         self._saving_since: float | None = None
         # While a save runs: "defer" (wait for it), "overlap" (upload at once), "auto"
         # (upload on the cores the save leaves idle, measured by ``idle_cores``, blocking).
-        self.during_save = during_save
+        self.during_save = config.during_save
         self.idle_cores = idle_cores if idle_cores is not None else IdleCores().sample
         self._spare = 0  # uploads the idle cores allow during a save (auto), last measured
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
@@ -120,7 +120,7 @@ class Uploader:
         self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
         self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
         # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
-        self.compressor = RemoteCompressor(remote_compression)
+        self.compressor = RemoteCompressor(config.compression)
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""

@@ -25,12 +25,12 @@ import trio
 from ..catalog import ChunkRef, Inode
 from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
+from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError
 from .chunkbuffer import Buffer, ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
-READAHEAD_BYTES = 96 * 1024 * 1024  # per sequential reader, fetched in parallel (config.py)
 END_BYTES = 4096  # kept of each file's last stored chunk (checkpoints/events.SMALL_FILE)
 
 
@@ -89,7 +89,7 @@ class Services:
     invalidate: Callable[[int], None] | None = None
     # Reads: bytes fetched ahead of a sequential reader; when a chunk read from a remote
     # tier only is copied to a local one ("sequential", "always", "never").
-    readahead: int = READAHEAD_BYTES
+    readahead: int = DEFAULT_READAHEAD
     copy_back: str = "sequential"
 
 

@@ -1,0 +1,271 @@
+"""Loading a config: the TOML file, then command-line overrides, then defaults, checked
+strictly into the model (model.py).
+
+Every error names the offending key (``tier[1].path``) so an operator can fix it at once.
+Unknown keys are errors: a typo must never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .checkpoints import patterns_from_config, policies_from_config
+from .model import (
+    COPY_BACK,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_IO_THREADS,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_METRICS_ADDRESS,
+    DEFAULT_READAHEAD,
+    DURABILITIES,
+    MAX_CHUNK_SIZE,
+    MIN_CHUNK_SIZE,
+    ON_LOCAL_FULL,
+    REMOTE_COMPRESSION_MODES,
+    UPLOAD_DURING_SAVE,
+    CheckpointConfig,
+    Config,
+    DurabilityPolicy,
+    FuseConfig,
+    GiB,
+    MetricsConfig,
+    PatternConfig,
+    ReadConfig,
+    RetentionConfig,
+    S3TierConfig,
+    StoreConfig,
+    TierConfig,
+    UploadConfig,
+)
+from .parse import (
+    array_of_tables,
+    choice,
+    int_key,
+    parse_metrics_address,
+    parse_size,
+    seconds,
+    take_bool,
+    take_str,
+)
+from .tiers import local_tiers_from_paths, parse_remote_url, tier_from_table
+
+# The tiers a state dir's catalog was last mounted with (local, remote): the catalog reads
+# them (ckptfs.catalog.recorded_tiers); the caller passes that in, config reads no catalog.
+RecordedTiers = Callable[[Path], tuple[tuple[TierConfig, ...], tuple[S3TierConfig, ...]]]
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/ckptfs")
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "ckptfs"
+
+
+_TOP_KEYS = {
+    "state_dir", "chunk_size", "memory_budget", "io_threads", "allow_other",
+    "default_permissions", "tier",
+    "remote_copies", "upload_concurrency", "upload_during_save", "on_local_full",
+    "local_full_timeout", "policy",
+    "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
+    "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
+}
+_POLICY_KEYS = {"path", "durability", "timeout"}
+
+
+def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
+    out: list[DurabilityPolicy] = []
+    for where, table in array_of_tables(raw, "policy", _POLICY_KEYS, ("path", "durability")):
+        path = table["path"]
+        if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+            raise ConfigError(
+                f"{where}.path: expected a path inside the mount starting with '/', got {path!r}"
+            )
+        parts = [p for p in path.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ConfigError(f"{where}.path: '.' and '..' are not allowed, got {path!r}")
+        norm = "/" + "/".join(parts)
+        if any(p.path == norm for p in out):
+            raise ConfigError(f"{where}.path: {norm!r} has two policies")
+        out.append(DurabilityPolicy(
+            norm,
+            choice(table["durability"], f"{where}.durability", DURABILITIES),
+            seconds(table.get("timeout", 600), f"{where}.timeout", 0.001, 7 * 86400),
+        ))
+    return tuple(out)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"{key}: unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    state_dir = default_state_dir()
+    if "state_dir" in data:
+        state_dir = Path(take_str(data, "state_dir", "state_dir"))
+        if not state_dir.is_absolute():
+            raise ConfigError(f"state_dir: must be an absolute path, got {str(state_dir)!r}")
+    chunk_size = parse_size(data.get("chunk_size", DEFAULT_CHUNK_SIZE), "chunk_size")
+    if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE or chunk_size % 4096:
+        raise ConfigError(
+            f"chunk_size: {chunk_size} must be a multiple of 4096 between "
+            f"{MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE}"
+        )
+    memory_budget = parse_size(data.get("memory_budget", DEFAULT_MEMORY_BUDGET), "memory_budget")
+    if memory_budget < 2 * chunk_size:
+        raise ConfigError(
+            f"memory_budget: {memory_budget} must hold at least two chunks ({2 * chunk_size})"
+        )
+    io_threads = int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
+    remote_copies = int_key(data, "remote_copies", 1, 1, 16)
+    upload_concurrency = int_key(data, "upload_concurrency", 8, 1, 256)
+    upload_during_save = choice(data.get("upload_during_save", "auto"), "upload_during_save",
+                                UPLOAD_DURING_SAVE, quoted=False)
+    remote_compression = choice(data.get("remote_compression", "auto"), "remote_compression",
+                                REMOTE_COMPRESSION_MODES, quoted=False)
+    readahead = parse_size(data.get("readahead", DEFAULT_READAHEAD), "readahead")
+    if readahead > 4 * GiB:
+        raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
+    copy_back = choice(data.get("copy_back", "sequential"), "copy_back", COPY_BACK)
+    checkpoints = take_bool(data.get("checkpoints", True), "checkpoints")
+    partial_after = seconds(
+        data.get("checkpoint_partial_after", 600), "checkpoint_partial_after", 0.001, 7 * 86400
+    )
+    hwm = data.get("local_high_watermark", 0.9)
+    if isinstance(hwm, bool) or not isinstance(hwm, int | float) or not 0.5 <= hwm <= 0.99:
+        raise ConfigError(f"local_high_watermark: expected a fraction from 0.5 to 0.99, got {hwm!r}")
+    retention = policies_from_config(data.get("retention", []))
+    patterns: tuple[PatternConfig, ...] = ()
+    if "checkpoint_pattern" in data:
+        patterns = patterns_from_config(data["checkpoint_pattern"])
+    on_local_full = choice(data.get("on_local_full", "block"), "on_local_full", ON_LOCAL_FULL)
+    local_full_timeout_s = seconds(
+        data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
+    )
+    policies = _policies_from(data.get("policy", []))
+    metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
+    # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
+    allow_other = take_bool(data.get("allow_other", os.geteuid() == 0), "allow_other")
+    default_permissions = take_bool(data.get("default_permissions", True), "default_permissions")
+    raw_tiers = data.get("tier", [])
+    if not isinstance(raw_tiers, list):
+        raise ConfigError("tier: expected an array of tables ([[tier]])")
+    all_tiers = [tier_from_table(t, i) for i, t in enumerate(raw_tiers)]
+    names = [t.name for t in all_tiers]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"tier[{i}].name: duplicate tier name {name!r}")
+    tiers = tuple(t for t in all_tiers if isinstance(t, TierConfig))
+    remote_tiers = tuple(t for t in all_tiers if isinstance(t, S3TierConfig))
+    return Config(
+        state_dir=state_dir,
+        tiers=tiers,
+        remote_tiers=remote_tiers,
+        store=StoreConfig(
+            chunk_size=chunk_size, memory_budget=memory_budget, io_threads=io_threads,
+            remote_copies=remote_copies, on_local_full=on_local_full,
+            local_full_timeout_s=local_full_timeout_s,
+        ),
+        upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
+                            compression=remote_compression),
+        reads=ReadConfig(readahead=readahead, copy_back=copy_back),
+        checkpoints=CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
+                                     patterns=patterns),
+        retention=RetentionConfig(policies=retention, local_high_watermark=float(hwm)),
+        policies=policies,
+        fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
+        metrics=MetricsConfig(address=metrics_address),
+        source=source,
+    )
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    state_dir: str | Path | None = None,
+    local_dirs: list[str] | None = None,
+    chunk_size: str | int | None = None,
+    remote_urls: list[str] | None = None,
+    create_tiers: bool = False,
+    allow_shared_device: bool = False,
+    recorded: RecordedTiers | None = None,
+) -> Config:
+    """Build the effective config: file (if any), then command-line overrides, then defaults.
+
+    With no file and no ``--local``, the tiers recorded in an existing catalog apply (so a
+    remount needs only ``--state-dir``), as ``recorded`` reads them (the CLI passes
+    ``ckptfs.catalog.recorded_tiers``; None reads no catalog); for a new state dir, the
+    embedded default: one local tier under the state directory. Remote tiers (``[[tier]]`` of kind "s3", and
+    ``--remote`` URLs, named remote0, remote1, ... after the file's tiers) never replace
+    the local ones. ``create_tiers`` / ``allow_shared_device`` (``--create``,
+    ``--allow-shared-device``) set ``create`` / ``allow_shared_device`` on every local tier.
+    """
+    data: dict[str, Any] = {}
+    source = "<embedded default>"
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"--config: no such file: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+        source = str(path)
+    if state_dir is not None:
+        data["state_dir"] = str(Path(state_dir).expanduser().absolute())
+    if chunk_size is not None:
+        data["chunk_size"] = chunk_size
+    cfg = config_from_dict(data, source)
+    tiers = cfg.tiers
+    if local_dirs:
+        extra = local_tiers_from_paths(local_dirs)
+        taken = {t.name for t in tiers} | {t.name for t in cfg.remote_tiers}
+        renamed = []
+        for i, t in enumerate(extra):
+            name = t.name
+            n = i
+            while name in taken:
+                n += 1
+                name = f"local{n}"
+            taken.add(name)
+            renamed.append(dataclasses.replace(t, name=name))
+        tiers = tiers + tuple(renamed)
+    remote_tiers = cfg.remote_tiers
+    if not tiers and not remote_tiers and not remote_urls and recorded is not None:
+        # A remount with only --state-dir: the tiers the catalog was last mounted with.
+        tiers, remote_tiers = recorded(cfg.state_dir)
+    if not tiers:
+        # The embedded default lives in the state dir, which ckptfs creates itself.
+        tiers = (TierConfig(name="local0", kind="local", path=cfg.state_dir / "tiers" / "local0",
+                            create=True, origin="default"),)
+    if create_tiers or allow_shared_device:
+        tiers = tuple(
+            dataclasses.replace(t, create=t.create or create_tiers,
+                                allow_shared_device=t.allow_shared_device or allow_shared_device)
+            for t in tiers
+        )
+    paths = [t.path for t in tiers]
+    for i, p in enumerate(paths):
+        if p in paths[:i]:
+            raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
+    if remote_urls:
+        taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
+        added = []
+        n = 0
+        for url in remote_urls:
+            while f"remote{n}" in taken:
+                n += 1
+            name = f"remote{n}"
+            taken.add(name)
+            added.append(parse_remote_url(url, name))
+        remote_tiers = remote_tiers + tuple(added)
+    # Everything else as the file (and the flags above) set it.
+    return dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
