@@ -50,6 +50,7 @@ from .fuse.ops import FuseOps
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
+from .stats import STATS_FILE
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.deleter import Deleter
@@ -441,7 +442,7 @@ def build_for_config(
         invalidate_entry=_invalidate_entry, remote_copies=store.remote_copies,
         on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
         upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
-        stats_path=cfg.state_dir / "stats.json", detectors=detectors_for(cfg.checkpoints),
+        stats_path=cfg.state_dir / STATS_FILE, detectors=detectors_for(cfg.checkpoints),
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
     )

@@ -171,9 +171,12 @@ class Stats:
         write_private(path, json.dumps(self.snapshot(), indent=1) + "\n")
 
 
+STATS_FILE = "stats.json"  # in the state dir
+
+
 def read_stats(state_dir: Path) -> dict[str, Any] | None:
     """The last snapshot a daemon wrote for this state dir (None if there is none)."""
     try:
-        return dict(json.loads((state_dir / "stats.json").read_text()))
+        return dict(json.loads((state_dir / STATS_FILE).read_text()))
     except (FileNotFoundError, ValueError):
         return None

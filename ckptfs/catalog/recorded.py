@@ -4,6 +4,7 @@ with only ``--state-dir`` mounts them again (config.load_config asks through thi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..config.model import CATALOG_FILE, S3TierConfig, TierConfig
 from .catalog import read_recorded_tiers
@@ -22,12 +23,14 @@ def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3Tie
                    origin="recorded")
         for t in records if t.get("kind", "local") == "local"
     )
-    remote = tuple(
-        S3TierConfig(
-            name=t["name"], bucket=t["bucket"], prefix=t.get("prefix", ""),
-            endpoint_url=t.get("endpoint_url"), region=t.get("region", "us-east-1"),
-            addressing_style=t.get("addressing_style", "path"), location=t.get("location", "remote"),
-        )
-        for t in records if t.get("kind") == "s3"
-    )
+    remote = tuple(remote_tier_of(t) for t in records if t.get("kind") == "s3")
     return local, remote
+
+
+def remote_tier_of(t: dict[str, Any]) -> S3TierConfig:
+    """The S3 tier one catalog record names (recorded from a checked config)."""
+    return S3TierConfig(
+        name=t["name"], bucket=t["bucket"], prefix=t.get("prefix", ""),
+        endpoint_url=t.get("endpoint_url"), region=t.get("region", "us-east-1"),
+        addressing_style=t.get("addressing_style", "path"), location=t.get("location", "remote"),
+    )

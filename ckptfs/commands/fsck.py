@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from ..catalog import Catalog
+from ..catalog.recorded import remote_tier_of
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
-from ..config.model import AddressingStyle
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
 from ..statedir import state_lock
 from ..tiers.local import LocalTier
@@ -106,13 +106,7 @@ def _recorded_remotes(catalog: Catalog, cfg: Config) -> list[S3TierConfig]:
                         "checking the recorded one", rec["name"], rec["bucket"], prefix,
                         current.bucket, current.prefix)
             current = None
-        remotes.append(current or S3TierConfig(
-            name=rec["name"], bucket=rec["bucket"], prefix=prefix,
-            endpoint_url=rec.get("endpoint_url"), region=rec.get("region", "us-east-1"),
-            # Recorded from a checked config (mount.tier_record).
-            addressing_style=cast(AddressingStyle, rec.get("addressing_style", "path")),
-            location=rec.get("location", "remote"),
-        ))
+        remotes.append(current or remote_tier_of(rec))
     return remotes
 
 

@@ -25,7 +25,7 @@ from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
-from ..config import DurabilityPolicy, policy_for
+from ..config import DEFAULT_READAHEAD, DurabilityPolicy, policy_for
 from ..errors import (
     CkptfsError,
     InvalidArgument,
@@ -186,7 +186,7 @@ class Filesystem:
         invalidate: Callable[[int], None] | None = None,
         invalidate_entry: Callable[[int, bytes], None] | None = None,
         policies: tuple[DurabilityPolicy, ...] = (),
-        readahead: int = 32 * 1024 * 1024,
+        readahead: int = DEFAULT_READAHEAD,
         copy_back: str = "sequential",
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
