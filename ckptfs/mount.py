@@ -199,10 +199,11 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     if recorded is None:
         catalog.set_meta("chunk_size", str(chunk_size))
     elif int(recorded) != chunk_size:
-        log.warning(
-            "chunk_size %d in the config differs from %s in the catalog; keeping %s "
-            "(files already stored use that grid)", chunk_size, recorded, recorded,
-        )
+        if cfg.store.chunk_size_set:
+            log.warning(
+                "chunk_size %d in the config differs from %s in the catalog; keeping %s "
+                "(files already stored use that grid)", chunk_size, recorded, recorded,
+            )
         chunk_size = int(recorded)
     old = {t["name"]: t for t in catalog.recorded_tiers()}
     configured: list[TierConfig | S3TierConfig] = [*cfg.tiers, *cfg.remote_tiers]

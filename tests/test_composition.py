@@ -1,16 +1,19 @@
 """The composition root (mount.build, mount.running) and the chunk layer's commit call."""
 
+import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.commit import FileVersion, commit_version
 from ckptfs.config import config_from_dict
-from ckptfs.mount import Daemon, build, build_for_config, running
+from ckptfs.mount import Daemon, build, build_for_config, reconcile_catalog, running
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
@@ -129,5 +132,23 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         # Nothing changed: nothing to commit, the caller keeps its state.
         same = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {}, [])
         assert await commit_version(store, same, synced=True) is None
+    finally:
+        cat.close()
+
+
+def test_a_catalog_keeps_its_chunk_size_and_warns_only_when_another_was_asked_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    try:
+        first = config_from_dict({"state_dir": str(tmp_path), "chunk_size": "256KiB"})
+        assert reconcile_catalog(cat, first) == 256 * 1024
+        with caplog.at_level(logging.WARNING, logger="ckptfs.mount"):
+            # A remount from the state dir alone: the default is not a request.
+            assert reconcile_catalog(cat, config_from_dict({"state_dir": str(tmp_path)})) \
+                == 256 * 1024
+            assert "differs" not in caplog.text
+            asked = config_from_dict({"state_dir": str(tmp_path), "chunk_size": "1MiB"})
+            assert reconcile_catalog(cat, asked) == 256 * 1024
+        assert "chunk_size 1048576 in the config differs from 262144" in caplog.text
     finally:
         cat.close()

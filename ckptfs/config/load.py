@@ -166,7 +166,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         tiers=tiers,
         remote_tiers=remote_tiers,
         store=StoreConfig(
-            chunk_size=chunk_size, memory_budget=memory_budget, io_threads=io_threads,
+            chunk_size=chunk_size, chunk_size_set="chunk_size" in data,
+            memory_budget=memory_budget, io_threads=io_threads,
             remote_copies=remote_copies, on_local_full=on_local_full,
             local_full_timeout_s=local_full_timeout_s,
         ),

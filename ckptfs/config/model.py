@@ -170,6 +170,9 @@ class StoreConfig:
     """The chunk store and the write path's memory (chunks/store.py, vfs/openfile.py)."""
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
+    # The config or --chunk-size named chunk_size (a default that differs from an
+    # existing catalog's is no reason to warn).
+    chunk_size_set: bool = False
     # Chunk buffers of files being written; half as much again is the decoded-chunk cache.
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     io_threads: int = DEFAULT_IO_THREADS
