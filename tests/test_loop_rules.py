@@ -1,0 +1,126 @@
+"""The loop's rules (docs/concurrency.md): nothing on the trio loop waits for the network or
+for a lock a thread holds across I/O, and background tasks end with whoever started them.
+Each test holds a tier call in a worker thread on a gate and shows what must still work."""
+
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ckptfs.catalog import Catalog, ChunkRef
+from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.chunks.store import ChunkStore
+from ckptfs.codec import frame
+from ckptfs.mount import Daemon, build, running
+from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.tiers.base import Tier
+from ckptfs.vfs.context import ROOT
+
+CS = 64 * 1024
+
+
+@asynccontextmanager
+async def daemon_of(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
+    """The daemon's object graph as mount.py builds and runs it, without FUSE."""
+    cat = Catalog(path / "catalog.sqlite")
+    options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
+    try:
+        daemon = build(cat, tiers, **options)
+        async with running(daemon, drain=False):
+            yield daemon
+    finally:
+        cat.close()
+
+
+async def until(cond: Any, timeout: float = 10) -> None:
+    """Wait for a condition set by a worker thread (no event crosses the thread)."""
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.005)
+
+
+def remote_only_chunks(remote: MemoryTier, n: int) -> list[ChunkRef]:
+    refs = []
+    for _ in range(n):
+        data = os.urandom(1000)
+        digest = frame.digest_of(data)
+        remote.put(digest.hex(), frame.encode([data], digest))
+        refs.append(ChunkRef(digest, len(data), (remote.name,)))
+    return refs
+
+
+async def test_hung_remote_gets_leave_local_reads_and_writes_alone(tmp_path: Path) -> None:
+    """Reads from an object store that hangs take only the remote-read threads: a chunk
+    write and a read of a local chunk still complete (they once waited for the same
+    limiter as the hung GETs)."""
+    local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
+    remote = FaultyTier(inner)
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    store = ChunkStore([local, remote], io_threads=2, cache_bytes=1 << 20, catalog=cat,
+                       db_limiter=trio.CapacityLimiter(1))
+    remote.get_gate = threading.Event()
+    try:
+        async with trio.open_nursery() as n:
+            for ref in remote_only_chunks(inner, 4):  # more than the threads there are
+                n.start_soon(store.read, ref)
+            await until(lambda: remote.gets_held == 2)
+            with trio.fail_after(10):
+                ref = await store.write([b"local bytes" * 100])
+                assert ref.tiers == ("l",)
+                store._cache.clear()
+                assert bytes(await store.read(ref)) == b"local bytes" * 100
+            assert remote.gets_held == 2  # still hung: the local I/O did not wait for them
+            remote.get_gate.set()
+    finally:
+        remote.get_gate.set()
+        cat.close()
+
+
+async def test_readahead_ends_with_its_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readahead against a slow tier is cancelled when the file's last handle closes:
+    the release does not wait for the slow reads, no prefetch task is left in the mount's
+    nursery, and nothing is logged as an error."""
+    tier = FaultyTier(MemoryTier("l"))
+    async with daemon_of(tmp_path, [tier], readahead=3 * CS) as daemon:
+        fs = daemon.fs
+        data = os.urandom(4 * CS)
+        fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, os.O_RDWR, ROOT)
+        await fs.write(fh, 0, data)
+        await fs.flush(fh)
+        await fs.release(fh)
+        extents = await fs.db(fs.catalog.extents, inode.ino)
+        tier.gate_keys = {ref.key for idx, ref in extents.items() if idx > 0}
+        tier.get_gate = threading.Event()
+        try:
+            fh = await fs.open(inode.ino, os.O_RDONLY)
+            f = fs.open_files[inode.ino]
+            assert bytes(await fs.read(fh, 0, CS)) == data[:CS]  # chunk 0: not held
+            nursery = fs._nursery
+            assert nursery is not None
+
+            def prefetches() -> int:
+                return sum("_prefetch" in t.name for t in nursery.child_tasks)
+
+            assert prefetches() == 3  # chunks 1-3, held in the tier
+            await until(lambda: tier.gets_held == 2)  # io_threads: the others wait for one
+            with trio.fail_after(10):
+                await fs.release(fh)
+            assert prefetches() == 0
+            assert f.readahead_running == 0
+            assert tier.gets_held == 2  # abandoned in their threads, not waited for
+        finally:
+            tier.get_gate.set()
+        await until(lambda: tier.gets_held == 0)
+        # The file reads whole afterwards (the abandoned fetches left nothing behind).
+        fh = await fs.open(inode.ino, os.O_RDONLY)
+        assert bytes(await fs.read(fh, 0, 4 * CS)) == data
+        await fs.release(fh)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
