@@ -5,6 +5,7 @@ Each test holds a tier call in a worker thread on a gate and shows what must sti
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from ckptfs.codec import frame
 from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload.uploader import SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
 
 CS = 64 * 1024
@@ -124,3 +126,102 @@ async def test_readahead_ends_with_its_file(
         assert bytes(await fs.read(fh, 0, 4 * CS)) == data
         await fs.release(fh)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def until_real(cond: Any, timeout: float = 10) -> None:
+    """``until`` for tests that freeze trio's clock (MockClock): waits in a thread."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await trio.to_thread.run_sync(time.sleep, 0.005)
+
+
+class CountingTier(MemoryTier):
+    """A remote MemoryTier that counts the catalog snapshots put on it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, kind="remote")
+        self.snapshots = 0
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        super().put_meta(name, data)
+        self.snapshots += name == SNAPSHOT_NAME
+
+
+async def _save_in_progress(fs: Any, name: bytes) -> int:
+    """A save running: a file with a partial chunk in memory (the budget is in use)."""
+    fh, _ = await fs.create(ROOT_INODE, name, 0o644, os.O_RDWR, ROOT)
+    await fs.write(fh, 0, os.urandom(CS // 2))
+    return int(fh)
+
+
+async def _write(fs: Any, name: bytes, data: bytes) -> None:
+    fh, _ = await fs.create(ROOT_INODE, name, 0o644, os.O_RDWR, ROOT)
+    await fs.write(fh, 0, data)
+    await fs.flush(fh)
+    await fs.release(fh)
+
+
+async def test_deferred_uploads_start_when_the_save_ends(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """Uploads that wait for a save start when it ends (an event), with trio's clock
+    frozen: no timer wakes the uploader to notice (it once looked every 0.2 s)."""
+    local, remote = MemoryTier("l"), CountingTier("r")
+    async with daemon_of(tmp_path, [local, remote], upload_during_save="defer") as daemon:
+        fs, up = daemon.fs, daemon.uploader
+        fh = await _save_in_progress(fs, b"saving")
+        await _write(fs, b"done", os.urandom(2 * CS))  # committed: two upload jobs
+        await trio.testing.wait_all_tasks_blocked()
+        await until_real(lambda: up._sleeping and not up.running)
+        assert not remote.frames  # deferred while the save runs
+        await fs.release(fh)  # the save ends without a commit (nothing kicks the uploader)
+        await until_real(lambda: len(remote.frames) == 2)
+
+
+async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """With nothing to do the uploader sleeps until an event (an hour of trio time passes
+    without a look); a change that queues no upload (a rename) is snapshotted
+    SNAPSHOT_RECHECK_S after the first change of its burst, once for the burst."""
+    local, remote = MemoryTier("l"), CountingTier("r")
+    async with daemon_of(tmp_path, [local, remote]) as daemon:
+        fs, up = daemon.fs, daemon.uploader
+        passes: list[float] = []
+        real_pass = up._pass
+
+        async def counted(nursery: trio.Nursery) -> tuple[float, bool]:
+            passes.append(trio.current_time())
+            return await real_pass(nursery)
+
+        up._pass = counted  # type: ignore[method-assign]
+
+        async def quiet() -> None:
+            """Until the uploader sleeps with nothing to upload and the snapshot current."""
+            deadline = time.monotonic() + 10
+            while True:
+                await trio.testing.wait_all_tasks_blocked()
+                if (up._sleeping and not up.running and up._dirty_since is None
+                        and await fs.db(fs.catalog.snapshot_is_current) and up._sleeping):
+                    return
+                assert time.monotonic() < deadline, "the uploader did not settle"
+                await trio.to_thread.run_sync(time.sleep, 0.005)
+
+        await _write(fs, b"a", os.urandom(CS))
+        await quiet()
+        n, snapshots = len(passes), remote.snapshots
+        assert snapshots >= 1
+        mock_clock.jump(3600)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(passes) == n  # no timer: not one look in an hour
+        for i in range(3):  # a burst of namespace-only changes
+            await fs.rename(ROOT_INODE, b"a" if i == 0 else b"b%d" % (i - 1), ROOT_INODE,
+                            b"b%d" % i, 0, ROOT)
+        await trio.testing.wait_all_tasks_blocked()
+        assert up._dirty_since is not None  # the first rename set the snapshot's deadline
+        assert remote.snapshots == snapshots and len(passes) == n  # which has not come
+        mock_clock.jump(SNAPSHOT_RECHECK_S)
+        await until_real(lambda: remote.snapshots == snapshots + 1)
+        await quiet()
+        assert len(passes) == n + 1  # one look for the burst

@@ -39,7 +39,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -256,6 +256,10 @@ class SqliteCatalog:
         """``readonly`` opens a live catalog beside its daemon (status, sync) without
         touching it; WAL lets the reader see every committed transaction."""
         self.path = path
+        # Called (in the calling thread, after the COMMIT) by every transaction that
+        # changed the namespace or file contents: the uploader's wake for its snapshot.
+        # Must be thread-safe and must not block (TrioToken.run_sync_soon).
+        self.on_touch: Callable[[], None] | None = None
         if readonly:
             self.conn = sqlite3.connect(
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
@@ -290,6 +294,8 @@ class SqliteCatalog:
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
+            if touch and self.on_touch is not None:
+                self.on_touch()
         finally:
             if synced:
                 self.conn.execute("PRAGMA synchronous=NORMAL")

@@ -57,6 +57,11 @@ class MemoryBudget:
         self._released.set()
         self._released = trio.Event()
 
+    async def wait_empty(self) -> None:
+        """Until no chunk buffer is in memory (no save runs): the uploader's deferral."""
+        while self.used > 0:
+            await self._released.wait()
+
 
 class OpenFiles(dict[int, "OpenFile"]):
     """The open regular files by inode. Built by the composition root before the memory
