@@ -225,3 +225,40 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
         await until_real(lambda: remote.snapshots == snapshots + 1)
         await quiet()
         assert len(passes) == n + 1  # one look for the burst
+
+
+async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Path) -> None:
+    """The pin bookkeeping is never locked across I/O: while a deletion batch is inside
+    the tier's delete and a chunk write inside its put (both in worker threads, held on
+    gates), the guard's lock is free and the trio thread pins, unpins and reads it."""
+    inner = MemoryTier("l")
+    tier = FaultyTier(inner)
+    async with daemon_of(tmp_path, [tier]) as daemon:
+        fs, guard = daemon.fs, daemon.store.guard
+        data = os.urandom(CS)
+        await _write(fs, b"a", data)
+        digest = frame.digest_of(data)
+        tier.delete_gate = threading.Event()
+        tier.put_gate = threading.Event()
+        try:
+            await fs.unlink(ROOT_INODE, b"a", ROOT)  # the deleter's batch: held in delete
+            await until(tier.delete_entered.is_set)
+            assert guard.deleting_pairs() == {(digest, "l")}
+            async with trio.open_nursery() as n:
+                n.start_soon(_write, fs, b"b", os.urandom(CS))  # held in put, pinned
+                await until(tier.put_entered.is_set)
+                assert guard._cond.acquire(blocking=False)  # nobody holds it across I/O
+                guard._cond.release()
+                with trio.fail_after(5):  # the loop would hang, not time out, if it waited
+                    guard.pin(digest)
+                    assert guard.pinned(digest) and guard.current(digest) is None
+                    assert guard.unpin([digest]) == {}
+                    assert guard.start_moves(1 << 30, 0, lambda d: [], False) == ([], False)
+                tier.put_gate.set()
+            tier.delete_gate.set()
+            await until(lambda: not guard.deleting_pairs())
+        finally:
+            tier.put_gate.set()
+            tier.delete_gate.set()
+        assert inner.frames.keys() == {ref.key for ref in (
+            await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"b")).ino)).values()}

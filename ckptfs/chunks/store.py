@@ -50,6 +50,9 @@ log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
+# Writers waiting for room are woken by every upload, move and deletion (events); they also
+# look again this often: room freed outside ckptfs sends no event (a real period).
+ROOM_RECHECK_S = 5.0
 # Without a remote only deletions free room: a writer waits this long at most for local
 # frames in the deletion queue (an `rm` of the previous checkpoint just before this save).
 LOCAL_DELETION_WAIT_S = 30.0
@@ -282,11 +285,14 @@ class ChunkStore:
             log.error("local tiers still full after %.0f s of waiting for uploads: ENOSPC",
                       self.local_full_timeout_s)
             raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
-        # Woken by each finished upload or move; the periodic look covers room freed
-        # outside ckptfs and retries a move that failed.
+        # Woken by each finished upload, move or deletion; the deadline is the retry of
+        # a move that failed, or the look for room freed outside ckptfs.
+        wait = min(left, ROOM_RECHECK_S)
+        if moving == "retry" and self._spill_retry_at > now:
+            wait = min(wait, self._spill_retry_at - now)
         self.room.waiting += 1
         try:
-            with trio.move_on_after(min(left, 5.0)):
+            with trio.move_on_after(wait):
                 await self.room.event.wait()
         finally:
             self.room.waiting -= 1
