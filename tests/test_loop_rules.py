@@ -21,6 +21,7 @@ from ckptfs.codec import frame
 from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload import uploader as uploader_module
 from ckptfs.upload.uploader import SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
 
@@ -262,3 +263,33 @@ async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Pat
             tier.delete_gate.set()
         assert inner.frames.keys() == {ref.key for ref in (
             await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"b")).ino)).values()}
+
+
+async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first upload that succeeds after an outage makes the tier's other postponed
+    uploads due at once: they do not each wait out their backoff (60 s here)."""
+    monkeypatch.setattr(uploader_module, "backoff_s", lambda attempts: 60.0)
+    local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
+    remote = FaultyTier(inner)
+    remote.fail_puts = True
+    async with daemon_of(tmp_path, [local, remote]) as daemon:
+        fs, up = daemon.fs, daemon.uploader
+        for name in (b"a", b"b", b"c"):
+            await _write(fs, name, os.urandom(CS))
+
+        async def postponed() -> int:
+            jobs = await fs.db(fs.catalog.due_uploads, 2**62, 10, set())
+            return sum(j.attempts > 0 for j in jobs)
+
+        with trio.fail_after(10):
+            while await postponed() < 3 or up.running:
+                await trio.sleep(0.01)  # polling the catalog for the condition
+        assert up._failing == {"r"}
+        remote.fail_puts = False
+        [first, *_] = await fs.db(fs.catalog.due_uploads, 2**62, 1, set())
+        await fs.db(fs.catalog.postpone_upload, first.digest, "r", 0, "", False)
+        up.kick()  # one job is due: it succeeds, and the tier works again
+        await until(lambda: len(inner.frames) == 3)
+        assert not up._failing

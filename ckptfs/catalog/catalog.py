@@ -890,6 +890,14 @@ class SqliteCatalog:
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True
 
+    def retry_uploads_now(self, tier: str) -> int:
+        """Make the postponed (not blocked) uploads to ``tier`` due at once: it works again."""
+        with self._tx() as c:
+            return c.execute(
+                "UPDATE upload_jobs SET next_try_ns=0 WHERE tier=? AND next_try_ns>0 "
+                "AND state='pending'", (tier,)
+            ).rowcount
+
     def postpone_upload(
         self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool
     ) -> None:

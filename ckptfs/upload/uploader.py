@@ -356,9 +356,7 @@ class Uploader:
             await self._postpone(job, delay, str(exc), blocked=False)
         else:
             self.stats.record_upload_ok(job.tier)
-            if job.tier in self._failing:
-                log.info("uploads to tier %s work again", job.tier)
-                self._failing.discard(job.tier)
+            await self._tier_works(job.tier)
             if self.deleter is not None:
                 self.deleter.tier_works(job.tier)  # postponed deletions: retry now
             kept = await trio.to_thread.run_sync(
@@ -435,8 +433,9 @@ class Uploader:
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = trio.current_time()
-        if self.deleter is not None:
-            for remote in self.remotes:
+        for remote in self.remotes:
+            await self._tier_works(remote.name)
+            if self.deleter is not None:
                 self.deleter.tier_works(remote.name)  # postponed deletions: retry now
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
@@ -446,6 +445,16 @@ class Uploader:
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
                  len(data), len(self.remotes))
         return math.inf
+
+    async def _tier_works(self, tier: str) -> None:
+        """A put on ``tier`` succeeded: if its uploads were failing, the ones postponed by
+        backoff are due now (an event, not their backoff timers)."""
+        if tier not in self._failing:
+            return
+        log.info("uploads to tier %s work again", tier)
+        self._failing.discard(tier)
+        await trio.to_thread.run_sync(self.catalog.retry_uploads_now, tier, limiter=self.db_limiter)
+        self.kick()
 
     async def _record_rate(self) -> None:
         """Publish the upload rate (bytes/s over the last window) in the catalog's meta,
