@@ -16,12 +16,16 @@ import trio
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks.store import ChunkStore
+from ckptfs.chunks.guard import ChunkGuard
+from ckptfs.chunks.room import Room
+from ckptfs.chunks.store import ChunkStore, stats_for
 from ckptfs.codec import frame
 from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload import deleter as deleter_module
 from ckptfs.upload import uploader as uploader_module
+from ckptfs.upload.deleter import Deleter
 from ckptfs.upload.uploader import SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
 
@@ -293,3 +297,46 @@ async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
         up.kick()  # one job is due: it succeeds, and the tier works again
         await until(lambda: len(inner.frames) == 3)
         assert not up._failing
+
+
+class TimedDeletes(FaultyTier):
+    """Records the trio time of each delete and fails the first ``failures`` of them."""
+
+    def __init__(self, inner: Tier, failures: int) -> None:
+        super().__init__(inner)
+        self.failures = failures
+        self.times: list[float] = []
+
+    def delete(self, key: str) -> int:
+        self.times.append(trio.from_thread.run_sync(trio.current_time))
+        self.fail_deletes = len(self.times) <= self.failures
+        return super().delete(key)
+
+
+async def test_failed_deletions_are_retried_on_their_backoff(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote deletion that fails is retried when its backoff ends, not sooner and not
+    by a poll: trio's clock jumps from deadline to deadline (MockClock autojump)."""
+    monkeypatch.setattr(deleter_module, "backoff_s", lambda attempts: 0.5 * 2**attempts)
+    local, remote = MemoryTier("l"), TimedDeletes(MemoryTier("r", kind="remote"), failures=3)
+    tiers: list[Tier] = [local, remote]
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    try:
+        deleter = Deleter(cat, tiers, trio.CapacityLimiter(1), guard=ChunkGuard(["l"]),
+                          stats=stats_for(tiers), room=Room(),
+                          clock=lambda: int(trio.current_time() * 1e9))
+        cat.queue_deletions([(b"\x07" * 32, "r")])
+        async with trio.open_nursery() as n:
+            n.start_soon(deleter.run)
+            deleter.kick()
+            while deleter.deleted < 1:
+                await deleter._progress.wait()  # set after each row: no poll of ours
+            n.cancel_scope.cancel()
+        assert len(remote.times) == 4
+        gaps = [b - a for a, b in zip(remote.times, remote.times[1:], strict=False)]
+        for gap, backoff in zip(gaps, (0.5, 1.0, 2.0), strict=True):
+            assert backoff <= gap < backoff + 0.1  # its backoff, then the batching window
+        assert deleter.failures == 3 and deleter.deleted == 1
+    finally:
+        cat.close()
