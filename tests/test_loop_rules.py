@@ -340,3 +340,41 @@ async def test_failed_deletions_are_retried_on_their_backoff(
         assert deleter.failures == 3 and deleter.deleted == 1
     finally:
         cat.close()
+
+
+async def test_a_reader_that_joined_a_cancelled_readahead_fetches_the_chunk_itself(
+    tmp_path: Path,
+) -> None:
+    """A read that joined a readahead's fetch is not left without data when the readahead
+    is cancelled (its file was released): it fetches the chunk itself."""
+    tier = FaultyTier(MemoryTier("l"))
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    store = ChunkStore([tier], io_threads=2, cache_bytes=1 << 20, catalog=cat,
+                       db_limiter=trio.CapacityLimiter(1))
+    data = os.urandom(5000)
+    try:
+        ref = await store.write([data])
+        tier.get_gate = threading.Event()
+        got: list[bytes] = []
+        async with trio.open_nursery() as n:
+            ahead = trio.CancelScope()
+
+            async def readahead() -> None:
+                with ahead:
+                    await store.read(ref, abandon_on_cancel=True)
+
+            async def reader() -> None:
+                got.append(bytes(await store.read(ref)))
+
+            n.start_soon(readahead)
+            await until(lambda: tier.gets_held == 1)
+            n.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()  # joined the readahead's fetch
+            assert tier.gets_held == 1
+            ahead.cancel()
+            await until(lambda: tier.gets_held == 2)  # its own fetch; the other abandoned
+            tier.get_gate.set()
+        assert got == [data]
+    finally:
+        tier.get_gate.set()
+        cat.close()
