@@ -352,9 +352,10 @@ async def test_a_reader_that_joined_a_cancelled_readahead_fetches_the_chunk_itse
     store = ChunkStore([tier], io_threads=2, cache_bytes=1 << 20, catalog=cat,
                        db_limiter=trio.CapacityLimiter(1))
     data = os.urandom(5000)
+    gate = threading.Event()
     try:
         ref = await store.write([data])
-        tier.get_gate = threading.Event()
+        tier.get_gate = gate
         got: list[bytes] = []
         async with trio.open_nursery() as n:
             ahead = trio.CancelScope()
@@ -373,8 +374,8 @@ async def test_a_reader_that_joined_a_cancelled_readahead_fetches_the_chunk_itse
             assert tier.gets_held == 1
             ahead.cancel()
             await until(lambda: tier.gets_held == 2)  # its own fetch; the other abandoned
-            tier.get_gate.set()
+            gate.set()
         assert got == [data]
     finally:
-        tier.get_gate.set()
+        gate.set()
         cat.close()
