@@ -243,11 +243,11 @@ async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Pat
         data = os.urandom(CS)
         await _write(fs, b"a", data)
         digest = frame.digest_of(data)
-        tier.delete_gate = threading.Event()
-        tier.put_gate = threading.Event()
+        deletes = tier.hold_deletes = threading.Event()
+        puts = tier.put_gate = threading.Event()
         try:
             await fs.unlink(ROOT_INODE, b"a", ROOT)  # the deleter's batch: held in delete
-            await until(tier.delete_entered.is_set)
+            await until(tier.delete_held.is_set)
             assert guard.deleting_pairs() == {(digest, "l")}
             async with trio.open_nursery() as n:
                 n.start_soon(_write, fs, b"b", os.urandom(CS))  # held in put, pinned
@@ -259,12 +259,12 @@ async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Pat
                     assert guard.pinned(digest) and guard.current(digest) is None
                     assert guard.unpin([digest]) == {}
                     assert guard.start_moves(1 << 30, 0, lambda d: [], False) == ([], False)
-                tier.put_gate.set()
-            tier.delete_gate.set()
+                puts.set()
+            deletes.set()
             await until(lambda: not guard.deleting_pairs())
         finally:
-            tier.put_gate.set()
-            tier.delete_gate.set()
+            puts.set()
+            deletes.set()
         assert inner.frames.keys() == {ref.key for ref in (
             await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"b")).ino)).values()}
 

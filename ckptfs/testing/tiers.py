@@ -108,9 +108,9 @@ class FaultyTier:
         self.get_gate: threading.Event | None = None
         self.gate_keys: set[str] | None = None
         self.gets_held = 0
-        # Hold deletes until the gate opens; ``delete_entered`` tells a delete is held.
-        self.delete_gate: threading.Event | None = None
-        self.delete_entered = threading.Event()
+        # Hold deletes until the gate opens; ``delete_held`` tells a delete is held.
+        self.hold_deletes: threading.Event | None = None
+        self.delete_held = threading.Event()
         self._held_lock = threading.Lock()
 
     def _hold(self) -> None:
@@ -164,9 +164,11 @@ class FaultyTier:
         verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
-        self.delete_entered.set()
-        if self.delete_gate is not None and not self.delete_gate.wait(timeout=60):
-            raise TierError(f"tier {self.name}: delete gate never opened")
+        gate = self.hold_deletes
+        if gate is not None:
+            self.delete_held.set()
+            if not gate.wait(timeout=60):
+                raise TierError(f"tier {self.name}: delete gate never opened")
         if self.fail_deletes:
             raise TierError(f"tier {self.name}: injected EIO on delete")
         return self.inner.delete(key)
