@@ -389,9 +389,9 @@ def build(
     # State shared by the store, the uploader and the deleter.
     guard = ChunkGuard(t.name for t in tiers if t.kind == "local")
     stats = stats_for(tiers)
-    room = Room()
-    synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)
     upload_wake, delete_wake = Wakeup(), Wakeup()
+    room = Room(on_wait=upload_wake.set)  # uploads deferred to a save go ahead for a writer
+    synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)
     # The VFS's tables, shared with the memory budget, the tracker and the janitor.
     open_files, handles = OpenFiles(), HandleTable()
     budget = MemoryBudget(memory_budget, spill=open_files.spill_all)
@@ -402,6 +402,7 @@ def build(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,
         saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
+        save_over=budget.wait_empty,
     )
     store = ChunkStore(
         tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),

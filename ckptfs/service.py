@@ -63,7 +63,7 @@ async def watchdog() -> None:
         return
     while True:
         notify("WATCHDOG=1")
-        await trio.sleep(interval)
+        await trio.sleep(interval)  # a real period: liveness pings (no event to wait for)
 
 
 _libc: ctypes.CDLL | None = None

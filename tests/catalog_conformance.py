@@ -262,6 +262,17 @@ class CatalogConformance:
         b = catalog.backlog()
         assert (b.chunks, b.blocked, b.last_error) == (1, 1, "timeout")
 
+    def test_postponed_uploads_are_due_at_once_when_their_tier_works(
+        self, catalog: Catalog
+    ) -> None:
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        one_chunk_file(catalog, b"g", B, uploads={B: ["s3"]})
+        catalog.postpone_upload(A, "s3", next_try_ns=1_000, error="timeout", blocked=False)
+        catalog.postpone_upload(B, "s3", next_try_ns=1_000, error="denied", blocked=True)
+        assert catalog.retry_uploads_now("other") == 0
+        assert catalog.retry_uploads_now("s3") == 1
+        assert [j.digest for j in catalog.due_uploads(0, 10, set())] == [A]
+
     def test_an_upload_cancelled_meanwhile_queues_its_copy_for_deletion(self, catalog: Catalog) -> None:
         one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
         assert catalog.drop_upload_jobs([A]) == 1

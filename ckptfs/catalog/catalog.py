@@ -39,7 +39,7 @@ import stat
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -254,6 +254,10 @@ class SqliteCatalog:
         """``readonly`` opens a live catalog beside its daemon (status, sync) without
         touching it; WAL lets the reader see every committed transaction."""
         self.path = path
+        # Called (in the calling thread, after the COMMIT) by every transaction that
+        # changed the namespace or file contents: the uploader's wake for its snapshot.
+        # Must be thread-safe and must not block (TrioToken.run_sync_soon).
+        self.on_touch: Callable[[], None] | None = None
         if readonly:
             self.conn = sqlite3.connect(
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
@@ -288,6 +292,8 @@ class SqliteCatalog:
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
+            if touch and self.on_touch is not None:
+                self.on_touch()
         finally:
             if synced:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -881,6 +887,14 @@ class SqliteCatalog:
                 return False
             c.execute("INSERT OR REPLACE INTO replicas VALUES (?, ?, 'valid')", (digest, tier))
             return True
+
+    def retry_uploads_now(self, tier: str) -> int:
+        """Make the postponed (not blocked) uploads to ``tier`` due at once: it works again."""
+        with self._tx() as c:
+            return c.execute(
+                "UPDATE upload_jobs SET next_try_ns=0 WHERE tier=? AND next_try_ns>0 "
+                "AND state='pending'", (tier,)
+            ).rowcount
 
     def postpone_upload(
         self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool

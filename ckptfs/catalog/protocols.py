@@ -277,6 +277,11 @@ class ReplicaCatalog(Protocol):
     ) -> None:
         ...
 
+    def retry_uploads_now(self, tier: str) -> int:
+        """Make the postponed uploads to ``tier`` due at once (not those blocked by a
+        permanent refusal): the tier works again. Returns how many."""
+        ...
+
     def backlog(self) -> Backlog:
         ...
 

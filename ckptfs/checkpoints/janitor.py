@@ -163,6 +163,8 @@ class Janitor:
 
     async def run(self) -> None:
         while True:
+            # A request is an event; WATERMARK_CHECK_S is a real period: space used
+            # outside ckptfs sends none.
             woken, scopes = await self.requests.next(WATERMARK_CHECK_S)
             if woken and self.policies:
                 try:

@@ -94,6 +94,8 @@ class CheckpointTracker:
             with trio.move_on_at(trio.current_time() + max(0.0, next_tick - time.monotonic())):
                 batch.append(await self._recv.receive())
             if batch:
+                # A deadline after an event: the burst's other events join this batch.
+                # The tick (TICK_S) is a real period: quiescence and settle times are time.
                 await trio.sleep(BATCH_S)
                 while True:  # drain what is queued: one thread hop per batch
                     try:

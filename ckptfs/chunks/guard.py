@@ -2,8 +2,19 @@
 full local tier's moves) from removing a frame that a pending commit, a heal, an upload or
 another writer is about to rely on.
 
-One small lock guards these maps and is held only for dict operations, never across I/O,
-so the trio thread may take it (``current``, ``unpin`` after a commit):
+One small lock guards these maps. It is held only for dict and set operations: never
+across I/O, never while calling out of this module (no callback, no logging). Worker
+threads take it only for O(1) steps (``pin_for_put``, ``put_done``, ``pinned``, ``moved``;
+their waits on the condition release it), so the trio thread, which takes it for the rest, never waits
+for a thread's I/O or for a thread's long loop (tests/test_loop_rules.py). Who calls what:
+
+* worker threads: ``pin_for_put``, ``put_done``, ``wait_local_deletion``, ``pinned``
+  (inside catalog calls), ``moved`` (inside the catalog step after a move);
+* the trio thread: everything else (pins of heals and stages, ``unpin``, ``current``, the
+  deleter's ``begin_delete``/``end_delete``, the moves' ``start_moves``/``moved``, ...);
+* ``on_release`` is called after the lock is released.
+
+The maps:
 
 * ``pins``: digest -> count. A writer pins a digest before it puts a frame of it and keeps
   the pin until its commit is in the catalog (or its changes are dropped).
@@ -170,20 +181,28 @@ class ChunkGuard:
         committed file names too, or one with a deletion of a target in flight (marked
         before the pin: the copy would not survive it). Returns (moves, blocked): blocked
         when a deletion held some back (it ends soon: worth looking again)."""
+        def free(digest: bytes, where: Where) -> bool:
+            return (bool(self.local.intersection(where.tiers)) and digest not in self._moving
+                    and digest not in self._stay and not self._putting.get(digest))
+
+        with self._cond:
+            candidates = [(d, w) for d, w in self._where.items() if free(d, w)]
+        # The caller's function runs outside the lock (the lock never calls out).
+        aims = {d: frozenset(targets(d)) for d, _ in candidates}
         picked: list[Move] = []
         blocked = False
         total = 0
         with self._cond:
-            for digest, where in self._where.items():
+            for digest, _ in candidates:
                 if total >= want:
                     break
-                sources = tuple(t for t in where.tiers if t in self.local)
-                if (not sources or digest in self._moving or digest in self._stay
-                        or self._putting.get(digest)):
-                    continue
-                if self._deleting.get(digest, set()).intersection(targets(digest)):
+                where = self._where.get(digest)
+                if where is None or not free(digest, where):
+                    continue  # changed meanwhile
+                if self._deleting.get(digest, set()) & aims[digest]:
                     blocked = True
                     continue
+                sources = tuple(t for t in where.tiers if t in self.local)
                 picked.append((digest, where.length, sources))
                 total += where.length + header
             if start:

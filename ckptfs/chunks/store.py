@@ -50,11 +50,26 @@ log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
+# Writers waiting for room are woken by every upload, move and deletion (events); they also
+# look again this often: room freed outside ckptfs sends no event (a real period).
+ROOM_RECHECK_S = 5.0
 # Without a remote only deletions free room: a writer waits this long at most for local
 # frames in the deletion queue (an `rm` of the previous checkpoint just before this save).
 LOCAL_DELETION_WAIT_S = 30.0
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
+
+
+def _runs(names: Sequence[str], remote: Callable[[str], bool]) -> list[tuple[bool, list[str]]]:
+    """``names`` in order, cut into runs of the same kind: [(is_remote, names), ...]."""
+    out: list[tuple[bool, list[str]]] = []
+    for n in names:
+        r = remote(n)
+        if out and out[-1][0] == r:
+            out[-1][1].append(n)
+        else:
+            out.append((r, [n]))
+    return out
 
 
 class _Flight:
@@ -109,7 +124,10 @@ class ChunkStore:
         self.remotes = sorted((t for t in tiers if t.kind != "local"), key=lambda t: t.name)
         if not self.local:
             raise ValueError("a ChunkStore needs at least one local tier")
-        self.io = trio.CapacityLimiter(io_threads)
+        self.io = trio.CapacityLimiter(io_threads)  # local tier I/O: writes, reads, fsync
+        # GETs from remote tiers (reads, heals, prefetch staging): their own threads, so a
+        # slow or hung object store cannot take the ones local I/O needs.
+        self.remote_io = trio.CapacityLimiter(io_threads)
         self.catalog = catalog
         self.db_limiter = db_limiter
         self._inflight_bytes = {t.name: 0 for t in tiers}
@@ -267,11 +285,14 @@ class ChunkStore:
             log.error("local tiers still full after %.0f s of waiting for uploads: ENOSPC",
                       self.local_full_timeout_s)
             raise NoSpace(f"local tiers full, uploads did not free room in time: {exc}")
-        # Woken by each finished upload or move; the periodic look covers room freed
-        # outside ckptfs and retries a move that failed.
+        # Woken by each finished upload, move or deletion; the deadline is the retry of
+        # a move that failed, or the look for room freed outside ckptfs.
+        wait = min(left, ROOM_RECHECK_S)
+        if moving == "retry" and self._spill_retry_at > now:
+            wait = min(wait, self._spill_retry_at - now)
         self.room.waiting += 1
         try:
-            with trio.move_on_after(min(left, 5.0)):
+            with trio.move_on_after(wait):
                 await self.room.event.wait()
         finally:
             self.room.waiting -= 1
@@ -627,69 +648,104 @@ class ChunkStore:
         return digest in self._cache or digest in self._flights
 
     async def read(
-        self, ref: ChunkRef, copy_back: bool = False, log_missing: bool = True
+        self, ref: ChunkRef, copy_back: bool = False, log_missing: bool = True,
+        abandon_on_cancel: bool = False,
     ) -> frame.Buffer:
         """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
         tier holds a valid copy. Copies found missing or corrupt on the way are marked bad
         and healed in the background; with ``copy_back``, a chunk read from a remote tier
-        only is also written to a local tier (a sequential restore stages the file)."""
-        data = self._cache.get(ref.digest)
-        if data is not None:
-            self._cache.move_to_end(ref.digest)
-            return data
-        ref = self.current(ref)
-        flight = self._flights.get(ref.digest)
-        if flight is None:
-            flight = _Flight()
-            self._flights[ref.digest] = flight
-            self._last_fetch = time.monotonic()
-            try:
-                got = await trio.to_thread.run_sync(self._fetch, ref, limiter=self.io)
-                if got.data is None and got.refresh:
-                    # The caller's idea of where the chunk lives may be old (an upload added
-                    # a remote copy, an eviction removed a local one): ask the catalog.
-                    tiers = self.current(ref).tiers
-                    if tiers == ref.tiers:
-                        tiers = await trio.to_thread.run_sync(
-                            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-                        )
-                    if tiers and not set(tiers) <= set(ref.tiers):
-                        fresh = ChunkRef(ref.digest, ref.length, tiers)
-                        again = await trio.to_thread.run_sync(self._fetch, fresh, limiter=self.io)
-                        again.failures[:0] = got.failures
-                        again.problems[:0] = got.problems
-                        got = again
-                if got.data is None:
-                    raise ChunkMissing(
-                        f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
-                    )
-                flight.data = got.data
-                self._cache_put(ref.digest, got.data)
-                self._after_read(ref, got, copy_back)
-            except CkptfsError as exc:
-                if log_missing or not isinstance(exc, ChunkMissing):
-                    log.error("%s", exc)
-                flight.error = exc
-            finally:
-                del self._flights[ref.digest]
-                flight.done.set()
-                if not self._flights:
-                    self._reads_done.set()
-                    self._reads_done = trio.Event()
-        else:
+        only is also written to a local tier (a sequential restore stages the file).
+        ``abandon_on_cancel``: a readahead, cancelled when its file is released, leaves a
+        device or network call in flight behind instead of waiting for it (the call
+        changes nothing but counters; its result is dropped)."""
+        while True:
+            data = self._cache.get(ref.digest)
+            if data is not None:
+                self._cache.move_to_end(ref.digest)
+                return data
+            ref = self.current(ref)
+            flight = self._flights.get(ref.digest)
+            if flight is None:
+                return await self._fly(ref, copy_back, log_missing, abandon_on_cancel)
             await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.data is not None:
+                return flight.data
+            # The fetch we joined was a readahead that was cancelled: fetch it ourselves.
+
+    async def _fly(
+        self, ref: ChunkRef, copy_back: bool, log_missing: bool, abandon: bool
+    ) -> frame.Buffer:
+        """Fetch a chunk as the one flight other readers of it join."""
+        flight = _Flight()
+        self._flights[ref.digest] = flight
+        self._last_fetch = time.monotonic()
+        try:
+            got = await self._fetch(ref, abandon)
+            if got.data is None and got.refresh:
+                # The caller's idea of where the chunk lives may be old (an upload added
+                # a remote copy, an eviction removed a local one): ask the catalog.
+                tiers = self.current(ref).tiers
+                if tiers == ref.tiers:
+                    tiers = await trio.to_thread.run_sync(
+                        self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+                    )
+                if tiers and not set(tiers) <= set(ref.tiers):
+                    fresh = ChunkRef(ref.digest, ref.length, tiers)
+                    again = await self._fetch(fresh, abandon)
+                    again.failures[:0] = got.failures
+                    again.problems[:0] = got.problems
+                    got = again
+            if got.data is None:
+                raise ChunkMissing(
+                    f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
+                )
+            flight.data = got.data
+            self._cache_put(ref.digest, got.data)
+            self._after_read(ref, got, copy_back)
+        except CkptfsError as exc:
+            if log_missing or not isinstance(exc, ChunkMissing):
+                log.error("%s", exc)
+            flight.error = exc
+        finally:
+            # Cancelled (a readahead whose file was released): neither data nor error,
+            # and the readers that joined fetch the chunk themselves.
+            del self._flights[ref.digest]
+            flight.done.set()
+            if not self._flights:
+                self._reads_done.set()
+                self._reads_done = trio.Event()
         if flight.error is not None:
             raise flight.error
         assert flight.data is not None
         return flight.data
 
-    def _fetch(self, ref: ChunkRef) -> _Fetched:
-        """Blocking: try the tiers holding the chunk, the fastest first (measured); verify;
-        fall back on a miss, damage or an I/O error, noting which copies need healing."""
-        got = _Fetched()
+    async def _fetch(self, ref: ChunkRef, abandon: bool) -> _Fetched:
+        """Try the tiers holding the chunk, the fastest first (measured): local tiers in
+        a thread under the store's I/O limiter, remote ones under ``remote_io`` (a hung
+        object store holds only those threads, never the ones local writes, fsync and
+        reads need)."""
         names = list(ref.tiers) or list(self.local)
-        got.refresh = True
-        for name in self.stats.read_order(names, ref.length):
+        got = _Fetched(refresh=True)
+        for remote, run in _runs(self.stats.read_order(names, ref.length),
+                                 lambda n: n in self.tiers and n not in self.local):
+            part = await trio.to_thread.run_sync(
+                self._fetch_from, ref, run, limiter=self.remote_io if remote else self.io,
+                abandon_on_cancel=abandon,
+            )
+            got.failures += part.failures
+            got.problems += part.problems
+            if part.data is not None:
+                got.data, got.source, got.refresh = part.data, part.source, False
+                return got
+        return got
+
+    def _fetch_from(self, ref: ChunkRef, names: Sequence[str]) -> _Fetched:
+        """Blocking: try these tiers in order; verify; fall back on a miss, damage or an
+        I/O error, noting which copies need healing."""
+        got = _Fetched()
+        for name in names:
             tier = self.tiers.get(name)
             if tier is None:
                 got.problems.append(f"{name}: tier not configured")
@@ -729,7 +785,6 @@ class ChunkStore:
                 got.problems.append(f"{name}: {exc}")
                 continue
             got.data, got.source = data, name
-            got.refresh = False
             return got
         return got
 

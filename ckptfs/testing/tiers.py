@@ -103,6 +103,15 @@ class FaultyTier:
         # Hold puts (chunks and meta) until the gate opens; put_entered tells a put is held.
         self.put_gate: threading.Event | None = None
         self.put_entered = threading.Event()
+        # Hold gets (of ``gate_keys``, or of every key when None) until the gate opens
+        # (a hung object store, a slow device); ``gets_held`` counts the gets held now.
+        self.get_gate: threading.Event | None = None
+        self.gate_keys: set[str] | None = None
+        self.gets_held = 0
+        # Hold deletes until the gate opens; ``delete_held`` tells a delete is held.
+        self.hold_deletes: threading.Event | None = None
+        self.delete_held = threading.Event()
+        self._held_lock = threading.Lock()
 
     def _hold(self) -> None:
         self.put_entered.set()
@@ -122,7 +131,21 @@ class FaultyTier:
             raise TierError(f"tier {self.name}: injected EIO on put")
         return self.inner.put(key, parts, expected_sha256)
 
+    def _hold_get(self, key: str) -> None:
+        gate = self.get_gate
+        if gate is None or (self.gate_keys is not None and key not in self.gate_keys):
+            return
+        with self._held_lock:
+            self.gets_held += 1
+        try:
+            if not gate.wait(timeout=60):
+                raise TierError(f"tier {self.name}: get gate never opened")
+        finally:
+            with self._held_lock:
+                self.gets_held -= 1
+
     def get(self, key: str) -> Buffer | None:
+        self._hold_get(key)
         if self.fail_gets:
             raise TierError(f"tier {self.name}: injected EIO on get")
         data = self.inner.get(key)
@@ -141,6 +164,11 @@ class FaultyTier:
         verify_by_reading(self, key, digest)
 
     def delete(self, key: str) -> int:
+        gate = self.hold_deletes
+        if gate is not None:
+            self.delete_held.set()
+            if not gate.wait(timeout=60):
+                raise TierError(f"tier {self.name}: delete gate never opened")
         if self.fail_deletes:
             raise TierError(f"tier {self.name}: injected EIO on delete")
         return self.inner.delete(key)

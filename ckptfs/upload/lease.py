@@ -428,7 +428,7 @@ class WriterLeases:
                     await trio.to_thread.run_sync(lease.heartbeat, limiter=self._limiter)
                 except Exception:  # a bug here must not take the mount down
                     log.exception("writer lease heartbeat of tier %s failed", lease.tier.name)
-            await trio.sleep(self.timing.heartbeat_s)
+            await trio.sleep(self.timing.heartbeat_s)  # a real period: the lease's heartbeat
 
     def release(self) -> None:
         for lease in self.leases:

@@ -11,12 +11,13 @@ local meanwhile. A finished copy becomes a replica row; a copy whose job was can
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -45,19 +46,35 @@ RATE_WINDOW_S = 2.0
 # Under a steady stream of commits the backlog is never empty; the snapshot is then
 # retaken this often, so a new node can recover everything uploaded until shortly before.
 SNAPSHOT_INTERVAL_S = 10.0
-SNAPSHOT_RECHECK_S = 1.0  # how often an idle uploader looks for catalog changes
+# A change of the catalog that queues no upload (a rename, a symlink, a checkpoint state)
+# is snapshotted this long after the first one since the last look: one look per burst.
+SNAPSHOT_RECHECK_S = 1.0
 # While a save is running, uploads wait, so they do not take the CPU and disk from the save
 # (its stall); they start when it has committed, `concurrency` at once. A save longer than
 # MAX_DEFER_S (or a stream of back-to-back saves) gets one upload at a time meanwhile, so
 # the backlog cannot grow without bound.
 MAX_DEFER_S = 30.0
-SAVE_RECHECK_S = 0.2  # while uploads wait for a save: look again (idle cores, its end)
+# With "auto", while uploads wait for a save: how often the idle cores are measured (a
+# real period: idleness sends no event). The save's end and its age are an event and a
+# deadline.
+SAVE_RECHECK_S = 0.2
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
     """Exponential backoff with full jitter: uniform in [d/2, d], d = base * 2**attempts."""
     d = min(BACKOFF_MAX_S, BACKOFF_BASE_S * (2 ** min(attempts, 30)))
     return d * (0.5 + 0.5 * rnd())
+
+
+async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return when the first of these waits returns (the others are cancelled)."""
+    async with trio.open_nursery() as n:
+        async def one(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            n.cancel_scope.cancel()
+
+        for w in waits:
+            n.start_soon(one, w)
 
 
 class DeletionQueue(Protocol):
@@ -83,11 +100,13 @@ class Uploader:
         wake: Wakeup | None = None,
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
+        save_over: Callable[[], Awaitable[None]] | None = None,
         idle_cores: Callable[[], float | None] | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
-        ``config``: concurrency, uploads during a save, compression (config.UploadConfig)."""
+        ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
+        ``saving``: a save is running; ``save_over``: returns when none runs (an event)."""
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -107,6 +126,12 @@ class Uploader:
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
         self.saving = saving  # a save is running: defer uploads (see _limit)
+        self.save_over = save_over
+        self._sleeping = False  # between passes, waiting for an event or a deadline
+        # When a catalog change that queues no upload was first seen since the last look
+        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via the loop.
+        self._dirty_since: float | None = None
+        self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
         self._saving_since: float | None = None
         # While a save runs: "defer" (wait for it), "overlap" (upload at once), "auto"
         # (upload on the cores the save leaves idle, measured by ``idle_cores``, blocking).
@@ -115,7 +140,7 @@ class Uploader:
         self._spare = 0  # uploads the idle cores allow during a save (auto), last measured
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
-        self._snapshot_at = -math.inf  # monotonic time of the last snapshot
+        self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
         self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
         self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
@@ -125,6 +150,14 @@ class Uploader:
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
         self._wake.set()
+
+    def _touched(self) -> None:
+        """On the loop: the catalog changed (Catalog.on_touch). The first change since the
+        last look sets the snapshot's deadline; the uploader sleeps on until then."""
+        if self._dirty_since is None:
+            self._dirty_since = trio.current_time()
+            self._dirty.set()  # the wait takes the new deadline
+            self._dirty = trio.Event()
 
     def _limit(self) -> int:
         """How many uploads may run now. While a save runs: with "defer" none (one once it
@@ -156,37 +189,96 @@ class Uploader:
     async def run(self) -> None:
         if not self.remotes:
             return
-        async with trio.open_nursery() as nursery:
-            while True:
-                self._wake.clear()
-                snapshot_retry_s = await self._maybe_snapshot()
-                await self._measure_spare()
-                free = self._limit() - len(self.running)
-                # No upload of a pair whose frame the deleter is removing right now (it
-                # would delete the new copy): it kicks us when done.
-                busy = self.running | self.guard.deleting_pairs()
-                if free > 0:
-                    jobs = await trio.to_thread.run_sync(
-                        self._due_jobs, list(self._urgent), self.clock(), free, set(busy),
-                        limiter=self.db_limiter,
-                    )
-                    for job in jobs:
-                        if self.guard.deleting(job.digest, job.tier):
-                            continue  # marked while we asked the catalog
-                        self.running.add((job.digest, job.tier))
-                        nursery.start_soon(self._upload, job)
-                due_ns = await trio.to_thread.run_sync(
-                    self.catalog.next_upload_due_ns, busy | self.running, limiter=self.db_limiter
-                )
-                delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
-                if free <= 0 or delay == 0.0:
-                    delay = math.inf if self.running else delay  # a finishing job kicks us
-                if free <= 0 and self.saving():
-                    # Deferred: the save's end, its age or (auto) idle cores raise the limit.
-                    delay = SAVE_RECHECK_S
-                delay = min(delay, snapshot_retry_s)
-                with trio.move_on_after(delay):
-                    await self._wake.wait()
+        token = trio.lowlevel.current_trio_token()
+
+        def touched() -> None:  # a worker thread, after a catalog transaction that changed it
+            if self._dirty_since is None:  # a stale read only costs one extra call
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(self._touched)
+
+        self.catalog.on_touch = touched
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    self._wake.clear()
+                    deadline, deferred = await self._pass(nursery)
+                    await self._sleep(deadline, deferred)
+        finally:
+            self.catalog.on_touch = None
+
+    async def _pass(self, nursery: trio.Nursery) -> tuple[float, bool]:
+        """Take a snapshot if due, start the uploads allowed now. Returns the trio time of
+        the next look that no event announces (inf: none), and whether uploads wait for
+        a save (its end is then an event to wait for)."""
+        now = trio.current_time()
+        deadline = now + await self._maybe_snapshot()
+        await self._measure_spare()
+        free = self._limit() - len(self.running)
+        # No upload of a pair whose frame the deleter is removing right now (it
+        # would delete the new copy): it kicks us when done.
+        busy = self.running | self.guard.deleting_pairs()
+        if free > 0:
+            jobs = await trio.to_thread.run_sync(
+                self._due_jobs, list(self._urgent), self.clock(), free, set(busy),
+                limiter=self.db_limiter,
+            )
+            for job in jobs:
+                if self.guard.deleting(job.digest, job.tier):
+                    continue  # marked while we asked the catalog
+                self.running.add((job.digest, job.tier))
+                nursery.start_soon(self._upload, job)
+        due_ns = await trio.to_thread.run_sync(
+            self.catalog.next_upload_due_ns, busy | self.running, limiter=self.db_limiter
+        )
+        # A postponed job's backoff: a deadline. Due now but no slot free: a finishing
+        # upload kicks us (it ends in this nursery).
+        delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
+        if free <= 0 or delay == 0.0:
+            delay = math.inf if self.running else delay
+        deadline = min(deadline, now + delay)
+        deferred = free <= 0 and self.saving() and self._limit() < self.concurrency
+        if deferred:
+            deadline = min(deadline, self._deferral_ends(now))
+        return deadline, deferred
+
+    def _deferral_ends(self, now: float) -> float:
+        """Uploads wait for a save: when the limit rises without an event. The save's end
+        is an event (``save_over``), a writer waiting for room or a durability wait
+        kicks; the save's age is a deadline; idle cores ("auto") are sampled."""
+        if self.save_over is None:
+            return now + SAVE_RECHECK_S  # nobody tells us when the save ends: look again
+        ends = math.inf
+        if self._saving_since is not None and now - self._saving_since < MAX_DEFER_S:
+            ends = self._saving_since + MAX_DEFER_S
+        if self.during_save == "auto":
+            ends = min(ends, now + SAVE_RECHECK_S)
+        return ends
+
+    async def _sleep(self, deadline: float, deferred: bool) -> None:
+        """Until a kick, ``deadline``, the snapshot deadline of a catalog change, or (when
+        uploads are ``deferred``) the end of the save."""
+        self._sleeping = True
+        try:
+            await self._sleep_until(deadline, deferred)
+        finally:
+            self._sleeping = False
+
+    async def _sleep_until(self, deadline: float, deferred: bool) -> None:
+        while True:
+            at = deadline
+            waits: list[Callable[[], Awaitable[object]]] = [self._wake.wait]
+            if self._dirty_since is not None:
+                at = min(at, self._dirty_since + SNAPSHOT_RECHECK_S)
+            else:
+                waits.append(self._dirty.wait)  # a first change brings a deadline
+            saving = deferred and self.save_over is not None and self.saving()
+            if saving and self.save_over is not None:
+                waits.append(self.save_over)
+            with trio.move_on_at(at) as timer:
+                await _first(*waits)
+            if timer.cancelled_caught or self._wake.is_set() or (saving and not self.saving()):
+                return  # a deadline, a kick, or the save's end
+            # Only a catalog change: its deadline is part of the next wait.
 
     def _due_jobs(
         self, urgent: list[bytes], now: int, limit: int, skip: set[tuple[bytes, str]]
@@ -264,9 +356,7 @@ class Uploader:
             await self._postpone(job, delay, str(exc), blocked=False)
         else:
             self.stats.record_upload_ok(job.tier)
-            if job.tier in self._failing:
-                log.info("uploads to tier %s work again", job.tier)
-                self._failing.discard(job.tier)
+            await self._tier_works(job.tier)
             if self.deleter is not None:
                 self.deleter.tier_works(job.tier)  # postponed deletions: retry now
             kept = await trio.to_thread.run_sync(
@@ -301,26 +391,28 @@ class Uploader:
         someone waits for one, or the last is SNAPSHOT_INTERVAL_S old), put a verified copy
         of the catalog on every remote tier: what a fresh node restores. Returns seconds
         until the next look is due (a failed snapshot's retry, the next interval)."""
-        now = time.monotonic()
+        now = trio.current_time()
+        self._dirty_since = None  # this look (or the retry after a failure) covers them
         if now < self._snapshot_retry_at:  # a failed snapshot waits out its backoff
             return self._snapshot_retry_at - now
         overdue = now - self._snapshot_at >= SNAPSHOT_INTERVAL_S
         wanted = self._snapshot_wanted > 0
 
-        def backup() -> tuple[int, bytes] | None:
+        def backup() -> tuple[int, bytes] | bool:
             if self.catalog.snapshot_is_current():
-                return None
+                return False
             if not (wanted or overdue) and self.catalog.backlog().chunks:
-                return None
+                return True
             return time.time_ns(), self.catalog.backup_bytes()
 
         taken = await trio.to_thread.run_sync(backup, limiter=self.db_limiter)
-        if taken is None:
-            # Namespace-only changes (a rename, a symlink, a checkpoint state) queue no
-            # upload and wake nobody: look again soon, so they reach the remote too.
-            return SNAPSHOT_RECHECK_S if overdue else max(
-                SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at)
-            )
+        if taken is False:
+            return math.inf  # nothing to take: the next catalog change or kick says when
+        if taken is True:
+            # Uploads pending: each finished one kicks us, and the snapshot is taken when
+            # they are done, or at SNAPSHOT_INTERVAL_S under a stream of commits.
+            return max(SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at))
+        assert not isinstance(taken, bool)
         of_ns, data = taken
 
         def framed_copy() -> bytes:  # hashing a large catalog takes a while: not on the loop
@@ -337,12 +429,13 @@ class Uploader:
             self._snapshot_failures += 1
             delay = backoff_s(self._snapshot_failures)
             log.warning("catalog snapshot upload failed (retry in %.1f s): %s", delay, exc)
-            self._snapshot_retry_at = time.monotonic() + delay
+            self._snapshot_retry_at = trio.current_time() + delay
             return delay
         self._snapshot_failures = 0
-        self._snapshot_at = time.monotonic()
-        if self.deleter is not None:
-            for remote in self.remotes:
+        self._snapshot_at = trio.current_time()
+        for remote in self.remotes:
+            await self._tier_works(remote.name)
+            if self.deleter is not None:
                 self.deleter.tier_works(remote.name)  # postponed deletions: retry now
         await trio.to_thread.run_sync(
             self.catalog.set_meta, "snapshot_of_ns", str(of_ns), limiter=self.db_limiter
@@ -351,7 +444,17 @@ class Uploader:
         self._progressed()
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
                  len(data), len(self.remotes))
-        return SNAPSHOT_RECHECK_S
+        return math.inf
+
+    async def _tier_works(self, tier: str) -> None:
+        """A put on ``tier`` succeeded: if its uploads were failing, the ones postponed by
+        backoff are due now (an event, not their backoff timers)."""
+        if tier not in self._failing:
+            return
+        log.info("uploads to tier %s work again", tier)
+        self._failing.discard(tier)
+        await trio.to_thread.run_sync(self.catalog.retry_uploads_now, tier, limiter=self.db_limiter)
+        self.kick()
 
     async def _record_rate(self) -> None:
         """Publish the upload rate (bytes/s over the last window) in the catalog's meta,

@@ -57,6 +57,11 @@ class MemoryBudget:
         self._released.set()
         self._released = trio.Event()
 
+    async def wait_empty(self) -> None:
+        """Until no chunk buffer is in memory (no save runs): the uploader's deferral."""
+        while self.used > 0:
+            await self._released.wait()
+
 
 class OpenFiles(dict[int, "OpenFile"]):
     """The open regular files by inode. Built by the composition root before the memory
@@ -116,6 +121,10 @@ class OpenFile:
         self.lock = trio.Lock()
         self.handles = 0
         self._last_read_idx = -2
+        # Readahead in flight, by chunk index: owned by this file, cancelled and waited for
+        # when its last handle closes (``stop_readahead``), so none outlives the file.
+        self._ahead: dict[int, trio.CancelScope] = {}
+        self._ahead_ended = trio.Event()  # set (and replaced) whenever one ends
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
         # A close reports a file's tail (and a small file's content) to the checkpoint
         # detectors from here, instead of reading the chunk back from its tier.
@@ -318,7 +327,9 @@ class OpenFile:
             await self.svc.store.sync_catalog()
 
     async def release_all(self) -> None:
-        """The last handle closed: drop uncommitted state (a failed write stays uncommitted)."""
+        """The last handle closed: end the readahead, drop uncommitted state (a failed
+        write stays uncommitted)."""
+        await self.stop_readahead()
         async with self.lock:
             if self.dirty or self.inflight or self.written:
                 await self._discard()
@@ -379,12 +390,36 @@ class OpenFile:
         store = self.svc.store
         for nxt in range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)):
             ref = self._ref(nxt)
-            if ref is None or nxt in self.dirty or nxt in self.inflight or store.cached(ref.digest):
+            if (ref is None or nxt in self.dirty or nxt in self.inflight or nxt in self._ahead
+                    or store.cached(ref.digest)):
                 continue
-            self.svc.nursery.start_soon(self._prefetch, ref)
+            scope = trio.CancelScope()
+            self._ahead[nxt] = scope
+            # In the mount's nursery (a read request must not wait for it), in this
+            # file's scope: ``stop_readahead`` ends it.
+            self.svc.nursery.start_soon(self._prefetch, nxt, ref, scope)
         return sequential
 
-    async def _prefetch(self, ref: ChunkRef) -> None:
-        # The reader that needs this chunk will see (and log) any error itself.
-        with contextlib.suppress(CkptfsError):
-            await self.svc.store.read(ref, self._copy_back(True))
+    async def _prefetch(self, idx: int, ref: ChunkRef, scope: trio.CancelScope) -> None:
+        try:
+            with scope, contextlib.suppress(CkptfsError):
+                # The reader that needs this chunk will see (and log) any error itself.
+                # Cancelled, it leaves a hung remote GET behind rather than wait for it.
+                await self.svc.store.read(ref, self._copy_back(True), abandon_on_cancel=True)
+        finally:
+            if self._ahead.get(idx) is scope:
+                del self._ahead[idx]
+            self._ahead_ended.set()
+            self._ahead_ended = trio.Event()
+
+    @property
+    def readahead_running(self) -> int:
+        """Readahead tasks of this file not ended yet."""
+        return len(self._ahead)
+
+    async def stop_readahead(self) -> None:
+        """Cancel this file's readahead and wait until every one of its tasks ended."""
+        while self._ahead:
+            for scope in self._ahead.values():
+                scope.cancel()  # again each time: a reopen may have started more
+            await self._ahead_ended.wait()
