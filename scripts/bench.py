@@ -90,7 +90,9 @@ META_SIZE = 4096
 
 REPO = Path(__file__).resolve().parent.parent
 NULLFS = REPO / "scripts" / "nullfs.py"
-TARGETS = ("plain", "ckptfs", "nullfs")
+TARGETS = ("plain", "ckptfs", "nullfs", "base")
+# "base": ckptfs run from another checkout (--base-code DIR), e.g. the code before a change,
+# side by side with this one in the same run.
 GROUPS = ("a", "b", "c", "c1", "c2", "d", "m")  # c1 = (c'), c2 = (c'')
 
 
@@ -280,8 +282,12 @@ class PlainTarget(Target):
 class CkptfsTarget(Target):
     name = "ckptfs"
 
-    def __init__(self, root: Path, extra: list[str]) -> None:
+    def __init__(self, root: Path, extra: list[str], code: Path | None = None) -> None:
+        """``code``: run the ckptfs of that checkout instead of this one's (target "base")."""
         super().__init__(root)
+        self.code = code
+        if code is not None:
+            self.name = "base"
         self.mnt = root / "mnt"
         self.state = root / "state"
         self.tiers = [root / "tier0", root / "tier1"]
@@ -291,12 +297,14 @@ class CkptfsTarget(Target):
         self.started: list[int] = []
 
     def _cli(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        env = None if self.code is None else {**os.environ, "PYTHONPATH": str(self.code)}
         return subprocess.run(
             [sys.executable, "-m", "ckptfs", *args],
             capture_output=True,
             text=True,
             timeout=timeout,
-            cwd=REPO,
+            cwd=REPO if self.code is None else self.code,
+            env=env,
         )
 
     def log_tail(self, n: int = 30) -> str:
@@ -831,6 +839,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}"
+
+
 def print_table(
     tests: list[Test], res: dict[str, list[TargetResult]], passes: int
 ) -> list[dict[str, Any]]:
@@ -841,6 +853,9 @@ def print_table(
         f"{'ck/plain':>8}  {'ck/null':>7}  {'ckptfs range':>13}  {'ckptfs CPU':>11}  "
         f"{'nullfs CPU':>11}"
     )
+    with_base = bool(res.get("base"))
+    if with_base:
+        head += f"  {'base':>8}  {'base/plain':>10}  {'base CPU':>11}"
     print(head)
     print("-" * len(head))
     for t in tests:
@@ -877,6 +892,8 @@ def print_table(
             f"{'-' if r_plain is None else f'{r_plain:.2f}':>8}  "
             f"{'-' if r_null is None else f'{r_null:.2f}':>7}  {rng:>13}  "
             f"{cpu_cell('ckptfs')}  {cpu_cell('nullfs')}"
+            + (f"  {cell(vals['base'], 'base')}  {fmt_ratio(ratio(vals['base'], vals['plain'])):>10}"
+               f"  {cpu_cell('base')}" if with_base else "")
         )
         ck_cpu, ck_cpu_after = cpu_per_unit(res.get("ckptfs"), t)
         null_cpu, _ = cpu_per_unit(res.get("nullfs"), t)
@@ -893,6 +910,8 @@ def print_table(
                 "ckptfs_cpu": ck_cpu,
                 "ckptfs_cpu_after": ck_cpu_after,
                 "nullfs_cpu": null_cpu,
+                "base_over_plain": ratio(vals["base"], vals["plain"]),
+                "base_cpu": cpu_per_unit(res.get("base"), t)[0],
             }
         )
     what = f"median of {passes} passes" if passes > 1 else "one pass"
@@ -955,8 +974,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="small smoke run (256 MiB sizes)")
     ap.add_argument(
+        "--base-code", type=Path, default=None, metavar="DIR",
+        help="also run target 'base': the ckptfs of the checkout DIR (e.g. `git worktree add "
+        "DIR COMMIT`), side by side with this one (adds base to --only)",
+    )
+    ap.add_argument(
         "--only",
-        default=",".join(TARGETS),
+        default="plain,ckptfs,nullfs",
         help="comma-separated subset of targets (default: plain,ckptfs,nullfs)",
     )
     ap.add_argument(
@@ -1011,6 +1035,14 @@ def main(argv: list[str] | None = None) -> int:
         single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads, args.procs, meta_files
     )
     targets = [t.strip() for t in args.only.split(",") if t.strip()]
+    if args.base_code is not None:
+        if not (args.base_code / "ckptfs" / "__main__.py").is_file():
+            ap.error(f"--base-code: {args.base_code} is not a ckptfs checkout")
+        args.base_code = args.base_code.resolve()
+        if "base" not in targets:
+            targets.append("base")
+    elif "base" in targets:
+        ap.error("--only base needs --base-code DIR")
     for t in targets:
         if t not in TARGETS:
             ap.error(f"--only: unknown target {t!r} (known: {', '.join(TARGETS)})")
@@ -1131,6 +1163,8 @@ def main(argv: list[str] | None = None) -> int:
                     tgt = PlainTarget(root)
                 elif name == "ckptfs":
                     tgt = CkptfsTarget(root, extra_ckptfs)
+                elif name == "base":
+                    tgt = CkptfsTarget(root, extra_ckptfs, code=args.base_code)
                 else:
                     tgt = NullfsTarget(root)
                 load = os.getloadavg()[0]

@@ -409,7 +409,7 @@ def report(steps: Steps, nbytes: int) -> dict[str, Any]:
         if not runs:
             continue
         secs = [float(r["seconds"] or 0) for r in runs]
-        cpu = [med([r[k] / gb for r in runs if r[k] is not None])
+        cpu = [med([v / gb for r in runs if (v := r[k]) is not None])
                for k in ("cpu_daemon_s", "cpu_seaweed_s", "cpu_script_s")]
         m = med(secs)
         assert m is not None
