@@ -14,19 +14,16 @@ one of them). Mounts are always unmounted and their daemons stopped, also when t
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mountutil  # noqa: E402
-from mountutil import Mount  # noqa: E402
+from tests.support import mountutil
+from tests.support.mountutil import Mount
 
 # The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
-from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: E402, F401
+from tests.support.s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: F401
 
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024

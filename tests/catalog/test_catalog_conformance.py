@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from catalog_conformance import CatalogConformance
+
+from tests.support.catalog_conformance import CatalogConformance
 
 from ckptfs.catalog import open_catalog
 from ckptfs.catalog.protocols import Catalog

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mountutil import (
+
+from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
     Mount,

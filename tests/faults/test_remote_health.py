@@ -24,14 +24,15 @@ from typing import Any
 
 import pytest
 import trio
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from s3fixtures import SKIP_REASON as NO_WEED
-from s3fixtures import remove_prefix, tier_config
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
-from test_remote_mount import remote  # noqa: F401
-from test_upload import wait_backlog_empty
-from test_vfs import CS, make_fs, uploader_of, write_file
-from tier_conformance import framed, joined
+
+from tests.remote.test_remote_mount import remote  # noqa: F401
+from tests.store.test_upload import wait_backlog_empty
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
+from tests.support.s3fixtures import SKIP_REASON as NO_WEED
+from tests.support.s3fixtures import remove_prefix, tier_config
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
+from tests.support.tier_conformance import framed, joined
+from tests.vfs.test_vfs import CS, make_fs, uploader_of, write_file
 
 from ckptfs.catalog import ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from mountutil import Mount
+
+from tests.support.mountutil import Mount
 
 if TYPE_CHECKING:  # a runtime import of "conftest" may find tests/compat/conftest.py
     from conftest import CkptFactory

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mountutil import (
+
+from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
     Mount,
@@ -520,7 +521,7 @@ def test_fsck_on_a_mounted_state_dir_exit_2(tmp_path: Path) -> None:
 @needs_fuse
 @pytest.mark.allow_log_errors  # "mount refused: ... does not exist"
 def test_missing_bucket_refused_exit_2(tmp_path: Path, seaweed, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from s3server import ACCESS_KEY, SECRET_KEY
+    from tests.support.s3server import ACCESS_KEY, SECRET_KEY
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -540,7 +541,7 @@ def test_read_only_credentials_refused_exit_2(tmp_path: Path, seaweed, monkeypat
     the write probe at mount finds it; nothing is left under the prefix."""
     import uuid
 
-    from s3server import READER_ACCESS_KEY, READER_SECRET_KEY
+    from tests.support.s3server import READER_ACCESS_KEY, READER_SECRET_KEY
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", READER_ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", READER_SECRET_KEY)
@@ -567,7 +568,7 @@ def test_metrics_port_taken_serves_on_a_free_port(tmp_path: Path) -> None:
     import socket
     import urllib.request
 
-    from mountutil import wait_until as wait_for
+    from tests.support.mountutil import wait_until as wait_for
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -672,8 +673,8 @@ def test_control_xattrs_only_for_the_owner_and_gc_only_under_path(tmp_path: Path
     import shutil
     import tempfile
 
-    from mountutil import wait_until as wait_for
-    from test_checkpoints import hf_save
+    from tests.mount.test_checkpoints import hf_save
+    from tests.support.mountutil import wait_until as wait_for
 
     max_age = 6.0
     cfg = tmp_path / "ckptfs.toml"

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted
-from test_checkpoints import ls, states, wait_until
+
+from tests.mount.test_checkpoints import ls, states, wait_until
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted
+
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted
 
 if TYPE_CHECKING:
     import torch

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_catalog import make_v1
-from test_posix import expect_errno
+
+from tests.catalog.test_catalog import make_v1
+from tests.mount.test_posix import expect_errno
 
 from ckptfs.catalog.catalog import SCHEMA_VERSION
 

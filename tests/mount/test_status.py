@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, ckptfs_cmd, mounted, run_cli, wait_until
+
+from tests.support.mountutil import (
+    FUSE_AVAILABLE,
+    SKIP_REASON,
+    Mount,
+    ckptfs_cmd,
+    mounted,
+    run_cli,
+    wait_until,
+)
 
 from ckptfs.catalog import Catalog
 

@@ -25,11 +25,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, ckptfs_cmd, is_mounted, pid_alive, run_cli
+
+from tests.support.mountutil import (
+    FUSE_AVAILABLE,
+    SKIP_REASON,
+    Mount,
+    ckptfs_cmd,
+    is_mounted,
+    pid_alive,
+    run_cli,
+)
 
 from ckptfs.statedir import wait_unlocked
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = ("ckptfs.service", "ckptfs@.service")
 HELPER = ROOT / "scripts" / "mount.fuse.ckptfs"
 CKPTFS_BIN = Path(sys.executable).parent / "ckptfs"

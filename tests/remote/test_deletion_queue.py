@@ -19,10 +19,11 @@ from pathlib import Path
 
 import blake3
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
-from test_faults import drop_caches
-from test_remote_mount import local_chunk_keys, remote, remote_objects  # noqa: F401
+
+from tests.faults.test_faults import drop_caches
+from tests.remote.test_remote_mount import local_chunk_keys, remote, remote_objects  # noqa: F401
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import Catalog
 

@@ -11,16 +11,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from s3server import SECRET_KEY, SeaweedServer
-from test_remote_mount import MiB, remote  # noqa: F401
+
+from tests.remote.test_remote_mount import MiB, remote  # noqa: F401
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
+from tests.support.s3server import SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import Catalog
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError
 from ckptfs.metrics import parse_exposition, sample
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 CHUNK = 256 * 1024
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from test_remote_mount import MiB, remote, write  # noqa: F401
+
+from tests.remote.test_remote_mount import MiB, remote, write  # noqa: F401
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 
 from ckptfs.codec import frame
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
-from s3fixtures import remove_prefix
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
+from tests.support.s3fixtures import remove_prefix
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.codec import frame
 from ckptfs.commands.live import open_catalog

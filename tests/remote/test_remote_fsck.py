@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
-from s3server import SeaweedServer, free_ports
-from test_remote_mount import remote, remote_objects  # noqa: F401
+
+from tests.remote.test_remote_mount import remote, remote_objects  # noqa: F401
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
+from tests.support.s3server import SeaweedServer, free_ports
 
 from ckptfs.codec import frame
 

@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
-from s3fixtures import remove_prefix
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
+from tests.support.s3fixtures import remove_prefix
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import Catalog
 from ckptfs.codec import frame

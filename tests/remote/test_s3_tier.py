@@ -18,8 +18,9 @@ import boto3
 import botocore.exceptions as bce
 import pytest
 import urllib3.exceptions
-from s3fixtures import remove_prefix
-from s3server import (
+
+from tests.support.s3fixtures import remove_prefix
+from tests.support.s3server import (
     ACCESS_KEY,
     READER_ACCESS_KEY,
     READER_SECRET_KEY,
@@ -27,7 +28,7 @@ from s3server import (
     SeaweedServer,
     free_ports,
 )
-from tier_conformance import TierConformance, framed, joined
+from tests.support.tier_conformance import TierConformance, framed, joined
 
 from ckptfs.config import S3TierConfig, parse_remote_url
 from ckptfs.errors import (

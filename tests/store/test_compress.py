@@ -11,8 +11,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from test_upload import wait_backlog_empty
-from test_vfs import make_fs, read_file, uploader_of, write_file
+
+from tests.store.test_upload import wait_backlog_empty
+from tests.vfs.test_vfs import make_fs, read_file, uploader_of, write_file
 
 from ckptfs import config
 from ckptfs.codec import compress, frame

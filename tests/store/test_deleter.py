@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_janitor import POLICY, state
-from test_local_full import wait_for
-from test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
+
+from tests.store.test_janitor import POLICY, state
+from tests.store.test_local_full import wait_for
+from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE

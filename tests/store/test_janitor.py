@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from test_local_full import wait_for
-from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import RW, deletions_done, make_daemon, make_fs, uploader_of
+
+from tests.store.test_local_full import wait_for
+from tests.store.test_upload import skip_backoff, wait_backlog_empty
+from tests.vfs.test_vfs import RW, deletions_done, make_daemon, make_fs, uploader_of
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
@@ -135,7 +136,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
 async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
     tmp_path: Path,
 ) -> None:
-    from test_vfs import CS, write_file
+    from tests.vfs.test_vfs import CS, write_file
 
     from ckptfs.codec import frame
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_upload import skip_backoff, wait_backlog_empty
-from test_vfs import (
+
+from tests.store.test_upload import skip_backoff, wait_backlog_empty
+from tests.vfs.test_vfs import (
     CS,
     RW,
     deletions_done,

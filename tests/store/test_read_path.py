@@ -4,9 +4,10 @@ import os
 from pathlib import Path
 
 import trio
-from test_local_full import wait_for
-from test_upload import wait_backlog_empty
-from test_vfs import CS, make_fs, read_file, write_file
+
+from tests.store.test_local_full import wait_for
+from tests.store.test_upload import wait_backlog_empty
+from tests.vfs.test_vfs import CS, make_fs, read_file, write_file
 
 from ckptfs.codec import frame
 from ckptfs.stats import Stats

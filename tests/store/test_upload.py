@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from test_vfs import CS, RW, deletions_done, make_fs, read_file, uploader_of, write_file
+
+from tests.vfs.test_vfs import CS, RW, deletions_done, make_fs, read_file, uploader_of, write_file
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame

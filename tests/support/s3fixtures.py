@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from s3server import SeaweedServer, find_weed, running_seaweed
+
+from tests.support.s3server import SeaweedServer, find_weed, running_seaweed
 
 from ckptfs.config import S3TierConfig
 from ckptfs.tiers.s3 import S3Tier

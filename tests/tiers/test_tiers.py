@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tier_conformance import TierConformance, framed
+
+from tests.support.tier_conformance import TierConformance, framed
 
 from ckptfs.codec import frame
 from ckptfs.config import TierConfig

@@ -373,7 +373,7 @@ def test_the_documented_full_example_is_a_valid_config() -> None:
 
     from ckptfs.config import config_from_dict
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     block = doc.split("## Full example", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
     cfg = config_from_dict(tomllib.loads(block), "docs/configuration.md")
     assert [t.name for t in cfg.tiers] == ["nvme0", "nvme1"]

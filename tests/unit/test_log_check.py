@@ -7,14 +7,16 @@ lines in the daemon's format instead of starting a daemon.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from mountutil import DAEMON_LOGS, disallowed_log_lines
+
+from tests.support.mountutil import DAEMON_LOGS, disallowed_log_lines
 
 pytest_plugins = ["pytester"]
 
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 
 WARN = "2026-12-01 14:00:00,001 WARNING ckptfs.store: local tiers have room again"
 ERR = "2026-12-01 14:00:00,002 ERROR ckptfs.upload: upload of chunk ab failed"
@@ -53,7 +55,7 @@ def test_registry_returns_new_whole_lines_and_keeps_deleted_logs(tmp_path: Path)
 INNER = f'''
 import shutil
 import pytest
-import mountutil
+from tests.support import mountutil
 
 def log(tmp_path, line):
     mountutil.DAEMON_LOGS.register(tmp_path / "state")
@@ -94,19 +96,16 @@ def test_command_line_registers(tmp_path):
     (tmp_path / "s" / "ckptfs.log").write_text({ERR!r} + "\\n")
 '''
 
-# The outer session's conftest, loaded under another name (the inner one is "conftest").
-INNER_CONFTEST = f'''
-import importlib.util, sys
-sys.path.insert(0, {str(TESTS)!r})
-spec = importlib.util.spec_from_file_location("ckptfs_tests_conftest", {str(TESTS / "conftest.py")!r})
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
-globals().update({{k: v for k, v in vars(mod).items() if not k.startswith("__")}})
-'''
+# The outer session's conftest, as a plugin of the inner one (whose own is "conftest").
+INNER_CONFTEST = 'pytest_plugins = ["tests.conftest"]\n'
 
 
-def test_every_test_is_checked_by_its_markers(pytester: pytest.Pytester) -> None:
+def test_every_test_is_checked_by_its_markers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inner pytest imports the package tests from this repository: its environment only.
+    path = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
     pytester.makeconftest(INNER_CONFTEST)
     pytester.makepyfile(test_inner=INNER)
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import run_cli
+
+from tests.support.mountutil import run_cli
 
 from ckptfs import cli
 from ckptfs.catalog import Catalog

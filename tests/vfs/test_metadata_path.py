@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from test_vfs import make_daemon, make_fs
+
+from tests.vfs.test_vfs import make_daemon, make_fs
 
 from ckptfs.catalog import Catalog
 from ckptfs.catalog.catalog import ROOT_INODE
