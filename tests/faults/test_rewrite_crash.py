@@ -17,8 +17,8 @@ import pytest
 
 from tests.support.mountutil import Mount
 
-if TYPE_CHECKING:  # a runtime import of "conftest" may find tests/compat/conftest.py
-    from conftest import CkptFactory
+if TYPE_CHECKING:
+    from tests.conftest import CkptFactory
 
 KiB = 1024
 MiB = 1024 * KiB
