@@ -155,7 +155,7 @@ class Nodes:
 
     def with_partial_after(self, seconds: float = PARTIAL_AFTER_S) -> Nodes:
         """Mount with a config file that reports a killed save as partial after
-        ``seconds`` without a writer (tests/test_checkpoints.py does the same)."""
+        ``seconds`` without a writer (tests/mount/test_checkpoints.py does the same)."""
         cfg = self.base / "ckptfs.toml"
         cfg.write_text(f"checkpoint_partial_after = {seconds}\n")
         # The test kills a save: the daemon warns that its checkpoint is partial.
