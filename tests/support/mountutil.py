@@ -3,8 +3,8 @@
 Every mount made here is unmounted again (fusermount3 -u) and its daemon, which this
 module started, is killed by PID if it did not exit by itself.
 
-Every ``ckptfs mount`` command built here (``ckptfs_cmd``, so also ``run_cli`` and
-``Mount``) registers its state dir's ``ckptfs.log`` in ``DAEMON_LOGS``; tests/conftest.py
+Every ``ckptfs mount`` command built here (``ckptfs_cmd``, so also ``run_cli``) and every
+``Mount`` registers its state dir's ``ckptfs.log`` in ``DAEMON_LOGS``; tests/conftest.py
 checks, after every test, the lines each of those logs gained during the test.
 """
 
@@ -167,6 +167,11 @@ class Mount:
     extra_args: Sequence[str] = ()
     pid: int | None = None
     _started: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Also a daemon the test starts another way (the mount(8) helper) and wraps in a
+        # Mount has its log checked.
+        DAEMON_LOGS.register(self.state_dir)
 
     @property
     def log(self) -> str:

@@ -90,6 +90,12 @@ def test_error_in_a_deleted_state_dir(tmp_path):
 def test_expected_error(tmp_path):
     log(tmp_path, {ERR!r})
 
+def test_a_mount_object_registers(tmp_path):
+    # A daemon the test starts another way (the mount(8) helper) and wraps in a Mount.
+    mountutil.Mount(tmp_path / "mnt", tmp_path / "s", [])
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "ckptfs.log").write_text({ERR!r} + "\\n")
+
 def test_command_line_registers(tmp_path):
     mountutil.ckptfs_cmd("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "s"))
     (tmp_path / "s").mkdir()
@@ -111,9 +117,9 @@ def test_every_test_is_checked_by_its_markers(
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")
     out = res.stdout.str()
     outcomes = res.parseoutcomes()
-    assert outcomes.get("passed") == 8 and outcomes.get("errors") == 4, out
+    assert outcomes.get("passed") == 9 and outcomes.get("errors") == 5, out
     for name in ("test_warning", "test_other_warning", "test_error_in_a_deleted_state_dir",
-                 "test_command_line_registers"):
+                 "test_a_mount_object_registers", "test_command_line_registers"):
         assert f"ERROR at teardown of {name}" in out, out
     for name in ("test_clean", "test_expected_warning", "test_markers_add_up",
                  "test_expected_error"):
