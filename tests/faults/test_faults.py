@@ -273,6 +273,7 @@ def check_committed_content(mnt: Path) -> None:
             assert read_or_errno(part) == b""
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings("cleaning up stale mount")
 def test_kill9_mid_write_then_remount_and_fsck(tmp_path: Path) -> None:
     tiers = [tmp_path / "tier0", tmp_path / "tier1"]

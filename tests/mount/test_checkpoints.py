@@ -85,6 +85,7 @@ def test_torch_save_is_detected_with_state_visible_in_the_mount(tmp_path: Path) 
         assert "local0" in info["durable_on"]
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_errors  # verify reads a chunk the test corrupts
 @pytest.mark.allow_log_warnings("is partial")
 def test_hf_checkpoints_latest_tag_verify_and_partial(tmp_path: Path) -> None:
@@ -202,6 +203,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_torch_dcp_with_two_processes_and_safetensors_are_detected(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     st = pytest.importorskip("safetensors.torch")

@@ -665,6 +665,7 @@ def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+@pytest.mark.slow
 @needs_fuse
 def test_control_xattrs_only_for_the_owner_and_gc_only_under_path(tmp_path: Path) -> None:
     """On an allow_other mount, a user who owns one run directory may apply retention to

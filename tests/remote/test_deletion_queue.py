@@ -140,6 +140,7 @@ def write_fsync(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_hung_object_store_does_not_freeze_the_mount(
     tmp_path: Path, own_seaweed: SeaweedServer
 ) -> None:
@@ -171,6 +172,7 @@ def test_a_hung_object_store_does_not_freeze_the_mount(
         assert objects == local_chunk_keys(m.locals)  # small.bin's chunk only: no orphans
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings(
     "failed, will retry", "upload failed", "writer lease", "not reachable now"
 )  # the outage

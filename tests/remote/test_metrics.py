@@ -177,6 +177,7 @@ def test_metrics_can_be_disabled(tmp_path: Path) -> None:
         assert "metrics disabled" in m.log
 
 
+@pytest.mark.slow
 @needs_fuse
 @pytest.mark.allow_log_warnings("upload failed", "failed, will retry")  # the outage
 def test_backlog_and_remote_durable_checkpoint(

@@ -30,7 +30,8 @@ from ckptfs.commands.live import open_catalog
 from ckptfs.commands.prefetch import chunk_status, local_tier_names
 from ckptfs.stats import read_stats
 
-pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
+# Every test restores a node from the bucket: slow by construction.
+pytestmark = [pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON), pytest.mark.slow]
 
 MiB = 1 << 20
 CHUNK = MiB

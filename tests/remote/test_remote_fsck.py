@@ -51,6 +51,7 @@ def write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+@pytest.mark.slow
 def test_fsck_finds_missing_corrupt_and_orphan_objects_and_repair_uploads_again(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:

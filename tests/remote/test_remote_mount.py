@@ -86,6 +86,7 @@ def test_chunks_reach_the_bucket_and_sync_waits_for_them(
         assert status.returncode == 0 and "backlog: empty" in status.stdout, status.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings("upload failed", "failed, will retry")
 def test_outage_grows_backlog_and_drains_after_restart(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
@@ -119,6 +120,7 @@ def test_outage_grows_backlog_and_drains_after_restart(
             frame.verify(raw, bytes.fromhex(key))
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings("cleaning up stale mount")
 def test_killed_daemon_resumes_its_queue(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
@@ -139,6 +141,7 @@ def test_killed_daemon_resumes_its_queue(
         assert set(remote_objects(seaweed, prefix)) == local_chunk_keys(m.locals)
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_errors
 @pytest.mark.allow_log_warnings("writer lease", "upload failed", "failed, will retry")
 def test_wrong_credentials_are_reported_and_data_stays_local(
@@ -176,6 +179,7 @@ def test_new_node_with_wrong_credentials_refuses_to_start_empty(
     assert "remote0" in res.stderr and "refusing to start with an empty catalog" in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings("moved from", "is no longer configured")  # a new node, other tier paths
 def test_new_node_restores_everything_durable_from_the_remote_alone(
     tmp_path: Path, remote: tuple[str, str]
@@ -322,6 +326,7 @@ def test_durability_remote_policy_makes_close_wait_for_a_recoverable_copy(
         assert (m.mountpoint / "final" / "model.pt").read_bytes() == data
 
 
+@pytest.mark.slow
 @pytest.mark.allow_log_warnings("moved from")
 def test_a_rename_alone_reaches_the_remote_snapshot(
     tmp_path: Path, remote: tuple[str, str]

@@ -311,6 +311,7 @@ def test_unreachable_endpoint_is_transient_and_quick() -> None:
         t.close()
 
 
+@pytest.mark.slow
 def test_server_outage_is_transient_and_objects_survive_a_restart(
     s3_tier_factory: TierFactory, seaweed: SeaweedServer  # noqa: F811
 ) -> None:

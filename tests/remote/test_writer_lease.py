@@ -249,6 +249,7 @@ def write(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+@pytest.mark.slow
 @needs_fuse
 @pytest.mark.allow_log_errors  # node 1 logs the loss of its lease at ERROR
 @pytest.mark.allow_log_warnings("writer lease")  # node 2 takes it over, node 1 is refused
