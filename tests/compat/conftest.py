@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.compat.compatkit import Nodes
-from tests.remote.test_remote_mount import remote  # noqa: F401
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON
 
 

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import trio
 
-from tests.remote.test_remote_mount import remote  # noqa: F401
 from tests.store.test_upload import wait_backlog_empty
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3fixtures import SKIP_REASON as NO_WEED

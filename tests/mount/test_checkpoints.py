@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.catalog.test_catalog import make_v2
-from tests.remote.test_remote_mount import MiB, remote  # noqa: F401
+from tests.remote.test_remote_mount import MiB
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
 
 from ckptfs.codec import frame

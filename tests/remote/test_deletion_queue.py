@@ -21,7 +21,7 @@ import blake3
 import pytest
 
 from tests.faults.test_faults import drop_caches
-from tests.remote.test_remote_mount import local_chunk_keys, remote, remote_objects  # noqa: F401
+from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 

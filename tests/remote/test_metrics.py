@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.remote.test_remote_mount import MiB, remote  # noqa: F401
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3server import SECRET_KEY, SeaweedServer
 

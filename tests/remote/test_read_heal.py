@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.remote.test_remote_mount import MiB, remote, write  # noqa: F401
+from tests.remote.test_remote_mount import MiB, write
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 
 from ckptfs.codec import frame

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.remote.test_remote_mount import remote, remote_objects  # noqa: F401
+from tests.remote.test_remote_mount import remote_objects
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli
 from tests.support.s3server import SeaweedServer, free_ports
 

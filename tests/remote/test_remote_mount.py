@@ -6,14 +6,12 @@ import os
 import shutil
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
-from tests.support.s3fixtures import remove_prefix
-from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from tests.support.s3server import SeaweedServer
 
 from ckptfs.catalog import Catalog
 from ckptfs.codec import frame
@@ -21,18 +19,6 @@ from ckptfs.codec import frame
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def remote(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]  # noqa: F811
-    """A fresh prefix in the test bucket, and credentials in the environment the CLI and
-    the daemon inherit (the standard AWS chain)."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    prefix = f"m-{uuid.uuid4().hex[:10]}"
-    url = f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}"
-    yield url, prefix
-    remove_prefix(seaweed, seaweed.bucket, prefix)
 
 
 def remote_objects(server: SeaweedServer, prefix: str) -> dict[str, bytes]:

@@ -9,6 +9,8 @@ module that imported them itself would get a server of its own)::
                      a fresh prefix by default;
                      their objects are removed and their clients closed after the test
 ``s3_tier``          one such tier
+``remote``           ``(url, prefix)``: a fresh prefix on that server for ``--remote``, and its
+                     credentials in the environment the CLI and the daemon inherit
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.s3server import SeaweedServer, find_weed, running_seaweed
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
 
 from ckptfs.config import S3TierConfig
 from ckptfs.tiers.s3 import S3Tier
@@ -63,6 +65,18 @@ def remove_prefix(server: SeaweedServer, bucket: str, prefix: str) -> None:
             if keys:
                 client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
     client.close()
+
+
+@pytest.fixture
+def remote(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A fresh prefix in the test bucket, and credentials in the environment the CLI and
+    the daemon inherit (the standard AWS chain)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    prefix = f"m-{uuid.uuid4().hex[:10]}"
+    url = f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}"
+    yield url, prefix
+    remove_prefix(seaweed, seaweed.bucket, prefix)
 
 
 @pytest.fixture
