@@ -2,7 +2,7 @@
 
 tests/conftest.py applies too: it starts the one SeaweedFS of the session (``seaweed``).
 ``remote`` (credentials in the environment, a fresh bucket prefix) comes from
-tests/remote/test_remote_mount.py; ``nodes`` gives node 1 and its replacement on that prefix.
+tests/support/s3fixtures.py; ``nodes`` gives node 1 and its replacement on that prefix.
 """
 
 from __future__ import annotations
