@@ -31,8 +31,16 @@ TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test module sits in the directory of its layer (tests/README.md), also one a
+    # branch added while the suite was flat.
+    tests = Path(__file__).resolve().parent
+    flat = sorted({str(item.path) for item in items if item.path.resolve().parent == tests})
+    if flat:
+        raise pytest.UsageError(
+            "test modules belong in a layer directory (tests/README.md): " + ", ".join(flat)
+        )
     # The framework suite trains real models: all of it is slow (`-m 'not slow'` skips it).
-    compat = Path(__file__).resolve().parent / "compat"
+    compat = tests / "compat"
     for item in items:
         if compat in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.slow)
