@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Make tests/data/previous-version.tar.gz: a node's state dir, local tiers and bucket objects
-written by an OLDER ckptfs, for tests/test_previous_version.py (issue 13: an existing state dir
+written by an OLDER ckptfs, for tests/remote/test_previous_version.py (issue 13: an existing state dir
 and bucket must mount and read as before).
 
-    PYTHONPATH=tests .venv/bin/python scripts/make_previous_version_fixture.py COMMIT
+    PYTHONPATH=. .venv/bin/python scripts/make_previous_version_fixture.py COMMIT
 
 COMMIT's ckptfs is checked out into a temporary git worktree and run as the daemon (the venv is
 this checkout's); a SeaweedFS on 127.0.0.1 serves the bucket. The archive holds ``state/``
@@ -25,7 +25,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from s3server import ACCESS_KEY, SECRET_KEY, running_seaweed
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, running_seaweed
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "data" / "previous-version.tar.gz"

@@ -18,9 +18,7 @@ echo "== ruff check"
 echo "== mypy ckptfs"
 .venv/bin/mypy ckptfs || lint_failed+=(mypy)
 echo "== mypy tests"
-# Two runs: tests/conftest.py and tests/compat/conftest.py are both the module "conftest".
-.venv/bin/mypy tests --exclude tests/compat || lint_failed+=(mypy-tests)
-.venv/bin/mypy tests/compat || lint_failed+=(mypy-tests-compat)
+.venv/bin/mypy tests || lint_failed+=(mypy-tests)
 echo "== lint-imports"
 # The import contracts in pyproject.toml; no cache: one that saw an edit in the same
 # second as the last run would answer from before it.

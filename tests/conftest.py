@@ -14,19 +14,16 @@ one of them). Mounts are always unmounted and their daemons stopped, also when t
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mountutil  # noqa: E402
-from mountutil import Mount  # noqa: E402
+from tests.support import mountutil
+from tests.support.mountutil import Mount
 
 # The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
-from s3fixtures import s3_tier, s3_tier_factory, seaweed  # noqa: E402, F401
+from tests.support.s3fixtures import remote, s3_tier, s3_tier_factory, seaweed  # noqa: F401
 
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024
@@ -34,8 +31,16 @@ TEST_MOUNT_ARGS: tuple[str, ...] = ("--chunk-size", "256KiB")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test module sits in the directory of its layer (tests/README.md), also one a
+    # branch added while the suite was flat.
+    tests = Path(__file__).resolve().parent
+    flat = sorted({str(item.path) for item in items if item.path.resolve().parent == tests})
+    if flat:
+        raise pytest.UsageError(
+            "test modules belong in a layer directory (tests/README.md): " + ", ".join(flat)
+        )
     # The framework suite trains real models: all of it is slow (`-m 'not slow'` skips it).
-    compat = Path(__file__).resolve().parent / "compat"
+    compat = tests / "compat"
     for item in items:
         if compat in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.slow)

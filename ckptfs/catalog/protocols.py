@@ -7,7 +7,7 @@ connection, used by one thread at a time; a server engine reads in one transacti
 Namespace errors are the errno carrying ones of ckptfs/errors.py (AlreadyExists, NotFound,
 NotEmpty, ...). The engines:
 catalog.py (SQLite); a second engine (PostgreSQL, issue 14) implements the same Protocols and
-runs tests/catalog_conformance.py. Rows are the engine-neutral dataclasses of rows.py.
+runs tests/support/catalog_conformance.py. Rows are the engine-neutral dataclasses of rows.py.
 """
 
 from __future__ import annotations

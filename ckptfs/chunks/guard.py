@@ -6,7 +6,7 @@ One small lock guards these maps. It is held only for dict and set operations: n
 across I/O, never while calling out of this module (no callback, no logging). Worker
 threads take it only for O(1) steps (``pin_for_put``, ``put_done``, ``pinned``, ``moved``;
 their waits on the condition release it), so the trio thread, which takes it for the rest, never waits
-for a thread's I/O or for a thread's long loop (tests/test_loop_rules.py). Who calls what:
+for a thread's I/O or for a thread's long loop (tests/faults/test_loop_rules.py). Who calls what:
 
 * worker threads: ``pin_for_put``, ``put_done``, ``wait_local_deletion``, ``pinned``
   (inside catalog calls), ``moved`` (inside the catalog step after a move);

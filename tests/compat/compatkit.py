@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mountutil import Mount, is_mounted, run_cli, wait_until
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+from tests.support.mountutil import Mount, is_mounted, run_cli, wait_until
+
+# The workers are modules of this package, run as ``python -m``; only their environment
+# gets the repository on PYTHONPATH.
+WORKERS = "tests.compat.workers"
+REPO = Path(__file__).resolve().parents[2]
 
 # Seconds without a writer before a begun, uncommitted checkpoint is reported partial;
 # short so that killed saves show up as partial quickly (default 600).
@@ -77,7 +81,7 @@ def worker_env(**extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false", WANDB_DISABLED="true", PYTHONHASHSEED="0",
         # Same thread count in every process: CPU kernels then give bit-identical results.
         OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-        PYTHONPATH=str(WORKERS) + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
     env.update(extra)
     return env
@@ -87,13 +91,13 @@ def run_worker(
     script: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 240,
     expect_rc: int | None = 0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run tests/compat/workers/SCRIPT in a fresh interpreter, in a process group of its
+    """Run tests/compat/workers/SCRIPT (as a module) in a fresh interpreter, in a process group of its
     own; show its output on failure. Whatever the worker left running (helper processes
     of a process killed on purpose, or everything after a timeout) is killed by that group.
     Output goes through files: a leftover helper holding a pipe open cannot stall us."""
     with tempfile.TemporaryFile("w+") as fout, tempfile.TemporaryFile("w+") as ferr:
         proc = subprocess.Popen(
-            [sys.executable, str(WORKERS / script), *map(str, args)], stdout=fout, stderr=ferr,
+            [sys.executable, "-m", f"{WORKERS}.{Path(script).stem}", *map(str, args)], stdout=fout, stderr=ferr,
             text=True, env=env or worker_env(), start_new_session=True,
         )
         try:
@@ -151,7 +155,7 @@ class Nodes:
 
     def with_partial_after(self, seconds: float = PARTIAL_AFTER_S) -> Nodes:
         """Mount with a config file that reports a killed save as partial after
-        ``seconds`` without a writer (tests/test_checkpoints.py does the same)."""
+        ``seconds`` without a writer (tests/mount/test_checkpoints.py does the same)."""
         cfg = self.base / "ckptfs.toml"
         cfg.write_text(f"checkpoint_partial_after = {seconds}\n")
         # The test kills a save: the daemon warns that its checkpoint is partial.

@@ -2,23 +2,18 @@
 
 tests/conftest.py applies too: it starts the one SeaweedFS of the session (``seaweed``).
 ``remote`` (credentials in the environment, a fresh bucket prefix) comes from
-tests/test_remote_mount.py; ``nodes`` gives node 1 and its replacement on that prefix.
+tests/support/s3fixtures.py; ``nodes`` gives node 1 and its replacement on that prefix.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
-
-from compatkit import Nodes  # noqa: E402
-from mountutil import FUSE_AVAILABLE, SKIP_REASON  # noqa: E402
-from test_remote_mount import remote  # noqa: E402, F401
+from tests.compat.compatkit import Nodes
+from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON
 
 
 @pytest.fixture

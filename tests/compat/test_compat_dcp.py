@@ -4,7 +4,8 @@ ckptfs mount, a save killed before its .metadata, node loss, restore, resume."""
 from __future__ import annotations
 
 import pytest
-from compatkit import (
+
+from tests.compat.compatkit import (
     Nodes,
     free_port,
     latest,

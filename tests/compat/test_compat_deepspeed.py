@@ -7,7 +7,8 @@ DeepSpeed is optional (not in the compat extra): skipped with the reason when mi
 from __future__ import annotations
 
 import pytest
-from compatkit import Nodes, free_port, latest, ls, markers, run_worker
+
+from tests.compat.compatkit import Nodes, free_port, latest, ls, markers, run_worker
 
 pytest.importorskip(
     "deepspeed", reason="deepspeed is not installed (optional: pip install deepspeed; CPU works)"

@@ -4,7 +4,8 @@ rotation, a save killed halfway, node loss, resume_from_checkpoint on the new no
 from __future__ import annotations
 
 import pytest
-from compatkit import Nodes, latest, ls, markers, run_worker, wait_state
+
+from tests.compat.compatkit import Nodes, latest, ls, markers, run_worker, wait_state
 
 pytest.importorskip("transformers", reason="transformers is in the compat extra")
 pytest.importorskip("accelerate", reason="accelerate is in the compat extra (Trainer needs it)")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from compatkit import Nodes, latest, ls, markers, run_worker, worker_env
+
+from tests.compat.compatkit import Nodes, latest, ls, markers, run_worker, worker_env
 
 pytest.importorskip("lightning.pytorch", reason="lightning is in the compat extra")
 

@@ -8,7 +8,8 @@ megatron-core is optional (not in the compat extra): skipped with the reason whe
 from __future__ import annotations
 
 import pytest
-from compatkit import Nodes, free_port, latest, ls, markers, run_worker, wait_state
+
+from tests.compat.compatkit import Nodes, free_port, latest, ls, markers, run_worker, wait_state
 
 pytest.importorskip(
     "megatron.core", reason="megatron-core is not installed (optional: pip install megatron-core)"

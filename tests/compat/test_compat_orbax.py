@@ -7,7 +7,8 @@ JAX and Orbax are optional (not in the compat extra): skipped with the reason wh
 from __future__ import annotations
 
 import pytest
-from compatkit import Nodes, latest, ls, markers, run_worker
+
+from tests.compat.compatkit import Nodes, latest, ls, markers, run_worker
 
 pytest.importorskip("jax", reason="jax is not installed (optional: pip install jax orbax-checkpoint)")
 pytest.importorskip(

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from compatkit import Nodes, latest, ls
-from compatstate import assert_identical, snapshot
+
+from tests.compat.compatkit import Nodes, latest, ls
+from tests.compat.workers.compatstate import assert_identical, snapshot
 
 if TYPE_CHECKING:
     import torch

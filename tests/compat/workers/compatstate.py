@@ -1,8 +1,8 @@
 """Shared by the framework workers (and the in-process tests): bit-exact comparison of
 nested states, RNG snapshots, and ``@@KEY=VALUE`` markers for the test to read.
 
-The workers run in their own interpreter (tests/compat/compatkit.py ``run_worker``), with
-this directory on PYTHONPATH.
+The workers run in their own interpreter (tests/compat/compatkit.py ``run_worker``), as
+modules of tests.compat.workers (the repository on PYTHONPATH).
 """
 
 from __future__ import annotations

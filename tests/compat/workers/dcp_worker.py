@@ -27,10 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
-from compatstate import assert_identical, mark, snapshot
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.compat.workers.compatstate import assert_identical, mark, snapshot
 
 WORLD = 2
 

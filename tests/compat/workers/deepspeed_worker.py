@@ -24,7 +24,14 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 import deepspeed.ops  # noqa: E402
 import torch  # noqa: E402
-from compatstate import assert_identical, mark, rng_states, set_rng_states, snapshot  # noqa: E402
+
+from tests.compat.workers.compatstate import (  # noqa: E402
+    assert_identical,
+    mark,
+    rng_states,
+    set_rng_states,
+    snapshot,
+)
 
 CONFIG = {
     "train_batch_size": 4,

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from compatstate import assert_identical, mark, rng_states, snapshot
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -36,6 +35,8 @@ from transformers import (
     __version__,
 )
 from transformers.trainer_utils import get_last_checkpoint
+
+from tests.compat.workers.compatstate import assert_identical, mark, rng_states, snapshot
 
 VOCAB = 10_000  # a 1.2 MiB embedding (tied with the head): files span several chunks
 

@@ -22,8 +22,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from compatstate import assert_identical, mark, rng_states, set_rng_states, snapshot
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from tests.compat.workers.compatstate import (
+    assert_identical,
+    mark,
+    rng_states,
+    set_rng_states,
+    snapshot,
+)
 
 
 class Lit(pl.LightningModule):

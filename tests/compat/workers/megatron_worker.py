@@ -28,10 +28,17 @@ torch.cuda.synchronize = lambda *a, **k: None
 torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
 
 import torch.distributed as dist  # noqa: E402
-from compatstate import assert_identical, mark, rng_states, set_rng_states, snapshot  # noqa: E402
 from megatron.core import dist_checkpointing  # noqa: E402
 from megatron.core.dist_checkpointing import ShardedTensor  # noqa: E402
 from megatron.core.dist_checkpointing.mapping import ShardedObject  # noqa: E402
+
+from tests.compat.workers.compatstate import (  # noqa: E402
+    assert_identical,
+    mark,
+    rng_states,
+    set_rng_states,
+    snapshot,
+)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 

@@ -1,0 +1,87 @@
+"""Read-path logic without a mount: tier order from measured speed, remote heal, copy-back."""
+
+import os
+from pathlib import Path
+
+import trio
+
+from tests.store.test_local_full import wait_for
+from tests.store.test_upload import wait_backlog_empty
+from tests.vfs.test_vfs import CS, make_fs, read_file, write_file
+
+from ckptfs.codec import frame
+from ckptfs.config import ReadConfig
+from ckptfs.stats import Stats
+from ckptfs.testing.tiers import MemoryTier
+
+
+def test_read_order_follows_measured_speed_and_health() -> None:
+    s = Stats()
+    s.add_tier("nvme", "local")
+    s.add_tier("slow", "local")
+    s.add_tier("s3", "s3")
+    assert s.read_order(["s3", "slow", "nvme"], 16 << 20)[-1] == "s3"  # priors: local first
+    for _ in range(30):  # "slow" turns out slower than the object store
+        s.record_read("slow", 16 << 20, 2.0)
+        s.record_read("nvme", 16 << 20, 0.01)
+        s.record_read("s3", 16 << 20, 0.2)
+    assert s.read_order(["s3", "slow", "nvme"], 16 << 20) == ["nvme", "s3", "slow"]
+    s.record_error("nvme", "EIO")
+    assert s.read_order(["s3", "slow", "nvme"], 16 << 20)[-1] == "nvme"
+    assert s.snapshot()["tiers"][0]["state"] == "degraded"
+    s.record_ok("nvme")
+    assert s.read_order(["s3", "slow", "nvme"], 16 << 20)[0] == "nvme"
+
+
+async def test_a_corrupt_remote_copy_is_uploaded_again(tmp_path: Path) -> None:
+    """A fresh node reads from two remotes; one copy is corrupt: the read is served from the
+    other, a local copy is written, and the bad remote copy is uploaded again from it."""
+    local = MemoryTier("l")
+    r1, r2 = MemoryTier("r1", kind="remote"), MemoryTier("r2", kind="remote")
+    data = os.urandom(2 * CS)
+    async with make_fs(tmp_path, [local, r1, r2], remote_copies=2) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+    local.frames.clear()  # chunks on the remotes only
+    key = sorted(r1.frames)[0]
+    damaged = bytearray(r1.frames[key])
+    damaged[-1] ^= 1
+    r1.frames[key] = bytes(damaged)
+    async with make_fs(tmp_path, [local, r1, r2], remote_copies=2) as fs:
+        assert await read_file(fs, b"f") == data
+        await wait_for(lambda: fs.store.stats.get("integrity_failures") >= 1)
+        await wait_for(lambda: key in local.frames)
+        await wait_backlog_empty(fs)  # the heal queued the upload to r1 again, from local
+        await wait_for(lambda: fs.store.stats.get("heals") >= 1)
+        frame.verify(r1.frames[key], bytes.fromhex(key))
+
+
+async def test_a_sequential_read_copies_remote_only_chunks_back(tmp_path: Path) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    data = os.urandom(3 * CS)
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+        # Evict every local copy: the chunks live on the remote only.
+        assert await fs.store.evict(1 << 30) > 0
+        assert not local.frames
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        assert await read_file(fs, b"f") == data
+        await wait_for(lambda: len(local.frames) == 3)
+        await wait_for(lambda: fs.store.stats.get("copy_backs") >= 3)
+        refs = await fs.db(fs.catalog.extents, (await fs.lookup(1, b"f")).ino)
+        assert all("l" in r.tiers for r in refs.values())
+        with trio.fail_after(5):
+            assert await read_file(fs, b"f") == data
+
+
+async def test_copy_back_never_leaves_chunks_on_the_remote_only(tmp_path: Path) -> None:
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    data = os.urandom(4 * CS)
+    async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+        assert await fs.store.evict(1 << 30) > 0
+    async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
+        assert await read_file(fs, b"f") == data
+        assert fs.store.stats.get("copy_backs") == 0 and not local.frames

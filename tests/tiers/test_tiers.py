@@ -1,0 +1,119 @@
+"""The Tier conformance suite (tier_conformance.py) on the local and memory tiers, plus
+what only tiers with a capacity or a directory can show."""
+
+import ctypes
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.tier_conformance import TierConformance, framed
+
+from ckptfs.codec import frame
+from ckptfs.config import TierConfig
+from ckptfs.errors import CorruptChunk, NoSpace, TierError
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.tiers import direct
+from ckptfs.tiers.base import Tier
+from ckptfs.tiers.local import LocalTier
+
+
+@pytest.fixture(params=["local", "local-buffered", "local-device", "memory"])
+def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
+    cap = 8 << 20
+    if request.param == "memory":
+        yield MemoryTier("t", capacity=cap)
+        return
+    t = LocalTier(TierConfig(
+        "t", "local", tmp_path / "tier", capacity=cap,
+        direct_io=request.param != "local-buffered",
+        verify_writes="device" if request.param == "local-device" else "memory",
+    ))
+    t.open()
+    assert t.verified_put == (request.param != "local-buffered")  # /tmp takes O_DIRECT here
+    yield t
+
+
+class TestConformance(TierConformance):
+    pass
+
+
+def test_capacity_gives_nospace(tier: Tier) -> None:
+    key, parts = framed(b"x" * (7 << 20))
+    tier.put(key, parts)
+    key2, parts2 = framed(b"y" * (2 << 20))
+    with pytest.raises(NoSpace):
+        tier.put(key2, parts2)
+    assert tier.get(key2) is None
+    assert frame.decode(tier.get(key) or b"") == b"x" * (7 << 20)
+
+
+def test_direct_put_leaves_no_temp_file_and_exact_size(tmp_path: Path) -> None:
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    data = os.urandom(2 * 1024 * 1024 + 123)
+    key, parts = framed(data)
+    t.put(key, parts)
+    stored = tmp_path / "t" / "chunks" / key[:2] / key
+    assert stored.stat().st_size == frame.HEADER_SIZE + len(data)  # the padding is cut off
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []
+    assert t.usage().used == frame.HEADER_SIZE + len(data)
+
+
+def test_direct_compare_finds_a_difference() -> None:
+    pool = direct.BufferPool()
+    buf = pool.take(8192)
+    buf[:4] = b"abcd"
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    direct._compare(base, [b"ab", bytearray(b"cd")], "buffer")
+    with pytest.raises(CorruptChunk, match="at offset 2"):
+        direct._compare(base, [b"ab", memoryview(b"cX")], "buffer")
+    pool.give(buf)
+
+
+def test_direct_io_falls_back_where_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert direct.supported(str(tmp_path))
+    # A filesystem that refuses O_DIRECT (older tmpfs, some FUSE and overlay setups):
+    # buffered writes, checked by verify as before.
+    monkeypatch.setattr(direct, "supported", lambda directory: False)
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    assert not t.verified_put
+    key, parts = framed(os.urandom(2 << 20))
+    t.put(key, parts)
+    t.verify(key, bytes.fromhex(key))
+    with pytest.raises(TierError, match="refuses"):
+        LocalTier(TierConfig("u", "local", tmp_path / "u", verify_writes="device")).open()
+
+
+def test_device_verification_needs_direct_io(tmp_path: Path) -> None:
+    cfg = TierConfig("t", "local", tmp_path / "t", direct_io=False, verify_writes="device")
+    with pytest.raises(TierError, match="direct_io = false"):
+        LocalTier(cfg).open()
+
+
+def test_local_tier_reports_vanished_directory(tmp_path: Path) -> None:
+    t = LocalTier(TierConfig("gone", "local", tmp_path / "gone"))
+    t.open()
+    key, parts = framed(b"data")
+    t.put(key, parts)
+    shutil.rmtree(tmp_path / "gone")
+    with pytest.raises(TierError, match="gone"):
+        t.get(key)
+    with pytest.raises(TierError):
+        t.put(key, parts)
+    with pytest.raises(TierError):
+        t.check()
+
+
+def test_local_tier_open_removes_leftover_temp_files(tmp_path: Path) -> None:
+    cfg = TierConfig("t", "local", tmp_path / "t")
+    LocalTier(cfg).open()
+    (tmp_path / "t" / "tmp" / "half-written").write_bytes(b"partial")
+    t = LocalTier(cfg)
+    t.open()
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []

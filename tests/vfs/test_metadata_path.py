@@ -1,0 +1,246 @@
+"""The many-small-files path (issue 12): catalog round trips per request, the paths the
+checkpoint events carry, page-cache invalidations and the batching of events."""
+
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tests.vfs.test_vfs import make_daemon, make_fs
+
+from ckptfs.catalog import Catalog
+from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.checkpoints import tracker as tracker_mod
+from ckptfs.checkpoints.detectors import DetectorSet
+from ckptfs.checkpoints.events import Detection, FsEvent
+from ckptfs.checkpoints.tracker import CheckpointTracker
+from ckptfs.errors import CkptfsError
+from ckptfs.mount import Daemon
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.vfs.context import ROOT
+from ckptfs.vfs.filesystem import Filesystem
+
+DATA = os.urandom(4096)
+
+
+def count_db_hops(monkeypatch: pytest.MonkeyPatch, d: Daemon) -> list[str]:
+    """Names of the catalog thread calls made by requests (not by the background tasks)."""
+    calls: list[str] = []
+    real = trio.to_thread.run_sync
+    background = (d.tracker, d.deleter, d.uploader, d.telemetry, d.janitor)
+
+    async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        if kw.get("limiter") is d.db_limiter and getattr(fn, "__self__", None) not in background:
+            calls.append(getattr(fn, "__qualname__", repr(fn)))
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    return calls
+
+
+async def hops(calls: list[str], op: Awaitable[Any]) -> list[str]:
+    calls.clear()
+    await op
+    return list(calls)
+
+
+def recorded(fs: Filesystem) -> list[FsEvent]:
+    assert fs.tracker is not None
+    events: list[FsEvent] = []
+    push = fs.tracker.push
+
+    def spy(ev: FsEvent) -> None:
+        events.append(ev)
+        push(ev)
+
+    fs.tracker.push = spy  # type: ignore[method-assign]
+    return events
+
+
+async def test_one_catalog_round_trip_per_create_close_rename_unlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+        calls = count_db_hops(monkeypatch, daemon)
+        fh, _ = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        assert len(calls) == 1, calls  # create: the inode and the event's path
+        assert len(await hops(calls, fs.write(fh, 0, DATA))) == 0  # the path is cached
+        assert len(await hops(calls, fs.flush(fh))) == 1  # the commit
+        assert len(await hops(calls, fs.release(fh))) == 0  # the event: from the clean file
+        assert len(await hops(calls, fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT))) == 1
+        assert len(await hops(calls, fs.unlink(d.ino, b"g", ROOT))) == 1
+        # The unlink dropped the inode and its chunk's rows (the frame: deletion queue).
+        assert await fs.db(fs.catalog.unlinked_inodes) == []
+        assert await fs.db(fs.catalog.referenced_digests) == set()
+        assert await fs.db(fs.catalog.replica_keys_all) == set()
+
+
+async def test_events_carry_the_current_path_after_a_rename(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+        events = recorded(fs)
+        a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
+        fh, _ = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.rename(ROOT_INODE, b"a", ROOT_INODE, b"b", 0, ROOT)  # while f is open
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        fh2 = await fs.open((await fs.lookup(a.ino, b"f")).ino, os.O_WRONLY)
+        await fs.release(fh)
+        await fs.rename(a.ino, b"f", a.ino, b"g", 0, ROOT)  # between a write and the close
+        await fs.write(fh2, 0, DATA[:100])
+        await fs.flush(fh2)
+        await fs.rename(a.ino, b"g", a.ino, b"h", 0, ROOT)
+        await fs.release(fh2)
+        got = [(e.kind, e.path) for e in events if e.kind in ("create", "write", "release")]
+        assert got == [
+            ("create", "/a/f"), ("write", "/b/f"), ("release", "/b/f"),
+            ("write", "/b/g"), ("release", "/b/h"),
+        ]
+        last = [e for e in events if e.kind == "release"][-1]
+        assert last.size == len(DATA) and last.content == DATA
+
+
+async def test_unlinked_while_open_is_dropped_at_the_last_close(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+        fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, os.O_RDWR, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.unlink(ROOT_INODE, b"f", ROOT)
+        assert await fs.read(fh, 0, 10) == DATA[:10]  # still readable through the handle
+        assert await fs.db(fs.catalog.unlinked_inodes) == [inode.ino]
+        await fs.release(fh)
+        assert await fs.db(fs.catalog.unlinked_inodes) == []
+
+
+async def test_new_write_only_files_need_no_page_cache_invalidation(tmp_path: Path) -> None:
+    invalidated: list[int] = []
+    async with make_fs(tmp_path, [MemoryTier("l")], invalidate=invalidated.append) as fs:
+        fh, new = await fs.create(ROOT_INODE, b"new", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        assert invalidated == []  # nothing could have cached a page of it
+        # A file some handle could read (or map) is invalidated after direct-I/O writes.
+        fh, old = await fs.create(ROOT_INODE, b"old", 0o644, os.O_WRONLY, ROOT)
+        reader = await fs.open(old.ino, os.O_RDONLY)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        await fs.release(reader)
+        assert invalidated == [old.ino]
+        # So is a file reopened later (an earlier open may have left pages in the cache).
+        fh = await fs.open(new.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA[:10])
+        await fs.flush(fh)
+        await fs.release(fh)
+        assert invalidated == [old.ino, new.ino]
+
+
+class _Observer:
+    name = "observer"
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.current: list[str] = []
+        self.seen = threading.Event()
+
+    def observe(self, ev: FsEvent, ns: object) -> list[Detection]:
+        self.current.append(ev.path)
+        self.seen.set()
+        return []
+
+    def tick(self, now_ns: int, ns: object) -> list[Detection]:
+        return []
+
+
+def test_a_burst_of_events_costs_one_catalog_round_trip(tmp_path: Path) -> None:
+    clock = trio.testing.MockClock()  # the batching window only ends when we say so
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    obs = _Observer()
+    hops = 0
+    tracker = CheckpointTracker(cat, trio.CapacityLimiter(1), obs, lambda: [])
+    observe = tracker._observe
+
+    def counted(batch: list[FsEvent], inos: list[int]) -> None:
+        nonlocal hops
+        hops += 1
+        observe(batch, inos)
+
+    tracker._observe = counted  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(tracker.run)
+            for i in range(10):  # events of a save, each after the tracker had its chance
+                tracker.push(FsEvent("create", f"/d/f{i}", i))
+                await trio.testing.wait_all_tasks_blocked()
+            clock.jump(tracker_mod.BATCH_S)
+            assert await trio.to_thread.run_sync(obs.seen.wait, 10)
+            while len(obs.current) < 10:
+                await trio.to_thread.run_sync(obs.seen.wait, 0.01)
+            n.cancel_scope.cancel()
+
+    try:
+        trio.run(main, clock=clock)
+    finally:
+        cat.close()
+    assert obs.current == [f"/d/f{i}" for i in range(10)] and hops == 1
+
+
+async def test_directory_getattr_after_a_change_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")]) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+        calls = count_db_hops(monkeypatch, daemon)
+        for op in (
+            fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT),
+            fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT),
+            fs.unlink(d.ino, b"g", ROOT),
+        ):
+            await op
+            calls.clear()
+            got = await fs.getattr(d.ino)  # what the kernel asks next (default_permissions)
+            assert calls == []
+            assert got == await fs.db(fs.catalog.get_inode, d.ino)
+
+
+async def test_directory_attributes_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+        a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
+        b = await fs.mkdir(ROOT_INODE, b"b", 0o755, ROOT)
+
+        async def check() -> None:
+            for ino in (ROOT_INODE, a.ino, b.ino):
+                assert await fs.getattr(ino) == await fs.db(fs.catalog.get_inode, ino)
+
+        await check()
+        sub = await fs.mkdir(a.ino, b"sub", 0o700, ROOT)  # a's link count
+        await check()
+        fh, f = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await check()
+        await fs.setattr(a.ino, mode=0o750)
+        await check()
+        await fs.setxattr(b.ino, b"user.k", b"v")
+        await check()
+        await fs.rename(a.ino, b"sub", b.ino, b"sub", 0, ROOT)  # a directory moves
+        await check()
+        await fs.link(f.ino, b.ino, b"f2")
+        await check()
+        await fs.symlink(b.ino, b"s", b"f2", ROOT)
+        await check()
+        await fs.rename(b.ino, b"f2", a.ino, b"f", 0, ROOT)  # replaces a/f (same inode)
+        await check()
+        await fs.unlink(a.ino, b"f", ROOT)
+        await fs.rmdir(b.ino, b"sub", ROOT)
+        await check()
+        with pytest.raises(CkptfsError):
+            await fs.getattr(sub.ino)  # gone from the catalog: not served from memory
