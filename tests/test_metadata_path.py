@@ -241,3 +241,68 @@ async def test_directory_attributes_follow_every_change(tmp_path: Path) -> None:
         await check()
         with pytest.raises(CkptfsError):
             await fs.getattr(sub.ino)  # gone from the catalog: not served from memory
+
+
+async def test_file_getattr_after_its_close_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+        fh, f = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        calls = count_db_hops(monkeypatch, daemon)
+        got = await fs.getattr(f.ino)  # the stat after a close (the write dropped the kernel's)
+        assert calls == []
+        assert got == await fs.db(fs.catalog.get_inode, f.ino) and got.size == len(DATA)
+
+
+async def test_file_attributes_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+
+        async def check(*inos: int) -> None:
+            for ino in inos:
+                assert await fs.getattr(ino) == await fs.db(fs.catalog.get_inode, ino)
+
+        fh, f = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        await check(f.ino)
+        await fs.setattr(f.ino, mode=0o600)
+        await check(f.ino)
+        await fs.setattr(f.ino, size=10)  # no writer: committed at once
+        await check(f.ino)
+        await fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT)  # ctime
+        await check(f.ino)
+        await fs.link(f.ino, ROOT_INODE, b"h")  # link count
+        await check(f.ino)
+        await fs.setxattr(f.ino, b"user.k", b"v")
+        await check(f.ino)
+        fh, e = await fs.create(d.ino, b"e", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA[:7])
+        await fs.flush(fh)
+        await fs.rename(d.ino, b"e", d.ino, b"e2", 0, ROOT)  # while open: ctime from the catalog
+        await fs.release(fh)
+        await check(e.ino)
+        await fs.rename(d.ino, b"e2", ROOT_INODE, b"h", 0, ROOT)  # replaces a link of f
+        await check(f.ino, e.ino)
+        fh = await fs.open(f.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA)  # not committed: a reader sees the live size ...
+        assert (await fs.getattr(f.ino)).size == len(DATA)
+        await fs.release(fh)  # ... and after a close without flush, the committed one
+        await check(f.ino)
+        await fs.link(f.ino, ROOT_INODE, b"h2")
+        fh = await fs.open(f.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        await fs.unlink(ROOT_INODE, b"h2", ROOT)  # one link of two: link count, ctime
+        await check(f.ino)
+        await fs.unlink(d.ino, b"g", ROOT)
+        with pytest.raises(CkptfsError):
+            await fs.getattr(f.ino)  # gone from the catalog: not served from memory
+        await check(e.ino)

@@ -589,6 +589,7 @@ class Filesystem:
         with self._changing_paths():
             inode, gone, base, pdir, seq = await self._db_refreshing(work)
         self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
+        self._dirs.forget(seq, inode.ino)  # its link count and ctime changed
         if gone is None:
             await self._maybe_delete(inode)
         else:
@@ -617,7 +618,7 @@ class Filesystem:
         _check_name(new_name)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int]:
+        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int, int]:
             # One catalog call: the sticky rules, the rename, the directories' new
             # attributes and what the event needs.
             if not ctx.is_root:
@@ -630,15 +631,17 @@ class Filesystem:
                 dirs = []  # a directory moved or went: its own row changed too
             seen = None if not tracked else (
                 self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
-            return replaced, seen, dirs, self._dirs.stamp()
+            return replaced, seen, dirs, moved.ino, self._dirs.stamp()
 
         with self._changing_paths():
-            replaced, seen, dirs, seq = await self._db_refreshing(work)
+            replaced, seen, dirs, moved_ino, seq = await self._db_refreshing(work)
         if not dirs:
             self._dirs.clear(seq)
         for d in dirs:
             self._dirs.put(seq, d)
+        self._dirs.forget(seq, moved_ino)  # its ctime changed
         if replaced is not None:
+            self._dirs.forget(seq, replaced.ino)
             await self._maybe_delete(replaced)
         if self.tracker is not None and seen is not None:
             src_base, dst_base, moved = seen
@@ -715,6 +718,7 @@ class Filesystem:
                 return inode, self.catalog.extents(ino)
 
             self._opening[ino] = self._opening.get(ino, 0) + 1
+            token = self._path_token()
             try:
                 inode, extents = await self.db(read)
             finally:
@@ -724,7 +728,10 @@ class Filesystem:
             f = self.open_files.get(ino)  # another open may have raced us during the await
             if f is None:
                 f = OpenFile(inode, extents, self._services())
+                f.ns_gen = -1 if token is None else token
                 self.open_files[ino] = f
+                # Its commits change the row: the attributes come from f until it closes.
+                self._dirs.forget(self._dirs.stamp(), ino)
         f.handles += 1
         return f
 
@@ -732,6 +739,7 @@ class Filesystem:
         f.handles -= 1
         if f.handles > 0:
             return
+        clean = not f.is_dirty() and f.failed is None and not f.written
         await f.release_all()
         if f.handles > 0:
             return  # reopened while we waited
@@ -740,6 +748,12 @@ class Filesystem:
             del self.open_files[f.ino]
             if f.inode.nlink <= 0:
                 await self._delete_inode(f.ino)
+            elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
+                # What its last commit wrote (nothing since): the next stat needs no
+                # catalog read. Taken now, after every catalog call that changed the row.
+                self._dirs.put_file(self._dirs.stamp(), f.attrs())
+            else:
+                self._dirs.forget(self._dirs.stamp(), f.ino)
         elif f.ino not in self.open_files:
             # A retired file does not follow link counts: ask the catalog.
             try:
@@ -792,6 +806,7 @@ class Filesystem:
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
+        f.ns_gen = -1 if token is None else token
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)
@@ -890,6 +905,7 @@ class Filesystem:
         not when the kernel gets round to RELEASE: give them a fresh OpenFile."""
         if self.open_files.get(f.ino) is f:
             del self.open_files[f.ino]
+            self._dirs.forget(self._dirs.stamp(), f.ino)  # its earlier commits changed the row
             if self.invalidate is not None:
                 await trio.to_thread.run_sync(self.invalidate, f.ino)
 

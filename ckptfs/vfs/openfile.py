@@ -120,6 +120,10 @@ class OpenFile:
         # A close reports a file's tail (and a small file's content) to the checkpoint
         # detectors from here, instead of reading the chunk back from its tier.
         self.chunk_end: tuple[int, bytes, bytes] | None = None
+        # The filesystem's namespace generation when this open state was read from the
+        # catalog (-1: unknown). Unchanged at the last close: no rename, unlink or link
+        # touched the inode since, so attrs() is exactly its row (vfs/dirattrs.py).
+        self.ns_gen = -1
 
     @property
     def ino(self) -> int:
