@@ -85,6 +85,33 @@ def test_small_put_names_the_frame_by_one_link_and_leaves_nothing_when_it_fails(
     assert t.usage().used == size and list((tmp_path / "t" / "tmp").iterdir()) == []
 
 
+def test_small_puts_of_one_key_at_once_into_a_new_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two puts of the same bytes race (identical chunks of one file): the other one makes
+    # the chunk directory and links the key between this one's two link attempts.
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    key, parts = framed(os.urandom(4096))
+    final = tmp_path / "t" / "chunks" / key[:2] / key
+    real_link = os.link
+    calls = 0
+
+    def racing_link(src: str, dst: object, **kw: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise FileNotFoundError(2, "No such file or directory")
+        if calls == 2:
+            final.write_bytes(b"".join(bytes(p) for p in parts))  # the other put's frame
+        real_link(src, dst, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "link", racing_link)
+    size = t.put(key, parts)
+    assert t.get(key) == b"".join(bytes(p) for p in parts)
+    assert size == final.stat().st_size
+
+
 def test_small_put_renames_where_the_filesystem_has_no_o_tmpfile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

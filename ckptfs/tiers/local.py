@@ -167,15 +167,17 @@ class LocalTier:
                 raw = os.pread(fd, size + 1, 0)
                 if len(raw) != size or raw != b"".join(bytes(p) for p in parts):
                     raise CorruptChunk("read back other bytes than were written")
-            src = str(fd)
             try:
-                os.link(src, final, src_dir_fd=_proc_fd(), follow_symlinks=True)
-            except FileNotFoundError:
-                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-                _private_dir(final.parent)
-                os.link(src, final, src_dir_fd=_proc_fd(), follow_symlinks=True)
+                try:
+                    os.link(str(fd), final, src_dir_fd=_proc_fd(), follow_symlinks=True)
+                except FileNotFoundError:
+                    final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+                    _private_dir(final.parent)
+                    os.link(str(fd), final, src_dir_fd=_proc_fd(), follow_symlinks=True)
             except FileExistsError:
-                return False  # rewritten by rename, as before (replaces a bad old copy)
+                # The key exists (the same bytes, also from a concurrent put): rewritten by
+                # rename, as before, which replaces a bad old copy.
+                return False
         finally:
             os.close(fd)
         return True
