@@ -349,3 +349,67 @@ async def test_a_small_close_that_cannot_store_takes_the_usual_path(tmp_path: Pa
         await fs.release(fh)
         assert await fs.db(fs.catalog.extents, f.ino) == {}
         assert (await fs.db(fs.catalog.get_inode, f.ino)).size == 0
+
+
+async def test_a_missing_name_in_a_new_directory_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")]) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"tmp-checkpoint-1", 0o755, ROOT)
+        fh, _ = await fs.create(d.ino, b"shard-0", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        calls = count_db_hops(monkeypatch, daemon)
+        with pytest.raises(CkptfsError) as err:
+            await fs.lookup(d.ino, b"shard-1")  # the kernel's LOOKUP before the next create
+        assert err.value.errno == 2 and calls == []
+        assert (await fs.lookup(d.ino, b"shard-0")).size == 0  # a name it has: the catalog
+        assert len(calls) == 1
+
+
+async def test_known_names_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+        a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
+        b = await fs.mkdir(a.ino, b"b", 0o755, ROOT)
+        names = [b"f", b"g", b"h", b"s", b"n", b"b", b"c", b"x"]
+
+        async def check() -> None:
+            for parent in (a.ino, b.ino):
+                for n in names:
+                    try:
+                        want: int | None = (await fs.db(fs.catalog.lookup, parent, n)).ino
+                    except CkptfsError:
+                        want = None
+                    try:
+                        got: int | None = (await fs.lookup(parent, n)).ino
+                    except CkptfsError as exc:
+                        assert exc.errno == 2
+                        got = None
+                    assert got == want, (parent, n)
+
+        await check()
+        fh, f = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await check()
+        await fs.rename(a.ino, b"f", b.ino, b"g", 0, ROOT)  # across directories
+        await check()
+        await fs.link(f.ino, a.ino, b"h")
+        await check()
+        await fs.rename(a.ino, b"h", b.ino, b"g", 0, ROOT)  # both names one inode: no-op
+        await check()
+        await fs.symlink(a.ino, b"s", b"g", ROOT)
+        await fs.mknod(a.ino, b"n", 0o10644, 0, ROOT)
+        await check()
+        with pytest.raises(CkptfsError):
+            await fs.create(a.ino, b"s", 0o644, os.O_WRONLY, ROOT)  # EEXIST: forgotten
+        await check()
+        c = await fs.mkdir(a.ino, b"c", 0o755, ROOT)
+        fh, _ = await fs.create(c.ino, b"x", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await fs.rename(a.ino, b"c", b.ino, b"c", 0, ROOT)  # a known directory moves
+        assert (await fs.lookup(c.ino, b"x")).ino
+        await fs.unlink(c.ino, b"x", ROOT)
+        await fs.rmdir(b.ino, b"c", ROOT)
+        await fs.unlink(b.ino, b"g", ROOT)
+        await fs.unlink(a.ino, b"h", ROOT)
+        await check()

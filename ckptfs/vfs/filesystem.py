@@ -34,6 +34,7 @@ from ..errors import (
     NoAttribute,
     NoSpace,
     NotADirectory,
+    NotFound,
     NotPermitted,
     NotSupported,
     PermissionDenied,
@@ -43,6 +44,7 @@ from ..tiers.base import TierUsage
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .dirattrs import DirAttrs
+from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -223,6 +225,8 @@ class Filesystem:
         self._uncached: set[OpenFile] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs()
+        # The names of directories this mount created: missing names answered from memory.
+        self._names = KnownNames()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -240,6 +244,17 @@ class Filesystem:
     async def _path(self, parent: int, name: bytes) -> str:
         base = await self.db(self.catalog.path_of, parent)
         return base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+
+    @contextlib.contextmanager
+    def _naming(self, *parents: int) -> Iterator[None]:
+        """Around a catalog call that adds or removes names in ``parents``; the caller
+        records its change in ``_names`` right after, with no await in between. If the
+        call fails, what is known of those directories is forgotten."""
+        try:
+            yield
+        except BaseException:
+            self._names.forget(*parents)
+            raise
 
     @contextlib.contextmanager
     def _changing_paths(self) -> Iterator[None]:
@@ -498,19 +513,27 @@ class Filesystem:
     # -- namespace ---------------------------------------------------------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
-        inode = await self.db(self.catalog.lookup, parent, _check_name(name))
+        if self._names.absent(parent, _check_name(name)):
+            raise NotFound(name.decode(errors="replace"))  # a new directory of this mount
+        inode = await self.db(self.catalog.lookup, parent, name)
         f = self.open_files.get(inode.ino)
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                            stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(
+                self.catalog.create, parent, _check_name(name),
+                stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        self._names.added(parent, name)
+        self._names.new_dir(inode.ino)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                            stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                                stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
+        self._names.added(parent, name)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
 
@@ -523,8 +546,10 @@ class Filesystem:
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name), mode,
-                                            ctx.uid, ctx.gid, None, rdev)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                                mode, ctx.uid, ctx.gid, None, rdev)
+        self._names.added(parent, name)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
@@ -562,8 +587,9 @@ class Filesystem:
         return inode.target
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
+        self._names.added(parent, name)
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -586,8 +612,9 @@ class Filesystem:
             return (inode, gone, self.catalog.path_of(parent) if tracked else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode, gone, base, pdir, seq = await self._db_refreshing(work)
+        self._names.removed(parent, name)
         self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
         self._dirs.forget(seq, inode.ino)  # its link count and ctime changed
         if gone is None:
@@ -603,8 +630,10 @@ class Filesystem:
     async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.rmdir, parent, name)
+        self._names.removed(parent, name)
+        self._names.forget(inode.ino)
         await self._delete_inode(inode.ino)
         await self._event("rmdir", parent, name, is_dir=True)
 
@@ -626,6 +655,10 @@ class Filesystem:
                 self._check_sticky(new_parent, [new_name], ctx)
             replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace)
             moved = self.catalog.lookup(new_parent, new_name)
+            if known_old:  # both names of one inode: POSIX leaves both in place
+                with contextlib.suppress(NotFound):
+                    self.catalog.lookup(old_parent, old_name)
+                    kept.append(True)
             dirs = [self.catalog.get_inode(p) for p in {old_parent, new_parent}]
             if moved.is_dir or (replaced is not None and replaced.is_dir):
                 dirs = []  # a directory moved or went: its own row changed too
@@ -633,8 +666,13 @@ class Filesystem:
                 self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
             return replaced, seen, dirs, moved.ino, self._dirs.stamp()
 
-        with self._changing_paths():
+        known_old = self._names.known(old_parent)
+        kept: list[bool] = []
+        with self._changing_paths(), self._naming(old_parent, new_parent):
             replaced, seen, dirs, moved_ino, seq = await self._db_refreshing(work)
+        if not kept:
+            self._names.removed(old_parent, old_name)
+        self._names.added(new_parent, new_name)
         if not dirs:
             self._dirs.clear(seq)
         for d in dirs:
@@ -802,7 +840,9 @@ class Filesystem:
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
-        inode, base, pdir, seq = await self._db_refreshing(work)
+        with self._naming(parent):
+            inode, base, pdir, seq = await self._db_refreshing(work)
+        self._names.added(parent, name)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())

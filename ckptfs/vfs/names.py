@@ -1,0 +1,55 @@
+"""The names of directories this mount created, known completely, so that a LOOKUP of a
+missing name there needs no catalog round trip.
+
+The kernel looks a name up before every create (and the new name of every rename); in a
+save's new directory (``tmp-checkpoint-N/``, a rank's shard directory) every such lookup
+misses. A directory made by this mount starts empty, and every change of its names goes
+through this mount's Filesystem (one node owns the catalog, docs/semantics.md), which
+records it here on the trio thread right after its catalog call returned, with no await in
+between: a lookup that finds a name missing here ran before any change that adds it. A
+change that fails, or is not tracked, forgets the directory: its lookups go to the catalog
+again. Bounded: the oldest directories are forgotten first, and a directory with very many
+names is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+MAX_DIRS = 4096
+MAX_NAMES = 1 << 16  # per directory
+
+
+class KnownNames:
+    def __init__(self) -> None:
+        self._dirs: OrderedDict[int, set[bytes]] = OrderedDict()
+
+    def new_dir(self, ino: int) -> None:
+        """A directory this mount just created (empty)."""
+        self._dirs[ino] = set()
+        if len(self._dirs) > MAX_DIRS:
+            self._dirs.popitem(last=False)
+
+    def known(self, ino: int) -> bool:
+        return ino in self._dirs
+
+    def absent(self, parent: int, name: bytes) -> bool:
+        """True only if ``parent`` is known and has no entry ``name``."""
+        names = self._dirs.get(parent)
+        return names is not None and name not in names
+
+    def added(self, parent: int, name: bytes) -> None:
+        names = self._dirs.get(parent)
+        if names is not None:
+            names.add(name)
+            if len(names) > MAX_NAMES:
+                del self._dirs[parent]
+
+    def removed(self, parent: int, name: bytes) -> None:
+        names = self._dirs.get(parent)
+        if names is not None:
+            names.discard(name)
+
+    def forget(self, *inos: int) -> None:
+        for ino in inos:
+            self._dirs.pop(ino, None)
