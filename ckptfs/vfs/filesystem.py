@@ -515,6 +515,12 @@ class Filesystem:
     async def lookup(self, parent: int, name: bytes) -> Inode:
         if self._names.absent(parent, _check_name(name)):
             raise NotFound(name.decode(errors="replace"))  # a new directory of this mount
+        known = self._names.ino(parent, name)
+        if known is not None:
+            f = self.open_files.get(known)
+            attrs = f.attrs() if f is not None else self._dirs.get(known)
+            if attrs is not None:
+                return attrs
         inode = await self.db(self.catalog.lookup, parent, name)
         f = self.open_files.get(inode.ino)
         return f.attrs() if f is not None else inode
@@ -524,7 +530,7 @@ class Filesystem:
             inode = await self._db_dirs_changed(
                 self.catalog.create, parent, _check_name(name),
                 stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
-        self._names.added(parent, name)
+        self._names.added(parent, name, inode.ino)
         self._names.new_dir(inode.ino)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
@@ -533,7 +539,7 @@ class Filesystem:
         with self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
                                                 stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
-        self._names.added(parent, name)
+        self._names.added(parent, name, inode.ino)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
 
@@ -549,7 +555,7 @@ class Filesystem:
         with self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
                                                 mode, ctx.uid, ctx.gid, None, rdev)
-        self._names.added(parent, name)
+        self._names.added(parent, name, inode.ino)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
@@ -589,7 +595,7 @@ class Filesystem:
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
         with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
-        self._names.added(parent, name)
+        self._names.added(parent, name, ino)
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -647,7 +653,7 @@ class Filesystem:
         _check_name(new_name)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int, int]:
+        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], Inode, int]:
             # One catalog call: the sticky rules, the rename, the directories' new
             # attributes and what the event needs.
             if not ctx.is_root:
@@ -664,20 +670,23 @@ class Filesystem:
                 dirs = []  # a directory moved or went: its own row changed too
             seen = None if not tracked else (
                 self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
-            return replaced, seen, dirs, moved.ino, self._dirs.stamp()
+            return replaced, seen, dirs, moved, self._dirs.stamp()
 
         known_old = self._names.known(old_parent)
         kept: list[bool] = []
         with self._changing_paths(), self._naming(old_parent, new_parent):
-            replaced, seen, dirs, moved_ino, seq = await self._db_refreshing(work)
+            replaced, seen, dirs, moved, seq = await self._db_refreshing(work)
         if not kept:
             self._names.removed(old_parent, old_name)
-        self._names.added(new_parent, new_name)
+        self._names.added(new_parent, new_name, moved.ino)
         if not dirs:
             self._dirs.clear(seq)
         for d in dirs:
             self._dirs.put(seq, d)
-        self._dirs.forget(seq, moved_ino)  # its ctime changed
+        if moved.is_reg and moved.ino not in self.open_files:
+            self._dirs.put_file(seq, moved)  # its new ctime, as read in the rename's call
+        else:
+            self._dirs.forget(seq, moved.ino)
         if replaced is not None:
             self._dirs.forget(seq, replaced.ino)
             await self._maybe_delete(replaced)
@@ -842,7 +851,7 @@ class Filesystem:
         token = self._path_token()
         with self._naming(parent):
             inode, base, pdir, seq = await self._db_refreshing(work)
-        self._names.added(parent, name)
+        self._names.added(parent, name, inode.ino)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())

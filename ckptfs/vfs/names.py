@@ -1,5 +1,6 @@
-"""The names of directories this mount created, known completely, so that a LOOKUP of a
-missing name there needs no catalog round trip.
+"""The names of directories this mount created, known completely (name -> inode number),
+so that a LOOKUP there needs no catalog round trip when the name is missing, or when the
+inode's attributes are known too (an open file, or vfs/dirattrs.py).
 
 The kernel looks a name up before every create (and the new name of every rename); in a
 save's new directory (``tmp-checkpoint-N/``, a rank's shard directory) every such lookup
@@ -22,11 +23,11 @@ MAX_NAMES = 1 << 16  # per directory
 
 class KnownNames:
     def __init__(self) -> None:
-        self._dirs: OrderedDict[int, set[bytes]] = OrderedDict()
+        self._dirs: OrderedDict[int, dict[bytes, int]] = OrderedDict()
 
     def new_dir(self, ino: int) -> None:
         """A directory this mount just created (empty)."""
-        self._dirs[ino] = set()
+        self._dirs[ino] = {}
         if len(self._dirs) > MAX_DIRS:
             self._dirs.popitem(last=False)
 
@@ -38,17 +39,22 @@ class KnownNames:
         names = self._dirs.get(parent)
         return names is not None and name not in names
 
-    def added(self, parent: int, name: bytes) -> None:
+    def ino(self, parent: int, name: bytes) -> int | None:
+        """The inode ``name`` links in a known ``parent`` (None: not known, or absent)."""
+        names = self._dirs.get(parent)
+        return None if names is None else names.get(name)
+
+    def added(self, parent: int, name: bytes, ino: int) -> None:
         names = self._dirs.get(parent)
         if names is not None:
-            names.add(name)
+            names[name] = ino
             if len(names) > MAX_NAMES:
                 del self._dirs[parent]
 
     def removed(self, parent: int, name: bytes) -> None:
         names = self._dirs.get(parent)
         if names is not None:
-            names.discard(name)
+            names.pop(name, None)
 
     def forget(self, *inos: int) -> None:
         for ino in inos:
