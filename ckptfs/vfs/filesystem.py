@@ -672,7 +672,12 @@ class Filesystem:
                 self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
             return replaced, seen, dirs, moved, self._dirs.stamp()
 
-        known_old = self._names.known(old_parent)
+        # Whether the old name stays (both names link one inode: POSIX does nothing) matters
+        # only if its directory is known; known from memory if the new one's is too.
+        known_old = self._names.known(old_parent) and not self._names.known(new_parent)
+        old_ino = self._names.ino(old_parent, old_name)
+        if old_ino is not None and old_ino == self._names.ino(new_parent, new_name):
+            known_old = True  # the no-op: let the catalog say whether the old name stays
         kept: list[bool] = []
         with self._changing_paths(), self._naming(old_parent, new_parent):
             replaced, seen, dirs, moved, seq = await self._db_refreshing(work)
