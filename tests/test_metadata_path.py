@@ -21,6 +21,7 @@ from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import Daemon
 from ckptfs.testing.tiers import MemoryTier
+from ckptfs.vfs import names as names_mod
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
@@ -422,3 +423,22 @@ async def test_known_names_follow_every_change(tmp_path: Path) -> None:
         await fs.unlink(b.ino, b"g", ROOT)
         await fs.unlink(a.ino, b"h", ROOT)
         await check()
+
+
+def test_known_names_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(names_mod, "MAX_TOTAL", 9)
+    monkeypatch.setattr(names_mod, "MAX_NAMES", 6)
+    known = names_mod.KnownNames()
+    known.new_dir(1)
+    known.new_dir(2)
+    for i in range(5):
+        known.added(1, b"a%d" % i, 100 + i)
+    known.removed(1, b"a0")
+    assert known.absent(1, b"a0") and known.ino(1, b"a1") == 101
+    for i in range(7):  # too many names in one directory: it is forgotten
+        known.added(2, b"b%d" % i, 200 + i)
+    assert not known.known(2) and not known.absent(2, b"x")
+    known.new_dir(3)
+    for i in range(6):  # 4 + 6 names: over the total, the oldest directory goes first
+        known.added(3, b"c%d" % i, 300 + i)
+    assert not known.known(1) and known.known(3) and known.ino(3, b"c5") == 305

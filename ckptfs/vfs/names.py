@@ -19,17 +19,20 @@ from collections import OrderedDict
 
 MAX_DIRS = 4096
 MAX_NAMES = 1 << 16  # per directory
+MAX_TOTAL = 1 << 18  # names in all known directories (about 100 bytes each)
 
 
 class KnownNames:
     def __init__(self) -> None:
         self._dirs: OrderedDict[int, dict[bytes, int]] = OrderedDict()
+        self._total = 0  # names held, over all directories
 
     def new_dir(self, ino: int) -> None:
         """A directory this mount just created (empty)."""
+        self.forget(ino)
         self._dirs[ino] = {}
-        if len(self._dirs) > MAX_DIRS:
-            self._dirs.popitem(last=False)
+        while len(self._dirs) > MAX_DIRS:
+            self._total -= len(self._dirs.popitem(last=False)[1])
 
     def known(self, ino: int) -> bool:
         return ino in self._dirs
@@ -46,16 +49,23 @@ class KnownNames:
 
     def added(self, parent: int, name: bytes, ino: int) -> None:
         names = self._dirs.get(parent)
-        if names is not None:
-            names[name] = ino
-            if len(names) > MAX_NAMES:
-                del self._dirs[parent]
+        if names is None:
+            return
+        if name not in names:
+            self._total += 1
+        names[name] = ino
+        if len(names) > MAX_NAMES:
+            self.forget(parent)
+        while self._total > MAX_TOTAL and self._dirs:
+            self._total -= len(self._dirs.popitem(last=False)[1])  # the oldest first
 
     def removed(self, parent: int, name: bytes) -> None:
         names = self._dirs.get(parent)
-        if names is not None:
-            names.pop(name, None)
+        if names is not None and names.pop(name, None) is not None:
+            self._total -= 1
 
     def forget(self, *inos: int) -> None:
         for ino in inos:
-            self._dirs.pop(ino, None)
+            names = self._dirs.pop(ino, None)
+            if names is not None:
+                self._total -= len(names)
