@@ -43,6 +43,7 @@ shows the median of the passes and the ckptfs range.
 
     python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT] [--repeat N]
                             [--mount-arg=--some-flag ...] [--skip m,c2,...]
+    python scripts/bench.py --metadata [--meta-files N] [--repeat N]   # only (m)
     python scripts/bench.py --remote [...]   # the remote tier (scripts/bench_remote.py)
 """
 
@@ -320,6 +321,7 @@ class CkptfsTarget(Target):
         args = ["mount", str(self.mnt), "--state-dir", str(self.state), "--allow-shared-device"]
         for t in self.tiers:
             args += ["--local", str(t)]
+        args.append("--allow-shared-device")  # both tiers on one disk, on purpose (see above)
         t0 = time.perf_counter()
         try:
             r = self._cli(*args, *self.extra, timeout=120)
@@ -979,9 +981,15 @@ def main(argv: list[str] | None = None) -> int:
         "DIR COMMIT`), side by side with this one (adds base to --only)",
     )
     ap.add_argument(
+        "--metadata", action="store_true",
+        help="only the metadata tests (m), on plain and ckptfs unless --only says otherwise "
+        "(the same as --skip a,b,c,c1,c2,d --only plain,ckptfs; about a minute per pass)",
+    )
+    ap.add_argument(
         "--only",
-        default="plain,ckptfs,nullfs",
-        help="comma-separated subset of targets (default: plain,ckptfs,nullfs)",
+        default=None,
+        help="comma-separated subset of targets (default: plain,ckptfs,nullfs; with "
+        "--metadata: plain,ckptfs)",
     )
     ap.add_argument(
         "--skip", default="", metavar="TESTS",
@@ -1022,6 +1030,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
+    if args.metadata:
+        args.skip = ",".join(g for g in GROUPS if g != "m")
+        if args.only is None:
+            args.only = "plain,ckptfs"
+        if args.size_gib is None:
+            args.size_gib = 1 / 16  # no big file is written; only sizes the buffer checks
     size_gib = args.size_gib if args.size_gib is not None else (0.25 if args.quick else 2.0)
     single_bytes = int(size_gib * GiB) // BLOCK * BLOCK
     ckpt_file_bytes = single_bytes // args.ckpt_files // BLOCK * BLOCK
@@ -1034,7 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
     p = Params(
         single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads, args.procs, meta_files
     )
-    targets = [t.strip() for t in args.only.split(",") if t.strip()]
+    targets = [t.strip() for t in (args.only or "plain,ckptfs,nullfs").split(",") if t.strip()]
     if args.base_code is not None:
         if not (args.base_code / "ckptfs" / "__main__.py").is_file():
             ap.error(f"--base-code: {args.base_code} is not a ckptfs checkout")

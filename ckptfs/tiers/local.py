@@ -51,6 +51,7 @@ class LocalTier:
         self._read_back = cfg.verify_writes == "device"
         self.verified_put = False
         self._buffers = direct.BufferPool()
+        self._linked = hasattr(os, "O_TMPFILE")  # small frames named by a link (_put_linked)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -105,38 +106,81 @@ class LocalTier:
             with self._lock:
                 self._used += size
         final = self._path(key)
-        tmp = self._tmp / f"{key[:16]}.{uuid.uuid4().hex}"
+        tmp: Path | None = None
         try:
-            if self.verified_put and size >= direct.MIN_FRAME:
+            large = self.verified_put and size >= direct.MIN_FRAME
+            if not large and self._linked and self._put_linked(final, parts, size):
+                return size
+            tmp = self._tmp / f"{key[:16]}.{uuid.uuid4().hex}"
+            if large:
                 self._write_direct(tmp, parts, size)
             else:
                 self._write_buffered(tmp, parts, size)
                 if self.verified_put:
                     verify_written(tmp, parts, size)
-            try:
-                replaced = final.stat().st_size  # same key = same content: a harmless rewrite
-            except FileNotFoundError:
-                replaced = 0
-            try:
-                os.rename(tmp, final)
-            except FileNotFoundError:
-                final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
-                _private_dir(final.parent)
-                os.rename(tmp, final)
-            if replaced:
-                with self._lock:
-                    self._used -= replaced
+            self._rename_into_place(tmp, final)
         except (OSError, CorruptChunk) as exc:
             with self._lock:
                 self._used -= size
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             if isinstance(exc, CorruptChunk):
                 raise CorruptChunk(f"tier {self.name}: put {key[:16]}: {exc}") from exc
             if exc.errno in _NOSPACE:
                 raise NoSpace(f"tier {self.name}: device full ({exc.strerror})") from exc
             raise TierError(f"tier {self.name}: put {key[:16]}: {exc.strerror}") from exc
         return size
+
+    def _rename_into_place(self, tmp: Path, final: Path) -> None:
+        try:
+            replaced = final.stat().st_size  # same key = same content: a harmless rewrite
+        except FileNotFoundError:
+            replaced = 0
+        try:
+            os.rename(tmp, final)
+        except FileNotFoundError:
+            final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+            _private_dir(final.parent)
+            os.rename(tmp, final)
+        if replaced:
+            with self._lock:
+                self._used -= replaced
+
+    def _put_linked(self, final: Path, parts: Sequence[Buffer], size: int) -> bool:
+        """A buffered frame written to an unnamed file in ``tmp/`` (O_TMPFILE), read back
+        from the same descriptor (with ``verified_put``), then named by one link: the key
+        appears with the whole frame or not at all, as with a rename, with one directory
+        change instead of three (create in tmp/, rename out of it, into chunks/) and no
+        second open; a crash before the link leaves nothing behind. False (nothing done)
+        where the filesystem has no O_TMPFILE or the key exists: the caller renames."""
+        try:
+            fd = os.open(self._tmp, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                self._linked = False  # decided once: this filesystem cannot
+                return False
+            raise
+        try:
+            _write_all(fd, parts, size)
+            if self.verified_put:
+                raw = os.pread(fd, size + 1, 0)
+                if len(raw) != size or raw != b"".join(bytes(p) for p in parts):
+                    raise CorruptChunk("read back other bytes than were written")
+            try:
+                try:
+                    os.link(str(fd), final, src_dir_fd=_proc_fd(), follow_symlinks=True)
+                except FileNotFoundError:
+                    final.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+                    _private_dir(final.parent)
+                    os.link(str(fd), final, src_dir_fd=_proc_fd(), follow_symlinks=True)
+            except FileExistsError:
+                # The key exists (the same bytes, also from a concurrent put): rewritten by
+                # rename, as before, which replaces a bad old copy.
+                return False
+        finally:
+            os.close(fd)
+        return True
 
     def _write_direct(self, tmp: Path, parts: Sequence[Buffer], size: int) -> None:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT, 0o600)
@@ -149,10 +193,7 @@ class LocalTier:
     def _write_buffered(tmp: Path, parts: Sequence[Buffer], size: int) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            written = os.writev(fd, parts)
-            while written < size:  # writev may be short on huge frames
-                joined = b"".join(bytes(p) for p in parts)
-                written += os.write(fd, joined[written:])
+            _write_all(fd, parts, size)
         finally:
             os.close(fd)
 
@@ -243,6 +284,29 @@ class LocalTier:
         return TierUsage(
             total=total, free=free, used=self._used, device=dev, capped=self.capacity is not None
         )
+
+
+def _write_all(fd: int, parts: Sequence[Buffer], size: int) -> None:
+    written = os.writev(fd, parts)
+    while written < size:  # writev may be short on huge frames
+        joined = b"".join(bytes(p) for p in parts)
+        written += os.write(fd, joined[written:])
+
+
+_proc: tuple[int, int] | None = None  # (pid, descriptor of /proc/self/fd)
+_proc_lock = threading.Lock()
+
+
+def _proc_fd() -> int:
+    """A descriptor of this process's /proc/self/fd, for linkat of an O_TMPFILE file by its
+    descriptor number (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH). Opened once per
+    process (a forked child opens its own: the parent's would name the parent's files)."""
+    global _proc
+    with _proc_lock:
+        if _proc is None or _proc[0] != os.getpid():
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            _proc = (os.getpid(), os.open("/proc/self/fd", flags))
+        return _proc[1]
 
 
 def verify_written(path: Path, parts: Sequence[Buffer], size: int) -> None:

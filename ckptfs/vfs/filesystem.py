@@ -34,6 +34,7 @@ from ..errors import (
     NoAttribute,
     NoSpace,
     NotADirectory,
+    NotFound,
     NotPermitted,
     NotSupported,
     PermissionDenied,
@@ -43,6 +44,7 @@ from ..tiers.base import TierUsage
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .dirattrs import DirAttrs
+from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 
 log = logging.getLogger("ckptfs.vfs")
@@ -223,6 +225,8 @@ class Filesystem:
         self._uncached: set[OpenFile] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs()
+        # The names of directories this mount created: missing names answered from memory.
+        self._names = KnownNames()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -240,6 +244,17 @@ class Filesystem:
     async def _path(self, parent: int, name: bytes) -> str:
         base = await self.db(self.catalog.path_of, parent)
         return base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+
+    @contextlib.contextmanager
+    def _naming(self, *parents: int) -> Iterator[None]:
+        """Around a catalog call that adds or removes names in ``parents``; the caller
+        records its change in ``_names`` right after, with no await in between. If the
+        call fails, what is known of those directories is forgotten."""
+        try:
+            yield
+        except BaseException:
+            self._names.forget(*parents)
+            raise
 
     @contextlib.contextmanager
     def _changing_paths(self) -> Iterator[None]:
@@ -498,19 +513,33 @@ class Filesystem:
     # -- namespace ---------------------------------------------------------------------------
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
-        inode = await self.db(self.catalog.lookup, parent, _check_name(name))
+        if self._names.absent(parent, _check_name(name)):
+            raise NotFound(name.decode(errors="replace"))  # a new directory of this mount
+        known = self._names.ino(parent, name)
+        if known is not None:
+            f = self.open_files.get(known)
+            attrs = f.attrs() if f is not None else self._dirs.get(known)
+            if attrs is not None:
+                return attrs
+        inode = await self.db(self.catalog.lookup, parent, name)
         f = self.open_files.get(inode.ino)
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                            stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(
+                self.catalog.create, parent, _check_name(name),
+                stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        self._names.added(parent, name, inode.ino)
+        self._names.new_dir(inode.ino)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                            stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                                stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
+        self._names.added(parent, name, inode.ino)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
 
@@ -523,8 +552,10 @@ class Filesystem:
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
-        inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name), mode,
-                                            ctx.uid, ctx.gid, None, rdev)
+        with self._naming(parent):
+            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
+                                                mode, ctx.uid, ctx.gid, None, rdev)
+        self._names.added(parent, name, inode.ino)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
@@ -562,8 +593,9 @@ class Filesystem:
         return inode.target
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
+        self._names.added(parent, name, ino)
         f = self.open_files.get(ino)
         if f is not None:
             f.inode = inode
@@ -586,9 +618,11 @@ class Filesystem:
             return (inode, gone, self.catalog.path_of(parent) if tracked else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode, gone, base, pdir, seq = await self._db_refreshing(work)
+        self._names.removed(parent, name)
         self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
+        self._dirs.forget(seq, inode.ino)  # its link count and ctime changed
         if gone is None:
             await self._maybe_delete(inode)
         else:
@@ -602,8 +636,10 @@ class Filesystem:
     async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
-        with self._changing_paths():
+        with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.rmdir, parent, name)
+        self._names.removed(parent, name)
+        self._names.forget(inode.ino)
         await self._delete_inode(inode.ino)
         await self._event("rmdir", parent, name, is_dir=True)
 
@@ -617,7 +653,7 @@ class Filesystem:
         _check_name(new_name)
         tracked = self.tracker is not None
 
-        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], int]:
+        def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], Inode, int]:
             # One catalog call: the sticky rules, the rename, the directories' new
             # attributes and what the event needs.
             if not ctx.is_root:
@@ -625,20 +661,39 @@ class Filesystem:
                 self._check_sticky(new_parent, [new_name], ctx)
             replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace)
             moved = self.catalog.lookup(new_parent, new_name)
+            if known_old:  # both names of one inode: POSIX leaves both in place
+                with contextlib.suppress(NotFound):
+                    self.catalog.lookup(old_parent, old_name)
+                    kept.append(True)
             dirs = [self.catalog.get_inode(p) for p in {old_parent, new_parent}]
             if moved.is_dir or (replaced is not None and replaced.is_dir):
                 dirs = []  # a directory moved or went: its own row changed too
             seen = None if not tracked else (
                 self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
-            return replaced, seen, dirs, self._dirs.stamp()
+            return replaced, seen, dirs, moved, self._dirs.stamp()
 
-        with self._changing_paths():
-            replaced, seen, dirs, seq = await self._db_refreshing(work)
+        # Whether the old name stays (both names link one inode: POSIX does nothing) matters
+        # only if its directory is known; known from memory if the new one's is too.
+        known_old = self._names.known(old_parent) and not self._names.known(new_parent)
+        old_ino = self._names.ino(old_parent, old_name)
+        if old_ino is not None and old_ino == self._names.ino(new_parent, new_name):
+            known_old = True  # the no-op: let the catalog say whether the old name stays
+        kept: list[bool] = []
+        with self._changing_paths(), self._naming(old_parent, new_parent):
+            replaced, seen, dirs, moved, seq = await self._db_refreshing(work)
+        if not kept:
+            self._names.removed(old_parent, old_name)
+        self._names.added(new_parent, new_name, moved.ino)
         if not dirs:
             self._dirs.clear(seq)
         for d in dirs:
             self._dirs.put(seq, d)
+        if moved.is_reg and moved.ino not in self.open_files:
+            self._dirs.put_file(seq, moved)  # its new ctime, as read in the rename's call
+        else:
+            self._dirs.forget(seq, moved.ino)
         if replaced is not None:
+            self._dirs.forget(seq, replaced.ino)
             await self._maybe_delete(replaced)
         if self.tracker is not None and seen is not None:
             src_base, dst_base, moved = seen
@@ -715,6 +770,7 @@ class Filesystem:
                 return inode, self.catalog.extents(ino)
 
             self._opening[ino] = self._opening.get(ino, 0) + 1
+            token = self._path_token()
             try:
                 inode, extents = await self.db(read)
             finally:
@@ -724,7 +780,10 @@ class Filesystem:
             f = self.open_files.get(ino)  # another open may have raced us during the await
             if f is None:
                 f = OpenFile(inode, extents, self._services())
+                f.ns_gen = -1 if token is None else token
                 self.open_files[ino] = f
+                # Its commits change the row: the attributes come from f until it closes.
+                self._dirs.forget(self._dirs.stamp(), ino)
         f.handles += 1
         return f
 
@@ -732,6 +791,7 @@ class Filesystem:
         f.handles -= 1
         if f.handles > 0:
             return
+        clean = not f.is_dirty() and f.failed is None and not f.written
         await f.release_all()
         if f.handles > 0:
             return  # reopened while we waited
@@ -740,6 +800,12 @@ class Filesystem:
             del self.open_files[f.ino]
             if f.inode.nlink <= 0:
                 await self._delete_inode(f.ino)
+            elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
+                # What its last commit wrote (nothing since): the next stat needs no
+                # catalog read. Taken now, after every catalog call that changed the row.
+                self._dirs.put_file(self._dirs.stamp(), f.attrs())
+            else:
+                self._dirs.forget(self._dirs.stamp(), f.ino)
         elif f.ino not in self.open_files:
             # A retired file does not follow link counts: ask the catalog.
             try:
@@ -788,10 +854,13 @@ class Filesystem:
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
-        inode, base, pdir, seq = await self._db_refreshing(work)
+        with self._naming(parent):
+            inode, base, pdir, seq = await self._db_refreshing(work)
+        self._names.added(parent, name, inode.ino)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
+        f.ns_gen = -1 if token is None else token
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)
@@ -890,6 +959,7 @@ class Filesystem:
         not when the kernel gets round to RELEASE: give them a fresh OpenFile."""
         if self.open_files.get(f.ino) is f:
             del self.open_files[f.ino]
+            self._dirs.forget(self._dirs.stamp(), f.ino)  # its earlier commits changed the row
             if self.invalidate is not None:
                 await trio.to_thread.run_sync(self.invalidate, f.ino)
 

@@ -173,3 +173,27 @@ def test_truncate_while_a_writer_has_the_file_open_joins_its_version(
     assert os.stat(path).st_size == 3 * MiB  # seen at once
     crash_and_remount(m, writers)  # before the writer's commit: neither is durable
     assert path.read_bytes() == old
+
+
+def test_kill9_after_many_small_closes_keeps_every_closed_file(
+    ckpt_factory: CkptFactory, writers: list[subprocess.Popen[str]]
+) -> None:
+    # The many-small-files path (issue 12): every close is a commit, whatever the put of
+    # its frame looks like; a file still open at the crash is empty (it was new).
+    m = ckpt_factory.mount()
+    d = m.mountpoint / "shards"
+    d.mkdir()
+    files = {d / f"f{i:03d}.bin": os.urandom(4 * KiB) for i in range(200)}
+    for path, data in files.items():
+        path.write_bytes(data)
+    start_writer(writers, d / "open.bin", 5, 4 * KiB, mode="xb")
+    m.kill9()
+    for tier in m.locals:  # before the remount, which would clean them up
+        assert list((tier / "tmp").iterdir()) == []  # no frame left half-written
+    for p in writers:
+        p.kill()
+        p.wait(timeout=30)
+    m.start()
+    for path, data in files.items():
+        assert path.read_bytes() == data
+    assert (d / "open.bin").read_bytes() == b""

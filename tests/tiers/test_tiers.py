@@ -62,6 +62,77 @@ def test_direct_put_leaves_no_temp_file_and_exact_size(tmp_path: Path) -> None:
     assert t.usage().used == frame.HEADER_SIZE + len(data)
 
 
+def test_small_put_names_the_frame_by_one_link_and_leaves_nothing_when_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    key, parts = framed(os.urandom(4096))
+    real_link = os.link
+
+    def failing_link(*args: object, **kw: object) -> None:
+        raise OSError(5, "Input/output error")  # as a crash between the write and the name
+
+    monkeypatch.setattr(os, "link", failing_link)
+    with pytest.raises(TierError):
+        t.put(key, parts)
+    assert not t.has(key)
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []  # an unnamed file: nothing left
+    assert t.usage().used == 0
+    monkeypatch.setattr(os, "link", real_link)
+    size = t.put(key, parts)
+    assert t.get(key) == b"".join(bytes(p) for p in parts)
+    assert t.put(key, parts) == size  # the key exists: rewritten by rename, counted once
+    assert t.usage().used == size and list((tmp_path / "t" / "tmp").iterdir()) == []
+
+
+def test_small_puts_of_one_key_at_once_into_a_new_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two puts of the same bytes race (identical chunks of one file): the other one makes
+    # the chunk directory and links the key between this one's two link attempts.
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    key, parts = framed(os.urandom(4096))
+    final = tmp_path / "t" / "chunks" / key[:2] / key
+    real_link = os.link
+    calls = 0
+
+    def racing_link(src: str, dst: object, **kw: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise FileNotFoundError(2, "No such file or directory")
+        if calls == 2:
+            final.write_bytes(b"".join(bytes(p) for p in parts))  # the other put's frame
+        real_link(src, dst, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "link", racing_link)
+    size = t.put(key, parts)
+    assert t.get(key) == b"".join(bytes(p) for p in parts)
+    assert size == final.stat().st_size
+
+
+def test_small_put_renames_where_the_filesystem_has_no_o_tmpfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
+    t.open()
+    real_open = os.open
+
+    def no_tmpfile(path: object, flags: int, *args: object, **kw: object) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(95, "Operation not supported")
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    for _ in range(2):
+        key, parts = framed(os.urandom(4096))
+        t.put(key, parts)
+        assert t.get(key) == b"".join(bytes(p) for p in parts)
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []
+
+
 def test_direct_compare_finds_a_difference() -> None:
     pool = direct.BufferPool()
     buf = pool.take(8192)

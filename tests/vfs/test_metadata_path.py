@@ -13,7 +13,7 @@ import trio.testing
 
 from tests.vfs.test_vfs import make_daemon, make_fs
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import Catalog, Inode
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints import tracker as tracker_mod
 from ckptfs.checkpoints.detectors import DetectorSet
@@ -22,6 +22,7 @@ from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import Daemon
 from ckptfs.testing.tiers import MemoryTier
+from ckptfs.vfs import names as names_mod
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
@@ -244,3 +245,203 @@ async def test_directory_attributes_follow_every_change(tmp_path: Path) -> None:
         await check()
         with pytest.raises(CkptfsError):
             await fs.getattr(sub.ino)  # gone from the catalog: not served from memory
+
+
+async def test_file_getattr_after_its_close_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+        fh, f = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        calls = count_db_hops(monkeypatch, daemon)
+        got = await fs.getattr(f.ino)  # the stat after a close (the write dropped the kernel's)
+        assert calls == []
+        assert got == await fs.db(fs.catalog.get_inode, f.ino) and got.size == len(DATA)
+
+
+async def test_file_attributes_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+        d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
+
+        async def check(*inos: int) -> None:
+            for ino in inos:
+                assert await fs.getattr(ino) == await fs.db(fs.catalog.get_inode, ino)
+
+        fh, f = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        await check(f.ino)
+        await fs.setattr(f.ino, mode=0o600)
+        await check(f.ino)
+        await fs.setattr(f.ino, size=10)  # no writer: committed at once
+        await check(f.ino)
+        await fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT)  # ctime
+        await check(f.ino)
+        await fs.link(f.ino, ROOT_INODE, b"h")  # link count
+        await check(f.ino)
+        await fs.setxattr(f.ino, b"user.k", b"v")
+        await check(f.ino)
+        fh, e = await fs.create(d.ino, b"e", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA[:7])
+        await fs.flush(fh)
+        await fs.rename(d.ino, b"e", d.ino, b"e2", 0, ROOT)  # while open: ctime from the catalog
+        await fs.release(fh)
+        await check(e.ino)
+        await fs.rename(d.ino, b"e2", ROOT_INODE, b"h", 0, ROOT)  # replaces a link of f
+        await check(f.ino, e.ino)
+        fh = await fs.open(f.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA)  # not committed: a reader sees the live size ...
+        assert (await fs.getattr(f.ino)).size == len(DATA)
+        await fs.release(fh)  # ... and after a close without flush, the committed one
+        await check(f.ino)
+        await fs.link(f.ino, ROOT_INODE, b"h2")
+        fh = await fs.open(f.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA)
+        await fs.flush(fh)
+        await fs.release(fh)
+        await fs.unlink(ROOT_INODE, b"h2", ROOT)  # one link of two: link count, ctime
+        await check(f.ino)
+        await fs.unlink(d.ino, b"g", ROOT)
+        with pytest.raises(CkptfsError):
+            await fs.getattr(f.ino)  # gone from the catalog: not served from memory
+        await check(e.ino)
+
+
+async def test_a_small_file_is_stored_and_committed_in_one_thread_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+        fs = daemon.fs
+        hops: list[str] = []
+        real = trio.to_thread.run_sync
+
+        async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+            hops.append(getattr(fn, "__qualname__", repr(fn)))
+            return await real(fn, *args, **kw)
+
+        fh, f = await fs.create(ROOT_INODE, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+        await fs.flush(fh)  # the close: chunk put, verification and commit
+        monkeypatch.undo()
+        assert len(hops) == 1, hops
+        await fs.release(fh)
+        # Committed as by the usual path: extents, chunk rows, the frame on the tier.
+        extents = await fs.db(fs.catalog.extents, f.ino)
+        assert list(extents) == [0] and extents[0].length == len(DATA)
+        assert await fs.db(fs.catalog.referenced_digests) == {extents[0].digest}
+        assert (await fs.getattr(f.ino)).size == len(DATA)
+        got = await fs.open(f.ino, os.O_RDONLY)
+        assert bytes(await fs.read(got, 0, 2 * len(DATA))) == DATA
+        await fs.release(got)
+        assert fs.store.guard.pinned(extents[0].digest) is False  # the pin went with the commit
+
+
+async def test_a_small_close_that_cannot_store_takes_the_usual_path(tmp_path: Path) -> None:
+    # A full tier: the one-call put fails, the usual path reports ENOSPC, nothing commits.
+    async with make_fs(tmp_path, [MemoryTier("l", capacity=100)]) as fs:
+        fh, f = await fs.create(ROOT_INODE, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.write(fh, 0, DATA)
+        with pytest.raises(CkptfsError) as err:
+            await fs.flush(fh)
+        assert err.value.errno == 28  # ENOSPC
+        await fs.release(fh)
+        assert await fs.db(fs.catalog.extents, f.ino) == {}
+        assert (await fs.db(fs.catalog.get_inode, f.ino)).size == 0
+
+
+async def test_a_missing_name_in_a_new_directory_needs_no_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with make_daemon(tmp_path, [MemoryTier("l")]) as daemon:
+        fs = daemon.fs
+        d = await fs.mkdir(ROOT_INODE, b"tmp-checkpoint-1", 0o755, ROOT)
+        fh, _ = await fs.create(d.ino, b"shard-0", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        calls = count_db_hops(monkeypatch, daemon)
+        with pytest.raises(CkptfsError) as err:
+            await fs.lookup(d.ino, b"shard-1")  # the kernel's LOOKUP before the next create
+        assert err.value.errno == 2 and calls == []
+        got = await fs.lookup(d.ino, b"shard-0")  # a name it has, of a file it closed
+        assert calls == []
+        assert got == await fs.db(fs.catalog.lookup, d.ino, b"shard-0")
+
+
+async def test_known_names_follow_every_change(tmp_path: Path) -> None:
+    async with make_fs(tmp_path, [MemoryTier("l")]) as fs:
+        a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
+        b = await fs.mkdir(a.ino, b"b", 0o755, ROOT)
+        names = [b"f", b"g", b"h", b"s", b"n", b"b", b"c", b"x"]
+
+        async def check() -> None:
+            for parent in (a.ino, b.ino):
+                for n in names:
+                    try:
+                        want: Inode | None = await fs.db(fs.catalog.lookup, parent, n)
+                    except CkptfsError:
+                        want = None
+                    try:
+                        got: Inode | None = await fs.lookup(parent, n)
+                    except CkptfsError as exc:
+                        assert exc.errno == 2
+                        got = None
+                    assert got == want, (parent, n)
+
+        await check()
+        fh, f = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await check()
+        await fs.rename(a.ino, b"f", b.ino, b"g", 0, ROOT)  # across directories
+        await check()
+        await fs.link(f.ino, a.ino, b"h")
+        await check()
+        await fs.setattr(f.ino, mode=0o600)
+        await check()
+        fh = await fs.open(f.ino, os.O_WRONLY)
+        await fs.write(fh, 0, DATA)
+        assert (await fs.lookup(a.ino, b"h")).size == len(DATA)  # live while open, as always
+        await fs.flush(fh)
+        await fs.release(fh)
+        await check()
+        await fs.rename(a.ino, b"h", b.ino, b"g", 0, ROOT)  # both names one inode: no-op
+        await check()
+        await fs.symlink(a.ino, b"s", b"g", ROOT)
+        await fs.mknod(a.ino, b"n", 0o10644, 0, ROOT)
+        await check()
+        with pytest.raises(CkptfsError):
+            await fs.create(a.ino, b"s", 0o644, os.O_WRONLY, ROOT)  # EEXIST: forgotten
+        await check()
+        c = await fs.mkdir(a.ino, b"c", 0o755, ROOT)
+        fh, _ = await fs.create(c.ino, b"x", 0o644, os.O_WRONLY, ROOT)
+        await fs.release(fh)
+        await fs.rename(a.ino, b"c", b.ino, b"c", 0, ROOT)  # a known directory moves
+        assert (await fs.lookup(c.ino, b"x")).ino
+        await fs.unlink(c.ino, b"x", ROOT)
+        await fs.rmdir(b.ino, b"c", ROOT)
+        await fs.unlink(b.ino, b"g", ROOT)
+        await fs.unlink(a.ino, b"h", ROOT)
+        await check()
+
+
+def test_known_names_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(names_mod, "MAX_TOTAL", 9)
+    monkeypatch.setattr(names_mod, "MAX_NAMES", 6)
+    known = names_mod.KnownNames()
+    known.new_dir(1)
+    known.new_dir(2)
+    for i in range(5):
+        known.added(1, b"a%d" % i, 100 + i)
+    known.removed(1, b"a0")
+    assert known.absent(1, b"a0") and known.ino(1, b"a1") == 101
+    for i in range(7):  # too many names in one directory: it is forgotten
+        known.added(2, b"b%d" % i, 200 + i)
+    assert not known.known(2) and not known.absent(2, b"x")
+    known.new_dir(3)
+    for i in range(6):  # 4 + 6 names: over the total, the oldest directory goes first
+        known.added(3, b"c%d" % i, 300 + i)
+    assert not known.known(1) and known.known(3) and known.ino(3, b"c5") == 305
