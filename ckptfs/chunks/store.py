@@ -573,30 +573,28 @@ class ChunkStore:
             return ref
 
     async def _write_once(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
-        return await trio.to_thread.run_sync(self.put_blocking, parts, limiter=self.io)
 
-    def put_blocking(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
-        """Blocking: store one chunk once (no making room); a verified, pinned reference.
-        In an I/O worker (``write``), or in the catalog thread for a small chunk that a
-        commit stores and commits in one call (chunks/commit.py ``commit_small``)."""
-        digest = frame.digest_of_parts(parts)
-        # Pinned before the put, and never put while a local deletion of the same
-        # frame is in flight (it would remove the frame after our put), unless another
-        # open file stored the same bytes and has not committed: then share its copy
-        # (which a full local tier may move to a remote).
-        shared = self.guard.pin_for_put(digest)
-        if shared is not None:
-            return ChunkRef(digest, shared.length, shared.tiers)
-        try:
-            framed = frame.encode(parts, digest)
-            size = sum(len(p) for p in framed)
-            tier = self._put_somewhere(digest, framed, size)
-        except BaseException:
-            self.guard.put_done(digest, None, 0)
-            self.unpin([digest])
-            raise
-        self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
-        return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
+        def work() -> ChunkRef:
+            digest = frame.digest_of_parts(parts)
+            # Pinned before the put, and never put while a local deletion of the same
+            # frame is in flight (it would remove the frame after our put), unless another
+            # open file stored the same bytes and has not committed: then share its copy
+            # (which a full local tier may move to a remote).
+            shared = self.guard.pin_for_put(digest)
+            if shared is not None:
+                return ChunkRef(digest, shared.length, shared.tiers)
+            try:
+                framed = frame.encode(parts, digest)
+                size = sum(len(p) for p in framed)
+                tier = self._put_somewhere(digest, framed, size)
+            except BaseException:
+                self.guard.put_done(digest, None, 0)
+                self.unpin([digest])
+                raise
+            self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
+            return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
+
+        return await trio.to_thread.run_sync(work, limiter=self.io)
 
     async def sync_catalog(self) -> None:
         """fsync the catalog (after the chunk frames it names)."""

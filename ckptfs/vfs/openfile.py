@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..catalog import ChunkRef, Inode
-from ..chunks.commit import SMALL_CHUNK, FileVersion, commit_small, commit_version
+from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError
@@ -214,7 +214,12 @@ class OpenFile:
             if self.failed is None:
                 self.failed = exc
         else:
-            self._stored(idx, pending, ref)
+            self.written.append(ref)
+            if self.inflight.get(idx) is pending:
+                self.changes[idx] = ref
+            if self.chunk_end is None or idx >= self.chunk_end[0]:
+                n = pending.data.length
+                self.chunk_end = (idx, ref.digest, pending.data.slice(max(0, n - END_BYTES), n))
         finally:
             if self.inflight.get(idx) is pending:
                 del self.inflight[idx]
@@ -222,15 +227,6 @@ class OpenFile:
             self.svc.budget.in_flight -= 1
             self.svc.budget.release(self.cs)
             pending.done.set()
-
-    def _stored(self, idx: int, pending: _Pending, ref: ChunkRef) -> None:
-        """Chunk ``idx`` of ``pending`` was stored as ``ref`` (pinned until committed)."""
-        self.written.append(ref)
-        if self.inflight.get(idx) is pending:
-            self.changes[idx] = ref
-        if self.chunk_end is None or idx >= self.chunk_end[0]:
-            n = pending.data.length
-            self.chunk_end = (idx, ref.digest, pending.data.slice(max(0, n - END_BYTES), n))
 
     def spill(self) -> None:
         """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""
@@ -297,16 +293,18 @@ class OpenFile:
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
-            committed = None if synced else await self._commit_small()
-            if committed is None:
-                for idx in list(self.dirty):
-                    self._dispatch(idx)
-                await self._wait_inflight()
-                if self.failed is not None:
-                    raise self.failed
-                committed = await commit_version(
-                    self.svc.store, self._version(), synced, sync_failed=self._sync_failed
-                )
+            for idx in list(self.dirty):
+                self._dispatch(idx)
+            await self._wait_inflight()
+            if self.failed is not None:
+                raise self.failed
+            version = FileVersion(
+                self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
+                dict(self.changes), list(self.written), self.meta_dirty,
+            )
+            committed = await commit_version(
+                self.svc.store, version, synced, sync_failed=self._sync_failed
+            )
             if committed is None:
                 return
             self.committed.clear()
@@ -318,43 +316,6 @@ class OpenFile:
             if self.bypassed_cache and self.svc.invalidate is not None:
                 self.bypassed_cache = False
                 await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
-
-    def _version(self) -> FileVersion:
-        return FileVersion(
-            self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
-            dict(self.changes), list(self.written), self.meta_dirty,
-        )
-
-    async def _commit_small(self) -> dict[int, ChunkRef] | None:
-        """A close whose only unstored data is one small chunk (a small file, the tail of
-        an append) and no chunk write running: store and commit it in one catalog-thread
-        call (chunks/commit.py). None: not that case, or the chunk could not be stored
-        that way (nothing happened): the usual path follows."""
-        if self._running or len(self.dirty) != 1:
-            return None
-        (idx, buf), = self.dirty.items()
-        if buf.length > SMALL_CHUNK:
-            return None
-        # In flight (reads find it there, a spill leaves it alone) until it is stored.
-        pending = _Pending(self.dirty.pop(idx))
-        self.inflight[idx] = pending
-        self.svc.budget.in_flight += 1
-        try:
-            res = await commit_small(self.svc.store, self._version(), idx, buf.parts)
-        finally:
-            self.svc.budget.in_flight -= 1
-            del self.inflight[idx]
-        if res.ref is None:
-            self.dirty[idx] = buf  # not stored: the usual path stores it (or reports why)
-            return None
-        self.svc.budget.release(self.cs)
-        self.inflight[idx] = pending  # as _store_chunk found it: the ref is the chunk's
-        self._stored(idx, pending, res.ref)
-        del self.inflight[idx]
-        pending.done.set()
-        if res.error is not None:
-            raise res.error  # the chunk stays pinned in ``written``, as after any failed commit
-        return res.committed
 
     def _sync_failed(self, exc: CkptfsError) -> None:
         # Reported by this fsync; the handles keep failing until they close and commit

@@ -312,38 +312,8 @@ async def test_file_attributes_follow_every_change(tmp_path: Path) -> None:
         await check(e.ino)
 
 
-async def test_a_small_file_is_stored_and_committed_in_one_thread_hop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
-        fs = daemon.fs
-        hops: list[str] = []
-        real = trio.to_thread.run_sync
-
-        async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-            hops.append(getattr(fn, "__qualname__", repr(fn)))
-            return await real(fn, *args, **kw)
-
-        fh, f = await fs.create(ROOT_INODE, b"f", 0o644, os.O_WRONLY, ROOT)
-        await fs.write(fh, 0, DATA)
-        monkeypatch.setattr(trio.to_thread, "run_sync", counting)
-        await fs.flush(fh)  # the close: chunk put, verification and commit
-        monkeypatch.undo()
-        assert len(hops) == 1, hops
-        await fs.release(fh)
-        # Committed as by the usual path: extents, chunk rows, the frame on the tier.
-        extents = await fs.db(fs.catalog.extents, f.ino)
-        assert list(extents) == [0] and extents[0].length == len(DATA)
-        assert await fs.db(fs.catalog.referenced_digests) == {extents[0].digest}
-        assert (await fs.getattr(f.ino)).size == len(DATA)
-        got = await fs.open(f.ino, os.O_RDONLY)
-        assert bytes(await fs.read(got, 0, 2 * len(DATA))) == DATA
-        await fs.release(got)
-        assert fs.store.guard.pinned(extents[0].digest) is False  # the pin went with the commit
-
-
 async def test_a_small_close_that_cannot_store_takes_the_usual_path(tmp_path: Path) -> None:
-    # A full tier: the one-call put fails, the usual path reports ENOSPC, nothing commits.
+    # A full tier: the close reports ENOSPC, nothing commits.
     async with make_fs(tmp_path, [MemoryTier("l", capacity=100)]) as fs:
         fh, f = await fs.create(ROOT_INODE, b"f", 0o644, os.O_WRONLY, ROOT)
         await fs.write(fh, 0, DATA)
