@@ -1,18 +1,19 @@
 """Restore from the bucket: GETs in flight, the cache under readahead, copy-back timing."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
 import trio
+import trio.testing
 from test_local_full import wait_for
+from test_loop_rules import until_real
 from test_upload import wait_backlog_empty
 from test_vfs import CS, make_fs, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks import store as store_module
-from ckptfs.chunks.store import ChunkStore
+from ckptfs.chunks.store import COPY_BACK_IDLE_S, ChunkStore
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig
 from ckptfs.testing.tiers import MemoryTier
@@ -83,45 +84,81 @@ def test_consumed_chunks_are_evicted_first(tmp_path: Path) -> None:
 
 
 class SlowPut(MemoryTier):
-    """A local MemoryTier recording its puts."""
+    """A local MemoryTier counting its puts."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.puts = 0
 
-    def put(self, key: str, parts: list[Buffer], expected_sha256: str | None = None) -> int:
+    def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
         self.puts += 1
         return super().put(key, parts, expected_sha256)
 
 
+def _store(tmp_path: Path, local: MemoryTier, remote: MemoryTier) -> tuple[ChunkStore, Catalog]:
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    store = ChunkStore([local, remote], io_threads=1, cache_bytes=1 << 20, catalog=cat,
+                       db_limiter=trio.CapacityLimiter(1))
+    return store, cat
+
+
+async def _reads_hold_the_copy_back(store: ChunkStore, ref: ChunkRef, data: bytes,
+                                    local: SlowPut) -> None:
+    """Reads served from the cache, each a bit less than COPY_BACK_IDLE_S after the last
+    (trio's clock, moved by hand): the copy-back stays queued, nothing is written; once
+    they stop, it runs."""
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock)
+    for _ in range(10):  # 9 idle periods in all, never one without a read
+        clock.jump(COPY_BACK_IDLE_S * 0.9)
+        assert bytes(await store.read(ref)) == data
+        await trio.testing.wait_all_tasks_blocked()
+        assert ref.digest in store._copy_backs and local.puts == 0
+    clock.jump(COPY_BACK_IDLE_S * 1.1)
+    await until_real(lambda: local.puts == 1)
+
+
 async def test_copy_back_waits_while_a_reader_is_served_from_the_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
 ) -> None:
     """A restore whose readahead is ahead of the reader fetches nothing for a while, yet
     the reader is still restoring: the copy-back (disk writes and compares on the cores
     the reader needs) waits until reads stop, not until fetches stop."""
-    monkeypatch.setattr(store_module, "COPY_BACK_IDLE_S", 1.0)
     local, remote = SlowPut("l"), MemoryTier("r", kind="remote")
     data = os.urandom(1000)
     digest = frame.digest_of(data)
     remote.put(digest.hex(), frame.encode([data], digest))
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    store, cat = _store(tmp_path, local, remote)
     try:
-        store = ChunkStore([local, remote], io_threads=1, cache_bytes=1 << 20, catalog=cat,
-                           db_limiter=trio.CapacityLimiter(1))
         ref = ChunkRef(digest, len(data), ("r",))
         async with trio.open_nursery() as n:
             store.attach(n)
             assert bytes(await store.read(ref, copy_back=True)) == data
-            assert ref.digest in store._copy_backs
-            # Reads from the cache, 10 ms apart, for 3 s: the copy-back does not start.
-            for _ in range(300):
-                assert bytes(await store.read(ref)) == data
-                assert local.puts == 0
-                await trio.sleep(0.01)
-            # The reader stops: the copy-back runs (the catalog does not know the chunk,
-            # so it writes the local copy and then queues it for deletion).
-            await wait_for(lambda: local.puts == 1)
+            await _reads_hold_the_copy_back(store, ref, data, local)
+            n.cancel_scope.cancel()
+    finally:
+        cat.close()
+
+
+async def test_a_missing_local_copy_is_rewritten_when_the_restore_pauses(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
+    """Local tiers wiped, catalog kept: the chunk's local copy is missing and the remote
+    serves it. The local copy is written again only once reads stop, not in step with
+    the reader (a heal there took the cores the restore needed)."""
+    local, remote = SlowPut("l"), MemoryTier("r", kind="remote")
+    data = os.urandom(1000)
+    digest = frame.digest_of(data)
+    remote.put(digest.hex(), frame.encode([data], digest))
+    store, cat = _store(tmp_path, local, remote)
+    try:
+        ref = ChunkRef(digest, len(data), ("l", "r"))  # listed on l, which lost it
+        async with trio.open_nursery() as n:
+            store.attach(n)
+            assert bytes(await store.read(ref)) == data  # no copy_back asked: a heal
+            assert store._copy_backs[ref.digest][2] == [("l", "missing")]
+            await _reads_hold_the_copy_back(store, ref, data, local)
+            frame.verify(local.frames[digest.hex()], digest)
             n.cancel_scope.cancel()
     finally:
         cat.close()

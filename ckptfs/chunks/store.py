@@ -162,10 +162,13 @@ class ChunkStore:
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
         self.on_requeue = on_requeue
         self._on_deletions = on_deletions
-        self._copy_backs: OrderedDict[bytes, tuple[ChunkRef, frame.Buffer]] = OrderedDict()
+        # Chunks to write to a local tier when reads pause, with their bad local copies.
+        self._copy_backs: OrderedDict[
+            bytes, tuple[ChunkRef, frame.Buffer, list[tuple[str, str]]]
+        ] = OrderedDict()
         self._copy_back_bytes = 0
         self._copy_back_wake = trio.Event()
-        self._last_read = 0.0  # when a read last asked for a chunk (cached or not)
+        self._last_read = -1e9  # trio time a read last asked for a chunk (cached or not)
         self._reads_done = trio.Event()  # set (and replaced) when the last fetch in flight ends
 
     # -- placement ---------------------------------------------------------------------------
@@ -668,7 +671,7 @@ class ChunkStore:
         ``abandon_on_cancel``: a readahead, cancelled when its file is released, leaves a
         device or network call in flight behind instead of waiting for it (the call
         changes nothing but counters; its result is dropped)."""
-        self._last_read = time.monotonic()
+        self._last_read = trio.current_time()
         while True:
             data = self._cache.get(ref.digest)
             if data is not None:
@@ -819,21 +822,40 @@ class ChunkStore:
             return
         if ref.digest in self._healing:
             return
-        if not bad:
-            # A plain copy-back waits until reads pause: during a restore the CPU and the
-            # disk belong to the reader. Beyond the buffer, chunks are left on the remote
-            # (`ckptfs prefetch` stages them later).
-            if ref.digest in self._copy_backs:
-                return
-            if self._copy_back_bytes + len(got.data) > COPY_BACK_BUFFER:
-                self.stats.count("copy_backs_skipped")
-                return
-            self._copy_backs[ref.digest] = (ref, got.data)
-            self._copy_back_bytes += len(got.data)
-            self._copy_back_wake.set()
+        if bad and (got.source in self.local or any(t not in self.local for t, _ in bad)):
+            # A bad copy with a local source, or a bad remote copy: heal it now.
+            self._healing.add(ref.digest)
+            self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
             return
-        self._healing.add(ref.digest)
-        self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
+        # Served by a remote with the damage local only (a restore onto wiped or new disks,
+        # where every chunk's local copy is missing), or a plain copy-back: the write waits
+        # until reads pause, so the reader keeps the CPU and the disk. Beyond the buffer,
+        # chunks are left on the remote (`ckptfs prefetch` stages them later); their bad
+        # copies are marked at once, so nothing takes them for valid meanwhile.
+        if ref.digest in self._copy_backs:
+            return
+        if self._copy_back_bytes + len(got.data) > COPY_BACK_BUFFER:
+            self.stats.count("copy_backs_skipped")
+            if bad:
+                self._healing.add(ref.digest)  # no heal of it starts while this runs
+                self._nursery.start_soon(self._mark_bad, ref, bad)
+            return
+        self._copy_backs[ref.digest] = (ref, got.data, bad)
+        self._copy_back_bytes += len(got.data)
+        self._copy_back_wake.set()
+
+    async def _mark_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
+        """Record that these copies are missing or corrupt (readers skip them), without
+        writing a new one now."""
+        try:
+            for name, why in bad:
+                await trio.to_thread.run_sync(
+                    self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
+                )
+                log.warning("chunk %s: copy on tier %s %s; left on the remote until it is "
+                            "staged", ref.key[:16], name, why)
+        finally:
+            self._healing.discard(ref.digest)
 
     async def stage(self, ref: ChunkRef) -> bool:
         """Make sure a local tier holds a valid copy of this chunk (``ckptfs prefetch``):
@@ -875,17 +897,17 @@ class ChunkStore:
                 if self._flights:
                     await self._reads_done.wait()
                     continue
-                left = self._last_read + COPY_BACK_IDLE_S - time.monotonic()
+                left = self._last_read + COPY_BACK_IDLE_S - trio.current_time()
                 if left <= 0:
                     break
                 await trio.sleep(left)
-            digest, (ref, data) = next(iter(self._copy_backs.items()))
+            digest, (ref, data, bad) = next(iter(self._copy_backs.items()))
             del self._copy_backs[digest]
             self._copy_back_bytes -= len(data)
             if digest in self._healing:
                 continue
             self._healing.add(digest)
-            await self._heal(ref, data, [], True)
+            await self._heal(ref, data, bad, True)
 
     async def _heal(
         self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]], copy_back: bool
