@@ -102,6 +102,12 @@ def clean_stale_mount(mountpoint: Path, state_dir: Path) -> None:
             raise MountError(f"stale mount at {mountpoint} could not be removed")
 
 
+def pool_size(cfg: Config) -> int:
+    """Connections of a remote tier's pool: every GET and upload that may run at once
+    (a GET waiting for a free connection would waste its place under remote_io)."""
+    return max(32, cfg.reads.remote_concurrency + cfg.upload.concurrency + 4)
+
+
 def open_tiers(cfg: Config) -> list[Tier]:
     tiers: list[Tier] = []
     for tc in cfg.tiers:
@@ -112,7 +118,7 @@ def open_tiers(cfg: Config) -> list[Tier]:
         # boto3 loads only when a remote tier is configured
         from .tiers.s3 import NoSuchBucket, ReadOnlyCredentials, S3Tier
 
-        remote = S3Tier(rc)
+        remote = S3Tier(rc, max_pool_connections=pool_size(cfg))
         try:
             remote.check()
             remote.probe_write()
@@ -412,6 +418,7 @@ def build(
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         spill_copy=uploader.copy_uncommitted,
         on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
+        remote_reads=reads.remote_concurrency,
     )
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(

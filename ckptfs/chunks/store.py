@@ -112,12 +112,14 @@ class ChunkStore:
         on_requeue: Callable[[], None] | None = None,
         on_deletions: Callable[[], None] | None = None,
         remote_copies: int = 1,
+        remote_reads: int | None = None,
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
         (eviction), ``spill_copy`` moves uncommitted chunks to a remote (the uploader's),
         ``on_requeue`` tells the uploader of new upload jobs (a heal, a commit),
-        ``on_deletions`` wakes the deleter."""
+        ``on_deletions`` wakes the deleter; ``remote_reads`` GETs from remote tiers run at
+        once (remote_read_concurrency; default ``io_threads``)."""
         self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
         # New chunks land on local tiers only; remote tiers get copies from the uploader.
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -126,8 +128,9 @@ class ChunkStore:
             raise ValueError("a ChunkStore needs at least one local tier")
         self.io = trio.CapacityLimiter(io_threads)  # local tier I/O: writes, reads, fsync
         # GETs from remote tiers (reads, heals, prefetch staging): their own threads, so a
-        # slow or hung object store cannot take the ones local I/O needs.
-        self.remote_io = trio.CapacityLimiter(io_threads)
+        # slow or hung object store cannot take the ones local I/O needs. As many as fill
+        # the link (a GET's latency hides behind the others'), not as many as the disks want.
+        self.remote_io = trio.CapacityLimiter(remote_reads or io_threads)
         self.catalog = catalog
         self.db_limiter = db_limiter
         self._inflight_bytes = {t.name: 0 for t in tiers}
@@ -159,10 +162,13 @@ class ChunkStore:
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
         self.on_requeue = on_requeue
         self._on_deletions = on_deletions
-        self._copy_backs: OrderedDict[bytes, tuple[ChunkRef, frame.Buffer]] = OrderedDict()
+        # Chunks to write to a local tier when reads pause, with their bad local copies.
+        self._copy_backs: OrderedDict[
+            bytes, tuple[ChunkRef, frame.Buffer, list[tuple[str, str]]]
+        ] = OrderedDict()
         self._copy_back_bytes = 0
         self._copy_back_wake = trio.Event()
-        self._last_fetch = 0.0
+        self._last_read = -1e9  # trio time a read last asked for a chunk (cached or not)
         self._reads_done = trio.Event()  # set (and replaced) when the last fetch in flight ends
 
     # -- placement ---------------------------------------------------------------------------
@@ -643,6 +649,13 @@ class ChunkStore:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old)
 
+    def consumed(self, digest: bytes) -> None:
+        """A sequential reader read this chunk to its end: it is the first to go when the
+        cache is full, before the chunks the readahead fetched for what comes next (plain
+        LRU evicted those, unread, and they were fetched again)."""
+        if digest in self._cache:
+            self._cache.move_to_end(digest, last=False)
+
     def cached(self, digest: bytes) -> bool:
         """True if reading this chunk costs no new device read (cached or being fetched)."""
         return digest in self._cache or digest in self._flights
@@ -658,6 +671,7 @@ class ChunkStore:
         ``abandon_on_cancel``: a readahead, cancelled when its file is released, leaves a
         device or network call in flight behind instead of waiting for it (the call
         changes nothing but counters; its result is dropped)."""
+        self._last_read = trio.current_time()
         while True:
             data = self._cache.get(ref.digest)
             if data is not None:
@@ -680,7 +694,6 @@ class ChunkStore:
         """Fetch a chunk as the one flight other readers of it join."""
         flight = _Flight()
         self._flights[ref.digest] = flight
-        self._last_fetch = time.monotonic()
         try:
             got = await self._fetch(ref, abandon)
             if got.data is None and got.refresh:
@@ -809,21 +822,40 @@ class ChunkStore:
             return
         if ref.digest in self._healing:
             return
-        if not bad:
-            # A plain copy-back waits until reads pause: during a restore the CPU and the
-            # disk belong to the reader. Beyond the buffer, chunks are left on the remote
-            # (`ckptfs prefetch` stages them later).
-            if ref.digest in self._copy_backs:
-                return
-            if self._copy_back_bytes + len(got.data) > COPY_BACK_BUFFER:
-                self.stats.count("copy_backs_skipped")
-                return
-            self._copy_backs[ref.digest] = (ref, got.data)
-            self._copy_back_bytes += len(got.data)
-            self._copy_back_wake.set()
+        if bad and (got.source in self.local or any(t not in self.local for t, _ in bad)):
+            # A bad copy with a local source, or a bad remote copy: heal it now.
+            self._healing.add(ref.digest)
+            self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
             return
-        self._healing.add(ref.digest)
-        self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
+        # Served by a remote with the damage local only (a restore onto wiped or new disks,
+        # where every chunk's local copy is missing), or a plain copy-back: the write waits
+        # until reads pause, so the reader keeps the CPU and the disk. Beyond the buffer,
+        # chunks are left on the remote (`ckptfs prefetch` stages them later); their bad
+        # copies are marked at once, so nothing takes them for valid meanwhile.
+        if ref.digest in self._copy_backs:
+            return
+        if self._copy_back_bytes + len(got.data) > COPY_BACK_BUFFER:
+            self.stats.count("copy_backs_skipped")
+            if bad:
+                self._healing.add(ref.digest)  # no heal of it starts while this runs
+                self._nursery.start_soon(self._mark_bad, ref, bad)
+            return
+        self._copy_backs[ref.digest] = (ref, got.data, bad)
+        self._copy_back_bytes += len(got.data)
+        self._copy_back_wake.set()
+
+    async def _mark_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
+        """Record that these copies are missing or corrupt (readers skip them), without
+        writing a new one now."""
+        try:
+            for name, why in bad:
+                await trio.to_thread.run_sync(
+                    self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
+                )
+                log.warning("chunk %s: copy on tier %s %s; left on the remote until it is "
+                            "staged", ref.key[:16], name, why)
+        finally:
+            self._healing.discard(ref.digest)
 
     async def stage(self, ref: ChunkRef) -> bool:
         """Make sure a local tier holds a valid copy of this chunk (``ckptfs prefetch``):
@@ -858,23 +890,24 @@ class ChunkStore:
             if not self._copy_backs:
                 self._copy_back_wake = trio.Event()
                 await self._copy_back_wake.wait()
-            # Wait for a pause in reads: no fetch in flight (an event), then none started
-            # for COPY_BACK_IDLE_S (a deadline that each new fetch moves).
+            # Wait for a pause in reads: no fetch in flight (an event), then no read at all
+            # for COPY_BACK_IDLE_S (a deadline that each read moves: readers served from
+            # the cache, the readahead ahead of them, are still restoring).
             while True:
                 if self._flights:
                     await self._reads_done.wait()
                     continue
-                left = self._last_fetch + COPY_BACK_IDLE_S - time.monotonic()
+                left = self._last_read + COPY_BACK_IDLE_S - trio.current_time()
                 if left <= 0:
                     break
                 await trio.sleep(left)
-            digest, (ref, data) = next(iter(self._copy_backs.items()))
+            digest, (ref, data, bad) = next(iter(self._copy_backs.items()))
             del self._copy_backs[digest]
             self._copy_back_bytes -= len(data)
             if digest in self._healing:
                 continue
             self._healing.add(digest)
-            await self._heal(ref, data, [], True)
+            await self._heal(ref, data, bad, True)
 
     async def _heal(
         self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]], copy_back: bool

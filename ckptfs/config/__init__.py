@@ -17,6 +17,7 @@ from .model import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_METRICS_ADDRESS,
     DEFAULT_READAHEAD,
+    DEFAULT_REMOTE_READ_CONCURRENCY,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     REMOTE_COMPRESSION_MODES,
@@ -44,7 +45,8 @@ from .tiers import local_tiers_from_paths, parse_remote_url
 
 __all__ = [
     "ADDRESSING_STYLES", "CATALOG_FILE", "DEFAULT_CHUNK_SIZE", "DEFAULT_IO_THREADS",
-    "DEFAULT_MEMORY_BUDGET", "DEFAULT_METRICS_ADDRESS", "DEFAULT_READAHEAD", "MAX_CHUNK_SIZE",
+    "DEFAULT_MEMORY_BUDGET", "DEFAULT_METRICS_ADDRESS", "DEFAULT_READAHEAD",
+    "DEFAULT_REMOTE_READ_CONCURRENCY", "MAX_CHUNK_SIZE",
     "MIN_CHUNK_SIZE", "REMOTE_COMPRESSION_MODES", "UPLOAD_DURING_SAVE", "CheckpointConfig",
     "Config", "DurabilityPolicy", "FuseConfig", "GiB", "KiB", "MetricsConfig", "MiB",
     "PatternConfig", "ReadConfig", "RecordedTiers", "RetentionConfig", "RetentionPolicy",

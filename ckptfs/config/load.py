@@ -23,6 +23,7 @@ from .model import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_METRICS_ADDRESS,
     DEFAULT_READAHEAD,
+    DEFAULT_REMOTE_READ_CONCURRENCY,
     DURABILITIES,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
@@ -72,7 +73,7 @@ _TOP_KEYS = {
     "default_permissions", "tier",
     "remote_copies", "upload_concurrency", "upload_during_save", "on_local_full",
     "local_full_timeout", "policy",
-    "remote_compression", "readahead", "copy_back", "checkpoints", "checkpoint_partial_after",
+    "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
@@ -131,6 +132,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     if readahead > 4 * GiB:
         raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
     copy_back = choice(data.get("copy_back", "sequential"), "copy_back", COPY_BACK)
+    remote_reads = int_key(data, "remote_read_concurrency", DEFAULT_REMOTE_READ_CONCURRENCY,
+                           1, 256)
     checkpoints = take_bool(data.get("checkpoints", True), "checkpoints")
     partial_after = seconds(
         data.get("checkpoint_partial_after", 600), "checkpoint_partial_after", 0.001, 7 * 86400
@@ -173,7 +176,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         ),
         upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
                             compression=remote_compression),
-        reads=ReadConfig(readahead=readahead, copy_back=copy_back),
+        reads=ReadConfig(readahead=readahead, copy_back=copy_back,
+                         remote_concurrency=remote_reads),
         checkpoints=CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
                                      patterns=patterns),
         retention=RetentionConfig(policies=retention, local_high_watermark=float(hwm)),

@@ -26,6 +26,10 @@ DEFAULT_IO_THREADS = 4
 # Six 16 MiB chunks in flight per sequential reader: two (32 MiB) left a cold read waiting
 # on each device read (performance.md, "Read path").
 DEFAULT_READAHEAD = 96 * MiB
+# GETs from the remote tiers in flight at once (reads, readahead, prefetch): enough to fill
+# the link (its bandwidth-delay product), measured in performance.md ("Restore from the
+# bucket"); the S3 connection pool is sized to hold them besides the uploads.
+DEFAULT_REMOTE_READ_CONCURRENCY = 8
 MIN_CHUNK_SIZE = 64 * KiB
 MAX_CHUNK_SIZE = 64 * MiB
 # Prometheus metrics (ckptfs/metrics.py): localhost only unless configured otherwise.
@@ -200,6 +204,7 @@ class ReadConfig:
 
     readahead: int = DEFAULT_READAHEAD
     copy_back: CopyBack = "sequential"
+    remote_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY  # remote_read_concurrency
 
 
 @dataclass(frozen=True)

@@ -369,6 +369,8 @@ class OpenFile:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
                     piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
+                    if sequential and hi >= len(data):
+                        self.svc.store.consumed(ref.digest)
             if len(piece) < hi - lo:
                 piece = bytes(piece) + bytes(hi - lo - len(piece))  # past the data: a hole
             out.append(piece)

@@ -19,6 +19,7 @@ from ckptfs.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_IO_THREADS,
     DEFAULT_MEMORY_BUDGET,
+    DEFAULT_REMOTE_READ_CONCURRENCY,
     GiB,
     KiB,
     MiB,
@@ -86,6 +87,7 @@ def test_defaults_from_empty_dict() -> None:
     assert cfg.store.chunk_size == DEFAULT_CHUNK_SIZE
     assert cfg.store.memory_budget == DEFAULT_MEMORY_BUDGET
     assert cfg.store.io_threads == DEFAULT_IO_THREADS
+    assert cfg.reads.remote_concurrency == DEFAULT_REMOTE_READ_CONCURRENCY
     assert cfg.fuse.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
     assert cfg.fuse.default_permissions is True
     assert cfg.tiers == ()
@@ -233,6 +235,9 @@ TOP_LEVEL_ERRORS = [
     ({"io_threads": "4"}, "io_threads"),
     ({"io_threads": True}, "io_threads"),
     ({"io_threads": 2.0}, "io_threads"),
+    ({"remote_read_concurrency": 0}, "remote_read_concurrency"),
+    ({"remote_read_concurrency": 257}, "remote_read_concurrency"),
+    ({"remote_read_concurrency": "8"}, "remote_read_concurrency"),
     ({"allow_other": "yes"}, "allow_other"),
     ({"allow_other": 1}, "allow_other"),
     ({"default_permissions": "no"}, "default_permissions"),

@@ -13,7 +13,14 @@ from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.commit import FileVersion, commit_version
 from ckptfs.config import config_from_dict
-from ckptfs.mount import Daemon, build, build_for_config, reconcile_catalog, running
+from ckptfs.mount import (
+    Daemon,
+    build,
+    build_for_config,
+    pool_size,
+    reconcile_catalog,
+    running,
+)
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
@@ -46,7 +53,7 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
         "chunk_size": "1MiB", "memory_budget": "4MiB", "io_threads": 3, "remote_copies": 2, "on_local_full": "enospc",
         "local_full_timeout": 7, "upload_concurrency": 5, "upload_during_save": "overlap",
         "remote_compression": "off", "readahead": "1MiB", "copy_back": "never",
-        "checkpoint_partial_after": 9, "local_high_watermark": 0.7,
+        "remote_read_concurrency": 11, "checkpoint_partial_after": 9, "local_high_watermark": 0.7,
         "retention": [{"path": "/runs/*", "keep": 2}],
         "policy": [{"path": "/final", "durability": "remote"}],
     })
@@ -57,6 +64,11 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
             5, "overlap", "off")
         assert (d.store.io.total_tokens, d.store.remote_copies, d.store.on_local_full,
                 d.store.local_full_timeout_s) == (3, 2, "enospc", 7.0)
+        # Remote GETs: as many as remote_read_concurrency, beside the 3 local I/O threads;
+        # the S3 pool holds them and the uploads.
+        assert d.store.remote_io.total_tokens == 11
+        assert pool_size(cfg) == 32 and pool_size(config_from_dict(
+            {"remote_read_concurrency": 40, "upload_concurrency": 8})) == 52
         assert d.budget.limit == 4 * 1024 * 1024
         assert (d.fs.readahead, d.fs.copy_back, d.fs.policies) == (1024 * 1024, "never",
                                                                   cfg.policies)
