@@ -6,10 +6,11 @@ from pathlib import Path
 
 import trio
 import trio.testing
-from test_local_full import wait_for
-from test_loop_rules import until_real
-from test_upload import wait_backlog_empty
-from test_vfs import CS, make_fs, write_file
+
+from tests.faults.test_loop_rules import until_real
+from tests.store.test_local_full import wait_for
+from tests.store.test_upload import wait_backlog_empty
+from tests.vfs.test_vfs import CS, make_fs, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
