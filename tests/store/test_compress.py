@@ -160,6 +160,7 @@ def test_sample_cost_is_small_and_spread_out() -> None:
 
 
 @pytest.mark.parametrize("mode", ["auto", "always"])
+@pytest.mark.allow_log_errors
 def test_a_compressed_frame_that_does_not_verify_is_never_returned(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
@@ -181,6 +182,7 @@ def test_a_compressed_frame_that_does_not_verify_is_never_returned(
         assert "failed verification" in caplog.text
 
 
+@pytest.mark.allow_log_errors
 def test_a_broken_sample_keeps_the_chunk_raw(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -46,6 +46,9 @@ async def test_committed_chunks_reach_the_remote_verified(tmp_path: Path) -> Non
         assert await read_file(fs, b"f") == data
 
 
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_outage_grows_backlog_then_drains(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.kind = "remote"
@@ -109,6 +112,7 @@ def test_backoff_grows_and_is_jittered() -> None:
     assert backoff_s(50, lambda: 1.0) == 60.0
 
 
+@pytest.mark.allow_log_warnings("BadDigest (body changed in transit)")
 async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path) -> None:
     inner = MemoryTier("r", kind="remote")
     remote = FaultyTier(inner)
