@@ -52,13 +52,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "allow_log_errors: the test provokes errors on purpose; do not fail it on ERROR or "
-        "Traceback lines in the ckptfs daemon log",
+        "Traceback lines in the ckptfs daemon log or the in-process ckptfs loggers",
     )
     config.addinivalue_line(
         "markers",
         "allow_log_warnings(*substrings): the test provokes daemon warnings on purpose; do "
-        "not fail it on WARNING lines in the ckptfs daemon log (with arguments: only on "
-        "warnings that contain none of them)",
+        "not fail it on WARNING lines in the ckptfs daemon log or loggers (with arguments: "
+        "only on warnings that contain none of them)",
     )
 
 
