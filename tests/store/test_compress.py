@@ -247,6 +247,7 @@ def test_config_key() -> None:
 # --------------------------------------------------------------------------- uploads
 
 
+@pytest.mark.allow_log_warnings("copy on tier l missing; healing it")
 async def test_uploader_sends_lz4_and_keeps_local_frames_raw(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     data = bytes(100_000) + os.urandom(100_000)  # 64 KiB chunks: zeros, mixed, random

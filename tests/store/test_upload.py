@@ -31,6 +31,7 @@ async def wait_backlog_empty(fs, timeout: float = 10) -> None:  # type: ignore[n
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 
+@pytest.mark.allow_log_warnings("copy on tier l missing; healing it")
 async def test_committed_chunks_reach_the_remote_verified(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     data = os.urandom(3 * CS + 5)
