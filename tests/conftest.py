@@ -4,7 +4,9 @@
 ``ckpt_factory``  make mounts that a test can unmount and mount again with the same state.
 
 The daemon-log check (``daemon_log_check``, autouse) covers every test that starts a
-daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log. The
+daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log, and
+the records of the ``ckptfs`` loggers in the test process (daemons built in-process:
+``make_daemon``, ``make_fs``, ``mount.build``) are collected while the test runs. The
 lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line
 unless the test is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless
 it is marked ``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain
@@ -50,13 +52,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "allow_log_errors: the test provokes errors on purpose; do not fail it on ERROR or "
-        "Traceback lines in the ckptfs daemon log",
+        "Traceback lines in the ckptfs daemon log or the in-process ckptfs loggers",
     )
     config.addinivalue_line(
         "markers",
         "allow_log_warnings(*substrings): the test provokes daemon warnings on purpose; do "
-        "not fail it on WARNING lines in the ckptfs daemon log (with arguments: only on "
-        "warnings that contain none of them)",
+        "not fail it on WARNING lines in the ckptfs daemon log or loggers (with arguments: "
+        "only on warnings that contain none of them)",
     )
 
 
@@ -90,8 +92,17 @@ def daemon_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
     """After the test and its mounts are gone: show the daemon logs of a failed test, else
     fail on log lines its markers do not allow. Autouse and set up first, so it is torn
     down after every mount fixture of the test."""
-    yield
-    new = mountutil.DAEMON_LOGS.take_new()
+    in_process = mountutil.InProcessLog()
+    in_process.attach()
+    try:
+        yield
+    finally:
+        in_process.detach()
+    new: dict[str, list[str]] = {
+        str(log): lines for log, lines in mountutil.DAEMON_LOGS.take_new().items()
+    }
+    if in_process.lines:
+        new[in_process.LABEL] = in_process.lines
     node = request.node
     failed = any(
         (rep := getattr(node, f"rep_{when}", None)) is not None and rep.failed
@@ -100,6 +111,8 @@ def daemon_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
     if failed:
         # The test already failed: show the daemon's side instead of reporting it twice.
         for log, lines in new.items():
+            if log == in_process.LABEL:
+                continue  # pytest shows the test's captured log records itself
             tail = "\n".join(lines[-80:])
             print(f"--- ckptfs log tail ({log}) ---\n{tail}")
         return

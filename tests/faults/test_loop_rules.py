@@ -270,6 +270,9 @@ async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Pat
             await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"b")).ino)).values()}
 
 
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry"
+)
 async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -314,6 +317,7 @@ class TimedDeletes(FaultyTier):
         return super().delete(key)
 
 
+@pytest.mark.allow_log_warnings("deleting chunks on tier r failed, will retry")
 async def test_failed_deletions_are_retried_on_their_backoff(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

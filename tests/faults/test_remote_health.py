@@ -180,6 +180,8 @@ def test_a_server_that_stops_answering_mid_request_is_an_outage_not_a_bad_object
 # -- the read path -----------------------------------------------------------------------------
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("unreadable; healing it")
 async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
     tmp_path: Path, server: SeaweedServer,
 ) -> None:

@@ -100,6 +100,8 @@ def two_nodes(
     yield a, b, tmp_path / "a", tmp_path / "b"
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("--takeover: taking the writer lease")
 def test_lease_conflict_takeover_and_release(
     two_nodes: tuple[S3Tier, S3Tier, Path, Path], tmp_path: Path
 ) -> None:
@@ -149,6 +151,7 @@ def test_lease_conflict_takeover_and_release(
     assert read_lease(b).lease.writer_id == writer_id(tmp_path / "c")  # type: ignore[union-attr]
 
 
+@pytest.mark.allow_log_warnings("--takeover: replacing the unreadable lease")
 def test_stale_and_unreadable_leases(
     two_nodes: tuple[S3Tier, S3Tier, Path, Path], seaweed: SeaweedServer  # noqa: F811
 ) -> None:
@@ -176,6 +179,7 @@ def test_lease_writes_are_conditional(s3_tier: S3Tier) -> None:  # noqa: F811
     assert s3_tier.get_meta_tagged(LEASE_NAME) == (b"[]", new)
 
 
+@pytest.mark.allow_log_warnings("not taken (", "cannot reach the remote")
 def test_unreachable_remote_at_mount_fences_until_the_lease_is_taken(
     two_nodes: tuple[S3Tier, S3Tier, Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -160,6 +160,7 @@ def test_sample_cost_is_small_and_spread_out() -> None:
 
 
 @pytest.mark.parametrize("mode", ["auto", "always"])
+@pytest.mark.allow_log_errors
 def test_a_compressed_frame_that_does_not_verify_is_never_returned(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
@@ -181,6 +182,7 @@ def test_a_compressed_frame_that_does_not_verify_is_never_returned(
         assert "failed verification" in caplog.text
 
 
+@pytest.mark.allow_log_errors
 def test_a_broken_sample_keeps_the_chunk_raw(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -245,6 +247,7 @@ def test_config_key() -> None:
 # --------------------------------------------------------------------------- uploads
 
 
+@pytest.mark.allow_log_warnings("copy on tier l missing; healing it")
 async def test_uploader_sends_lz4_and_keeps_local_frames_raw(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     data = bytes(100_000) + os.urandom(100_000)  # 64 KiB chunks: zeros, mixed, random

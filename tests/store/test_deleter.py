@@ -189,6 +189,7 @@ async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tm
         assert await read_file(fs, b"copy.bin") == x
 
 
+@pytest.mark.allow_log_errors
 async def test_a_failed_fsync_retires_the_handle_and_close_commits_nothing(tmp_path: Path) -> None:
     tier = FaultyTier(MemoryTier("l"))
     old, new = os.urandom(CS + 10), os.urandom(2 * CS)

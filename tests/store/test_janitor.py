@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.store.test_local_full import wait_for
@@ -62,6 +63,9 @@ async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Pat
         assert report.expired == 1 and await state(fs, "/run/checkpoint-1") == "deleted"
 
 
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
     local = MemoryTier("l")
     remote = FaultyTier(MemoryTier("r", kind="remote"))
@@ -91,6 +95,7 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
             assert await state(fs, "/run/checkpoint-1") == "committed"
 
 
+@pytest.mark.allow_log_warnings("deleting chunks on tier r failed, will retry")
 async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), FaultyTier(MemoryTier("r", kind="remote"))
     async with make_daemon(tmp_path, [local, remote], **options()) as d:
@@ -116,6 +121,9 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         await deletions_done(fs)
 
 
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True  # a slow or absent remote: the backlog would grow

@@ -48,6 +48,7 @@ async def wait_for(predicate, timeout: float = 10) -> None:  # type: ignore[no-u
             await trio.sleep(0.01)  # polling a condition, with a deadline
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_full_local_tier_evicts_chunks_the_remote_holds(tmp_path: Path) -> None:
     local, remote = small_local(4), MemoryTier("r", kind="remote")
     a, b = os.urandom(3 * CS), os.urandom(3 * CS)
@@ -61,6 +62,7 @@ async def test_full_local_tier_evicts_chunks_the_remote_holds(tmp_path: Path) ->
         assert await read_file(fs, b"b") == b
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_an_open_reader_follows_an_evicted_chunk_to_the_remote(tmp_path: Path) -> None:
     local, remote = small_local(3), MemoryTier("r", kind="remote")
     a = os.urandom(3 * CS)
@@ -78,6 +80,7 @@ async def test_an_open_reader_follows_an_evicted_chunk_to_the_remote(tmp_path: P
             await fs.release(fh)
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_block_waits_for_uploads_then_the_save_goes_on(tmp_path: Path) -> None:
     local, remote = small_local(4), gated_remote()
     a, b = os.urandom(3 * CS), os.urandom(3 * CS)
@@ -103,6 +106,7 @@ async def test_block_waits_for_uploads_then_the_save_goes_on(tmp_path: Path) -> 
         remote.put_gate.set()
 
 
+@pytest.mark.allow_log_errors
 async def test_enospc_policy_fails_the_write_and_keeps_the_data(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -122,6 +126,8 @@ async def test_enospc_policy_fails_the_write_and_keeps_the_data(
         remote.put_gate.set()
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("local tiers full; writers wait")
 async def test_block_gives_enospc_after_its_timeout(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -138,6 +144,7 @@ async def test_block_gives_enospc_after_its_timeout(
         remote.put_gate.set()
 
 
+@pytest.mark.allow_log_errors
 async def test_without_a_remote_a_full_tier_is_enospc_at_once(tmp_path: Path) -> None:
     async with make_fs(tmp_path, [small_local(2)]) as fs:
         with trio.fail_after(5), pytest.raises(NoSpace):
@@ -217,6 +224,10 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
         remote.put_gate.set()
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_remote_policy_times_out_with_eio_and_keeps_the_file(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True
@@ -257,6 +268,7 @@ async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_pat
 # -- a file larger than the local tiers ------------------------------------------------------
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: Path) -> None:
     """The only way to make room is the file's own uncommitted chunks: they go to the
     remote, which then serves them (verified), and the commit records them there, with no
@@ -285,6 +297,7 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
         assert await read_file(fs, b"big") == data
 
 
+@pytest.mark.allow_log_errors
 async def test_block_fails_at_once_when_nothing_can_free_room(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -299,6 +312,11 @@ async def test_block_fails_at_once_when_nothing_can_free_room(
         assert "writers wait for 0 bytes" not in caplog.text
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings(
+    "local tiers full; writers wait", "could not move uncommitted chunk",
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_a_failing_remote_makes_block_wait_then_enospc(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,6 +340,7 @@ class ChunkGatedTier(FaultyTier):
         self.inner.put_meta(name, data)  # type: ignore[attr-defined]
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies(
     tmp_path: Path,
 ) -> None:
@@ -356,6 +375,10 @@ async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies
         remote.put_gate.set()
 
 
+@pytest.mark.allow_log_warnings(
+    "local tiers full; writers wait", "local tiers have room again",
+    "deleting chunks on tier r failed, will retry",
+)
 async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copies(
     tmp_path: Path,
 ) -> None:
@@ -416,6 +439,7 @@ class DeleteGatedTier(FaultyTier):
         return super().delete(key)
 
 
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
 async def test_block_waits_for_local_frames_in_the_deletion_queue(tmp_path: Path) -> None:
     """An uploaded file is deleted and a new one written at once: nothing is evictable,
     nothing uploads or moves, but the deleter is about to free the old frames, so the

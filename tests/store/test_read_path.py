@@ -3,6 +3,7 @@
 import os
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.store.test_local_full import wait_for
@@ -33,6 +34,8 @@ def test_read_order_follows_measured_speed_and_health() -> None:
     assert s.read_order(["s3", "slow", "nvme"], 16 << 20)[0] == "nvme"
 
 
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("missing; healing it", "corrupt; healing it")
 async def test_a_corrupt_remote_copy_is_uploaded_again(tmp_path: Path) -> None:
     """A fresh node reads from two remotes; one copy is corrupt: the read is served from the
     other, a local copy is written, and the bad remote copy is uploaded again from it."""

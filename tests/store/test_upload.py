@@ -31,6 +31,7 @@ async def wait_backlog_empty(fs, timeout: float = 10) -> None:  # type: ignore[n
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 
+@pytest.mark.allow_log_warnings("copy on tier l missing; healing it")
 async def test_committed_chunks_reach_the_remote_verified(tmp_path: Path) -> None:
     local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
     data = os.urandom(3 * CS + 5)
@@ -46,6 +47,9 @@ async def test_committed_chunks_reach_the_remote_verified(tmp_path: Path) -> Non
         assert await read_file(fs, b"f") == data
 
 
+@pytest.mark.allow_log_warnings(
+    "catalog snapshot upload failed", "upload to tier r failed, will retry",
+)
 async def test_outage_grows_backlog_then_drains(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.kind = "remote"
@@ -109,6 +113,7 @@ def test_backoff_grows_and_is_jittered() -> None:
     assert backoff_s(50, lambda: 1.0) == 60.0
 
 
+@pytest.mark.allow_log_warnings("BadDigest (body changed in transit)")
 async def test_bytes_corrupted_in_transit_are_refused_and_retried(tmp_path: Path) -> None:
     inner = MemoryTier("r", kind="remote")
     remote = FaultyTier(inner)

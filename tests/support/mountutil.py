@@ -6,12 +6,16 @@ module started, is killed by PID if it did not exit by itself.
 Every ``ckptfs mount`` command built here (``ckptfs_cmd``, so also ``run_cli``) and every
 ``Mount`` registers its state dir's ``ckptfs.log`` in ``DAEMON_LOGS``; tests/conftest.py
 checks, after every test, the lines each of those logs gained during the test.
+Daemons a test builds in its own process (``make_daemon``, ``make_fs``, ``mount.build``)
+log through the ``ckptfs`` loggers instead: ``InProcessLog`` collects those records, as
+lines in the daemon log's format, so that the same rules judge them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -23,6 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ckptfs.logsetup import FILE_FORMAT
 
 FUSE_AVAILABLE = os.path.exists("/dev/fuse") and any(
     os.access(os.path.join(d, "fusermount3"), os.X_OK) for d in os.environ.get("PATH", "").split(":")
@@ -104,6 +110,44 @@ def disallowed_log_lines(
         return not allowed_warnings or any(s in line for s in allowed_warnings)
 
     return [line for line in lines if not allowed(line)]
+
+
+class InProcessLog(logging.Handler):
+    """The records of the ``ckptfs`` logger hierarchy in this process while attached, as
+    the lines the daemon would have written to ``ckptfs.log`` (a traceback as its lines).
+
+    ``attach()`` also lets INFO records through (the daemon's default level), so that an
+    INFO record with a traceback is seen as it would be in the file."""
+
+    LOGGER = "ckptfs"
+    LABEL = "in-process ckptfs loggers (make_daemon, make_fs, mount.build)"
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.setFormatter(logging.Formatter(FILE_FORMAT))
+        self.lines: list[str] = []
+        self._old_level: int | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # a record whose message does not format: show it raw
+            text = f"{record.levelname} {record.name}: {record.msg!r} % {record.args!r}"
+        self.lines += text.splitlines()
+
+    def attach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        if logger.getEffectiveLevel() > logging.INFO:
+            self._old_level = logger.level
+            logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+
+    def detach(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        if self._old_level is not None:
+            logger.setLevel(self._old_level)
+            self._old_level = None
 
 
 def _config_sets(args: Sequence[str], key: str) -> bool:

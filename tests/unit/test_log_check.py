@@ -1,5 +1,6 @@
 """The daemon-log check of tests/conftest.py: what it fails a test on, and that it sees
-every log registered through mountutil (also one whose state dir the test deleted).
+every log registered through mountutil (also one whose state dir the test deleted), and
+the records of the ``ckptfs`` loggers in the test's own process (in-process daemons).
 
 The inner tests run in a pytest subprocess that loads tests/conftest.py; they write log
 lines in the daemon's format instead of starting a daemon.
@@ -53,6 +54,7 @@ def test_registry_returns_new_whole_lines_and_keeps_deleted_logs(tmp_path: Path)
 
 
 INNER = f'''
+import logging
 import shutil
 import pytest
 from tests.support import mountutil
@@ -100,6 +102,30 @@ def test_command_line_registers(tmp_path):
     mountutil.ckptfs_cmd("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "s"))
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "ckptfs.log").write_text({ERR!r} + "\\n")
+
+# Daemons built in the test process (make_daemon, make_fs, mount.build) log to the loggers.
+def test_in_process_error():
+    logging.getLogger("ckptfs.upload").error("upload of chunk cd failed")
+
+@pytest.mark.allow_log_errors
+def test_expected_in_process_error():
+    logging.getLogger("ckptfs.upload").error("upload of chunk cd failed")
+
+def test_in_process_traceback():
+    try:
+        raise ValueError("boom in a worker")
+    except ValueError:
+        logging.getLogger("ckptfs.vfs").info("retrying", exc_info=True)
+
+@pytest.mark.allow_log_warnings("room again")
+def test_expected_in_process_warning():
+    logging.getLogger("ckptfs.chunks").warning("local tiers have room again")
+
+def test_in_process_warning():
+    logging.getLogger("ckptfs.chunks").warning("local tiers are full")
+
+def test_other_loggers_are_not_ours():
+    logging.getLogger("botocore").error("not a ckptfs line")
 '''
 
 # The outer session's conftest, as a plugin of the inner one (whose own is "conftest").
@@ -117,11 +143,16 @@ def test_every_test_is_checked_by_its_markers(
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rE")
     out = res.stdout.str()
     outcomes = res.parseoutcomes()
-    assert outcomes.get("passed") == 9 and outcomes.get("errors") == 5, out
+    assert outcomes.get("passed") == 15 and outcomes.get("errors") == 8, out
     for name in ("test_warning", "test_other_warning", "test_error_in_a_deleted_state_dir",
-                 "test_a_mount_object_registers", "test_command_line_registers"):
+                 "test_a_mount_object_registers", "test_command_line_registers",
+                 "test_in_process_error", "test_in_process_traceback",
+                 "test_in_process_warning"):
         assert f"ERROR at teardown of {name}" in out, out
     for name in ("test_clean", "test_expected_warning", "test_markers_add_up",
-                 "test_expected_error"):
+                 "test_expected_error", "test_expected_in_process_error",
+                 "test_expected_in_process_warning", "test_other_loggers_are_not_ours"):
         assert f"of {name} " not in out, out
     assert "state/ckptfs.log" in out and "local tiers have room again" in out, out
+    assert "in-process ckptfs loggers" in out and "ERROR ckptfs.upload: upload of chunk cd" in out
+    assert "ValueError: boom in a worker" in out and "local tiers are full" in out, out

@@ -148,6 +148,7 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         cat.close()
 
 
+@pytest.mark.allow_log_warnings("in the config differs from")
 def test_a_catalog_keeps_its_chunk_size_and_warns_only_when_another_was_asked_for(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cat = Catalog(tmp_path / "catalog.sqlite")

@@ -312,6 +312,7 @@ async def test_file_attributes_follow_every_change(tmp_path: Path) -> None:
         await check(e.ino)
 
 
+@pytest.mark.allow_log_errors
 async def test_a_small_close_that_cannot_store_takes_the_usual_path(tmp_path: Path) -> None:
     # A full tier: the close reports ENOSPC, nothing commits.
     async with make_fs(tmp_path, [MemoryTier("l", capacity=100)]) as fs:

@@ -91,6 +91,7 @@ async def test_round_trip_across_restart(tmp_path: Path) -> None:
         assert (await fs.lookup(ROOT_INODE, b"f")).size == len(data)
 
 
+@pytest.mark.allow_log_errors
 async def test_failed_tier_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     bad = FaultyTier(MemoryTier("bad"))
     bad.fail_puts = True
@@ -103,6 +104,7 @@ async def test_failed_tier_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "tier bad failed" in caplog.text
 
 
+@pytest.mark.allow_log_errors
 async def test_all_tiers_failing_gives_eio_and_keeps_old_content(tmp_path: Path) -> None:
     t = FaultyTier(MemoryTier("only"))
     old = b"old content"
@@ -124,6 +126,7 @@ async def test_all_tiers_failing_gives_eio_and_keeps_old_content(tmp_path: Path)
         assert await read_file(fs, b"f") == old
 
 
+@pytest.mark.allow_log_errors
 async def test_full_tiers_give_enospc(tmp_path: Path) -> None:
     tiers: list[Tier] = [MemoryTier("a", capacity=CS), MemoryTier("b", capacity=CS)]
     async with make_fs(tmp_path, tiers) as fs:
@@ -132,6 +135,7 @@ async def test_full_tiers_give_enospc(tmp_path: Path) -> None:
         assert info.value.errno == errno.ENOSPC
 
 
+@pytest.mark.allow_log_errors
 async def test_corrupt_copy_gives_eio_never_wrong_bytes(tmp_path: Path) -> None:
     t = FaultyTier(MemoryTier("m"))
     async with make_fs(tmp_path, [t]) as fs:
