@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # a script: the test helpers are the package tests.support
 sys.path.insert(0, str(REPO / "scripts"))
 
 import botocore.config  # noqa: E402
@@ -71,7 +71,8 @@ from benchio import (  # noqa: E402
     same_bytes,
     write_from,
 )
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
+
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
 
 PART = 16 * MiB
 

@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # a script: the test helpers are the package tests.support
 
-from s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
+from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed  # noqa: E402
 
 
 def main() -> int:
