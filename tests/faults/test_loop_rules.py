@@ -6,13 +6,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+
+from tests.vfs.test_vfs import CS, make_daemon
 
 from ckptfs.catalog import Catalog, ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -21,7 +21,6 @@ from ckptfs.chunks.room import Room
 from ckptfs.chunks.store import ChunkStore, stats_for
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig, UploadConfig
-from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload import deleter as deleter_module
@@ -29,21 +28,6 @@ from ckptfs.upload import uploader as uploader_module
 from ckptfs.upload.deleter import Deleter
 from ckptfs.upload.uploader import SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
-
-CS = 64 * 1024
-
-
-@asynccontextmanager
-async def daemon_of(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
-    """The daemon's object graph as mount.py builds and runs it, without FUSE."""
-    cat = Catalog(path / "catalog.sqlite")
-    options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
-    try:
-        daemon = build(cat, tiers, **options)
-        async with running(daemon, drain=False):
-            yield daemon
-    finally:
-        cat.close()
 
 
 async def until(cond: Any, timeout: float = 10) -> None:
@@ -97,7 +81,7 @@ async def test_readahead_ends_with_its_file(
     the release does not wait for the slow reads, no prefetch task is left in the mount's
     nursery, and nothing is logged as an error."""
     tier = FaultyTier(MemoryTier("l"))
-    async with daemon_of(tmp_path, [tier], reads=ReadConfig(readahead=3 * CS)) as daemon:
+    async with make_daemon(tmp_path, [tier], reads=ReadConfig(readahead=3 * CS)) as daemon:
         fs = daemon.fs
         data = os.urandom(4 * CS)
         fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, os.O_RDWR, ROOT)
@@ -174,7 +158,7 @@ async def test_deferred_uploads_start_when_the_save_ends(
     """Uploads that wait for a save start when it ends (an event), with trio's clock
     frozen: no timer wakes the uploader to notice (it once looked every 0.2 s)."""
     local, remote = MemoryTier("l"), CountingTier("r")
-    async with daemon_of(tmp_path, [local, remote], upload=UploadConfig(during_save="defer")) as daemon:
+    async with make_daemon(tmp_path, [local, remote], upload=UploadConfig(during_save="defer")) as daemon:
         fs, up = daemon.fs, daemon.uploader
         fh = await _save_in_progress(fs, b"saving")
         await _write(fs, b"done", os.urandom(2 * CS))  # committed: two upload jobs
@@ -192,7 +176,7 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
     without a look); a change that queues no upload (a rename) is snapshotted
     SNAPSHOT_RECHECK_S after the first change of its burst, once for the burst."""
     local, remote = MemoryTier("l"), CountingTier("r")
-    async with daemon_of(tmp_path, [local, remote]) as daemon:
+    async with make_daemon(tmp_path, [local, remote]) as daemon:
         fs, up = daemon.fs, daemon.uploader
         passes: list[float] = []
         real_pass = up._pass
@@ -239,7 +223,7 @@ async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Pat
     gates), the guard's lock is free and the trio thread pins, unpins and reads it."""
     inner = MemoryTier("l")
     tier = FaultyTier(inner)
-    async with daemon_of(tmp_path, [tier]) as daemon:
+    async with make_daemon(tmp_path, [tier]) as daemon:
         fs, guard = daemon.fs, daemon.store.guard
         data = os.urandom(CS)
         await _write(fs, b"a", data)
@@ -282,7 +266,7 @@ async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
     local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
     remote = FaultyTier(inner)
     remote.fail_puts = True
-    async with daemon_of(tmp_path, [local, remote]) as daemon:
+    async with make_daemon(tmp_path, [local, remote]) as daemon:
         fs, up = daemon.fs, daemon.uploader
         for name in (b"a", b"b", b"c"):
             await _write(fs, name, os.urandom(CS))
