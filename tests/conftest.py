@@ -25,7 +25,13 @@ from tests.support import mountutil
 from tests.support.mountutil import Mount
 
 # The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
-from tests.support.s3fixtures import remote, s3_tier, s3_tier_factory, seaweed  # noqa: F401
+from tests.support.s3fixtures import (  # noqa: F401
+    own_seaweed,
+    remote,
+    s3_tier,
+    s3_tier_factory,
+    seaweed,
+)
 
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024

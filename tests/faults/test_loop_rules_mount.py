@@ -9,34 +9,18 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
-from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from tests.support.s3server import SeaweedServer
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
 MiB = 1 << 20
 ARGS = ("--chunk-size", "1MiB")
 FAST = 5.0  # a correctness bound against a hang, not a benchmark
-
-
-@pytest.fixture
-def own_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SeaweedServer]:
-    """A SeaweedFS of this test's own: SIGSTOP freezes only it (resumed even on failure)."""
-    server = SeaweedServer(tmp_path / "weed")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    try:
-        server.start()
-        yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            os.kill(server.proc.pid, signal.SIGCONT)
-        server.close()
 
 
 def write_fsync(path: Path, data: bytes) -> None:

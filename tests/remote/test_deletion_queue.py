@@ -23,7 +23,7 @@ import pytest
 from tests.faults.test_faults import drop_caches
 from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from tests.support.s3server import SeaweedServer
 
 from ckptfs.catalog import Catalog
 
@@ -108,21 +108,6 @@ def test_expiring_a_checkpoint_keeps_the_chunks_an_open_file_shares(tmp_path: Pa
         wait_until(lambda: not deletion_rows(m.state_dir), what="the deletion queue drained")
     code, out = fsck(m)
     assert code == 0 and "fsck: clean" in out, out
-
-
-@pytest.fixture
-def own_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """A SeaweedFS of this test's own (the session one is shared): SIGSTOP freezes only it."""
-    server = SeaweedServer(tmp_path / "weed")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    try:
-        server.start()
-        yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            os.kill(server.proc.pid, signal.SIGCONT)
-        server.close()
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]

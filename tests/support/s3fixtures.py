@@ -16,8 +16,11 @@ module that imported them itself would get a server of its own)::
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -113,3 +116,20 @@ def s3_tier_factory(seaweed: SeaweedServer) -> Iterator[Callable[..., S3Tier]]:
 @pytest.fixture
 def s3_tier(s3_tier_factory: Callable[..., S3Tier]) -> S3Tier:
     return s3_tier_factory()
+
+
+@pytest.fixture
+def own_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SeaweedServer]:
+    """A SeaweedFS of the test's own (the session one is shared): SIGSTOP freezes only it;
+    resumed (SIGCONT) and stopped by PID even when the test fails. Credentials in the
+    environment the daemon and the CLI inherit."""
+    server = SeaweedServer(tmp_path / "weed")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    try:
+        server.start()
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        server.close()
