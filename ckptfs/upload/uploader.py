@@ -336,6 +336,8 @@ class Uploader:
 
     async def _upload(self, job: UploadJob) -> None:
         key = (job.digest, job.tier)
+        if self._rate_mark is None:  # the rate's window opens with the first upload
+            self._rate_mark = (time.monotonic(), self.uploaded_bytes)
         try:
             await trio.to_thread.run_sync(self._copy, job, limiter=self.limiter)
         except PermanentTierError as exc:
@@ -359,14 +361,14 @@ class Uploader:
             await self._tier_works(job.tier)
             if self.deleter is not None:
                 self.deleter.tier_works(job.tier)  # postponed deletions: retry now
-            kept = await trio.to_thread.run_sync(
-                self.catalog.finish_upload, job.digest, job.tier, limiter=self.db_limiter
-            )
+            rate = self._rate_due(job.length)
+            kept = await trio.to_thread.run_sync(self._finish, job, rate, limiter=self.db_limiter)
             if kept:
                 self.uploaded_bytes += job.length
+                if rate is not None:
+                    self._rate_mark = (rate[0], self.uploaded_bytes)
                 self.stats.record_write(job.tier, job.length)
                 self.room.freed()  # its local copy may be evicted now
-                await self._record_rate()
             else:
                 if self.deleter is not None:
                     self.deleter.kick()  # the cancelled job's copy: queued for deletion
@@ -456,22 +458,23 @@ class Uploader:
         await trio.to_thread.run_sync(self.catalog.retry_uploads_now, tier, limiter=self.db_limiter)
         self.kick()
 
-    async def _record_rate(self) -> None:
-        """Publish the upload rate (bytes/s over the last window) in the catalog's meta,
-        at most once per RATE_WINDOW_S, for `ckptfs status` (rate and ETA)."""
+    def _rate_due(self, length: int) -> tuple[float, float] | None:
+        """(now, bytes/s) if this upload closes a rate window of RATE_WINDOW_S, else None."""
         now = time.monotonic()
         if self._rate_mark is None:
-            self._rate_mark = (now, self.uploaded_bytes)
-            return
+            return None
         t0, b0 = self._rate_mark
-        if now - t0 < RATE_WINDOW_S:
-            return
-        rate = (self.uploaded_bytes - b0) / (now - t0)
-        self._rate_mark = (now, self.uploaded_bytes)
-        await trio.to_thread.run_sync(
-            self.catalog.set_meta, "upload_rate", f"{rate:.0f} {time.time_ns()}",
-            limiter=self.db_limiter,
-        )
+        if now - t0 < RATE_WINDOW_S or now <= t0:
+            return None
+        return now, (self.uploaded_bytes + length - b0) / (now - t0)
+
+    def _finish(self, job: UploadJob, rate: tuple[float, float] | None) -> bool:
+        """Blocking: record the remote copy and, in the same step, the upload rate
+        `ckptfs status` shows (rate and ETA), so a backlog that shrank has its rate."""
+        kept = self.catalog.finish_upload(job.digest, job.tier)
+        if kept and rate is not None:
+            self.catalog.set_meta("upload_rate", f"{rate[1]:.0f} {time.time_ns()}")
+        return kept
 
     async def _postpone(self, job: UploadJob, delay_s: float, error: str, blocked: bool) -> None:
         await trio.to_thread.run_sync(
