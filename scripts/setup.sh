@@ -4,7 +4,8 @@
 #   scripts/setup.sh        (as root, or with sudo available for the apt step)
 #
 # 1. Debian packages fuse3 (fusermount3, /etc/fuse.conf), libfuse3-dev and pkg-config (pyfuse3
-#    builds against them), installed only when missing; apt-get update only if an install is due.
+#    builds against them), postgresql (the shared catalog's tests start their own server),
+#    installed only when missing; apt-get update only if an install is due.
 # 2. A virtual environment in <repo>/.venv, created if missing (PYTHON picks the interpreter,
 #    default python3; it must be 3.11 or newer).
 # 3. pip install -e '.[test,compat]' into it (torch==2.13.0 is in the test extra, the training
@@ -29,7 +30,8 @@ as_root() {
 }
 
 # --- 1. Debian packages ------------------------------------------------------------------
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config)
+# postgresql: the shared catalog engine's tests start a real server (tests/support/pgserver.py)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config postgresql)
 installed() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'; }
 
 if command -v dpkg >/dev/null 2>&1; then
