@@ -42,6 +42,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         help="add a remote tier: s3://BUCKET/PREFIX?endpoint=http://HOST:PORT; repeatable",
     )
     p.add_argument("--chunk-size", metavar="SIZE", help="chunk size, e.g. 16MiB (new catalogs only)")
+    p.add_argument(
+        "--catalog", metavar="URL",
+        help="the catalog: sqlite (default, this node only) or a PostgreSQL URI shared by "
+             "several nodes, e.g. postgresql://ckptfs@db.example/ckptfs (docs/multinode.md)",
+    )
+    p.add_argument("--node", metavar="NAME",
+                   help="this node's name in a shared catalog (default: the host name)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +154,7 @@ def _config(args: argparse.Namespace) -> Config:
         remote_urls=args.remote, create_tiers=getattr(args, "create", False),
         allow_shared_device=getattr(args, "allow_shared_device", False),
         recorded=recorded_tiers,  # a remount with only --state-dir: the catalog's tiers
+        catalog_url=getattr(args, "catalog", None), node=getattr(args, "node", None),
     )
     if getattr(args, "allow_other", None) is not None:
         cfg = replace(cfg, fuse=replace(cfg.fuse, allow_other=args.allow_other))
@@ -164,9 +172,9 @@ def _setup_logging(cfg: Config, level: str, to_stderr: bool, fmt: str = "text") 
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .mount import check_before_spawn, run_mount
+    from .mount import bind_catalog, check_before_spawn, run_mount
 
-    cfg = _config(args)
+    cfg = bind_catalog(_config(args))
     if args.ready_fd is None:  # the daemon ckptfs mount starts checks under the lock
         check_before_spawn(cfg, args.mountpoint, nonempty=args.nonempty)
     if args.foreground:
@@ -198,6 +206,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         cmd += ["--local", str(Path(d).absolute())]
     for url in args.remote:
         cmd += ["--remote", url]
+    if cfg.catalog.shared:  # as bound: the state dir's catalog and node
+        cmd += ["--catalog", cfg.catalog.url, "--node", cfg.catalog.node]
     for flag in ("takeover", "create", "allow_shared_device", "nonempty"):
         if getattr(args, flag):
             cmd.append("--" + flag.replace("_", "-"))

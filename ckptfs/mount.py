@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import pyfuse3
 import trio
 
 from . import __version__, preflight, service, statedir
-from .catalog import Catalog
+from .catalog import Catalog, open_shared_catalog
 from .checkpoints.detectors import DetectorSet
 from .checkpoints.janitor import GcRequests, Janitor
 from .checkpoints.tracker import CheckpointTracker
@@ -45,8 +46,15 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
-from .errors import EXIT_USAGE, CkptfsError, PermanentTierError, TierError, UsageError
-from .fuse.ops import FuseOps
+from .errors import (
+    EXIT_USAGE,
+    CkptfsError,
+    ConfigError,
+    PermanentTierError,
+    TierError,
+    UsageError,
+)
+from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
@@ -100,6 +108,55 @@ def clean_stale_mount(mountpoint: Path, state_dir: Path) -> None:
         detach(mountpoint)
         if statedir.is_stale(mountpoint) or (ours and statedir.find_mount(mountpoint) == found):
             raise MountError(f"stale mount at {mountpoint} could not be removed")
+
+
+def bind_catalog(cfg: Config) -> Config:
+    """The catalog this state dir serves. A state dir belongs to one catalog: its embedded
+    SQLite file, or the shared catalog and node name its binding file records (written at
+    the first mount with ``catalog``). A remount without ``catalog``/``node`` uses the
+    binding; a config that names another catalog or node is refused (naming the key)."""
+    binding = statedir.read_binding(cfg.state_dir)
+    cat = cfg.catalog
+    if binding is None:
+        if cat.shared and cfg.catalog_path.exists():
+            raise ConfigError(
+                f"catalog: the state dir {cfg.state_dir} holds an embedded SQLite catalog; "
+                "moving it into a shared catalog is not supported (use a new state dir)"
+            )
+        return cfg
+    url, node = binding
+    if cat.url_set and cat.url != url:
+        raise ConfigError(
+            f"catalog: the state dir {cfg.state_dir} serves the shared catalog {redact(url)} "
+            f"(node {node}); a state dir serves one catalog (use a new state dir)"
+        )
+    if cat.node_set and cat.node != node:
+        raise ConfigError(
+            f"node: the state dir {cfg.state_dir} is node {node!r} of its catalog, not "
+            f"{cat.node!r} (its local tiers hold that node's chunks)"
+        )
+    return dataclasses.replace(cfg, catalog=dataclasses.replace(cat, url=url, node=node))
+
+
+def redact(url: str) -> str:
+    """A catalog URI without its password (for messages and logs)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def node_tiers(cfg: Config) -> Config:
+    """With a shared catalog, a node's local tiers carry the node's name (``NODE:NAME``:
+    tier names have no ``:``), so that the catalog's replica rows of several nodes never
+    mix: a chunk on node a's ``nvme0`` is not on node b's. Remote tiers are shared."""
+    if not cfg.catalog.shared:
+        return cfg
+    prefix = f"{cfg.catalog.node}:"
+    tiers = tuple(t if ":" in t.name else dataclasses.replace(t, name=prefix + t.name)
+                  for t in cfg.tiers)
+    return dataclasses.replace(cfg, tiers=tiers)
 
 
 def pool_size(cfg: Config) -> int:
@@ -195,6 +252,13 @@ def tier_record(t: TierConfig | S3TierConfig) -> dict[str, Any]:
     return local
 
 
+def is_ours(name: str, record: dict[str, Any], cfg: Config) -> bool:
+    """A tier record of this node: a remote tier, or one of this node's local tiers."""
+    if record.get("kind", "local") != "local" or not cfg.catalog.shared:
+        return True
+    return name.startswith(f"{cfg.catalog.node}:")
+
+
 def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     """Record the tier set and chunk size; return the chunk size to use.
 
@@ -216,6 +280,8 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     now = {t.name: tier_record(t) for t in configured}
     for name, t in old.items():
         where = t.get("path") or t.get("url")
+        if not is_ours(name, t, cfg):
+            continue  # another node's local tier (a shared catalog records every node's)
         if name not in now:
             log.warning("tier %s (%s) is no longer configured: chunks stored only there "
                         "will read as EIO", name, where)
@@ -238,13 +304,14 @@ def run_mount(
     ``takeover``: take the writer lease of the remote prefixes even from a live holder
     (upload/lease.py). ``nonempty``: mount over a directory that has entries."""
     mountpoint = mountpoint.absolute()
+    cfg = node_tiers(cfg)
     # Everything the daemon creates in the state dir and the tiers is private (0600/0700),
     # whatever umask it was started with.
     os.umask(0o077)
     try:
         with statedir.state_lock(cfg.state_dir):
             return _serve_locked(cfg, mountpoint, on_ready, takeover, nonempty)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         log.error("mount refused: %s", exc)
         service.notify(f"STATUS=mount refused: {exc}")
         on_ready(str(exc))
@@ -275,12 +342,34 @@ def _serve_locked(
         log.info("state dir %s made private (0700, files 0600): %s", cfg.state_dir,
                  ", ".join(fixed))
     tiers = open_tiers(cfg)
-    leases = take_writer_leases(cfg.state_dir, tiers, takeover)  # LeaseConflict: refused
+    # One writer per bucket prefix, unless the catalog is shared: then the nodes that share
+    # it write the prefix together, coordinated by the database.
+    leases = None if cfg.catalog.shared else take_writer_leases(cfg.state_dir, tiers, takeover)
     try:
         return _serve_tiers(cfg, mountpoint, on_ready, tiers, leases)
     finally:
         if leases is not None:
             leases.release()  # after the uploader stopped: the next writer may take over
+
+
+def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
+    """The catalog engine the config names: the state dir's SQLite file (restored from a
+    remote tier's snapshot on a new node), or the shared PostgreSQL database (whose first
+    opener creates the schema), bound to this state dir from now on."""
+    if cfg.catalog.shared:
+        catalog = open_shared_catalog(cfg.catalog.url, pool_size=cfg.catalog.pool_size)
+        statedir.write_binding(cfg.state_dir, cfg.catalog.url, cfg.catalog.node)
+        log.info("catalog: shared, %s, node %s", redact(cfg.catalog.url), cfg.catalog.node)
+        return catalog
+    if not cfg.catalog_path.exists():
+        restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
+    catalog = Catalog(cfg.catalog_path)
+    # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
+    # have been made just now, or restored from a snapshot.
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{cfg.catalog_path}{suffix}", statedir.FILE_MODE)
+    return catalog
 
 
 def take_writer_leases(state_dir: Path, tiers: list[Tier], takeover: bool) -> WriterLeases | None:
@@ -300,20 +389,14 @@ def _serve_tiers(
     cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], tiers: list[Tier],
     leases: WriterLeases | None,
 ) -> int:
-    if not cfg.catalog_path.exists():
-        restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
-    catalog = Catalog(cfg.catalog_path)
+    catalog = open_catalog_of(cfg, tiers)
     try:
-        # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
-        # have been made just now, or restored from a snapshot.
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(f"{cfg.catalog_path}{suffix}", statedir.FILE_MODE)
         chunk_size = reconcile_catalog(catalog, cfg)
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
-            pyfuse3.init(FuseOps(daemon.fs), str(mountpoint), options)
+            timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
+            pyfuse3.init(FuseOps(daemon.fs, timeouts), str(mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"FUSE mount at {mountpoint} failed: {exc}") from exc
         pid_file = statedir.write_pid(cfg.state_dir)
@@ -383,6 +466,8 @@ def build(
     partial_after_s: float = 600.0,
     retention: RetentionConfig = RetentionConfig(),
     mountpoint: str | None = None,
+    shared: bool = False,
+    catalog_slots: int = 1,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -391,7 +476,9 @@ def build(
     janitor deletes through the filesystem): they go through objects built before both
     sides (the store's shared state, Wakeups, GcRequests, the handle and open-file tables).
     """
-    db_limiter = trio.CapacityLimiter(1)  # one catalog call at a time, in a worker thread
+    # Catalog calls run in worker threads, this many at once: one for the embedded SQLite
+    # file (one connection); a shared catalog's connection pool size.
+    db_limiter = trio.CapacityLimiter(catalog_slots)
     # State shared by the store, the uploader and the deleter.
     guard = ChunkGuard(t.name for t in tiers if t.kind == "local")
     stats = stats_for(tiers)
@@ -429,7 +516,7 @@ def build(
         catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
-        readahead=reads.readahead, copy_back=reads.copy_back,
+        readahead=reads.readahead, copy_back=reads.copy_back, shared=shared,
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -454,6 +541,8 @@ def build_for_config(
         stats_path=cfg.state_dir / STATS_FILE, detectors=detectors_for(cfg.checkpoints),
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
+        shared=cfg.catalog.shared,
+        catalog_slots=cfg.catalog.pool_size if cfg.catalog.shared else 1,
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 import time
@@ -29,6 +30,9 @@ FILE_MODE = 0o600
 FSTYPE = "fuse.ckptfs"
 LOCK_FILE = "lock"
 PID_FILE = "daemon.pid"
+# A state dir whose node uses a shared catalog names it here ({"catalog": URI, "node": NAME}),
+# so a remount with only --state-dir and every command open the same database as this node.
+BINDING_FILE = "catalog.json"
 
 
 def ensure_state_dir(path: Path) -> None:
@@ -67,6 +71,23 @@ def write_private(path: Path, text: str) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def read_binding(state_dir: Path) -> tuple[str, str] | None:
+    """(catalog URI, node name) of a state dir bound to a shared catalog, else None."""
+    try:
+        raw = (state_dir / BINDING_FILE).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+        return str(data["catalog"]), str(data["node"])
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{state_dir / BINDING_FILE}: damaged (expected catalog and node)") from None
+
+
+def write_binding(state_dir: Path, catalog: str, node: str) -> None:
+    write_private(state_dir / BINDING_FILE, json.dumps({"catalog": catalog, "node": node}) + "\n")
 
 
 def make_private(state_dir: Path) -> list[str]:

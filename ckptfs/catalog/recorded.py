@@ -3,16 +3,21 @@ with only ``--state-dir`` mounts them again (config.load_config asks through thi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from .. import statedir
 from ..config.model import CATALOG_FILE, S3TierConfig, TierConfig
 from .catalog import read_recorded_tiers
+from .engines import open_shared_catalog
 
 
 def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3TierConfig, ...]]:
     """The local and remote tiers an existing catalog was last mounted with (read-only)."""
-    records = read_recorded_tiers(state_dir / CATALOG_FILE)
+    binding = statedir.read_binding(state_dir)
+    records = (read_recorded_tiers(state_dir / CATALOG_FILE) if binding is None
+               else _node_records(*binding))
     if records is None:
         return (), ()
     local = tuple(
@@ -25,6 +30,19 @@ def recorded_tiers(state_dir: Path) -> tuple[tuple[TierConfig, ...], tuple[S3Tie
     )
     remote = tuple(remote_tier_of(t) for t in records if t.get("kind") == "s3")
     return local, remote
+
+
+def _node_records(url: str, node: str) -> list[dict[str, Any]] | None:
+    """A shared catalog records every node's tiers: this node's local ones and the remotes."""
+    catalog = open_shared_catalog(url, pool_size=1, readonly=True)
+    try:
+        raw = catalog.get_meta("tiers")
+    finally:
+        catalog.close()
+    if raw is None:
+        return None
+    return [t for t in json.loads(raw)
+            if t.get("kind", "local") != "local" or str(t.get("name", "")).startswith(f"{node}:")]
 
 
 def remote_tier_of(t: dict[str, Any]) -> S3TierConfig:

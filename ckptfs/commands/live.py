@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import Catalog
+from ..catalog.engines import open_state_dir_catalog, shared_binding
 from ..config import CATALOG_FILE, default_state_dir
 from ..errors import CkptfsError, InvalidArgument
 from ..statedir import FSTYPE, find_mount, read_pid, state_dir_of
@@ -65,6 +66,8 @@ def open_catalog(state_dir: Path) -> Catalog:
             f"cannot read the state dir {state_dir}: it is private to the user the daemon "
             "runs as (mode 0700); run this as that user or root"
         )
+    if shared_binding(state_dir) is not None:
+        return open_state_dir_catalog(state_dir, readonly=True)  # the shared database
     if not db.exists():
         raise CkptfsError(f"no catalog at {db}")
     return Catalog(db, readonly=True)

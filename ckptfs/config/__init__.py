@@ -8,7 +8,15 @@ package's surface.
 """
 
 from .checkpoints import patterns_from_config, policies_from_config
-from .load import RecordedTiers, config_from_dict, default_state_dir, load_config
+from .load import (
+    RecordedTiers,
+    config_from_dict,
+    default_node,
+    default_state_dir,
+    load_config,
+    parse_catalog_url,
+    parse_node,
+)
 from .model import (
     ADDRESSING_STYLES,
     CATALOG_FILE,
@@ -21,7 +29,9 @@ from .model import (
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
     REMOTE_COMPRESSION_MODES,
+    SQLITE_CATALOG,
     UPLOAD_DURING_SAVE,
+    CatalogConfig,
     CheckpointConfig,
     Config,
     DurabilityPolicy,
@@ -44,14 +54,15 @@ from .parse import array_of_tables, parse_metrics_address, parse_size
 from .tiers import local_tiers_from_paths, parse_remote_url
 
 __all__ = [
-    "ADDRESSING_STYLES", "CATALOG_FILE", "DEFAULT_CHUNK_SIZE", "DEFAULT_IO_THREADS",
+    "ADDRESSING_STYLES", "CATALOG_FILE", "SQLITE_CATALOG", "DEFAULT_CHUNK_SIZE", "DEFAULT_IO_THREADS",
     "DEFAULT_MEMORY_BUDGET", "DEFAULT_METRICS_ADDRESS", "DEFAULT_READAHEAD",
     "DEFAULT_REMOTE_READ_CONCURRENCY", "MAX_CHUNK_SIZE",
-    "MIN_CHUNK_SIZE", "REMOTE_COMPRESSION_MODES", "UPLOAD_DURING_SAVE", "CheckpointConfig",
+    "MIN_CHUNK_SIZE", "REMOTE_COMPRESSION_MODES", "UPLOAD_DURING_SAVE", "CatalogConfig", "CheckpointConfig",
     "Config", "DurabilityPolicy", "FuseConfig", "GiB", "KiB", "MetricsConfig", "MiB",
     "PatternConfig", "ReadConfig", "RecordedTiers", "RetentionConfig", "RetentionPolicy",
     "S3TierConfig", "StoreConfig", "TierConfig", "UploadConfig", "array_of_tables", "config_from_dict",
-    "default_state_dir", "load_config", "local_tiers_from_paths", "parse_metrics_address",
+    "default_state_dir", "default_node", "load_config", "parse_catalog_url",
+    "parse_node", "local_tiers_from_paths", "parse_metrics_address",
     "parse_remote_url", "parse_size", "patterns_from_config", "policies_from_config",
     "policy_for",
 ]

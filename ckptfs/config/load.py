@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import socket
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,9 @@ from typing import Any
 from ..errors import ConfigError
 from .checkpoints import patterns_from_config, policies_from_config
 from .model import (
+    CATALOG_SCHEMES,
     COPY_BACK,
+    DEFAULT_CATALOG_POOL_SIZE,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_IO_THREADS,
     DEFAULT_MEMORY_BUDGET,
@@ -29,7 +34,9 @@ from .model import (
     MIN_CHUNK_SIZE,
     ON_LOCAL_FULL,
     REMOTE_COMPRESSION_MODES,
+    SQLITE_CATALOG,
     UPLOAD_DURING_SAVE,
+    CatalogConfig,
     CheckpointConfig,
     Config,
     DurabilityPolicy,
@@ -75,6 +82,7 @@ _TOP_KEYS = {
     "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
+    "catalog", "node", "catalog_pool_size",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -99,6 +107,46 @@ def _policies_from(raw: object) -> tuple[DurabilityPolicy, ...]:
             seconds(table.get("timeout", 600), f"{where}.timeout", 0.001, 7 * 86400),
         ))
     return tuple(out)
+
+
+_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def default_node() -> str:
+    """This host's name (its first label), as a node name."""
+    host = socket.gethostname().split(".")[0]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", host).strip("-.") or "node"
+    return cleaned[:63]
+
+
+def parse_node(value: object, key: str = "node") -> str:
+    if not isinstance(value, str) or not _NODE_RE.fullmatch(value):
+        raise ConfigError(
+            f"{key}: expected a node name of 1-63 of [A-Za-z0-9_.-] starting with a letter or "
+            f"digit, got {value!r}"
+        )
+    return value
+
+
+def parse_catalog_url(value: object, key: str = "catalog") -> str:
+    """``sqlite`` or a PostgreSQL libpq URI with a database name
+    (postgresql://USER@HOST:PORT/DB, postgresql://USER@/DB?host=/run/postgresql)."""
+    if value == SQLITE_CATALOG:
+        return SQLITE_CATALOG
+    if not isinstance(value, str) or "://" not in value:
+        raise ConfigError(
+            f"{key}: expected \"sqlite\" or a URI postgresql://USER@HOST/DATABASE, got {value!r}"
+        )
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in CATALOG_SCHEMES:
+        raise ConfigError(
+            f"{key}: unknown catalog engine {parts.scheme!r} (\"sqlite\" or postgresql://...)"
+        )
+    if not parts.path.strip("/") or "/" in parts.path.strip("/"):
+        raise ConfigError(f"{key}: the URI names no database (postgresql://USER@HOST/DATABASE)")
+    if parts.fragment:
+        raise ConfigError(f"{key}: a catalog URI has no #fragment")
+    return value
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
@@ -151,6 +199,13 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     )
     policies = _policies_from(data.get("policy", []))
     metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
+    catalog = CatalogConfig(
+        url=parse_catalog_url(data.get("catalog", SQLITE_CATALOG)),
+        url_set="catalog" in data,
+        node=parse_node(data["node"]) if "node" in data else default_node(),
+        node_set="node" in data,
+        pool_size=int_key(data, "catalog_pool_size", DEFAULT_CATALOG_POOL_SIZE, 1, 64),
+    )
     # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
     allow_other = take_bool(data.get("allow_other", os.geteuid() == 0), "allow_other")
     default_permissions = take_bool(data.get("default_permissions", True), "default_permissions")
@@ -184,6 +239,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         policies=policies,
         fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
         metrics=MetricsConfig(address=metrics_address),
+        catalog=catalog,
         source=source,
     )
 
@@ -198,6 +254,8 @@ def load_config(
     create_tiers: bool = False,
     allow_shared_device: bool = False,
     recorded: RecordedTiers | None = None,
+    catalog_url: str | None = None,
+    node: str | None = None,
 ) -> Config:
     """Build the effective config: file (if any), then command-line overrides, then defaults.
 
@@ -228,6 +286,10 @@ def load_config(
         data["state_dir"] = str(Path(state_dir).expanduser().absolute())
     if chunk_size is not None:
         data["chunk_size"] = chunk_size
+    if catalog_url is not None:
+        data["catalog"] = parse_catalog_url(catalog_url, "--catalog")
+    if node is not None:
+        data["node"] = parse_node(node, "--node")
     cfg = config_from_dict(data, source)
     tiers = cfg.tiers
     if local_dirs:

@@ -37,6 +37,12 @@ DEFAULT_METRICS_ADDRESS = "127.0.0.1:9464"
 
 # The files of a state dir (the catalog engine opens CATALOG_FILE; the daemon logs to LOG_FILE).
 CATALOG_FILE = "catalog.sqlite"
+# The embedded catalog engine's name in the `catalog` key; any other value is a PostgreSQL URI.
+SQLITE_CATALOG = "sqlite"
+CATALOG_SCHEMES = ("postgresql", "postgres")
+# Connections per node to a shared catalog (PostgreSQL); the daemon's catalog limiter has as
+# many slots, so this many catalog transactions of one node run at once.
+DEFAULT_CATALOG_POOL_SIZE = 4
 LOG_FILE = "ckptfs.log"
 
 # The choices of the keys that take one, as types and as the tuples the checks list.
@@ -225,6 +231,23 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class CatalogConfig:
+    """Where the namespace lives (ckptfs/catalog): the embedded SQLite file of the state
+    dir (one node), or a PostgreSQL database that several nodes share (docs/multinode.md)."""
+
+    url: str = SQLITE_CATALOG  # catalog: "sqlite" or a libpq URI postgresql://USER@HOST/DB
+    url_set: bool = False  # the config or --catalog named it (else a state dir's binding applies)
+    node: str = ""  # node: this node's name in a shared catalog (load fills in the host name)
+    node_set: bool = False  # the config or --node named it
+    pool_size: int = DEFAULT_CATALOG_POOL_SIZE  # catalog_pool_size
+
+    @property
+    def shared(self) -> bool:
+        """Several nodes may use this catalog at once."""
+        return self.url != SQLITE_CATALOG
+
+
+@dataclass(frozen=True)
 class FuseConfig:
     """The FUSE mount options (mount.fuse_options)."""
 
@@ -261,6 +284,7 @@ class Config:
     policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability (the VFS's commits)
     fuse: FuseConfig = field(default_factory=FuseConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    catalog: CatalogConfig = field(default_factory=CatalogConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     @property

@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import pyfuse3
@@ -34,6 +35,21 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 # Attributes stay short: a write invalidates the size and times in the kernel anyway.
 ENTRY_TIMEOUT = 10.0
 ATTR_TIMEOUT = 1.0
+# A shared catalog (several nodes, docs/multinode.md): another node's change reaches this
+# kernel only when its caches expire, so names are kept no longer than attributes.
+SHARED_ENTRY_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the kernel may cache a name (entry) and attributes (attr), in seconds."""
+
+    entry: float = ENTRY_TIMEOUT
+    attr: float = ATTR_TIMEOUT
+
+
+SINGLE_NODE = Timeouts()
+SHARED = Timeouts(SHARED_ENTRY_TIMEOUT, ATTR_TIMEOUT)
 
 
 def boundary(fn: F) -> F:
@@ -94,12 +110,12 @@ async def context(ctx: Any, groups: bool = False) -> RequestContext:
     return RequestContext(uid=uid, gid=gid, pid=pid, groups=found)
 
 
-def entry(inode: Inode) -> pyfuse3.EntryAttributes:
+def entry(inode: Inode, timeouts: Timeouts = SINGLE_NODE) -> pyfuse3.EntryAttributes:
     e = pyfuse3.EntryAttributes()
     e.st_ino = pyfuse3.InodeT(inode.ino)
     e.generation = 0
-    e.entry_timeout = ENTRY_TIMEOUT
-    e.attr_timeout = ATTR_TIMEOUT
+    e.entry_timeout = timeouts.entry
+    e.attr_timeout = timeouts.attr
     e.st_mode = pyfuse3.ModeT(inode.mode)
     e.st_nlink = inode.nlink
     e.st_uid = inode.uid
@@ -119,20 +135,21 @@ class FuseOps(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: Filesystem) -> None:
+    def __init__(self, fs: Filesystem, timeouts: Timeouts = SINGLE_NODE) -> None:
         super().__init__()
         self.fs = fs
+        self.timeouts = timeouts
 
     @boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.lookup(parent_inode, name))
+        return entry(await self.fs.lookup(parent_inode, name), self.timeouts)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # inodes are dropped by link and handle counts, not lookup counts
 
     @boundary
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.getattr(inode))
+        return entry(await self.fs.getattr(inode), self.timeouts)
 
     @boundary
     async def setattr(
@@ -152,7 +169,7 @@ class FuseOps(pyfuse3.Operations):
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
                 ctx=who,
             )
-        )
+        , self.timeouts)
 
     @boundary
     async def readlink(self, inode: int, ctx: Any) -> bytes:
@@ -161,11 +178,11 @@ class FuseOps(pyfuse3.Operations):
     @boundary
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
         who = await context(ctx, groups=bool(mode & 0o2000))
-        return entry(await self.fs.mknod(parent_inode, name, mode & ~ctx.umask, rdev, who))
+        return entry(await self.fs.mknod(parent_inode, name, mode & ~ctx.umask, rdev, who), self.timeouts)
 
     @boundary
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, await context(ctx)))
+        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, await context(ctx)), self.timeouts)
 
     @boundary
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -177,7 +194,7 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.symlink(parent_inode, name, target, await context(ctx)))
+        return entry(await self.fs.symlink(parent_inode, name, target, await context(ctx)), self.timeouts)
 
     @boundary
     async def rename(
@@ -188,15 +205,17 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.link(inode, new_parent_inode, new_name))
+        return entry(await self.fs.link(inode, new_parent_inode, new_name), self.timeouts)
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         fh = await self.fs.open(inode, flags, await context(ctx))
         # The kernel page cache stays valid across opens: every change to a file goes
         # through this kernel (direct-I/O writes invalidate it at commit), so it can serve
-        # repeat reads (warm restore) by itself.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
+        # repeat reads (warm restore) by itself; with a shared catalog, unless another node
+        # committed a new version since this kernel cached it (close-to-open).
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self.fs.keep_cache(fh),
+                                direct_io=uses_direct_io(flags))
 
     @boundary
     async def create(
@@ -205,7 +224,7 @@ class FuseOps(pyfuse3.Operations):
         who = await context(ctx, groups=bool(mode & 0o2000))
         fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, who)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
-        return info, entry(inode)
+        return info, entry(inode, self.timeouts)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> Buffer:  # type: ignore[override]
@@ -248,7 +267,7 @@ class FuseOps(pyfuse3.Operations):
             if not batch:
                 return
             for dentry_id, name, inode in batch:
-                if not pyfuse3.readdir_reply(token, name, entry(inode), dentry_id):
+                if not pyfuse3.readdir_reply(token, name, entry(inode, self.timeouts), dentry_id):
                     return
                 after = dentry_id
 

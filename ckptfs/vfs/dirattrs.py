@@ -15,7 +15,8 @@ commit wrote puts those attributes here (``put_file``); anything else that may c
 file's row forgets it (``forget``: an entry without attributes, so that no older reading
 can come back) or clears the cache; a rename puts the moved file's row as it read it.
 One node owns the catalog (docs/semantics.md): no other writer can change a row behind
-this cache.
+this cache. A shared catalog (several nodes, docs/multinode.md) has other writers: there
+the cache is off (``enabled=False``: it keeps nothing).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ FILES_MAX = 1 << 16  # regular files remembered (about 200 bytes each)
 
 
 class DirAttrs:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._seq = itertools.count(1)
         self._entries: dict[int, tuple[int, Inode]] = {}
         self._files: OrderedDict[int, tuple[int, Inode | None]] = OrderedDict()
@@ -55,7 +57,7 @@ class DirAttrs:
         self._put_file(seq, ino, None)
 
     def _put_file(self, seq: int, ino: int, inode: Inode | None) -> None:
-        if seq < self._epoch:
+        if seq < self._epoch or not self.enabled:
             return
         cur = self._files.pop(ino, None)
         self._files[ino] = cur if cur is not None and cur[0] > seq else (seq, inode)
@@ -64,7 +66,7 @@ class DirAttrs:
 
     def put(self, seq: int, inode: Inode) -> None:
         """A directory's row as read (or written) by the catalog call numbered ``seq``."""
-        if not inode.is_dir or seq < self._epoch:
+        if not inode.is_dir or seq < self._epoch or not self.enabled:
             return
         cur = self._entries.get(inode.ino)
         if cur is None or cur[0] < seq:

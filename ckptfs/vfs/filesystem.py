@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -54,6 +55,8 @@ T = TypeVar("T")
 NAME_MAX = 255
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
+# Files whose cached version a node remembers (shared catalog); older ones drop their pages.
+CACHED_VERSIONS_MAX = 1 << 16
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 XATTRS = (XATTR_STATE, XATTR_RECORD)
 XATTR_RESERVED = b"user.ckptfs."  # ckptfs's own names: never stored
@@ -190,12 +193,16 @@ class Filesystem:
         policies: tuple[DurabilityPolicy, ...] = (),
         readahead: int = DEFAULT_READAHEAD,
         copy_back: str = "sequential",
+        shared: bool = False,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
         out the partial chunks of ``open_files``), ``handles`` (shared with the tracker and
         the janitor), ``uploader`` (waits for remote durability), ``gc`` (retention now),
-        ``tracker`` (checkpoint events; None: off)."""
+        ``tracker`` (checkpoint events; None: off). ``shared``: the catalog is shared with
+        other nodes (docs/multinode.md), whose changes no cache of this node sees: the
+        caches that assume one writer are off, and an open drops the kernel's cached pages
+        of a file another node changed."""
         self.catalog = catalog
         self.invalidate = invalidate
         self.chunk_size = chunk_size
@@ -223,10 +230,15 @@ class Filesystem:
         # cannot hold a page of them (nothing could read or map one), so their direct-I/O
         # writes need no invalidation of its page cache at commit (a round trip to it).
         self._uncached: set[OpenFile] = set()
+        self.shared = shared
         # Directory attributes for the kernel's GETATTR after each change in a directory.
-        self._dirs = DirAttrs()
+        self._dirs = DirAttrs(enabled=not shared)
         # The names of directories this mount created: missing names answered from memory.
-        self._names = KnownNames()
+        self._names = KnownNames(enabled=not shared)
+        # Shared catalog: the version (size, mtime) of each file whose pages this kernel
+        # may cache, and the files whose next handle must drop them (close-to-open).
+        self._cached_versions: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._drop_cache: set[int] = set()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         # Inodes with stored xattrs (loaded at first use): the kernel asks for
@@ -410,7 +422,11 @@ class Filesystem:
                 self._dirs.clear(seq[0])
 
     async def recover(self) -> None:
-        """At start: drop inodes that were unlinked while open when the daemon stopped."""
+        """At start: drop inodes that were unlinked while open when the daemon stopped.
+        Not with a shared catalog: another node may hold such an inode open now (they stay
+        until node sessions track open files; fsck --repair reclaims them)."""
+        if self.shared:
+            return
         for ino in await self.db(self.catalog.unlinked_inodes):
             await self._delete_inode(ino)
 
@@ -779,6 +795,10 @@ class Filesystem:
                     self._opening[ino] = left
             f = self.open_files.get(ino)  # another open may have raced us during the await
             if f is None:
+                if self.shared and self._cached_versions.pop(ino, None) != (
+                    inode.size, inode.mtime_ns
+                ):
+                    self._drop_cache.add(ino)  # another node's version, or not known
                 f = OpenFile(inode, extents, self._services())
                 f.ns_gen = -1 if token is None else token
                 self.open_files[ino] = f
@@ -798,6 +818,10 @@ class Filesystem:
         self._uncached.discard(f)
         if self.open_files.get(f.ino) is f:
             del self.open_files[f.ino]
+            if self.shared:  # the version the kernel may now cache: this node's last
+                self._cached_versions[f.ino] = (f.size, f.mtime_ns)
+                while len(self._cached_versions) > CACHED_VERSIONS_MAX:
+                    self._cached_versions.popitem(last=False)
             if f.inode.nlink <= 0:
                 await self._delete_inode(f.ino)
             elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
@@ -828,6 +852,16 @@ class Filesystem:
         if h is None:
             raise CkptfsError(f"bad file handle {fh}", errno=errno.EBADF)
         return h
+
+    def keep_cache(self, fh: int) -> bool:
+        """May the kernel keep its cached pages of this handle's file (FOPEN_KEEP_CACHE)?
+        Always with one node; with a shared catalog, not on the first open after another
+        node committed a version this kernel did not see."""
+        ino = self._handle(fh).file.ino
+        if ino in self._drop_cache:
+            self._drop_cache.discard(ino)
+            return False
+        return True
 
     async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
         f = await self._open_file(ino)

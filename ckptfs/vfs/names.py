@@ -10,7 +10,8 @@ records it here on the trio thread right after its catalog call returned, with n
 between: a lookup that finds a name missing here ran before any change that adds it. A
 change that fails, or is not tracked, forgets the directory: its lookups go to the catalog
 again. Bounded: the oldest directories are forgotten first, and a directory with very many
-names is forgotten.
+names is forgotten. A shared catalog (several nodes) has other writers of names: there
+nothing is known (``enabled=False``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ MAX_TOTAL = 1 << 18  # names in all known directories (about 100 bytes each)
 
 
 class KnownNames:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._dirs: OrderedDict[int, dict[bytes, int]] = OrderedDict()
         self._total = 0  # names held, over all directories
 
     def new_dir(self, ino: int) -> None:
         """A directory this mount just created (empty)."""
         self.forget(ino)
+        if not self.enabled:
+            return
         self._dirs[ino] = {}
         while len(self._dirs) > MAX_DIRS:
             self._total -= len(self._dirs.popitem(last=False)[1])
