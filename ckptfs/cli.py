@@ -18,8 +18,9 @@ from pathlib import Path
 
 from . import __version__, statedir
 from .catalog import recorded_tiers
+from .catalog.binding import bind_catalog
 from .commands.plan import add_plan_arguments
-from .config import Config, MetricsConfig, load_config, parse_metrics_address
+from .config import Config, MetricsConfig, RecordedTiers, load_config, parse_metrics_address
 from .errors import EXIT_USAGE, CkptfsError, ConfigError, UsageError
 
 DAEMON_READY_TIMEOUT_S = 120
@@ -149,13 +150,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    cfg = load_config(
-        args.config, state_dir=args.state_dir, local_dirs=args.local, chunk_size=args.chunk_size,
-        remote_urls=args.remote, create_tiers=getattr(args, "create", False),
-        allow_shared_device=getattr(args, "allow_shared_device", False),
-        recorded=recorded_tiers,  # a remount with only --state-dir: the catalog's tiers
-        catalog_url=getattr(args, "catalog", None), node=getattr(args, "node", None),
-    )
+    def load(recorded: RecordedTiers | None) -> Config:
+        return load_config(
+            args.config, state_dir=args.state_dir, local_dirs=args.local,
+            chunk_size=args.chunk_size, remote_urls=args.remote,
+            create_tiers=getattr(args, "create", False),
+            allow_shared_device=getattr(args, "allow_shared_device", False),
+            recorded=recorded, catalog_url=getattr(args, "catalog", None),
+            node=getattr(args, "node", None),
+        )
+
+    # The state dir's binding first (a config naming another catalog is refused before any
+    # database is asked), then a remount with only --state-dir takes the catalog's tiers.
+    bind_catalog(load(None))
+    cfg = bind_catalog(load(recorded_tiers))
     if getattr(args, "allow_other", None) is not None:
         cfg = replace(cfg, fuse=replace(cfg.fuse, allow_other=args.allow_other))
     if getattr(args, "metrics_address", None) is not None:
@@ -172,9 +180,9 @@ def _setup_logging(cfg: Config, level: str, to_stderr: bool, fmt: str = "text") 
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .mount import bind_catalog, check_before_spawn, run_mount
+    from .mount import check_before_spawn, run_mount
 
-    cfg = bind_catalog(_config(args))
+    cfg = _config(args)
     if args.ready_fd is None:  # the daemon ckptfs mount starts checks under the lock
         check_before_spawn(cfg, args.mountpoint, nonempty=args.nonempty)
     if args.foreground:
