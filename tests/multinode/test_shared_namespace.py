@@ -1,0 +1,187 @@
+"""Several nodes, one namespace: real ckptfs mounts (one per "node", each with its own
+state dir and local tiers) sharing one real PostgreSQL catalog and one real SeaweedFS
+bucket. Close-to-open consistency (docs/multinode.md): what a node closed is visible on
+every node at its next open; the kernel's caches hide another node's change for at most
+the entry/attribute timeouts (1 s), which the waits below allow for."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
+from tests.support.mountutil import Mount, run_cli, wait_until
+
+pytestmark = pytest.mark.usefixtures("postgres")
+
+
+class Cluster:
+    """Nodes mounted with the same --catalog and --remote; each has its own state dir."""
+
+    def __init__(self, factory: CkptFactory, catalog: str, remote: str) -> None:
+        self.factory = factory
+        self.catalog = catalog
+        self.remote = remote
+
+    def node(self, name: str, *extra: str) -> Mount:
+        return self.factory.mount(
+            extra_args=[*TEST_MOUNT_ARGS, "--catalog", self.catalog, "--node", name,
+                        "--remote", self.remote, *extra],
+            name=name,
+        )
+
+
+@pytest.fixture
+def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
+    return Cluster(ckpt_factory, pg_url, remote[0])
+
+
+def sync(m: Mount, path: Path) -> None:
+    res = run_cli("sync", str(path), "--timeout", "60", timeout=90)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_file_closed_on_one_node_is_read_bit_identical_on_another(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    data = os.urandom(3 * 256 * 1024 + 1234)  # several chunks and a partial one
+    (a.mountpoint / "run").mkdir()
+    (a.mountpoint / "run" / "model.pt").write_bytes(data)
+    sync(a, a.mountpoint / "run" / "model.pt")  # on the bucket: node b can reach it
+    got = wait_until(lambda: (b.mountpoint / "run" / "model.pt").exists(), 5, "b sees the file")
+    assert got
+    assert (b.mountpoint / "run" / "model.pt").read_bytes() == data
+    st_a, st_b = (os.stat(m.mountpoint / "run" / "model.pt") for m in (a, b))
+    assert (st_a.st_size, st_a.st_mtime_ns, st_a.st_ino) == (st_b.st_size, st_b.st_mtime_ns,
+                                                              st_b.st_ino)
+    assert sorted(os.listdir(b.mountpoint / "run")) == ["model.pt"]
+
+
+def test_a_file_rewritten_on_one_node_is_seen_new_at_the_next_open_on_another(
+    cluster: Cluster,
+) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    p = "latest.json"
+    (a.mountpoint / p).write_bytes(b"step 1\n")
+    sync(a, a.mountpoint / p)
+    assert (b.mountpoint / p).read_bytes() == b"step 1\n"  # b's kernel caches these pages
+    (a.mountpoint / p).write_bytes(b"step 2 and longer\n")
+    sync(a, a.mountpoint / p)
+    wait_until(lambda: os.stat(b.mountpoint / p).st_size == len(b"step 2 and longer\n"), 5,
+               "b sees the new size")
+    assert (b.mountpoint / p).read_bytes() == b"step 2 and longer\n"  # not the cached pages
+
+
+def test_an_exclusive_create_of_one_name_on_two_nodes_succeeds_once(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    barrier = threading.Barrier(2)
+    results: dict[str, int] = {}
+
+    def create(m: Mount) -> None:
+        barrier.wait()
+        try:
+            fd = os.open(m.mountpoint / "lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except OSError as exc:
+            results[m.mountpoint.name] = exc.errno
+        else:
+            os.close(fd)
+            results[m.mountpoint.name] = 0
+
+    threads = [threading.Thread(target=create, args=(m,)) for m in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results.values()) == [0, errno.EEXIST], results
+    assert os.listdir(a.mountpoint) == ["lock"]
+
+
+def test_many_creates_from_two_nodes_in_one_directory_lose_nothing(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    (a.mountpoint / "shards").mkdir()
+    wait_until(lambda: (b.mountpoint / "shards").is_dir(), 5, "b sees the directory")
+    barrier = threading.Barrier(2)
+
+    def write(m: Mount, rank: int) -> None:
+        barrier.wait()
+        for i in range(40):
+            (m.mountpoint / "shards" / f"r{rank}-{i:03d}.bin").write_bytes(bytes([rank]) * 100)
+
+    threads = [threading.Thread(target=write, args=(m, r)) for r, m in enumerate((a, b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    want = sorted(f"r{r}-{i:03d}.bin" for r in range(2) for i in range(40))
+    for m in (a, b):
+        assert sorted(os.listdir(m.mountpoint / "shards")) == want
+    inos = {os.stat(a.mountpoint / "shards" / n).st_ino for n in want}
+    assert len(inos) == len(want)  # no inode number handed out twice
+
+
+def test_a_directory_renamed_on_one_node_moves_for_a_lister_on_another(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    tmp = a.mountpoint / "tmp-checkpoint-5"
+    tmp.mkdir()
+    for i in range(20):
+        (tmp / f"shard{i}").write_bytes(b"x" * 10)
+    stop = threading.Event()
+    seen: list[tuple[bool, bool]] = []
+
+    def lister() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                names = set(os.listdir(b.mountpoint))
+                seen.append(("tmp-checkpoint-5" in names, "checkpoint-5" in names))
+
+    t = threading.Thread(target=lister)
+    t.start()
+    try:
+        wait_until(lambda: len(seen) > 3, 10, "the lister on b runs")
+        os.rename(tmp, a.mountpoint / "checkpoint-5")
+        wait_until(lambda: seen and seen[-1] == (False, True), 5, "b lists the new name")
+    finally:
+        stop.set()
+        t.join(30)
+    # One listing is one catalog read: never both names, never neither.
+    assert all(old != new for old, new in seen), [s for s in seen if s[0] == s[1]]
+    assert sorted(os.listdir(b.mountpoint / "checkpoint-5")) == sorted(f"shard{i}" for i in range(20))
+
+
+def test_unlink_on_one_node_is_seen_on_another(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    (a.mountpoint / "old.pt").write_bytes(b"old")
+    wait_until(lambda: (b.mountpoint / "old.pt").exists(), 5, "b sees the file")
+    os.unlink(b.mountpoint / "old.pt")
+    wait_until(lambda: not (a.mountpoint / "old.pt").exists(), 5, "a no longer sees it")
+    assert os.listdir(a.mountpoint) == []
+
+
+def test_a_node_remounts_with_only_its_state_dir(cluster: Cluster) -> None:
+    a = cluster.node("a")
+    (a.mountpoint / "f").write_bytes(b"kept")
+    a.stop()
+    # Only --state-dir: the binding names the catalog and node, the catalog the tiers.
+    again = Mount(a.mountpoint, a.state_dir, [], ["--metrics-address", "127.0.0.1:0"])
+    try:
+        again.start()
+        assert (again.mountpoint / "f").read_bytes() == b"kept"
+        assert "node a" in again.log
+    finally:
+        if again.pid is not None:
+            again.stop()
+        again.cleanup()
+
+
+def test_status_and_ls_beside_a_node_read_the_shared_catalog(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    (a.mountpoint / "ckpt").mkdir()
+    (a.mountpoint / "ckpt" / "w.bin").write_bytes(os.urandom(1000))
+    res = run_cli("status", "--state-dir", str(b.state_dir), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert '"files"' in res.stdout or "files" in res.stdout
