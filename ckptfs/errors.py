@@ -112,6 +112,15 @@ class ObjectUnreadable(CorruptChunk):
     short, a read that stalls): that copy is bad, not the tier."""
 
 
+
+class CatalogUnavailable(CkptfsError):
+    """The catalog's database server cannot be reached (down, refusing connections, or no
+    connection free within the pool's wait), or a transaction kept conflicting with others
+    past its retries. The call fails with EIO; nothing of it was committed, except when the
+    connection broke during the COMMIT itself (then it may have been)."""
+
+    errno = _errno.EIO
+
 # The exit code of a refused input (UsageError, ConfigError, a bad command line): the CLI and
 # the daemon (mount refused) exit with it.
 EXIT_USAGE = 2

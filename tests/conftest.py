@@ -24,6 +24,9 @@ import pytest
 from tests.support import mountutil
 from tests.support.mountutil import Mount
 
+# The real PostgreSQL fixtures, likewise one server for the session.
+from tests.support.pgfixtures import pg_url, postgres  # noqa: F401
+
 # The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
 from tests.support.s3fixtures import (  # noqa: F401
     own_seaweed,
@@ -32,8 +35,6 @@ from tests.support.s3fixtures import (  # noqa: F401
     s3_tier_factory,
     seaweed,
 )
-# The real PostgreSQL fixtures, likewise one server for the session.
-from tests.support.pgfixtures import pg_url, postgres  # noqa: F401
 
 # Small chunks so that multi-chunk files, chunk boundaries and partial chunks are cheap.
 TEST_CHUNK_SIZE = 256 * 1024

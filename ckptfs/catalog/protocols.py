@@ -424,4 +424,7 @@ class Catalog(
 ):
     """The whole catalog: what an engine implements."""
 
-    path: Path
+    path: Path  # SQLite: the file; PostgreSQL: the database's description (not a file)
+    # How many transactions may run at once (SQLite 1; PostgreSQL its pool size): the
+    # daemon sizes its catalog limiter by it.
+    concurrency: int

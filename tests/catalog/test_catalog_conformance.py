@@ -1,5 +1,5 @@
 """The catalog conformance suite (catalog_conformance.py) on every catalog engine: SQLite
-now; the PostgreSQL engine (issue 14) adds its parameter to ``engine``."""
+(a file) and PostgreSQL (a fresh database on the test server, pgfixtures.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,18 @@ from ckptfs.catalog import open_catalog
 from ckptfs.catalog.protocols import Catalog
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
-def catalog(engine: str, tmp_path: Path) -> Iterator[Catalog]:
+def catalog(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Catalog]:
     """An empty catalog of ``engine``."""
-    assert engine == "sqlite"
-    c = open_catalog(tmp_path / "catalog.sqlite")
+    where: Path | str = tmp_path / "catalog.sqlite"
+    if engine == "postgresql":
+        where = str(request.getfixturevalue("pg_url"))
+    c = open_catalog(where)
     try:
         yield c
     finally:

@@ -1,0 +1,1449 @@
+"""The catalog's logic, once for every SQL engine: ``SqlCatalog``.
+
+Every public method is one transaction. A method that changes something hands its body
+(a function of a connection) to ``_write``; the engine runs it in a write transaction
+(SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: SERIALIZABLE, and the body runs again after a
+serialization failure, so a body does nothing but SQL and returns its result). A read takes
+one connection for all its statements (``with self._reading() as c``), so a read of several
+statements sees one state. Helpers that read inside a transaction take its connection
+(``_get_inode(c, ...)``, ``_path_of(c, ...)``): never the engine's, which may be another
+transaction.
+
+The SQL here is what both SQLite (3.35 and later) and PostgreSQL accept: ``INSERT ... ON
+CONFLICT``, ``RETURNING``, ``count(*) FILTER (WHERE ...)``, ``?`` placeholders. What an
+engine translates or provides (sqlite.py, postgres.py):
+
+* placeholders (PostgreSQL's ``%s``) and ``group_concat`` (PostgreSQL's ``string_agg``):
+  ``Dialect.translate``, once per statement text;
+* the DDL (``SCHEMA`` is SQLite's; PostgreSQL's is translated from it: BIGINT, BYTEA,
+  identity columns), its creation and migration;
+* transactions, connections, retries and the mapping of its errors;
+* ``backup_bytes``: the snapshot stored on the remotes, always a SQLite catalog file.
+
+Inode numbers, ``dentries.id`` (readdir cookies, in insertion order) and checkpoint ids come
+from the engine's sequence and are never reused: the kernel may still cache an old inode
+number, the metrics remember checkpoint ids.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from ..errors import (
+    AlreadyExists,
+    CkptfsError,
+    InvalidArgument,
+    IsADirectory,
+    NoAttribute,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+)
+from .rows import (
+    ROOT_INODE,
+    Backlog,
+    CheckpointRow,
+    CheckpointState,
+    ChunkRef,
+    Deletion,
+    DeletionBacklog,
+    ExtentReplicas,
+    Inode,
+    UploadJob,
+)
+
+__all__ = [
+    "INODE_COLS", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION", "Conn", "Cursor", "SqlCatalog",
+]
+
+T = TypeVar("T")
+
+# 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates).
+# Every engine stores this layout (the remote snapshot is a SQLite file of it).
+SCHEMA_VERSION = 3
+
+CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
+
+
+class Cursor(Protocol):
+    """What the logic uses of a DB-API cursor (sqlite3's and psycopg's both are)."""
+
+    @property
+    def rowcount(self) -> int:
+        ...
+
+    def fetchone(self) -> Any:
+        ...
+
+    def fetchall(self) -> list[Any]:
+        ...
+
+    def __iter__(self) -> Iterator[Any]:
+        ...
+
+
+class Conn(Protocol):
+    """One connection inside one transaction; statements in the portable SQL of this
+    module (``?`` placeholders), which the engine translates."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor:
+        ...
+
+
+def checkpoints_ddl(table: str) -> str:
+    """The checkpoints table (the schema-3 migration builds a copy under another name)."""
+    return f"""-- Checkpoints the detectors found (checkpoints/detectors.py): a directory or a file,
+-- by path inside the mount; state is a CheckpointState.
+CREATE TABLE {table} (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    root       TEXT NOT NULL UNIQUE,
+    framework  TEXT NOT NULL,
+    step       INTEGER,
+    state      TEXT NOT NULL CHECK (state IN ({CHECKPOINT_STATES})),
+    begin_ns   INTEGER,
+    commit_ns  INTEGER,
+    reason     TEXT,
+    tags       TEXT NOT NULL DEFAULT '',
+    leftover   TEXT  -- expired: hex digests not yet verified gone from every tier (JSON)
+);"""
+
+
+# The schema, in SQLite's DDL (postgres.py translates it: one layout for both engines).
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS inodes (
+    ino      INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: the kernel may still cache an old one
+    mode     INTEGER NOT NULL,
+    uid      INTEGER NOT NULL,
+    gid      INTEGER NOT NULL,
+    size     INTEGER NOT NULL DEFAULT 0,
+    nlink    INTEGER NOT NULL,
+    atime_ns INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    target   BLOB,
+    rdev     INTEGER NOT NULL DEFAULT 0  -- device number of a char or block special file
+);
+CREATE TABLE IF NOT EXISTS dentries (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,
+    name   BLOB NOT NULL,
+    ino    INTEGER NOT NULL,
+    UNIQUE (parent, name)
+);
+CREATE INDEX IF NOT EXISTS dentries_ino ON dentries (ino);
+-- Extended attributes stored for applications (user.*, trusted.*, security.*); the
+-- user.ckptfs.* control names are not stored here.
+CREATE TABLE IF NOT EXISTS xattrs (
+    ino   INTEGER NOT NULL,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    digest BLOB PRIMARY KEY,
+    length INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS replicas (
+    digest BLOB NOT NULL,
+    tier   TEXT NOT NULL,
+    state  TEXT NOT NULL CHECK (state IN ('valid', 'bad')),
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS extents (
+    ino    INTEGER NOT NULL,
+    idx    INTEGER NOT NULL,
+    digest BLOB NOT NULL,
+    length INTEGER NOT NULL,
+    PRIMARY KEY (ino, idx)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS extents_digest ON extents (digest);
+-- Chunks still to copy to a remote tier. Written in the commit that makes a file name the
+-- chunk, so a restart replays them; deleted when the copy is recorded as a replica.
+CREATE TABLE IF NOT EXISTS upload_jobs (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    state       TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'blocked')),
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
+""" + checkpoints_ddl("IF NOT EXISTS checkpoints") + """
+-- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
+-- the transaction that drops a chunk's last reference or a local replica (eviction), so a
+-- restart replays them; removed when the frame is gone, or cancelled when the chunk is
+-- wanted again on that tier (a valid replica row or an upload job for the same pair).
+CREATE TABLE IF NOT EXISTS deletions (
+    digest      BLOB NOT NULL,
+    tier        TEXT NOT NULL,
+    length      INTEGER NOT NULL DEFAULT 0,
+    enqueued_ns INTEGER NOT NULL,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_ns INTEGER NOT NULL DEFAULT 0,
+    last_error  TEXT,
+    PRIMARY KEY (digest, tier)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
+"""
+
+# Every table with its columns in schema order (the snapshot copies them).
+TABLES: dict[str, tuple[str, ...]] = {
+    "meta": ("key", "value"),
+    "inodes": ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns",
+               "target", "rdev"),
+    "dentries": ("id", "parent", "name", "ino"),
+    "xattrs": ("ino", "name", "value"),
+    "chunks": ("digest", "length"),
+    "replicas": ("digest", "tier", "state"),
+    "extents": ("ino", "idx", "digest", "length"),
+    "upload_jobs": ("digest", "tier", "length", "enqueued_ns", "attempts", "next_try_ns", "state",
+                    "last_error"),
+    "checkpoints": ("id", "root", "framework", "step", "state", "begin_ns", "commit_ns", "reason",
+                    "tags", "leftover"),
+    "deletions": ("digest", "tier", "length", "enqueued_ns", "attempts", "next_try_ns",
+                  "last_error"),
+}
+# The tables whose key comes from a sequence (never reused; the snapshot carries it over).
+SEQUENCES = {"inodes": "ino", "dentries": "id", "checkpoints": "id"}
+
+# Host parameters per statement: SQLite before 3.32 allows 999.
+_SQL_VARS = 900
+
+INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target, rdev"
+_INODE_COLS_I = ", ".join("i." + x.strip() for x in INODE_COLS.split(","))
+
+_SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value"
+_VALID_REPLICA = (
+    "INSERT INTO replicas VALUES (?, ?, 'valid') ON CONFLICT (digest, tier) DO UPDATE SET state='valid'"
+)
+_KNOWN_CHUNK = "INSERT INTO chunks VALUES (?, ?) ON CONFLICT (digest) DO NOTHING"
+
+
+def _inode(row: tuple[object, ...]) -> Inode:
+    return Inode(*row)  # type: ignore[arg-type]
+
+
+def _queue_deletion(c: Conn, digest: bytes, tier: str, length: int, now: int) -> None:
+    c.execute(
+        "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=0",
+        (digest, tier, length, now),
+    )
+
+
+def init_rows(c: Conn) -> None:
+    """The rows of a new catalog: its version, filesystem id and root directory."""
+    c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    c.execute("INSERT INTO meta VALUES ('fs_id', ?)", (uuid.uuid4().hex,))
+    now = time.time_ns()
+    c.execute(
+        f"INSERT INTO inodes ({INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL,0)",
+        (ROOT_INODE, stat.S_IFDIR | 0o755, 0, 0, 0, 2, now, now, now),
+    )
+
+
+def newer_schema(where: str, version: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"catalog {where}: schema version {version}, this ckptfs knows {SCHEMA_VERSION} "
+        "(a newer ckptfs made it: upgrade ckptfs)"
+    )
+
+
+class SqlCatalog:
+    """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
+    ``_reading``, ``backup_bytes`` and ``close``."""
+
+    path: Path
+    # How many transactions may run at once (the daemon sizes its catalog limiter by it).
+    concurrency: int = 1
+    # Errors of a read-only catalog of an older schema that lacks a table.
+    _missing_table: tuple[type[Exception], ...] = ()
+
+    def __init__(self) -> None:
+        # Called (in the calling thread, after the COMMIT) by every transaction that
+        # changed the namespace or file contents: the uploader's wake for its snapshot.
+        # Must be thread-safe and must not block (TrioToken.run_sync_soon).
+        self.on_touch: Callable[[], None] | None = None
+
+    # -- what the engine provides ------------------------------------------------------------
+
+    def _transaction(self, body: Callable[[Conn], T], synced: bool) -> T:
+        """Run ``body`` in one write transaction and commit it (again after a conflict)."""
+        raise NotImplementedError
+
+    def _reading(self) -> AbstractContextManager[Conn]:
+        """A connection for one read (its statements see one state)."""
+        raise NotImplementedError
+
+    def backup_bytes(self) -> bytes:
+        """A consistent copy of the whole catalog, as a SQLite catalog file: the snapshot
+        stored on the remotes (restored as a SQLite catalog)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
+        """One write transaction. ``touch`` marks a change of the namespace or of file
+        contents (meta ``changed_ns``): the remote catalog snapshot is stale until it is
+        retaken."""
+        if touch:
+            def touching(c: Conn) -> T:
+                out = body(c)
+                c.execute(_SET_META, ("changed_ns", str(time.time_ns())))
+                return out
+            result = self._transaction(touching, synced)
+            if self.on_touch is not None:
+                self.on_touch()
+            return result
+        return self._transaction(body, synced)
+
+    # -- meta --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _get_meta(c: Conn, key: str) -> str | None:
+        row = c.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def get_meta(self, key: str) -> str | None:
+        with self._reading() as c:
+            return self._get_meta(c, key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._write(lambda c: c.execute(_SET_META, (key, value)))
+
+    def recorded_tiers(self) -> list[dict[str, str]]:
+        """The tiers the catalog was last mounted with (meta ``tiers``, mount.tier_record)."""
+        raw = self.get_meta("tiers")
+        return [] if raw is None else list(json.loads(raw))
+
+    def sync(self) -> None:
+        """Make every earlier commit synced to disk (a no-op write in a FULL transaction)."""
+        self._write(lambda c: c.execute(_SET_META, ("last_sync_ns", str(time.time_ns()))), synced=True)
+
+    # -- namespace ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _get_inode(c: Conn, ino: int) -> Inode:
+        row = c.execute(f"SELECT {INODE_COLS} FROM inodes WHERE ino=?", (ino,)).fetchone()
+        if row is None:
+            raise NotFound(f"inode {ino}")
+        return _inode(row)
+
+    def get_inode(self, ino: int) -> Inode:
+        with self._reading() as c:
+            return self._get_inode(c, ino)
+
+    def _dir(self, c: Conn, ino: int) -> Inode:
+        inode = self._get_inode(c, ino)
+        if not inode.is_dir:
+            raise NotADirectory(f"inode {ino}")
+        return inode
+
+    @staticmethod
+    def _entry(c: Conn, parent: int, name: bytes) -> Inode | None:
+        row = c.execute(
+            f"SELECT {_INODE_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino "
+            "WHERE d.parent=? AND d.name=?",
+            (parent, name),
+        ).fetchone()
+        return None if row is None else _inode(row)
+
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        with self._reading() as c:
+            self._dir(c, parent)
+            inode = self._entry(c, parent, name)
+        if inode is None:
+            raise NotFound(name.decode(errors="replace"))
+        return inode
+
+    @staticmethod
+    def _touch_dir(c: Conn, ino: int, now: int, nlink_delta: int = 0) -> None:
+        c.execute(
+            "UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?",
+            (now, now, nlink_delta, ino),
+        )
+
+    def create(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
+        rdev: int = 0,
+    ) -> Inode:
+        """Create a file, directory, symlink or special file (FIFO, socket, device with
+        ``rdev``) entry. EEXIST if the name is taken."""
+        now = time.time_ns()
+        is_dir = stat.S_ISDIR(mode)
+        size = len(target) if target is not None else 0
+
+        def body(c: Conn) -> Inode:
+            pdir = self._dir(c, parent)
+            if self._entry(c, parent, name) is not None:
+                raise AlreadyExists(name.decode(errors="replace"))
+            m, g = mode, gid
+            if pdir.mode & stat.S_ISGID:
+                # A setgid directory gives new entries its group, and subdirectories its setgid.
+                g = pdir.gid
+                if is_dir:
+                    m |= stat.S_ISGID
+            row = c.execute(
+                "INSERT INTO inodes (mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target,"
+                f" rdev) VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING {INODE_COLS}",
+                (m, uid, g, size, 2 if is_dir else 1, now, now, now, target, rdev),
+            ).fetchone()
+            inode = _inode(row)
+            c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, inode.ino))
+            self._touch_dir(c, parent, now, 1 if is_dir else 0)
+            return inode
+
+        return self._write(body, touch=True)
+
+    def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            self._dir(c, parent)
+            inode = self._get_inode(c, ino)
+            if inode.is_dir:
+                raise NotPermitted("hard links to directories are not allowed")
+            if self._entry(c, parent, name) is not None:
+                raise AlreadyExists(name.decode(errors="replace"))
+            c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
+            c.execute("UPDATE inodes SET nlink=nlink+1, ctime_ns=? WHERE ino=?", (now, ino))
+            self._touch_dir(c, parent, now)
+            return self._get_inode(c, ino)
+
+        return self._write(body, touch=True)
+
+    def unlink(self, parent: int, name: bytes) -> Inode:
+        """Remove a non-directory entry; returns the inode with its new link count."""
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            self._dir(c, parent)
+            inode = self._entry(c, parent, name)
+            if inode is None:
+                raise NotFound(name.decode(errors="replace"))
+            if inode.is_dir:
+                raise IsADirectory(name.decode(errors="replace"))
+            c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
+            c.execute("UPDATE inodes SET nlink=nlink-1, ctime_ns=? WHERE ino=?", (now, inode.ino))
+            self._touch_dir(c, parent, now)
+            return replace(inode, nlink=inode.nlink - 1, ctime_ns=now)
+
+        return self._write(body, touch=True)
+
+    def rmdir(self, parent: int, name: bytes) -> Inode:
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            self._dir(c, parent)
+            inode = self._entry(c, parent, name)
+            if inode is None:
+                raise NotFound(name.decode(errors="replace"))
+            if not inode.is_dir:
+                raise NotADirectory(name.decode(errors="replace"))
+            if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (inode.ino,)).fetchone():
+                raise NotEmpty(name.decode(errors="replace"))
+            c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
+            c.execute("UPDATE inodes SET nlink=0, ctime_ns=? WHERE ino=?", (now, inode.ino))
+            self._touch_dir(c, parent, now, -1)
+            return replace(inode, nlink=0)
+
+        return self._write(body, touch=True)
+
+    @staticmethod
+    def _is_ancestor(c: Conn, anc: int, ino: int) -> bool:
+        """True if ``anc`` is ``ino`` or one of its ancestors (directories have one parent)."""
+        while True:
+            if ino == anc:
+                return True
+            if ino == ROOT_INODE:
+                return False
+            row = c.execute("SELECT parent FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
+            if row is None:
+                return False
+            ino = int(row[0])
+
+    def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
+    ) -> Inode | None:
+        """Atomic rename. Returns the replaced inode (with its new link count), if any."""
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode | None:
+            self._dir(c, old_parent)
+            self._dir(c, new_parent)
+            src = self._entry(c, old_parent, old_name)
+            if src is None:
+                raise NotFound(old_name.decode(errors="replace"))
+            dst = self._entry(c, new_parent, new_name)
+            if src.is_dir and self._is_ancestor(c, src.ino, new_parent):
+                raise InvalidArgument("cannot move a directory into itself")
+            replaced: Inode | None = None
+            if dst is not None:
+                if noreplace:
+                    raise AlreadyExists(new_name.decode(errors="replace"))
+                if dst.ino == src.ino:
+                    return None  # both names link the same inode: POSIX says do nothing
+                if src.is_dir:
+                    if not dst.is_dir:
+                        raise NotADirectory(new_name.decode(errors="replace"))
+                    if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (dst.ino,)).fetchone():
+                        raise NotEmpty(new_name.decode(errors="replace"))
+                elif dst.is_dir:
+                    raise IsADirectory(new_name.decode(errors="replace"))
+                c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (new_parent, new_name))
+                new_nlink = 0 if dst.is_dir else dst.nlink - 1
+                c.execute("UPDATE inodes SET nlink=?, ctime_ns=? WHERE ino=?", (new_nlink, now, dst.ino))
+                if dst.is_dir:
+                    self._touch_dir(c, new_parent, now, -1)
+                replaced = replace(dst, nlink=new_nlink)
+            c.execute(
+                "UPDATE dentries SET parent=?, name=? WHERE parent=? AND name=?",
+                (new_parent, new_name, old_parent, old_name),
+            )
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, src.ino))
+            moved_dir = src.is_dir and old_parent != new_parent
+            self._touch_dir(c, old_parent, now, -1 if moved_dir else 0)
+            if new_parent != old_parent:
+                self._touch_dir(c, new_parent, now, 1 if moved_dir else 0)
+            return replaced
+
+        return self._write(body, touch=True)
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Inode:
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            inode = self._get_inode(c, ino)
+            m = mode if mode is None else stat.S_IFMT(inode.mode) | stat.S_IMODE(mode)
+            new = replace(
+                inode,
+                mode=inode.mode if m is None else m,
+                uid=inode.uid if uid is None else uid,
+                gid=inode.gid if gid is None else gid,
+                atime_ns=inode.atime_ns if atime_ns is None else atime_ns,
+                mtime_ns=inode.mtime_ns if mtime_ns is None else mtime_ns,
+                ctime_ns=now,
+            )
+            c.execute(
+                "UPDATE inodes SET mode=?, uid=?, gid=?, atime_ns=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
+                (new.mode, new.uid, new.gid, new.atime_ns, new.mtime_ns, new.ctime_ns, ino),
+            )
+            return new
+
+        return self._write(body, touch=True)
+
+    def readdir(self, parent: int, after_id: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
+        with self._reading() as c:
+            rows = c.execute(
+                f"SELECT d.id, d.name, {_INODE_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino "
+                "WHERE d.parent=? AND d.id>? ORDER BY d.id LIMIT ?",
+                (parent, after_id, limit),
+            ).fetchall()
+        return [(int(r[0]), bytes(r[1]), _inode(r[2:])) for r in rows]
+
+    # -- extended attributes -----------------------------------------------------------------
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        with self._reading() as c:
+            row = c.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        with self._reading() as c:
+            return [bytes(r[0]) for r in c.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+
+    def xattr_inodes(self) -> set[int]:
+        """The inodes that have stored extended attributes."""
+        with self._reading() as c:
+            return {int(r[0]) for r in c.execute("SELECT DISTINCT ino FROM xattrs")}
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
+                  replace_only: bool = False) -> Inode:
+        """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
+        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            inode = self._get_inode(c, ino)
+            exists = c.execute("SELECT 1 FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+            if create and exists:
+                raise AlreadyExists(name.decode(errors="replace"))
+            if replace_only and not exists:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("INSERT INTO xattrs VALUES (?, ?, ?) ON CONFLICT (ino, name) DO UPDATE SET "
+                      "value=excluded.value", (ino, name, value))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
+        return self._write(body, touch=True)
+
+    def remove_xattr(self, ino: int, name: bytes) -> Inode:
+        """ENODATA if the inode has no such attribute."""
+        now = time.time_ns()
+
+        def body(c: Conn) -> Inode:
+            inode = self._get_inode(c, ino)
+            if not c.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (ino, name)).rowcount:
+                raise NoAttribute(name.decode(errors="replace"))
+            c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))
+            return replace(inode, ctime_ns=now)
+
+        return self._write(body, touch=True)
+
+    # -- file contents -----------------------------------------------------------------------
+
+    def extents(self, ino: int) -> dict[int, ChunkRef]:
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT e.idx, e.digest, e.length, group_concat(r.tier) FROM extents e "
+                "LEFT JOIN replicas r ON r.digest = e.digest AND r.state = 'valid' "
+                "WHERE e.ino=? GROUP BY e.ino, e.idx",
+                (ino,),
+            ).fetchall()
+        return {
+            int(idx): ChunkRef(bytes(d), int(n), tuple(sorted(t.split(","))) if t else ())
+            for idx, d, n, t in rows
+        }
+
+    def commit_file(
+        self,
+        ino: int,
+        size: int,
+        mtime_ns: int,
+        ctime_ns: int,
+        chunk_size: int,
+        changes: dict[int, ChunkRef | None],
+        synced: bool = False,
+        uploads: dict[bytes, list[str]] | None = None,
+    ) -> list[bytes]:
+        """Commit a file's new size, times and changed extents in one transaction.
+
+        Extents past the end are dropped. Returns the digests that lost a reference
+        (candidates for garbage collection).
+        """
+        n_chunks = (size + chunk_size - 1) // chunk_size
+        queued = uploads or {}
+
+        def body(c: Conn) -> list[bytes]:
+            dropped = [
+                bytes(r[0])
+                for r in c.execute(
+                    "SELECT digest FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks)
+                ).fetchall()
+            ]
+            c.execute("DELETE FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks))
+            for idx, ref in changes.items():
+                if idx >= n_chunks:
+                    continue
+                old = c.execute(
+                    "SELECT digest FROM extents WHERE ino=? AND idx=?", (ino, idx)
+                ).fetchone()
+                if old is not None:
+                    dropped.append(bytes(old[0]))
+                if ref is None:
+                    c.execute("DELETE FROM extents WHERE ino=? AND idx=?", (ino, idx))
+                    continue
+                c.execute(_KNOWN_CHUNK, (ref.digest, ref.length))
+                for tier in ref.tiers:
+                    c.execute(_VALID_REPLICA, (ref.digest, tier))
+                c.execute(
+                    "INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
+                    "digest=excluded.digest, length=excluded.length",
+                    (ino, idx, ref.digest, ref.length),
+                )
+                for tier in queued.get(ref.digest, ()):
+                    c.execute(
+                        "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                        "SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM replicas "
+                        "WHERE digest=? AND tier=? AND state='valid') ON CONFLICT DO NOTHING",
+                        (ref.digest, tier, ref.length, mtime_ns, ref.digest, tier),
+                    )
+            c.execute(
+                "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
+                (size, mtime_ns, ctime_ns, ino),
+            )
+            return dropped
+
+        return self._write(body, synced=synced, touch=True)
+
+    def delete_inode(self, ino: int) -> list[bytes]:
+        """Drop an inode whose last link and last open handle are gone."""
+        def body(c: Conn) -> list[bytes]:
+            digests = [
+                bytes(r[0])
+                for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()
+            ]
+            c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+            if c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,)).rowcount:
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
+            return digests
+
+        return self._write(body)
+
+    def unlinked_inodes(self) -> list[int]:
+        """Inodes with no name left (unlinked while open before a crash or shutdown)."""
+        with self._reading() as c:
+            return [int(r[0]) for r in c.execute("SELECT ino FROM inodes WHERE nlink<=0")]
+
+    def drop_unreferenced(
+        self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
+    ) -> dict[bytes, list[str]]:
+        """Drop the chunk, replica and upload rows of chunks no extent references, and queue
+        the deletion of their frames (from the recorded tiers, the tiers in ``extra_tiers``
+        a caller just wrote them to, and the remotes an upload may have reached) in the same
+        transaction. Returns digest -> tiers queued."""
+        now = time.time_ns()
+        todo = set(digests)
+
+        def body(c: Conn) -> dict[bytes, list[str]]:
+            gone: dict[bytes, list[str]] = {}
+            for d in todo:
+                if c.execute("SELECT 1 FROM extents WHERE digest=? LIMIT 1", (d,)).fetchone():
+                    continue
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                tiers = {str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))}
+                jobs = {str(r[0]) for r in c.execute("SELECT tier FROM upload_jobs WHERE digest=?", (d,))}
+                extra = (extra_tiers or {}).get(d, set())
+                if row is None and not tiers and not extra:
+                    continue  # dropped already (by another collect)
+                c.execute("DELETE FROM replicas WHERE digest=?", (d,))
+                c.execute("DELETE FROM chunks WHERE digest=?", (d,))
+                c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,))
+                length = 0 if row is None else int(row[0])
+                for tier in tiers | jobs | extra:
+                    _queue_deletion(c, d, tier, length, now)
+                gone[d] = sorted(tiers | extra)
+            return gone
+
+        return self._write(body)
+
+    # -- the deletion queue ------------------------------------------------------------------
+
+    def queue_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> int:
+        """Queue frames to delete (frames found left over, e.g. of an expired checkpoint).
+        Safe for any pair: the deleter cancels a row whose chunk is wanted on its tier."""
+        now = time.time_ns()
+        todo = set(pairs)
+
+        def body(c: Conn) -> int:
+            for d, tier in todo:
+                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
+                _queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
+            return len(todo)
+
+        return self._write(body)
+
+    def due_deletions(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]], tiers: Sequence[str]
+    ) -> list[Deletion]:
+        """Rows of these tiers ready to run, oldest first."""
+        if not tiers:
+            return []
+        tp = ",".join("?" * len(tiers))
+        with self._reading() as c:
+            rows = c.execute(
+                f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
+                f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
+            ).fetchall()
+        out = [Deletion(bytes(d), str(t), int(n), int(a)) for d, t, n, a in rows]
+        return [r for r in out if (r.digest, r.tier) not in skip][:limit]
+
+    def next_deletion_due_ns(self, skip: set[tuple[bytes, str]], tiers: Sequence[str]) -> int | None:
+        """Earliest retry time among rows of these tiers not running now."""
+        if not tiers:
+            return None
+        tp = ",".join("?" * len(tiers))
+        with self._reading() as c:
+            rows = c.execute(
+                f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
+                "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
+            ).fetchall()
+        for d, t, n in rows:
+            if (bytes(d), str(t)) not in skip:
+                return int(n)
+        return None
+
+    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+        """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
+        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
+        a row that is gone (done by someone else) is skipped."""
+        todo = list(pairs)
+
+        def body(c: Conn) -> list[tuple[bytes, str]]:
+            ok = []
+            for d, tier in todo:
+                if not c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=?", (d, tier)).fetchone():
+                    continue
+                wanted = c.execute(
+                    "SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid' UNION ALL "
+                    "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? LIMIT 1",
+                    (d, tier, d, tier),
+                ).fetchone()
+                if wanted:
+                    c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+                    continue
+                ok.append((d, tier))
+            return ok
+
+        return self._write(body)
+
+    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+        todo = list(pairs)
+
+        def body(c: Conn) -> None:
+            for d, tier in todo:
+                c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+
+        self._write(body)
+
+    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+        def body(c: Conn) -> None:
+            c.execute(
+                "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
+                "WHERE digest=? AND tier=?", (next_try_ns, error, digest, tier),
+            )
+
+        self._write(body)
+
+    def retry_deletions_now(self, tier: str | None = None) -> int:
+        """Make postponed rows due at once (a tier works again; ``ckptfs gc``)."""
+        def body(c: Conn) -> int:
+            if tier is None:
+                return c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
+            return c.execute(
+                "UPDATE deletions SET next_try_ns=0 WHERE tier=? AND next_try_ns>0", (tier,)
+            ).rowcount
+
+        return self._write(body)
+
+    def deletions_pending(self, digests: Iterable[bytes], due_before_ns: int | None = None) -> set[bytes]:
+        """Which of these chunks still have deletion rows (only rows due by then, if given)."""
+        out = set()
+        with self._reading() as c:
+            for d in set(digests):
+                if due_before_ns is None:
+                    row = c.execute("SELECT 1 FROM deletions WHERE digest=? LIMIT 1", (d,)).fetchone()
+                else:
+                    row = c.execute(
+                        "SELECT 1 FROM deletions WHERE digest=? AND next_try_ns<=? LIMIT 1",
+                        (d, due_before_ns),
+                    ).fetchone()
+                if row:
+                    out.add(d)
+        return out
+
+    def deletion_keys(self, tier: str) -> set[bytes]:
+        with self._reading() as c:
+            return {bytes(r[0]) for r in c.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
+
+    def deletion_backlog(self) -> list[DeletionBacklog]:
+        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
+        out = []
+        with self._reading() as c:
+            try:
+                rows = c.execute(
+                    "SELECT tier, count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+                    "count(*) FILTER (WHERE attempts>0) FROM deletions GROUP BY tier ORDER BY tier"
+                ).fetchall()
+            except self._missing_table:
+                return []
+            for tier, n, size, oldest, failing in rows:
+                err = c.execute(
+                    "SELECT last_error FROM deletions WHERE tier=? AND last_error IS NOT NULL "
+                    "ORDER BY next_try_ns DESC LIMIT 1", (tier,),
+                ).fetchone()
+                out.append(DeletionBacklog(str(tier), int(n), int(size), None if oldest is None else int(oldest),
+                                           int(failing), None if err is None else str(err[0])))
+        return out
+
+    # -- remote replication ------------------------------------------------------------------
+
+    def due_uploads(self, now_ns: int, limit: int, skip: set[tuple[bytes, str]]) -> list[UploadJob]:
+        """Jobs ready to run, oldest commit first."""
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
+                "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
+                "WHERE u.next_try_ns<=? GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns LIMIT ?",
+                (now_ns, limit + len(skip)),
+            ).fetchall()
+        jobs = [
+            UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
+            for d, t, n, e, a, s in rows
+        ]
+        return [j for j in jobs if (j.digest, j.tier) not in skip][:limit]
+
+    def due_uploads_of(
+        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]]
+    ) -> list[UploadJob]:
+        """Ready jobs for the given chunks only (someone waits for them: expedite)."""
+        jobs: list[UploadJob] = []
+        with self._reading() as c:
+            for d in digests:
+                if len(jobs) >= limit:
+                    break
+                rows = c.execute(
+                    "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
+                    "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
+                    "WHERE u.digest=? AND u.next_try_ns<=? GROUP BY u.digest, u.tier",
+                    (d, now_ns),
+                ).fetchall()
+                jobs += [
+                    UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
+                    for d, t, n, e, a, s in rows
+                    if (bytes(d), str(t)) not in skip
+                ]
+        return jobs[:limit]
+
+    def pending_digests(self, digests: Iterable[bytes]) -> int:
+        """How many of these chunks still have an upload job."""
+        with self._reading() as c:
+            return sum(
+                1 for d in set(digests)
+                if c.execute("SELECT 1 FROM upload_jobs WHERE digest=? LIMIT 1", (d,)).fetchone()
+            )
+
+    def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
+        """Earliest retry time among jobs not running now."""
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT digest, tier, next_try_ns FROM upload_jobs ORDER BY next_try_ns LIMIT ?",
+                (len(skip) + 1,),
+            ).fetchall()
+        for d, t, n in rows:
+            if (bytes(d), str(t)) not in skip:
+                return int(n)
+        return None
+
+    def finish_upload(self, digest: bytes, tier: str) -> bool:
+        """Record a finished copy. False if the job was cancelled meanwhile (the chunk was
+        deleted): the caller then removes the copy it made. Touches the catalog: the next
+        remote snapshot must know the chunk is there."""
+        def body(c: Conn) -> bool:
+            gone = c.execute(
+                "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
+            ).rowcount == 0
+            if gone:
+                # The copy just made is garbage: the deletion queue removes it.
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
+                return False
+            c.execute(_VALID_REPLICA, (digest, tier))
+            return True
+
+        return self._write(body, touch=True)
+
+    def retry_uploads_now(self, tier: str) -> int:
+        """Make the postponed (not blocked) uploads to ``tier`` due at once: it works again."""
+        def body(c: Conn) -> int:
+            return c.execute(
+                "UPDATE upload_jobs SET next_try_ns=0 WHERE tier=? AND next_try_ns>0 "
+                "AND state='pending'", (tier,)
+            ).rowcount
+
+        return self._write(body)
+
+    def postpone_upload(
+        self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool
+    ) -> None:
+        def body(c: Conn) -> None:
+            c.execute(
+                "UPDATE upload_jobs SET attempts=attempts+1, next_try_ns=?, last_error=?, state=? "
+                "WHERE digest=? AND tier=?",
+                (next_try_ns, error, "blocked" if blocked else "pending", digest, tier),
+            )
+
+        self._write(body)
+
+    def backlog(self) -> Backlog:
+        with self._reading() as c:
+            n, size, oldest, blocked = c.execute(
+                "SELECT count(*), coalesce(sum(length), 0), min(enqueued_ns), "
+                "count(*) FILTER (WHERE state='blocked') FROM upload_jobs"
+            ).fetchone()
+            err = c.execute(
+                "SELECT last_error FROM upload_jobs WHERE last_error IS NOT NULL "
+                "ORDER BY next_try_ns DESC LIMIT 1"
+            ).fetchone()
+        return Backlog(int(n), int(size), None if oldest is None else int(oldest), int(blocked),
+                       None if err is None else str(err[0]))
+
+    def snapshot_of_ns(self) -> int | None:
+        """When the catalog state last stored on the remotes was taken (None: never)."""
+        taken = self.get_meta("snapshot_of_ns")
+        return None if taken is None else int(taken)
+
+    def snapshot_is_current(self) -> bool:
+        """The remote catalog snapshot includes every namespace and content change."""
+        with self._reading() as c:
+            changed = self._get_meta(c, "changed_ns")
+            taken = self._get_meta(c, "snapshot_of_ns")
+        return changed is None or (taken is not None and int(taken) >= int(changed))
+
+    def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
+        """Turn a catalog restored from a remote snapshot into this node's catalog.
+
+        A chunk the snapshot records on any remote tier is recorded on every configured
+        remote tier (reads try each; striping may differ on this node); local replicas
+        and upload jobs are forgotten. A file naming a chunk no remote held when the
+        snapshot was taken (its upload was still pending) cannot be recovered: it is
+        removed. Returns (files kept, paths of files removed)."""
+        recorded = {t["name"]: t.get("kind", "local") for t in self.recorded_tiers()}
+        snap_remotes = [n for n, k in recorded.items() if k != "local"]
+        # The chunks a remote held (read before the replica rows are replaced below).
+        held = ("SELECT digest FROM replicas WHERE state='valid' AND tier IN "
+                f"({','.join('?' * len(snap_remotes)) or 'NULL'})")
+
+        def body(c: Conn) -> tuple[int, list[str]]:
+            lost = [
+                int(r[0]) for r in c.execute(
+                    f"SELECT DISTINCT ino FROM extents WHERE digest NOT IN ({held})", snap_remotes
+                ).fetchall()
+            ]
+            removed = [self._path_of(c, ino) for ino in lost]
+            for ino in lost:
+                for parent, in c.execute("SELECT parent FROM dentries WHERE ino=?", (ino,)).fetchall():
+                    c.execute("UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
+                              (time.time_ns(), time.time_ns(), parent))
+                c.execute("DELETE FROM dentries WHERE ino=?", (ino,))
+                c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+                c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
+                c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
+            c.execute(f"DELETE FROM chunks WHERE digest NOT IN ({held})", snap_remotes)
+            c.execute("DELETE FROM upload_jobs")
+            # Another node's queue: never delete on the strength of its rows (fsck finds
+            # what is left over).
+            c.execute("DELETE FROM deletions")
+            c.execute("DELETE FROM replicas")
+            for tier in remote_tiers:
+                c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
+            kept = int(c.execute(
+                "SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
+            return kept, removed
+
+        return self._write(body, touch=True)
+
+    def pending_uploads_for(self, inos: Iterable[int]) -> int:
+        """Upload jobs still open for chunks the given files name."""
+        total = 0
+        with self._reading() as c:
+            for ino in inos:
+                row = c.execute(
+                    "SELECT count(*) FROM upload_jobs u WHERE u.digest IN "
+                    "(SELECT digest FROM extents WHERE ino=?)", (ino,)
+                ).fetchone()
+                total += int(row[0])
+        return total
+
+    # -- local eviction ----------------------------------------------------------------------
+
+    def eviction_candidates(
+        self, local_tiers: Sequence[str], remote_tiers: Sequence[str], limit: int
+    ) -> list[tuple[bytes, str, int]]:
+        """Local replicas that may go: a remote tier holds the chunk and no upload still
+        needs the local copy. Chunks of the least recently modified files first (a restart
+        reads the newest checkpoint). Returns (digest, local tier, frame body length)."""
+        if not local_tiers or not remote_tiers:
+            return []
+        lp = ",".join("?" * len(local_tiers))
+        rp = ",".join("?" * len(remote_tiers))
+        with self._reading() as c:
+            rows = c.execute(
+                f"SELECT r.digest, r.tier, c.length FROM replicas r JOIN chunks c ON c.digest = r.digest "
+                f"WHERE r.tier IN ({lp}) AND EXISTS (SELECT 1 FROM replicas x WHERE x.digest = r.digest "
+                f"AND x.state = 'valid' AND x.tier IN ({rp})) "
+                "AND NOT EXISTS (SELECT 1 FROM upload_jobs u WHERE u.digest = r.digest) "
+                "ORDER BY (SELECT max(i.mtime_ns) FROM extents e JOIN inodes i ON i.ino = e.ino "
+                "WHERE e.digest = r.digest) LIMIT ?",
+                (*local_tiers, *remote_tiers, limit),
+            ).fetchall()
+        return [(bytes(d), str(t), int(n)) for d, t, n in rows]
+
+    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
+        """Turn a local replica row into a deletion row if a remote copy still backs it and
+        no upload needs it (checked again in the transaction)."""
+        rp = ",".join("?" * len(remote_tiers)) or "NULL"
+
+        def body(c: Conn) -> bool:
+            ok = c.execute(
+                f"SELECT 1 FROM replicas WHERE digest=? AND state='valid' AND tier IN ({rp}) "
+                "AND NOT EXISTS (SELECT 1 FROM upload_jobs WHERE digest=?) LIMIT 1",
+                (digest, *remote_tiers, digest),
+            ).fetchone()
+            if not ok:
+                return False
+            if not c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier)).rowcount:
+                return False
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+            _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
+            return True
+
+        return self._write(body)
+
+    def has_chunk(self, digest: bytes) -> bool:
+        """Whether a committed file names this chunk (its row exists)."""
+        with self._reading() as c:
+            return c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone() is not None
+
+    def chunk_length(self, digest: bytes) -> int:
+        with self._reading() as c:
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def stored_by_tier(self) -> dict[str, tuple[int, int]]:
+        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
+        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT r.tier, count(*), coalesce(sum(c.length), 0) FROM replicas r "
+                "JOIN chunks c ON c.digest = r.digest WHERE r.state = 'valid' GROUP BY r.tier"
+            ).fetchall()
+        return {str(t): (int(n), int(b)) for t, n, b in rows}
+
+    def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT tier FROM replicas WHERE digest=? AND state='valid' ORDER BY tier", (digest,)
+            ).fetchall()
+        return tuple(str(r[0]) for r in rows)
+
+    # -- self-healing ------------------------------------------------------------------------
+
+    def mark_replica_bad(self, digest: bytes, tier: str) -> None:
+        """A read found this copy missing or corrupt: readers skip it until it is healed."""
+        def body(c: Conn) -> None:
+            c.execute("UPDATE replicas SET state='bad' WHERE digest=? AND tier=?", (digest, tier))
+
+        self._write(body)
+
+    def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
+        """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
+        False if the chunk was dropped meanwhile: the copy is queued for deletion."""
+        def body(c: Conn) -> bool:
+            if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
+                _queue_deletion(c, digest, tier, 0, time.time_ns())
+                return False
+            c.execute(_VALID_REPLICA, (digest, tier))
+            return True
+
+        return self._write(body)
+
+    def requeue_upload(self, digest: bytes, tier: str) -> bool:
+        """Copy a chunk to a remote tier again (its copy there is missing or corrupt)."""
+        def body(c: Conn) -> bool:
+            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
+            if row is None:
+                return False
+            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+            c.execute(
+                "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (digest, tier, int(row[0]), time.time_ns()),
+            )
+            return True
+
+        return self._write(body)
+
+    def upload_job_pairs(self) -> set[tuple[bytes, str]]:
+        """Every (digest, tier) with an upload job (``ckptfs fsck --remote``)."""
+        with self._reading() as c:
+            return {(bytes(d), str(t)) for d, t in c.execute("SELECT digest, tier FROM upload_jobs")}
+
+    def queue_upload(self, digest: bytes, tier: str) -> bool:
+        """Queue the copy of a known chunk to a remote tier (the row commit_file writes),
+        leaving its replica rows alone. False if a job is queued already or the chunk is
+        not known."""
+        def body(c: Conn) -> bool:
+            return c.execute(
+                "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
+                "SELECT digest, ?, length, ? FROM chunks WHERE digest=? ON CONFLICT DO NOTHING",
+                (tier, time.time_ns(), digest),
+            ).rowcount > 0
+
+        return self._write(body)
+
+    def extent_replicas(self, inos: Sequence[int], tiers: Sequence[str]) -> list[ExtentReplicas]:
+        """Every extent of these files, with whether a valid copy of its chunk is on one of
+        ``tiers`` (``ckptfs prefetch``). Queried in batches (SQLite's variable limit)."""
+        out: list[ExtentReplicas] = []
+        tp = ",".join("?" * len(tiers)) or "NULL"
+        step = max(1, _SQL_VARS - len(tiers))
+        with self._reading() as c:
+            for i in range(0, len(inos), step):
+                batch = list(inos[i : i + step])
+                ip = ",".join("?" * len(batch))
+                rows = c.execute(
+                    f"SELECT e.ino, e.digest, e.length, EXISTS (SELECT 1 FROM replicas r "
+                    f"WHERE r.digest = e.digest AND r.state = 'valid' AND r.tier IN ({tp})) "
+                    f"FROM extents e WHERE e.ino IN ({ip})",
+                    (*tiers, *batch),
+                ).fetchall()
+                out += [ExtentReplicas(int(i_), bytes(d), int(n), bool(on)) for i_, d, n, on in rows]
+        return out
+
+    def stored_on_tier(self, tier: str) -> tuple[int, int]:
+        """The valid copies the catalog records on one tier: (chunks, plaintext bytes)."""
+        with self._reading() as c:
+            n, size = c.execute(
+                "SELECT count(*), coalesce(sum(c.length), 0) FROM replicas r JOIN chunks c "
+                "ON c.digest = r.digest WHERE r.tier = ? AND r.state = 'valid'", (tier,)
+            ).fetchone()
+        return int(n), int(size)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _resolve(self, c: Conn, path: str) -> Inode | None:
+        ino = ROOT_INODE
+        for part in [p for p in path.split("/") if p]:
+            row = c.execute(
+                "SELECT ino FROM dentries WHERE parent=? AND name=?", (ino, part.encode())
+            ).fetchone()
+            if row is None:
+                return None
+            ino = int(row[0])
+        try:
+            return self._get_inode(c, ino)
+        except CkptfsError:
+            return None
+
+    def resolve(self, path: str) -> Inode | None:
+        """The inode at ``path`` (absolute inside the mount), or None."""
+        with self._reading() as c:
+            return self._resolve(c, path)
+
+    def list_names(self, ino: int) -> list[str]:
+        with self._reading() as c:
+            rows = c.execute("SELECT name FROM dentries WHERE parent=? ORDER BY id", (ino,)).fetchall()
+        return [bytes(r[0]).decode(errors="surrogateescape") for r in rows]
+
+    def checkpoint_begin(self, root: str, framework: str, step: int | None, t_ns: int) -> bool:
+        """A checkpoint is being written. A committed or partial one at the same path that
+        is written again (an overwrite) starts over. True if the row changed."""
+        def body(c: Conn) -> bool:
+            row = c.execute("SELECT state FROM checkpoints WHERE root=?", (root,)).fetchone()
+            if row is not None and row[0] == CheckpointState.WRITING:
+                return False
+            c.execute(
+                "INSERT INTO checkpoints (root, framework, step, state, begin_ns) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
+                "framework=excluded.framework, step=excluded.step, state=excluded.state, "
+                "begin_ns=excluded.begin_ns, commit_ns=NULL, reason=NULL",
+                (root, framework, step, CheckpointState.WRITING.value, t_ns),
+            )
+            return True
+
+        return self._write(body)
+
+    def checkpoint_commit(
+        self, root: str, framework: str, step: int | None, t_ns: int, reason: str
+    ) -> None:
+        def body(c: Conn) -> None:
+            c.execute(
+                "INSERT INTO checkpoints (root, framework, step, state, begin_ns, commit_ns, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
+                "framework=excluded.framework, step=coalesce(excluded.step, checkpoints.step), "
+                "state=excluded.state, begin_ns=coalesce(checkpoints.begin_ns, excluded.begin_ns), "
+                "commit_ns=excluded.commit_ns, reason=excluded.reason",
+                (root, framework, step, CheckpointState.COMMITTED.value, t_ns, t_ns, reason),
+            )
+
+        self._write(body, touch=True)
+
+    def checkpoint_set_state(
+        self, root: str, state: CheckpointState | str, reason: str | None = None
+    ) -> None:
+        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument)."""
+        try:
+            st = CheckpointState(state)
+        except ValueError:
+            raise InvalidArgument(f"checkpoint state {state!r}") from None
+
+        def body(c: Conn) -> None:
+            c.execute(
+                "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
+                (st.value, reason, root),
+            )
+
+        self._write(body, touch=True)
+
+    def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
+        left = json.dumps([d.hex() for d in digests]) if digests else None
+
+        def body(c: Conn) -> None:
+            c.execute("UPDATE checkpoints SET leftover=? WHERE root=?", (left, root))
+
+        self._write(body)
+
+    def expired_leftovers(self) -> dict[str, list[bytes]]:
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT root, leftover FROM checkpoints WHERE state=? AND leftover IS NOT NULL",
+                (CheckpointState.EXPIRED.value,),
+            ).fetchall()
+        return {str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
+
+    def checkpoint_tag(self, root: str, tag: str) -> bool:
+        def body(c: Conn) -> bool:
+            row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (root,)).fetchone()
+            if row is None:
+                return False
+            tags = {t for t in str(row[0]).split(",") if t} | {tag}
+            c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), root))
+            return True
+
+        return self._write(body, touch=True)
+
+    def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
+        """Checkpoint rows at or under ``under``, oldest first."""
+        prefix = under.rstrip("/")
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
+                "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
+                (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
+            ).fetchall()
+        return [
+            CheckpointRow(int(i), str(root), str(fw), None if step is None else int(step),
+                          CheckpointState(state), None if b is None else int(b),
+                          None if cm is None else int(cm), None if why is None else str(why),
+                          str(tags))
+            for i, root, fw, step, state, b, cm, why, tags in rows
+        ]
+
+    def rename_checkpoints(self, old: str, new: str) -> None:
+        """A directory or file was renamed: checkpoints at or under it move with it."""
+        def body(c: Conn) -> None:
+            for cid, root in c.execute(
+                "SELECT id, root FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ?",
+                (old, len(old) + 1, old + "/"),
+            ).fetchall():
+                c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (new + str(root)[len(old):], cid))
+                c.execute("UPDATE checkpoints SET root=? WHERE id=?", (new + str(root)[len(old):], cid))
+
+        self._write(body)
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def _files_under(self, c: Conn, root: str) -> list[Inode]:
+        top = self._resolve(c, root)
+        out: list[Inode] = []
+        stack = [] if top is None else [top]
+        while stack:
+            inode = stack.pop()
+            if stat.S_ISDIR(inode.mode):
+                for r in c.execute("SELECT ino FROM dentries WHERE parent=?", (inode.ino,)).fetchall():
+                    stack.append(self._get_inode(c, int(r[0])))
+            elif stat.S_ISREG(inode.mode):
+                out.append(inode)
+        return out
+
+    def files_under(self, root: str) -> list[Inode]:
+        """The regular files at or under ``root`` (a path inside the mount)."""
+        with self._reading() as c:
+            return self._files_under(c, root)
+
+    def digests_under(self, roots: Iterable[str]) -> dict[bytes, int]:
+        """Chunks (digest -> length) named by the files at or under these paths."""
+        out: dict[bytes, int] = {}
+        with self._reading() as c:
+            for root in roots:
+                for inode in self._files_under(c, root):
+                    for d, n in c.execute(
+                        "SELECT digest, length FROM extents WHERE ino=?", (inode.ino,)
+                    ).fetchall():
+                        out[bytes(d)] = int(n)
+        return out
+
+    def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
+        """Forget pending uploads of these chunks (a superseded checkpoint's)."""
+        todo = set(digests)
+
+        def body(c: Conn) -> int:
+            return sum(c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,)).rowcount for d in todo)
+
+        return self._write(body)
+
+    # -- fsck --------------------------------------------------------------------------------
+
+    def replica_keys(self, tier: str) -> set[bytes]:
+        with self._reading() as c:
+            return {bytes(r[0]) for r in c.execute("SELECT digest FROM replicas WHERE tier=?", (tier,))}
+
+    def replica_keys_all(self) -> set[bytes]:
+        with self._reading() as c:
+            rows = c.execute("SELECT digest FROM chunks UNION SELECT digest FROM replicas")
+            return {bytes(r[0]) for r in rows}
+
+    def referenced_digests(self) -> set[bytes]:
+        with self._reading() as c:
+            return {bytes(r[0]) for r in c.execute("SELECT DISTINCT digest FROM extents")}
+
+    def all_extents(self) -> list[tuple[int, int, bytes, int]]:
+        with self._reading() as c:
+            return [
+                (int(a), int(b), bytes(d), int(n))
+                for a, b, d, n in c.execute("SELECT ino, idx, digest, length FROM extents")
+            ]
+
+    def remove_replica(self, digest: bytes, tier: str) -> None:
+        def body(c: Conn) -> None:
+            c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier))
+
+        self._write(body)
+
+    def add_replica(self, digest: bytes, tier: str, length: int) -> None:
+        def body(c: Conn) -> None:
+            c.execute(_KNOWN_CHUNK, (digest, length))
+            c.execute(_VALID_REPLICA, (digest, tier))
+
+        self._write(body)
+
+    def dangling_dentries(self) -> list[tuple[int, bytes, int]]:
+        with self._reading() as c:
+            return [
+                (int(p), bytes(n), int(i))
+                for p, n, i in c.execute(
+                    "SELECT parent, name, ino FROM dentries d WHERE NOT EXISTS "
+                    "(SELECT 1 FROM inodes i WHERE i.ino = d.ino)"
+                )
+            ]
+
+    @staticmethod
+    def _path_of(c: Conn, ino: int) -> str:
+        parts: list[str] = []
+        seen = 0
+        while ino != ROOT_INODE and seen < 4096:
+            row = c.execute("SELECT parent, name FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
+            if row is None:
+                return "<unlinked>/" + "/".join(reversed(parts))
+            parts.append(bytes(row[1]).decode(errors="replace"))
+            ino = int(row[0])
+            seen += 1
+        return "/" + "/".join(reversed(parts))
+
+    def path_of(self, ino: int) -> str:
+        with self._reading() as c:
+            return self._path_of(c, ino)
