@@ -207,7 +207,9 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
     r, w = os.pipe()
     cmd = [sys.executable, "-m", "ckptfs", "mount", str(args.mountpoint.absolute()),
            "--foreground", "--ready-fd", str(w), "--log-level", args.log_level,
-           "--state-dir", str(cfg.state_dir), "--chunk-size", str(cfg.store.chunk_size)]
+           "--state-dir", str(cfg.state_dir)]
+    if cfg.store.chunk_size_set:  # else the catalog's own (a remount) or the default
+        cmd += ["--chunk-size", str(cfg.store.chunk_size)]
     if args.config:
         cmd += ["--config", str(Path(args.config).absolute())]
     for d in args.local:

@@ -26,7 +26,7 @@ import pyfuse3
 import trio
 
 from . import __version__, preflight, service, statedir
-from .catalog import Catalog
+from .catalog import Catalog, SqliteCatalog
 from .catalog.binding import node_tiers, redact
 from .catalog.engines import open_shared_catalog
 from .checkpoints.detectors import DetectorSet
@@ -167,7 +167,7 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
         tmp = path.with_name(path.name + ".restore")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-        restored = Catalog(path)
+        restored = SqliteCatalog(path)
         try:
             files, removed = restored.adopt_snapshot([r.name for r in remotes])
         finally:
@@ -315,7 +315,7 @@ def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
         return catalog
     if not cfg.catalog_path.exists():
         restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
-    catalog = Catalog(cfg.catalog_path)
+    catalog = SqliteCatalog(cfg.catalog_path)
     # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
     # have been made just now, or restored from a snapshot.
     for suffix in ("", "-wal", "-shm"):
@@ -494,7 +494,7 @@ def build_for_config(
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
-        catalog_slots=cfg.catalog.pool_size if cfg.catalog.shared else 1,
+        catalog_slots=catalog.concurrency,
     )
 
 

@@ -2,8 +2,8 @@
 file in the state dir), ``PostgresCatalog`` (postgres.py, one database shared by nodes),
 both the logic of sql.py behind the Protocols of protocols.py; ``open_catalog`` picks one.
 
-``Catalog`` is the SQLite engine still (callers construct it by that name); once every
-construction goes through open_catalog(), it can become the Protocol (protocols.Catalog).
+``Catalog`` is the Protocol (protocols.Catalog): what every component is typed against;
+an engine is constructed by its own name or through open_catalog().
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .postgres import PostgresCatalog
+from .protocols import Catalog as CatalogProtocol
 from .rows import (
     ROOT_INODE,
     Backlog,
@@ -33,7 +34,7 @@ __all__ = [
     "read_recorded_tiers",
 ]
 
-Catalog = SqliteCatalog
+Catalog = CatalogProtocol
 
 
 def is_database_url(where: str | Path) -> bool:

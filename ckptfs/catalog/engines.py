@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import statedir
 from ..config.model import CATALOG_FILE
-from .catalog import Catalog
+from .catalog import SqliteCatalog
 from .postgres import PostgresCatalog
 from .protocols import Catalog as CatalogProtocol
 
@@ -28,4 +28,4 @@ def open_state_dir_catalog(state_dir: Path, readonly: bool = True) -> CatalogPro
     binding = statedir.read_binding(state_dir)
     if binding is not None:
         return open_shared_catalog(binding[0], pool_size=1, readonly=readonly)
-    return Catalog(state_dir / CATALOG_FILE, readonly=readonly)
+    return SqliteCatalog(state_dir / CATALOG_FILE, readonly=readonly)

@@ -129,6 +129,7 @@ class PostgresCatalog(SqlCatalog):
         self.path = Path(self.where)  # the Protocol's name of the catalog (not a file)
         self.readonly = readonly
         self.concurrency = pool_size
+        self.shared = True
         self._password = str(conninfo_to_dict(url).get("password") or "")
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=POOL_WAIT,

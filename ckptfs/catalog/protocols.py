@@ -12,7 +12,7 @@ runs tests/support/catalog_conformance.py. Rows are the engine-neutral dataclass
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -244,12 +244,18 @@ class ReplicaCatalog(Protocol):
         """Every (digest, tier) with an upload job (``ckptfs fsck --remote``)."""
         ...
 
-    def due_uploads(self, now_ns: int, limit: int, skip: set[tuple[bytes, str]]) -> list[UploadJob]:
-        """Jobs ready to run, oldest commit first."""
+    def due_uploads(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]],
+        sources: Sequence[str] | None = None,
+    ) -> list[UploadJob]:
+        """Jobs ready to run, oldest commit first. ``sources``: only jobs of chunks with a
+        valid replica on one of these tiers (a node of a shared catalog uploads what its
+        own local tiers hold; None: every job)."""
         ...
 
     def due_uploads_of(
-        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]]
+        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]],
+        sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
         """Ready jobs for the given chunks only (someone waits for them: expedite)."""
         ...
@@ -262,8 +268,10 @@ class ReplicaCatalog(Protocol):
         """Upload jobs still open for chunks the given files name."""
         ...
 
-    def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
-        """Earliest retry time among jobs not running now."""
+    def next_upload_due_ns(
+        self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
+    ) -> int | None:
+        """Earliest retry time among jobs not running now (of ``sources`` as above)."""
         ...
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:
@@ -428,3 +436,8 @@ class Catalog(
     # How many transactions may run at once (SQLite 1; PostgreSQL its pool size): the
     # daemon sizes its catalog limiter by it.
     concurrency: int
+    # Several nodes may use this catalog at once (PostgreSQL), each with its own local tiers.
+    shared: bool
+    # Called (in the calling thread, after the COMMIT) by every transaction that changed
+    # the namespace or file contents: thread-safe, must not block.
+    on_touch: Callable[[], None] | None

@@ -262,6 +262,18 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
+
+def _held_on(sources: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause part (and its parameters) that keeps upload jobs ``u`` of chunks
+    with a valid replica on one of ``sources`` (None: every job)."""
+    if sources is None:
+        return "", ()
+    if not sources:
+        return " AND 1=0", ()
+    ph = ",".join("?" * len(sources))
+    return (f" AND EXISTS (SELECT 1 FROM replicas h WHERE h.digest = u.digest AND "
+            f"h.state = 'valid' AND h.tier IN ({ph}))", tuple(sources))
+
 class SqlCatalog:
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
@@ -269,6 +281,7 @@ class SqlCatalog:
     path: Path
     # How many transactions may run at once (the daemon sizes its catalog limiter by it).
     concurrency: int = 1
+    shared: bool = False  # several nodes may use it (PostgreSQL)
     # Errors of a read-only catalog of an older schema that lacks a table.
     _missing_table: tuple[type[Exception], ...] = ()
 
@@ -883,14 +896,19 @@ class SqlCatalog:
 
     # -- remote replication ------------------------------------------------------------------
 
-    def due_uploads(self, now_ns: int, limit: int, skip: set[tuple[bytes, str]]) -> list[UploadJob]:
+    def due_uploads(
+        self, now_ns: int, limit: int, skip: set[tuple[bytes, str]],
+        sources: Sequence[str] | None = None,
+    ) -> list[UploadJob]:
         """Jobs ready to run, oldest commit first."""
+        held, args = _held_on(sources)
         with self._reading() as c:
             rows = c.execute(
                 "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
                 "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
-                "WHERE u.next_try_ns<=? GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns LIMIT ?",
-                (now_ns, limit + len(skip)),
+                f"WHERE u.next_try_ns<=?{held} GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns "
+                "LIMIT ?",
+                (now_ns, *args, limit + len(skip)),
             ).fetchall()
         jobs = [
             UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
@@ -899,10 +917,12 @@ class SqlCatalog:
         return [j for j in jobs if (j.digest, j.tier) not in skip][:limit]
 
     def due_uploads_of(
-        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]]
+        self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]],
+        sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
         """Ready jobs for the given chunks only (someone waits for them: expedite)."""
         jobs: list[UploadJob] = []
+        held, args = _held_on(sources)
         with self._reading() as c:
             for d in digests:
                 if len(jobs) >= limit:
@@ -910,8 +930,8 @@ class SqlCatalog:
                 rows = c.execute(
                     "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
                     "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
-                    "WHERE u.digest=? AND u.next_try_ns<=? GROUP BY u.digest, u.tier",
-                    (d, now_ns),
+                    f"WHERE u.digest=? AND u.next_try_ns<=?{held} GROUP BY u.digest, u.tier",
+                    (d, now_ns, *args),
                 ).fetchall()
                 jobs += [
                     UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
@@ -928,12 +948,16 @@ class SqlCatalog:
                 if c.execute("SELECT 1 FROM upload_jobs WHERE digest=? LIMIT 1", (d,)).fetchone()
             )
 
-    def next_upload_due_ns(self, skip: set[tuple[bytes, str]]) -> int | None:
+    def next_upload_due_ns(
+        self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
+    ) -> int | None:
         """Earliest retry time among jobs not running now."""
+        held, args = _held_on(sources)
         with self._reading() as c:
             rows = c.execute(
-                "SELECT digest, tier, next_try_ns FROM upload_jobs ORDER BY next_try_ns LIMIT ?",
-                (len(skip) + 1,),
+                f"SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u WHERE 1=1{held} "
+                "ORDER BY u.next_try_ns LIMIT ?",
+                (*args, len(skip) + 1),
             ).fetchall()
         for d, t, n in rows:
             if (bytes(d), str(t)) not in skip:

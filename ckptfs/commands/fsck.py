@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..catalog import Catalog
+from ..catalog import Catalog, SqliteCatalog
 from ..catalog.recorded import remote_tier_of
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
@@ -118,7 +118,7 @@ def run_fsck(
     if not cfg.catalog_path.exists():
         raise CkptfsError(f"no catalog at {cfg.catalog_path}: nothing was ever mounted there")
     with state_lock(cfg.state_dir):
-        catalog = Catalog(cfg.catalog_path)
+        catalog = SqliteCatalog(cfg.catalog_path)
         try:
             remotes = _RemoteCheck(
                 _recorded_remotes(catalog, cfg), enabled=remote, state_dir=cfg.state_dir

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog import Catalog, SqliteCatalog
 from ..catalog.engines import open_state_dir_catalog, shared_binding
 from ..config import CATALOG_FILE, default_state_dir
 from ..errors import CkptfsError, InvalidArgument
@@ -70,7 +70,7 @@ def open_catalog(state_dir: Path) -> Catalog:
         return open_state_dir_catalog(state_dir, readonly=True)  # the shared database
     if not db.exists():
         raise CkptfsError(f"no catalog at {db}")
-    return Catalog(db, readonly=True)
+    return SqliteCatalog(db, readonly=True)
 
 
 def daemon_stats(state_dir: Path) -> dict[str, Any] | None:

@@ -228,7 +228,8 @@ class Uploader:
                 self.running.add((job.digest, job.tier))
                 nursery.start_soon(self._upload, job)
         due_ns = await trio.to_thread.run_sync(
-            self.catalog.next_upload_due_ns, busy | self.running, limiter=self.db_limiter
+            self.catalog.next_upload_due_ns, busy | self.running, self._sources,
+            limiter=self.db_limiter,
         )
         # A postponed job's backoff: a deadline. Due now but no slot free: a finishing
         # upload kicks us (it ends in this nursery).
@@ -284,9 +285,16 @@ class Uploader:
         self, urgent: list[bytes], now: int, limit: int, skip: set[tuple[bytes, str]]
     ) -> list[UploadJob]:
         """Blocking: the jobs to start, those someone waits for first, then oldest first."""
-        jobs = self.catalog.due_uploads_of(urgent, now, limit, skip)
+        jobs = self.catalog.due_uploads_of(urgent, now, limit, skip, self._sources)
         skip |= {(j.digest, j.tier) for j in jobs}
-        return jobs + self.catalog.due_uploads(now, limit - len(jobs), skip)
+        return jobs + self.catalog.due_uploads(now, limit - len(jobs), skip, self._sources)
+
+    @property
+    def _sources(self) -> list[str] | None:
+        """With a shared catalog, the jobs this node can run: chunks its local tiers hold
+        (the other nodes upload theirs). One node: every job (a job without a local copy
+        is an error to report, not another node's)."""
+        return list(self.local) if self.catalog.shared else None
 
     async def wait_durable(self, digests: set[bytes], timeout_s: float) -> bool:
         """Upload these chunks before others, then wait until they are on the remote tiers

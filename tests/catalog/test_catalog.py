@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.catalog import Catalog, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.catalog import Catalog, CheckpointRow, CheckpointState, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
 from ckptfs.codec import frame
 from ckptfs.errors import CkptfsError
@@ -25,7 +25,7 @@ D = stat.S_IFDIR | 0o755
 
 @pytest.fixture
 def cat(tmp_path: Path) -> Iterator[Catalog]:
-    c = Catalog(tmp_path / "c.sqlite")
+    c = SqliteCatalog(tmp_path / "c.sqlite")
     yield c
     c.close()
 
@@ -47,10 +47,10 @@ def _errno(fn, *args) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_reopen_keeps_everything(tmp_path: Path) -> None:
-    c = Catalog(tmp_path / "c.sqlite")
+    c = SqliteCatalog(tmp_path / "c.sqlite")
     f = c.create(R, b"keep", F, 1, 2)
     c.close()
-    c2 = Catalog(tmp_path / "c.sqlite")
+    c2 = SqliteCatalog(tmp_path / "c.sqlite")
     got = c2.lookup(R, b"keep")
     assert (got.ino, got.uid, got.gid) == (f.ino, 1, 2)
     c2.close()
@@ -235,7 +235,7 @@ def make_v1(path: Path) -> None:
 
 def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
-    c = Catalog(path)
+    c = SqliteCatalog(path)
     d = c.create(R, b"d", D, 0, 0)
     f = c.create(d.ino, b"f", F, 7, 8)
     c.create(R, b"ln", stat.S_IFLNK | 0o777, 0, 0, b"d/f")
@@ -244,7 +244,7 @@ def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
     conn = sqlite3.connect(path)
     assert "rdev" not in {r[1] for r in conn.execute("PRAGMA table_info(inodes)")}
     conn.close()
-    c = Catalog(path)
+    c = SqliteCatalog(path)
     try:
         assert c.get_meta("schema_version") == str(SCHEMA_VERSION)
         got = c.lookup(d.ino, b"f")
@@ -256,7 +256,7 @@ def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
         assert c.get_xattr(f.ino, b"user.k") == b"v"
     finally:
         c.close()
-    c = Catalog(path)  # opening a migrated catalog again changes nothing
+    c = SqliteCatalog(path)  # opening a migrated catalog again changes nothing
     assert c.get_meta("schema_version") == str(SCHEMA_VERSION) and c.get_inode(dev.ino).rdev == 0x0103
     c.close()
 
@@ -305,7 +305,7 @@ def test_version_2_catalog_gets_the_checkpoint_state_check(tmp_path: Path) -> No
     path = tmp_path / "c.sqlite"
     make_v2_catalog(path)
     assert "CHECK" not in _check_sql(path)
-    c = Catalog(path)
+    c = SqliteCatalog(path)
     try:
         assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
         rows = c.checkpoint_rows("/")
@@ -339,7 +339,7 @@ def test_version_2_catalog_gets_the_checkpoint_state_check(tmp_path: Path) -> No
             conn.execute("UPDATE checkpoints SET state='bogus' WHERE id=1")
     finally:
         conn.close()
-    c = Catalog(path)  # opening it again changes nothing
+    c = SqliteCatalog(path)  # opening it again changes nothing
     try:
         assert [r.id for r in c.checkpoint_rows("/")] == [1, 2, 3, 4, 5, 7]
     finally:
@@ -354,7 +354,7 @@ def test_version_2_catalog_with_an_unknown_state_is_refused_unchanged(tmp_path: 
     conn.commit()
     conn.close()
     with pytest.raises(CkptfsError, match="unknown state 'bogus'"):
-        Catalog(path)
+        SqliteCatalog(path)
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
@@ -365,19 +365,19 @@ def test_version_2_catalog_with_an_unknown_state_is_refused_unchanged(tmp_path: 
 
 def test_newer_catalog_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
-    Catalog(path).close()
+    SqliteCatalog(path).close()
     conn = sqlite3.connect(path)
     conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     conn.commit()
     conn.close()
     with pytest.raises(CkptfsError, match="schema version 99"):
-        Catalog(path)
+        SqliteCatalog(path)
 
 
 def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> None:
     """A catalog snapshot a version-1 daemon uploaded restores on a new node."""
     src = tmp_path / "old.sqlite"
-    c = Catalog(src)
+    c = SqliteCatalog(src)
     c.set_meta("tiers", '[{"name": "remote0", "kind": "s3"}]')
     f = c.create(R, b"f", F, 0, 0)
     c.close()
@@ -389,7 +389,7 @@ def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> No
     dest = tmp_path / "new" / "catalog.sqlite"
     dest.parent.mkdir()
     restore_catalog(dest, [remote])
-    c = Catalog(dest)
+    c = SqliteCatalog(dest)
     try:
         assert c.get_meta("schema_version") == str(SCHEMA_VERSION)
         assert c.lookup(R, b"f").ino == f.ino

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.catalog import Catalog, ChunkRef
+from ckptfs.catalog import Catalog, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.catalog.durability import checkpoint_durable, on_remote, snapshot_covers, uploaded
 
@@ -24,7 +24,7 @@ A, B = b"\x01" * 32, b"\x02" * 32
 
 @pytest.fixture
 def cat(tmp_path: Path) -> Iterator[Catalog]:
-    c = Catalog(tmp_path / "c.sqlite")
+    c = SqliteCatalog(tmp_path / "c.sqlite")
     c.set_meta("tiers", json.dumps([{"name": "l", "kind": "local"}, {"name": "s3", "kind": "s3"}]))
     yield c
     c.close()

@@ -14,7 +14,7 @@ import trio
 
 from tests.vfs.test_vfs import CS, make_daemon
 
-from ckptfs.catalog import Catalog, ChunkRef
+from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.chunks.room import Room
@@ -53,7 +53,7 @@ async def test_hung_remote_gets_leave_local_reads_and_writes_alone(tmp_path: Pat
     limiter as the hung GETs)."""
     local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
     remote = FaultyTier(inner)
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     store = ChunkStore([local, remote], io_threads=2, cache_bytes=1 << 20, catalog=cat,
                        db_limiter=trio.CapacityLimiter(1))
     remote.get_gate = threading.Event()
@@ -310,7 +310,7 @@ async def test_failed_deletions_are_retried_on_their_backoff(
     monkeypatch.setattr(deleter_module, "backoff_s", lambda attempts: 0.5 * 2**attempts)
     local, remote = MemoryTier("l"), TimedDeletes(MemoryTier("r", kind="remote"), failures=3)
     tiers: list[Tier] = [local, remote]
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         deleter = Deleter(cat, tiers, trio.CapacityLimiter(1), guard=ChunkGuard(["l"]),
                           stats=stats_for(tiers), room=Room(),
@@ -337,7 +337,7 @@ async def test_a_reader_that_joined_a_cancelled_readahead_fetches_the_chunk_itse
     """A read that joined a readahead's fetch is not left without data when the readahead
     is cancelled (its file was released): it fetches the chunk itself."""
     tier = FaultyTier(MemoryTier("l"))
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     store = ChunkStore([tier], io_threads=2, cache_bytes=1 << 20, catalog=cat,
                        db_limiter=trio.CapacityLimiter(1))
     data = os.urandom(5000)

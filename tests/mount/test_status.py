@@ -31,7 +31,7 @@ from tests.support.mountutil import (
     wait_until,
 )
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 CHUNK = 256 * 1024
@@ -86,7 +86,7 @@ def test_status_json_matches_the_catalog(saved: Mount) -> None:
     addr = (m.state_dir / "metrics.addr").read_text().strip()
     assert s["metrics"] == addr and s["metrics_url"] == f"http://{addr}/metrics"
     assert s["backlog"] is None  # no remote tier
-    cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
+    cat = SqliteCatalog(m.state_dir / "catalog.sqlite", readonly=True)
     try:
         recorded = cat.recorded_tiers()
         rows = [r.as_dict() for r in cat.checkpoint_rows("/")]

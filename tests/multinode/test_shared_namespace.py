@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,10 +87,10 @@ def test_an_exclusive_create_of_one_name_on_two_nodes_succeeds_once(cluster: Clu
         try:
             fd = os.open(m.mountpoint / "lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except OSError as exc:
-            results[m.mountpoint.name] = exc.errno
+            results[m.state_dir.parent.name] = exc.errno or -1
         else:
             os.close(fd)
-            results[m.mountpoint.name] = 0
+            results[m.state_dir.parent.name] = 0
 
     threads = [threading.Thread(target=create, args=(m,)) for m in (a, b)]
     for t in threads:
@@ -184,4 +184,10 @@ def test_status_and_ls_beside_a_node_read_the_shared_catalog(cluster: Cluster) -
     (a.mountpoint / "ckpt" / "w.bin").write_bytes(os.urandom(1000))
     res = run_cli("status", "--state-dir", str(b.state_dir), "--json", timeout=60)
     assert res.returncode == 0, res.stderr
-    assert '"files"' in res.stdout or "files" in res.stdout
+    tiers = {t["name"]: t for t in json.loads(res.stdout)["tiers"]}
+    # The shared catalog records every node's local tiers (by node) and the shared remote.
+    assert {"a:local0", "a:local1", "b:local0", "b:local1", "remote0"} <= set(tiers)
+    assert sum(tiers[n]["stored_chunks"] for n in ("a:local0", "a:local1")) >= 1
+    assert sum(tiers[n]["stored_chunks"] for n in ("b:local0", "b:local1")) == 0
+    res = run_cli("ls", str(b.mountpoint), "--json", timeout=60)
+    assert res.returncode == 0, res.stderr

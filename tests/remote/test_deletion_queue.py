@@ -25,7 +25,7 @@ from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
@@ -60,7 +60,7 @@ def frame_inodes(m: Mount, digests: list[str]) -> set[tuple[str, int]]:
 
 
 def deletion_rows(state_dir: Path) -> list[tuple[str, int, str | None]]:
-    cat = Catalog(state_dir / "catalog.sqlite", readonly=True)
+    cat = SqliteCatalog(state_dir / "catalog.sqlite", readonly=True)
     try:
         return [(b.tier, b.chunks, b.last_error) for b in cat.deletion_backlog()]
     finally:

@@ -14,7 +14,7 @@ import pytest
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3server import SECRET_KEY, SeaweedServer
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 from ckptfs.config import config_from_dict
 from ckptfs.errors import ConfigError
 from ckptfs.testing.exposition import families, parse_exposition, sample, scrape_text, total
@@ -136,7 +136,7 @@ def test_scrape_during_a_save_matches_what_was_written(tmp_path: Path) -> None:
         assert sample(after, "ckptfs_checkpoint_latest_step", run="/run") == 7
         assert after["ckptfs_checkpoint_save_seconds_count"] == 1
         assert after["ckptfs_checkpoint_completion_skew_seconds_count"] == 1
-        cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
+        cat = SqliteCatalog(m.state_dir / "catalog.sqlite", readonly=True)
         try:
             [row] = cat.checkpoint_rows("/run")
         finally:
@@ -211,7 +211,7 @@ def test_backlog_and_remote_durable_checkpoint(
                 return s if s["ckptfs_upload_backlog_bytes"] == written else None
 
             during = wait_until(backlog_seen, what="the backlog in the metrics")
-            cat = Catalog(m.state_dir / "catalog.sqlite", readonly=True)
+            cat = SqliteCatalog(m.state_dir / "catalog.sqlite", readonly=True)
             try:
                 b = cat.backlog()
             finally:

@@ -13,7 +13,7 @@ import pytest
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
 from tests.support.s3server import SeaweedServer
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
@@ -40,7 +40,7 @@ def local_chunk_keys(tiers: list[Path]) -> set[str]:
 
 
 def pending_chunks(state_dir: Path) -> int:
-    cat = Catalog(state_dir / "catalog.sqlite", readonly=True)
+    cat = SqliteCatalog(state_dir / "catalog.sqlite", readonly=True)
     try:
         return cat.backlog().chunks
     finally:

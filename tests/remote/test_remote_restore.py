@@ -12,7 +12,7 @@ from tests.store.test_local_full import wait_for
 from tests.store.test_upload import wait_backlog_empty
 from tests.vfs.test_vfs import CS, make_fs, write_file
 
-from ckptfs.catalog import Catalog, ChunkRef
+from ckptfs.catalog import Catalog, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks.store import COPY_BACK_IDLE_S, ChunkStore
 from ckptfs.codec import frame
@@ -68,7 +68,7 @@ async def test_a_sequential_reader_fetches_each_chunk_once_when_the_cache_is_tig
 
 
 def test_consumed_chunks_are_evicted_first(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         store = ChunkStore([MemoryTier("l")], io_threads=1, cache_bytes=3000, catalog=cat,
                            db_limiter=trio.CapacityLimiter(1))
@@ -97,7 +97,7 @@ class SlowPut(MemoryTier):
 
 
 def _store(tmp_path: Path, local: MemoryTier, remote: MemoryTier) -> tuple[ChunkStore, Catalog]:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     store = ChunkStore([local, remote], io_threads=1, cache_bytes=1 << 20, catalog=cat,
                        db_limiter=trio.CapacityLimiter(1))
     return store, cat

@@ -16,7 +16,7 @@ from tests.store.test_janitor import POLICY, state
 from tests.store.test_local_full import wait_for
 from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
 
-from ckptfs.catalog import Catalog, ChunkRef
+from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.tracker import CheckpointTracker
@@ -32,7 +32,7 @@ D = b"\x07" * 32
 
 
 def test_a_deletion_row_is_cancelled_when_the_chunk_is_wanted_again(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "c.sqlite")
+    cat = SqliteCatalog(tmp_path / "c.sqlite")
     try:
         ref = ChunkRef(D, 10, ("l",))
         a = cat.create(ROOT_INODE, b"a", F, 0, 0)

@@ -252,6 +252,22 @@ class CatalogConformance:
         assert catalog.extents(f)[0].tiers == ("l", "s3")
         assert catalog.backlog().chunks == 0 and catalog.next_upload_due_ns(set()) is None
 
+    def test_a_node_is_given_only_the_uploads_its_own_tiers_can_serve(
+        self, catalog: Catalog
+    ) -> None:
+        # Two nodes of a shared catalog: each chunk is on one node's local tier only.
+        one_chunk_file(catalog, b"a", A, ("a:l",), uploads={A: ["s3"]}, mtime_ns=1)
+        one_chunk_file(catalog, b"b", B, ("b:l",), uploads={B: ["s3"]}, mtime_ns=2)
+        assert {j.digest for j in catalog.due_uploads(10, 10, set())} == {A, B}
+        assert [j.digest for j in catalog.due_uploads(10, 10, set(), ["a:l"])] == [A]
+        assert [j.digest for j in catalog.due_uploads(10, 10, set(), ["b:l", "x"])] == [B]
+        assert catalog.due_uploads(10, 10, set(), []) == []
+        assert catalog.due_uploads_of([A, B], 10, 10, set(), ["b:l"])[0].digest == B
+        assert len(catalog.due_uploads_of([A, B], 10, 10, set(), ["b:l"])) == 1
+        catalog.postpone_upload(A, "s3", 500, "slow", False)
+        assert catalog.next_upload_due_ns(set(), ["a:l"]) == 500
+        assert catalog.next_upload_due_ns(set(), ["c:l"]) is None
+
     def test_a_postponed_upload_waits_and_reports_its_error(self, catalog: Catalog) -> None:
         one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
         catalog.postpone_upload(A, "s3", next_try_ns=1_000, error="timeout", blocked=True)

@@ -20,7 +20,7 @@ import pytest
 from tests.support.mountutil import run_cli
 
 from ckptfs import cli
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.commands import live
 from ckptfs.commands.plan import (
@@ -233,7 +233,7 @@ def _fake_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> P
     tier = tmp_path / "t1"
     state.mkdir()
     tier.mkdir()
-    cat = Catalog(state / "catalog.sqlite")
+    cat = SqliteCatalog(state / "catalog.sqlite")
     try:
         cat.set_meta("tiers", json.dumps([
             {"name": "t1", "kind": "local", "path": str(tier), "location": "local"},

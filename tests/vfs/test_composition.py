@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import Catalog, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.commit import FileVersion, commit_version
@@ -34,7 +34,7 @@ def daemon_on(cat: Catalog, remote: bool = True) -> Daemon:
 
 
 def test_no_component_is_handed_the_filesystem(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         d = daemon_on(cat)
         for part in (d.store, d.uploader, d.deleter, d.tracker, d.gc, d.janitor, d.telemetry):
@@ -57,7 +57,7 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
         "retention": [{"path": "/runs/*", "keep": 2}],
         "policy": [{"path": "/final", "durability": "remote"}],
     })
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         d = build_for_config(cfg, cat, [MemoryTier("l"), MemoryTier("r", kind="remote")], CS)
         assert (d.uploader.concurrency, d.uploader.during_save, d.uploader.compressor.mode) == (
@@ -82,7 +82,7 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
 
 
 async def test_running_drains_writers_then_stops_producers_then_queues(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     events: list[str] = []
     try:
         d = daemon_on(cat)
@@ -119,7 +119,7 @@ async def test_running_drains_writers_then_stops_producers_then_queues(tmp_path:
 
 
 async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: Path) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         d = daemon_on(cat)
         store = d.store
@@ -151,7 +151,7 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
 @pytest.mark.allow_log_warnings("in the config differs from")
 def test_a_catalog_keeps_its_chunk_size_and_warns_only_when_another_was_asked_for(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         first = config_from_dict({"state_dir": str(tmp_path), "chunk_size": "256KiB"})
         assert reconcile_catalog(cat, first) == 256 * 1024

@@ -13,7 +13,7 @@ import trio.testing
 
 from tests.vfs.test_vfs import make_daemon, make_fs
 
-from ckptfs.catalog import Catalog, Inode
+from ckptfs.catalog import Inode, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints import tracker as tracker_mod
 from ckptfs.checkpoints.detectors import DetectorSet
@@ -162,7 +162,7 @@ class _Observer:
 
 def test_a_burst_of_events_costs_one_catalog_round_trip(tmp_path: Path) -> None:
     clock = trio.testing.MockClock()  # the batching window only ends when we say so
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     obs = _Observer()
     hops = 0
     tracker = CheckpointTracker(cat, trio.CapacityLimiter(1), obs, lambda: [])

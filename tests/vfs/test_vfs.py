@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.config import ReadConfig
 from ckptfs.errors import CkptfsError
@@ -30,7 +30,7 @@ RW = os.O_RDWR
 async def make_daemon(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
     """The daemon's object graph as mount.py builds and runs it (without FUSE). Leaving
     the block stops it as a crash would: open files are not committed (drain=False)."""
-    cat = Catalog(path / "catalog.sqlite")
+    cat = SqliteCatalog(path / "catalog.sqlite")
     options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
     try:
         daemon = build(cat, tiers, **options)
