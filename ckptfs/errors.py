@@ -101,6 +101,15 @@ class ChunkMissing(CkptfsError):
     errno = _errno.EIO
 
 
+class PeerChunkPending(ChunkMissing):
+    """A shared catalog: the chunk is recorded only on another node's local tiers (not
+    uploaded yet), and no copy reached a tier this node can read within peer_chunk_wait."""
+
+    def __init__(self, message: str, nodes: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
 class CorruptChunk(CkptfsError):
     """A frame failed to decode or its digest did not match."""
 

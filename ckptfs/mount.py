@@ -457,7 +457,7 @@ def build(
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         spill_copy=uploader.copy_uncommitted,
         on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
-        remote_reads=reads.remote_concurrency,
+        remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
     )
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(

@@ -26,7 +26,15 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
-from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
+from ..errors import (
+    ChunkMissing,
+    CkptfsError,
+    CorruptChunk,
+    NoSpace,
+    ObjectUnreadable,
+    PeerChunkPending,
+    TierError,
+)
 from ..stats import Stats
 from ..tiers.base import Tier
 from .guard import ChunkGuard
@@ -58,6 +66,10 @@ ROOM_RECHECK_S = 5.0
 LOCAL_DELETION_WAIT_S = 30.0
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
+# A read waiting for another node's upload asks the shared catalog again after this long,
+# doubling up to the max (the catalog is the only news of another node's upload).
+PEER_POLL_MIN_S = 0.1
+PEER_POLL_MAX_S = 1.0
 
 
 def _runs(names: Sequence[str], remote: Callable[[str], bool]) -> list[tuple[bool, list[str]]]:
@@ -113,13 +125,17 @@ class ChunkStore:
         on_deletions: Callable[[], None] | None = None,
         remote_copies: int = 1,
         remote_reads: int | None = None,
+        peer_wait_s: float = 0.0,
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
         (eviction), ``spill_copy`` moves uncommitted chunks to a remote (the uploader's),
         ``on_requeue`` tells the uploader of new upload jobs (a heal, a commit),
         ``on_deletions`` wakes the deleter; ``remote_reads`` GETs from remote tiers run at
-        once (remote_read_concurrency; default ``io_threads``)."""
+        once (remote_read_concurrency; default ``io_threads``); ``peer_wait_s``: with a
+        shared catalog, how long a read of a chunk only other nodes hold waits for their
+        upload (peer_chunk_wait)."""
+        self.peer_wait_s = peer_wait_s
         self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
         # New chunks land on local tiers only; remote tiers get copies from the uploader.
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -710,6 +726,8 @@ class ChunkStore:
                     again.failures[:0] = got.failures
                     again.problems[:0] = got.problems
                     got = again
+            if got.data is None and self.catalog.shared:
+                got = await self._await_peer(ref, got, abandon)
             if got.data is None:
                 raise ChunkMissing(
                     f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
@@ -733,6 +751,36 @@ class ChunkStore:
             raise flight.error
         assert flight.data is not None
         return flight.data
+
+    async def _await_peer(self, ref: ChunkRef, got: _Fetched, abandon: bool) -> _Fetched:
+        """A shared catalog: a chunk recorded only on other nodes' local tiers was committed
+        there and not uploaded yet. Wait up to ``peer_wait_s`` for a copy on a tier this
+        node reads (their uploader puts it on the bucket), asking the catalog with backoff,
+        then fetch it. PeerChunkPending (EIO) names the nodes if none came; ``got`` as it
+        was if the chunk is not another node's."""
+        deadline = trio.current_time() + self.peer_wait_s
+        delay = PEER_POLL_MIN_S
+        while True:
+            tiers = await trio.to_thread.run_sync(
+                self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+            )
+            reachable = tuple(t for t in tiers if t in self.tiers)
+            if reachable and not set(reachable) <= set(ref.tiers):
+                fresh = await self._fetch(ChunkRef(ref.digest, ref.length, reachable), abandon)
+                if fresh.data is not None:
+                    return fresh
+            holders = tuple(t for t in tiers if t not in self.tiers)
+            if reachable or not holders:
+                return got  # not (only) another node's: missing or damaged as it is
+            if trio.current_time() >= deadline:
+                nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
+                raise PeerChunkPending(
+                    f"chunk {ref.key[:16]} is only on node {', '.join(nodes)} "
+                    f"({', '.join(holders)}), not uploaded within {self.peer_wait_s:g} s",
+                    nodes,
+                )
+            await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
+            delay = min(delay * 2, PEER_POLL_MAX_S)
 
     async def _fetch(self, ref: ChunkRef, abandon: bool) -> _Fetched:
         """Try the tiers holding the chunk, the fastest first (measured): local tiers in

@@ -27,6 +27,7 @@ from .model import (
     DEFAULT_IO_THREADS,
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_METRICS_ADDRESS,
+    DEFAULT_PEER_CHUNK_WAIT_S,
     DEFAULT_READAHEAD,
     DEFAULT_REMOTE_READ_CONCURRENCY,
     DURABILITIES,
@@ -82,7 +83,7 @@ _TOP_KEYS = {
     "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
-    "catalog", "node", "catalog_pool_size",
+    "catalog", "node", "catalog_pool_size", "peer_chunk_wait",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -182,6 +183,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     copy_back = choice(data.get("copy_back", "sequential"), "copy_back", COPY_BACK)
     remote_reads = int_key(data, "remote_read_concurrency", DEFAULT_REMOTE_READ_CONCURRENCY,
                            1, 256)
+    peer_wait = seconds(data.get("peer_chunk_wait", DEFAULT_PEER_CHUNK_WAIT_S), "peer_chunk_wait",
+                        0, 3600)
     checkpoints = take_bool(data.get("checkpoints", True), "checkpoints")
     partial_after = seconds(
         data.get("checkpoint_partial_after", 600), "checkpoint_partial_after", 0.001, 7 * 86400
@@ -232,7 +235,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
                             compression=remote_compression),
         reads=ReadConfig(readahead=readahead, copy_back=copy_back,
-                         remote_concurrency=remote_reads),
+                         remote_concurrency=remote_reads, peer_wait_s=peer_wait),
         checkpoints=CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
                                      patterns=patterns),
         retention=RetentionConfig(policies=retention, local_high_watermark=float(hwm)),

@@ -30,6 +30,9 @@ DEFAULT_READAHEAD = 96 * MiB
 # the link (its bandwidth-delay product), measured in performance.md ("Restore from the
 # bucket"); the S3 connection pool is sized to hold them besides the uploads.
 DEFAULT_REMOTE_READ_CONCURRENCY = 8
+# Tens of seconds: a node that just committed a chunk uploads it within that time unless
+# its uploads are deferred behind a long save or the node is gone (docs/multinode.md).
+DEFAULT_PEER_CHUNK_WAIT_S = 30.0
 MIN_CHUNK_SIZE = 64 * KiB
 MAX_CHUNK_SIZE = 64 * MiB
 # Prometheus metrics (ckptfs/metrics.py): localhost only unless configured otherwise.
@@ -211,6 +214,9 @@ class ReadConfig:
     readahead: int = DEFAULT_READAHEAD
     copy_back: CopyBack = "sequential"
     remote_concurrency: int = DEFAULT_REMOTE_READ_CONCURRENCY  # remote_read_concurrency
+    # A shared catalog: how long a read of a chunk that only another node's local tiers
+    # hold waits for that node to upload it, before EIO (peer_chunk_wait).
+    peer_wait_s: float = DEFAULT_PEER_CHUNK_WAIT_S
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,18 @@ def test_postgresql_uris_are_accepted(url: str) -> None:
     ({"node": "x" * 64}, "node"),
     ({"catalog_pool_size": 0}, "catalog_pool_size"),
     ({"catalog_pool_size": 65}, "catalog_pool_size"),
+    ({"peer_chunk_wait": -1}, "peer_chunk_wait"),
+    ({"peer_chunk_wait": "30s"}, "peer_chunk_wait"),
 ])
 def test_bad_catalog_keys_name_the_key(data: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict(data)
     assert str(info.value).startswith(f"{key}:"), info.value
+
+
+def test_peer_chunk_wait_defaults_to_tens_of_seconds() -> None:
+    assert config_from_dict({}).reads.peer_wait_s == 30.0
+    assert config_from_dict({"peer_chunk_wait": 0}).reads.peer_wait_s == 0.0
 
 
 def test_command_line_flags_name_themselves(tmp_path: Path) -> None:
