@@ -49,6 +49,7 @@ from .config import (
 )
 from .errors import (
     EXIT_USAGE,
+    CatalogUnavailable,
     CkptfsError,
     ConfigError,
     PermanentTierError,
@@ -517,9 +518,23 @@ class _Services:
     async def _run(
         self, scope: trio.CancelScope, fn: Callable[..., Awaitable[object]], args: tuple[object, ...]
     ) -> None:
+        # A shared catalog's database may go away and come back: a service that met the
+        # outage pauses (logged once) and starts again, instead of taking the daemon down.
+        delay = SERVICE_RETRY_MIN_S
         try:
             with scope:
-                await fn(*args)
+                while True:
+                    try:
+                        await fn(*args)
+                        return
+                    except (CatalogUnavailable, BaseExceptionGroup) as exc:
+                        cause = _outage(exc)
+                        if cause is None:
+                            raise
+                        log.warning("%s paused, retry in %.0f s: %s",
+                                    getattr(fn, "__qualname__", fn), delay, cause)
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, SERVICE_RETRY_MAX_S)
         finally:
             self._running -= 1
             if self._running == 0:
@@ -530,6 +545,24 @@ class _Services:
             scope.cancel()
         if self._running:
             await self._ended.wait()
+
+
+SERVICE_RETRY_MIN_S = 1.0
+SERVICE_RETRY_MAX_S = 30.0
+
+
+def _outage(exc: BaseException) -> CatalogUnavailable | None:
+    """The catalog outage ``exc`` is (alone, or every leaf of an exception group)."""
+    if isinstance(exc, CatalogUnavailable):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(CatalogUnavailable)
+        if match is not None and rest is None:
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf if isinstance(leaf, CatalogUnavailable) else None
+    return None
 
 
 @contextlib.asynccontextmanager
