@@ -171,6 +171,10 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
         restored = SqliteCatalog(path)
         try:
             files, removed = restored.adopt_snapshot([r.name for r in remotes])
+            # The snapshot's local tiers were the lost node's (or, from a shared catalog,
+            # other nodes'): their replicas are forgotten, and so are they.
+            kept = [t for t in restored.recorded_tiers() if t.get("kind", "local") != "local"]
+            restored.set_meta("tiers", json.dumps(kept))
         finally:
             restored.close()
         log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)

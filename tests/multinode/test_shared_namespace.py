@@ -191,3 +191,21 @@ def test_status_and_ls_beside_a_node_read_the_shared_catalog(cluster: Cluster) -
     assert sum(tiers[n]["stored_chunks"] for n in ("b:local0", "b:local1")) == 0
     res = run_cli("ls", str(b.mountpoint), "--json", timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.slow
+def test_with_the_database_gone_for_good_the_bucket_restores_the_namespace(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    (a.mountpoint / "run" / "checkpoint-7").mkdir(parents=True)
+    data = os.urandom(2 * 256 * 1024 + 5)
+    (a.mountpoint / "run" / "checkpoint-7" / "model.safetensors").write_bytes(data)
+    sync(a, a.mountpoint / "run" / "checkpoint-7")  # chunks and the catalog snapshot
+    a.stop()
+    # A new node with an empty state dir and the embedded catalog, the same bucket only.
+    fresh = cluster.factory.mount(extra_args=[*TEST_MOUNT_ARGS, "--remote", cluster.remote],
+                                  name="fresh")
+    got = (fresh.mountpoint / "run" / "checkpoint-7" / "model.safetensors").read_bytes()
+    assert got == data
+    assert "restored the catalog" in fresh.log
