@@ -268,6 +268,12 @@ class ReplicaCatalog(Protocol):
         """Upload jobs still open for chunks the given files name."""
         ...
 
+    def not_durable_files(self) -> dict[str, set[int]]:
+        """Files naming a chunk with an upload still open (not on every remote yet), by
+        the local tier holding that chunk: what a node's loss would take with it
+        (docs/multinode.md)."""
+        ...
+
     def next_upload_due_ns(
         self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
     ) -> int | None:

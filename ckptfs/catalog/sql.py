@@ -1083,6 +1083,18 @@ class SqlCatalog:
                 total += int(row[0])
         return total
 
+    def not_durable_files(self) -> dict[str, set[int]]:
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT DISTINCT r.tier, e.ino FROM upload_jobs u "
+                "JOIN extents e ON e.digest = u.digest "
+                "JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' AND r.tier <> u.tier"
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for tier, ino in rows:
+            out.setdefault(str(tier), set()).add(int(ino))
+        return out
+
     # -- local eviction ----------------------------------------------------------------------
 
     def eviction_candidates(

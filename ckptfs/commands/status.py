@@ -14,6 +14,7 @@ the newest one durable on the remote, the counters, and where the metrics are se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -150,6 +151,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
             "last_error": q.last_error,
         } for q in catalog.deletion_backlog()]
         runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
+        at_risk = _at_risk(catalog) if remotes else []
     finally:
         catalog.close()
     metrics = None
@@ -167,6 +169,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "read_order": (stats or {}).get("read_order_16mib", []),
         "counters": (stats or {}).get("counters", {}),
         "backlog": backlog,
+        "at_risk": at_risk,
         "deletions": deletions,
         "checkpoint_states": (stats or {}).get("checkpoint_states"),
         "runs": runs,
@@ -308,6 +311,11 @@ def plain(s: dict[str, Any]) -> str:
         if rate is not None and not running:
             lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
                          f"({rate['age_s']:.0f} s ago)")
+        for r in s.get("at_risk") or ():
+            who = "this node's local tiers" if r["node"] is None else f"node {r['node']}"
+            more = "" if r["files"] <= len(r["paths"]) else ", ..."
+            lines.append(f"at risk: {r['files']} file(s) only on {who} (not on the remote yet): "
+                         + ", ".join(r["paths"]) + more)
     lines.append(deletions_text(s["deletions"]))
     for run in s["runs"]:
         items = []
@@ -342,6 +350,26 @@ def deletions_text(queues: list[dict[str, Any]]) -> str:
 
 
 # -- rich --------------------------------------------------------------------------------------
+
+
+AT_RISK_SAMPLE = 5
+
+
+def _at_risk(catalog: Catalog) -> list[dict[str, Any]]:
+    """Files whose chunks are not on the remote yet, by the node holding them (a shared
+    catalog names its local tiers NODE:NAME; the embedded catalog's are this node's, node
+    None): what losing that node would lose."""
+    by_node: dict[str | None, set[int]] = {}
+    for tier, inos in catalog.not_durable_files().items():
+        by_node.setdefault(tier.split(":", 1)[0] if ":" in tier else None, set()).update(inos)
+    out = []
+    for node, inos in sorted(by_node.items(), key=lambda kv: kv[0] or ""):
+        paths = []
+        for ino in sorted(inos)[:AT_RISK_SAMPLE]:
+            with contextlib.suppress(CkptfsError):  # removed meanwhile
+                paths.append(catalog.path_of(ino))
+        out.append({"node": node, "files": len(inos), "paths": paths})
+    return out
 
 
 def render(s: dict[str, Any]) -> Any:

@@ -10,13 +10,16 @@ import contextlib
 import errno
 import json
 import os
+import signal
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
 from tests.support.mountutil import Mount, run_cli, wait_until
+from tests.support.s3server import SeaweedServer
 
 pytestmark = pytest.mark.usefixtures("postgres")
 
@@ -209,3 +212,29 @@ def test_with_the_database_gone_for_good_the_bucket_restores_the_namespace(
     got = (fresh.mountpoint / "run" / "checkpoint-7" / "model.safetensors").read_bytes()
     assert got == data
     assert "restored the catalog" in fresh.log
+
+
+@pytest.mark.slow
+@pytest.mark.allow_log_warnings()  # the frozen server's uploads time out and retry
+def test_status_on_any_node_names_the_node_holding_files_not_yet_on_the_bucket(
+    ckpt_factory: CkptFactory, pg_url: str, own_seaweed: SeaweedServer
+) -> None:
+    url = f"s3://{own_seaweed.bucket}/mn-{uuid.uuid4().hex[:10]}?endpoint={own_seaweed.endpoint}"
+    cluster = Cluster(ckpt_factory, pg_url, url)
+    a, b = cluster.node("a"), cluster.node("b")
+    assert own_seaweed.proc is not None
+    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # the bucket hangs: uploads cannot finish
+    try:
+        (a.mountpoint / "ckpt").mkdir()
+        (a.mountpoint / "ckpt" / "rank0.pt").write_bytes(os.urandom(1000))
+        res = run_cli("status", "--state-dir", str(b.state_dir), "--json", timeout=60)
+        assert res.returncode == 0, res.stderr
+        risk = json.loads(res.stdout)["at_risk"]
+        assert risk == [{"node": "a", "files": 1, "paths": ["/ckpt/rank0.pt"]}], risk
+        text = run_cli("status", "--state-dir", str(b.state_dir), timeout=60).stdout
+        assert "at risk: 1 file(s) only on node a" in text and "/ckpt/rank0.pt" in text
+    finally:
+        os.kill(own_seaweed.proc.pid, signal.SIGCONT)
+    sync(a, a.mountpoint / "ckpt")
+    res = run_cli("status", "--state-dir", str(b.state_dir), "--json", timeout=60)
+    assert json.loads(res.stdout)["at_risk"] == []

@@ -268,6 +268,17 @@ class CatalogConformance:
         assert catalog.next_upload_due_ns(set(), ["a:l"]) == 500
         assert catalog.next_upload_due_ns(set(), ["c:l"]) is None
 
+    def test_files_not_durable_are_listed_by_the_local_tier_holding_them(
+        self, catalog: Catalog
+    ) -> None:
+        fa = one_chunk_file(catalog, b"a", A, ("a:l",), uploads={A: ["s3"]})
+        fb = one_chunk_file(catalog, b"b", B, ("b:l", "s3"))  # on the remote already
+        fc = one_chunk_file(catalog, b"c", C, ("b:l",), uploads={C: ["s3"]})
+        assert catalog.not_durable_files() == {"a:l": {fa}, "b:l": {fc}}
+        assert catalog.finish_upload(A, "s3")
+        assert catalog.not_durable_files() == {"b:l": {fc}}
+        assert fb not in set().union(*catalog.not_durable_files().values())
+
     def test_a_postponed_upload_waits_and_reports_its_error(self, catalog: Catalog) -> None:
         one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
         catalog.postpone_upload(A, "s3", next_try_ns=1_000, error="timeout", blocked=True)
