@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -129,6 +130,10 @@ class PostgresCatalog(SqlCatalog):
         self.path = Path(self.where)  # the Protocol's name of the catalog (not a file)
         self.readonly = readonly
         self.concurrency = pool_size
+        # Transactions run again after a conflict (serialization failure, deadlock, a
+        # concurrent create of a name): how contended the shared catalog is.
+        self.conflicts = 0
+        self._count = threading.Lock()
         self._password = str(conninfo_to_dict(url).get("password") or "")
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=POOL_WAIT,
@@ -208,6 +213,8 @@ class PostgresCatalog(SqlCatalog):
                 last = e
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:
                 raise self._unavailable(e) from None
+            with self._count:
+                self.conflicts += 1
             time.sleep(_backoff(attempt))
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
