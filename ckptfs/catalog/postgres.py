@@ -23,6 +23,7 @@ of its own, never shared between threads).
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import threading
@@ -56,16 +57,21 @@ __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "Postgr
            "pg_schema", "translate"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 3  # s, per connection attempt: a dead server fails calls, never hangs them
 POOL_WAIT = 5.0  # s a transaction waits for a free (or new) pooled connection
-MAX_ATTEMPTS = 40  # runs of one write transaction that conflicts with others
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.2  # s; full jitter, doubling
+MAX_ATTEMPTS = 100  # runs of one write transaction that conflicts with others (~5 s of backoff)
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.1  # s; full jitter, doubling
 
 # pg_advisory_xact_lock key of the schema creation ("ckptfs" in ASCII).
 _SCHEMA_LOCK = 0x636B70746673
 # The unique key whose violation means a concurrent create of the same name (rerun: EEXIST).
 _DENTRY_KEY = "dentries_parent_name_key"
+
+# Never backwards: the nodes' clocks differ a little.
+_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
+                 "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -195,7 +201,7 @@ class PostgresCatalog(SqlCatalog):
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
 
-    def _transaction(self, body: Callable[[Conn], T], synced: bool) -> T:
+    def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
         if self.readonly:
             raise NotPermitted(f"catalog {self.where} is open read-only")
         last: Exception | None = None
@@ -204,6 +210,8 @@ class PostgresCatalog(SqlCatalog):
                 with self._session(_BEGIN_WRITE) as conn:
                     result = body(_PgConn(conn))
                     conn.execute("COMMIT")
+                    if touch:
+                        self._mark_changed(conn)
                 return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
@@ -215,9 +223,24 @@ class PostgresCatalog(SqlCatalog):
                 raise self._unavailable(e) from None
             with self._count:
                 self.conflicts += 1
+            log.debug("catalog %s: transaction runs again (%d): %s", self.where, attempt + 1,
+                      str(last).splitlines()[0])
             time.sleep(_backoff(attempt))
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
+
+    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
+        """meta ``changed_ns`` after a change committed: a statement of its own (READ
+        COMMITTED, never a serialization failure), not in the transaction, where every
+        change on every node would write this one row and all but one of any concurrent
+        changes would conflict and run again. Written after the COMMIT, so a snapshot that
+        began before the commit (and so misses the change) is older than the mark; a
+        failure here loses only the mark (the next change writes it), not the change."""
+        try:
+            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
+        except psycopg.Error as e:
+            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
+                        self.where, e)
 
     # -- the schema --------------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ from .rows import (
 )
 
 __all__ = [
-    "INODE_COLS", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION", "Conn", "Cursor", "SqlCatalog",
+    "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION", "Conn", "Cursor",
+    "SqlCatalog",
 ]
 
 T = TypeVar("T")
@@ -226,6 +227,9 @@ INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, ta
 _INODE_COLS_I = ", ".join("i." + x.strip() for x in INODE_COLS.split(","))
 
 _SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value"
+# A change of the namespace or of file contents, at a time (str(time.time_ns())).
+MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value")
 _VALID_REPLICA = (
     "INSERT INTO replicas VALUES (?, ?, 'valid') ON CONFLICT (digest, tier) DO UPDATE SET state='valid'"
 )
@@ -280,8 +284,10 @@ class SqlCatalog:
 
     # -- what the engine provides ------------------------------------------------------------
 
-    def _transaction(self, body: Callable[[Conn], T], synced: bool) -> T:
-        """Run ``body`` in one write transaction and commit it (again after a conflict)."""
+    def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
+        """Run ``body`` in one write transaction and commit it (again after a conflict).
+        ``touch``: also mark meta ``changed_ns`` (MARK_CHANGED; SQLite in the transaction,
+        PostgreSQL right after its commit)."""
         raise NotImplementedError
 
     def _reading(self) -> AbstractContextManager[Conn]:
@@ -302,16 +308,10 @@ class SqlCatalog:
         """One write transaction. ``touch`` marks a change of the namespace or of file
         contents (meta ``changed_ns``): the remote catalog snapshot is stale until it is
         retaken."""
-        if touch:
-            def touching(c: Conn) -> T:
-                out = body(c)
-                c.execute(_SET_META, ("changed_ns", str(time.time_ns())))
-                return out
-            result = self._transaction(touching, synced)
-            if self.on_touch is not None:
-                self.on_touch()
-            return result
-        return self._transaction(body, synced)
+        result = self._transaction(body, synced, touch)
+        if touch and self.on_touch is not None:
+            self.on_touch()
+        return result
 
     # -- meta --------------------------------------------------------------------------------
 
