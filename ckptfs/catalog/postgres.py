@@ -64,6 +64,11 @@ POOL_WAIT = 5.0  # s a transaction waits for a free (or new) pooled connection
 MAX_ATTEMPTS = 100  # runs of one write transaction that conflicts with others (~5 s of backoff)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.1  # s; full jitter, doubling
 
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT, "keepalives": 1, "keepalives_idle": 10,
+    "keepalives_interval": 3, "keepalives_count": 3, "tcp_user_timeout": 20_000,
+}
+
 # pg_advisory_xact_lock key of the schema creation ("ckptfs" in ASCII).
 _SCHEMA_LOCK = 0x636B70746673
 # The unique key whose violation means a concurrent create of the same name (rerun: EEXIST).
@@ -140,11 +145,19 @@ class PostgresCatalog(SqlCatalog):
         # concurrent create of a name): how contended the shared catalog is.
         self.conflicts = 0
         self._count = threading.Lock()
-        self._password = str(conninfo_to_dict(url).get("password") or "")
+        given = conninfo_to_dict(url)
+        self._password = str(given.get("password") or "")
+        # TCP keepalives bound a hang on a server that vanished mid-transaction (a unix
+        # socket needs none); the URL's own settings win.
+        conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
+        conn_kwargs["autocommit"] = True
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=POOL_WAIT,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
-            name="ckptfs-catalog",
+            kwargs=conn_kwargs, name="ckptfs-catalog",
+            # The pool's reconnection backs off exponentially until it gives up: give up
+            # soon, so that a server back after a long outage is used at once (the next
+            # transaction that waits for a connection starts a new attempt).
+            reconnect_timeout=CONNECT_TIMEOUT + 1,
         )
         try:
             self._pool.open(wait=True, timeout=CONNECT_TIMEOUT + 1)
