@@ -62,8 +62,9 @@ from .rows import (
 )
 
 __all__ = [
-    "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION", "Conn", "Cursor",
-    "SqlCatalog",
+    "CHECKPOINT_STATES", "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION",
+    "SEQUENCES", "TABLES", "Conn", "Cursor", "SqlCatalog", "checkpoints_ddl", "init_rows",
+    "newer_schema",
 ]
 
 T = TypeVar("T")

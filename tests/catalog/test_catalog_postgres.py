@@ -101,6 +101,31 @@ def test_one_name_created_at_once_by_two_nodes_exists_once(
     assert [n for _, n, _ in a.readdir(R, 0)] == [b"same"]
 
 
+def test_a_unique_violation_of_a_name_runs_the_transaction_again(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The insert of a name another transaction committed meanwhile (its check missed it)
+    fails on the dentries key; the rerun sees the name: EEXIST, not an IntegrityError."""
+    a, _ = nodes
+    a.create(R, b"taken", F, 0, 0)
+    real = PostgresCatalog._entry
+    missed: list[bytes] = []
+
+    def miss_once(c: Conn, parent: int, name: bytes) -> Inode | None:
+        if not missed:
+            missed.append(name)
+            return None
+        return real(c, parent, name)
+
+    monkeypatch.setattr(PostgresCatalog, "_entry", staticmethod(miss_once))
+    before = a.conflicts
+    with pytest.raises(AlreadyExists):
+        a.create(R, b"taken", F, 0, 0)
+    assert missed == [b"taken"] and a.conflicts == before + 1
+    monkeypatch.undo()
+    assert [n for _, n, _ in a.readdir(R, 0)] == [b"taken"]
+
+
 def test_same_name_races_without_a_forced_overlap(nodes: tuple[PostgresCatalog, PostgresCatalog]) -> None:
     a, b = nodes
     for i in range(20):
