@@ -8,7 +8,9 @@ of its own, never shared between threads).
   the dentries key (a concurrent create of the same name) rolls the transaction back and
   runs its body again after a jittered backoff (up to MAX_ATTEMPTS times); the rerun sees
   the other transaction's rows, so a lost race on a name becomes EEXIST.
-* Reads run REPEATABLE READ READ ONLY: all statements of one read see one snapshot.
+* Reads of several statements run REPEATABLE READ READ ONLY: they see one snapshot. A
+  read of one statement (``_query``: getattr, lookup, readdir, extents) runs alone in
+  autocommit, one round trip.
 * ``synced`` needs nothing: a PostgreSQL commit is durable (``synchronous_commit``).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
   CONNECT_TIMEOUT / POOL_WAIT seconds; a pooled connection the server dropped (a restart)
@@ -213,6 +215,24 @@ class PostgresCatalog(SqlCatalog):
                 conn.execute("COMMIT")
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """One statement in autocommit (its own snapshot): one round trip, not three. On
+        a connection the server dropped (a restart) the read runs again on the next."""
+        text, args = translate(sql), tuple(params)
+        for stale in range(self.concurrency + 1):
+            try:
+                conn = self._pool.getconn()
+            except PoolTimeout as e:
+                raise self._unavailable(e) from None
+            try:
+                return conn.execute(text, args).fetchall()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                if not conn.broken or stale == self.concurrency:
+                    raise self._unavailable(e) from None
+            finally:
+                self._pool.putconn(conn)
+        raise AssertionError("unreachable")
 
     def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
         if self.readonly:

@@ -150,6 +150,9 @@ class SqliteCatalog(SqlCatalog):
     def _reading(self) -> _Shared:
         return self._shared
 
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
+
     def _transaction(self, body: Callable[[sqlite3.Connection], T], synced: bool,
                      touch: bool = False) -> T:
         conn = self.conn
