@@ -8,7 +8,9 @@ of its own, never shared between threads).
   the dentries key (a concurrent create of the same name) rolls the transaction back and
   runs its body again after a jittered backoff (up to MAX_ATTEMPTS times); the rerun sees
   the other transaction's rows, so a lost race on a name becomes EEXIST.
-* Reads run REPEATABLE READ READ ONLY: all statements of one read see one snapshot.
+* Reads of several statements run REPEATABLE READ READ ONLY: they see one snapshot. A
+  read of one statement (``_query``: getattr, lookup, readdir, extents) runs alone in
+  autocommit, one round trip.
 * ``synced`` needs nothing: a PostgreSQL commit is durable (``synchronous_commit``).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
   CONNECT_TIMEOUT / POOL_WAIT seconds; a pooled connection the server dropped (a restart)
@@ -23,8 +25,10 @@ of its own, never shared between threads).
 
 from __future__ import annotations
 
+import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -55,16 +59,26 @@ __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "Postgr
            "pg_schema", "translate"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 3  # s, per connection attempt: a dead server fails calls, never hangs them
 POOL_WAIT = 5.0  # s a transaction waits for a free (or new) pooled connection
-MAX_ATTEMPTS = 40  # runs of one write transaction that conflicts with others
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.2  # s; full jitter, doubling
+MAX_ATTEMPTS = 100  # runs of one write transaction that conflicts with others (~5 s of backoff)
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.1  # s; full jitter, doubling
+
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT, "keepalives": 1, "keepalives_idle": 10,
+    "keepalives_interval": 3, "keepalives_count": 3, "tcp_user_timeout": 20_000,
+}
 
 # pg_advisory_xact_lock key of the schema creation ("ckptfs" in ASCII).
 _SCHEMA_LOCK = 0x636B70746673
 # The unique key whose violation means a concurrent create of the same name (rerun: EEXIST).
 _DENTRY_KEY = "dentries_parent_name_key"
+
+# Never backwards: the nodes' clocks differ a little.
+_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
+                 "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -130,11 +144,23 @@ class PostgresCatalog(SqlCatalog):
         self.readonly = readonly
         self.concurrency = pool_size
         self.shared = True
-        self._password = str(conninfo_to_dict(url).get("password") or "")
+        # Transactions run again after a conflict (serialization failure, deadlock, a
+        # concurrent create of a name): how contended the shared catalog is.
+        self.conflicts = 0
+        self._count = threading.Lock()
+        given = conninfo_to_dict(url)
+        self._password = str(given.get("password") or "")
+        # TCP keepalives bound a hang on a server that vanished mid-transaction (a unix
+        # socket needs none); the URL's own settings win.
+        conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
+        conn_kwargs["autocommit"] = True
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, timeout=POOL_WAIT,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
-            name="ckptfs-catalog",
+            kwargs=conn_kwargs, name="ckptfs-catalog",
+            # The pool's reconnection backs off exponentially until it gives up: give up
+            # soon, so that a server back after a long outage is used at once (the next
+            # transaction that waits for a connection starts a new attempt).
+            reconnect_timeout=CONNECT_TIMEOUT + 1,
         )
         try:
             self._pool.open(wait=True, timeout=CONNECT_TIMEOUT + 1)
@@ -191,7 +217,25 @@ class PostgresCatalog(SqlCatalog):
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
 
-    def _transaction(self, body: Callable[[Conn], T], synced: bool) -> T:
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """One statement in autocommit (its own snapshot): one round trip, not three. On
+        a connection the server dropped (a restart) the read runs again on the next."""
+        text, args = translate(sql), tuple(params)
+        for stale in range(self.concurrency + 1):
+            try:
+                conn = self._pool.getconn()
+            except PoolTimeout as e:
+                raise self._unavailable(e) from None
+            try:
+                return conn.execute(text, args).fetchall()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                if not conn.broken or stale == self.concurrency:
+                    raise self._unavailable(e) from None
+            finally:
+                self._pool.putconn(conn)
+        raise AssertionError("unreachable")
+
+    def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
         if self.readonly:
             raise NotPermitted(f"catalog {self.where} is open read-only")
         last: Exception | None = None
@@ -200,6 +244,8 @@ class PostgresCatalog(SqlCatalog):
                 with self._session(_BEGIN_WRITE) as conn:
                     result = body(_PgConn(conn))
                     conn.execute("COMMIT")
+                    if touch:
+                        self._mark_changed(conn)
                 return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
@@ -209,9 +255,26 @@ class PostgresCatalog(SqlCatalog):
                 last = e
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:
                 raise self._unavailable(e) from None
+            with self._count:
+                self.conflicts += 1
+            log.debug("catalog %s: transaction runs again (%d): %s", self.where, attempt + 1,
+                      str(last).splitlines()[0])
             time.sleep(_backoff(attempt))
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
+
+    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
+        """meta ``changed_ns`` after a change committed: a statement of its own (READ
+        COMMITTED, never a serialization failure), not in the transaction, where every
+        change on every node would write this one row and all but one of any concurrent
+        changes would conflict and run again. Written after the COMMIT, so a snapshot that
+        began before the commit (and so misses the change) is older than the mark; a
+        failure here loses only the mark (the next change writes it), not the change."""
+        try:
+            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
+        except psycopg.Error as e:
+            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
+                        self.where, e)
 
     # -- the schema --------------------------------------------------------------------------
 

@@ -3,11 +3,12 @@
 Callers can be typed against the narrow Protocol they use; ``Catalog`` is all of them (what
 an engine implements). Every method that changes something is one transaction (all of it
 or nothing); a read that takes several statements sees one state (SQLite: the daemon's one
-connection, used by one thread at a time; a server engine reads in one transaction).
+connection, used by one thread at a time; PostgreSQL: one REPEATABLE READ transaction).
 Namespace errors are the errno carrying ones of ckptfs/errors.py (AlreadyExists, NotFound,
-NotEmpty, ...). The engines:
-catalog.py (SQLite); a second engine (PostgreSQL, issue 14) implements the same Protocols and
-runs tests/support/catalog_conformance.py. Rows are the engine-neutral dataclasses of rows.py.
+NotEmpty, ...); a server engine whose database cannot be reached raises CatalogUnavailable
+(EIO). The engines, both the logic of sql.py and both run by
+tests/support/catalog_conformance.py: sqlite.py (SqliteCatalog) and postgres.py
+(PostgresCatalog). Rows are the engine-neutral dataclasses of rows.py.
 """
 
 from __future__ import annotations
@@ -414,8 +415,8 @@ class MetaCatalog(Protocol):
         ...
 
     def backup_bytes(self) -> bytes:
-        """A consistent copy of the whole catalog: the snapshot stored on the remotes (the
-        SQLite engine's is its database file; the format is the engine's)."""
+        """A consistent copy of the whole catalog: the snapshot stored on the remotes, a
+        SQLite catalog file for every engine (a bucket restore opens it as SQLite)."""
         ...
 
     def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:

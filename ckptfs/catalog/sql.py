@@ -5,7 +5,7 @@ Every public method is one transaction. A method that changes something hands it
 (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: SERIALIZABLE, and the body runs again after a
 serialization failure, so a body does nothing but SQL and returns its result). A read takes
 one connection for all its statements (``with self._reading() as c``), so a read of several
-statements sees one state. Helpers that read inside a transaction take its connection
+statements sees one state; a read of one statement asks ``_query``. Helpers that read inside a transaction take its connection
 (``_get_inode(c, ...)``, ``_path_of(c, ...)``): never the engine's, which may be another
 transaction.
 
@@ -62,7 +62,9 @@ from .rows import (
 )
 
 __all__ = [
-    "INODE_COLS", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION", "Conn", "Cursor", "SqlCatalog",
+    "CHECKPOINT_STATES", "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION",
+    "SEQUENCES", "TABLES", "Conn", "Cursor", "SqlCatalog", "checkpoints_ddl", "init_rows",
+    "newer_schema",
 ]
 
 T = TypeVar("T")
@@ -226,6 +228,9 @@ INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, ta
 _INODE_COLS_I = ", ".join("i." + x.strip() for x in INODE_COLS.split(","))
 
 _SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value"
+# A change of the namespace or of file contents, at a time (str(time.time_ns())).
+MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value")
 _VALID_REPLICA = (
     "INSERT INTO replicas VALUES (?, ?, 'valid') ON CONFLICT (digest, tier) DO UPDATE SET state='valid'"
 )
@@ -293,12 +298,19 @@ class SqlCatalog:
 
     # -- what the engine provides ------------------------------------------------------------
 
-    def _transaction(self, body: Callable[[Conn], T], synced: bool) -> T:
-        """Run ``body`` in one write transaction and commit it (again after a conflict)."""
+    def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
+        """Run ``body`` in one write transaction and commit it (again after a conflict).
+        ``touch``: also mark meta ``changed_ns`` (MARK_CHANGED; SQLite in the transaction,
+        PostgreSQL right after its commit)."""
         raise NotImplementedError
 
     def _reading(self) -> AbstractContextManager[Conn]:
         """A connection for one read (its statements see one state)."""
+        raise NotImplementedError
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one statement: a read that needs no transaction of its own (the
+        hot ones: getattr, lookup, readdir, a file's extents)."""
         raise NotImplementedError
 
     def backup_bytes(self) -> bytes:
@@ -315,16 +327,10 @@ class SqlCatalog:
         """One write transaction. ``touch`` marks a change of the namespace or of file
         contents (meta ``changed_ns``): the remote catalog snapshot is stale until it is
         retaken."""
-        if touch:
-            def touching(c: Conn) -> T:
-                out = body(c)
-                c.execute(_SET_META, ("changed_ns", str(time.time_ns())))
-                return out
-            result = self._transaction(touching, synced)
-            if self.on_touch is not None:
-                self.on_touch()
-            return result
-        return self._transaction(body, synced)
+        result = self._transaction(body, synced, touch)
+        if touch and self.on_touch is not None:
+            self.on_touch()
+        return result
 
     # -- meta --------------------------------------------------------------------------------
 
@@ -334,8 +340,8 @@ class SqlCatalog:
         return None if row is None else str(row[0])
 
     def get_meta(self, key: str) -> str | None:
-        with self._reading() as c:
-            return self._get_meta(c, key)
+        rows = self._query("SELECT value FROM meta WHERE key=?", (key,))
+        return str(rows[0][0]) if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
         self._write(lambda c: c.execute(_SET_META, (key, value)))
@@ -359,8 +365,10 @@ class SqlCatalog:
         return _inode(row)
 
     def get_inode(self, ino: int) -> Inode:
-        with self._reading() as c:
-            return self._get_inode(c, ino)
+        rows = self._query(f"SELECT {INODE_COLS} FROM inodes WHERE ino=?", (ino,))
+        if not rows:
+            raise NotFound(f"inode {ino}")
+        return _inode(rows[0])
 
     def _dir(self, c: Conn, ino: int) -> Inode:
         inode = self._get_inode(c, ino)
@@ -378,12 +386,19 @@ class SqlCatalog:
         return None if row is None else _inode(row)
 
     def lookup(self, parent: int, name: bytes) -> Inode:
-        with self._reading() as c:
-            self._dir(c, parent)
-            inode = self._entry(c, parent, name)
-        if inode is None:
+        # One statement: the parent's mode, and the entry's inode if there is one.
+        rows = self._query(
+            f"SELECT p.mode, {_INODE_COLS_I} FROM inodes p LEFT JOIN dentries d "
+            "ON d.parent = p.ino AND d.name = ? LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?",
+            (name, parent),
+        )
+        if not rows:
+            raise NotFound(f"inode {parent}")
+        if not stat.S_ISDIR(int(rows[0][0])):
+            raise NotADirectory(f"inode {parent}")
+        if rows[0][1] is None:
             raise NotFound(name.decode(errors="replace"))
-        return inode
+        return _inode(rows[0][1:])
 
     @staticmethod
     def _touch_dir(c: Conn, ino: int, now: int, nlink_delta: int = 0) -> None:
@@ -571,24 +586,21 @@ class SqlCatalog:
         return self._write(body, touch=True)
 
     def readdir(self, parent: int, after_id: int, limit: int = 256) -> list[tuple[int, bytes, Inode]]:
-        with self._reading() as c:
-            rows = c.execute(
-                f"SELECT d.id, d.name, {_INODE_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino "
-                "WHERE d.parent=? AND d.id>? ORDER BY d.id LIMIT ?",
-                (parent, after_id, limit),
-            ).fetchall()
+        rows = self._query(
+            f"SELECT d.id, d.name, {_INODE_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino "
+            "WHERE d.parent=? AND d.id>? ORDER BY d.id LIMIT ?",
+            (parent, after_id, limit),
+        )
         return [(int(r[0]), bytes(r[1]), _inode(r[2:])) for r in rows]
 
     # -- extended attributes -----------------------------------------------------------------
 
     def get_xattr(self, ino: int, name: bytes) -> bytes | None:
-        with self._reading() as c:
-            row = c.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
-        return None if row is None else bytes(row[0])
+        rows = self._query("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name))
+        return bytes(rows[0][0]) if rows else None
 
     def list_xattrs(self, ino: int) -> list[bytes]:
-        with self._reading() as c:
-            return [bytes(r[0]) for r in c.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+        return [bytes(r[0]) for r in self._query("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
 
     def xattr_inodes(self) -> set[int]:
         """The inodes that have stored extended attributes."""
@@ -631,13 +643,12 @@ class SqlCatalog:
     # -- file contents -----------------------------------------------------------------------
 
     def extents(self, ino: int) -> dict[int, ChunkRef]:
-        with self._reading() as c:
-            rows = c.execute(
-                "SELECT e.idx, e.digest, e.length, group_concat(r.tier) FROM extents e "
-                "LEFT JOIN replicas r ON r.digest = e.digest AND r.state = 'valid' "
-                "WHERE e.ino=? GROUP BY e.ino, e.idx",
-                (ino,),
-            ).fetchall()
+        rows = self._query(
+            "SELECT e.idx, e.digest, e.length, group_concat(r.tier) FROM extents e "
+            "LEFT JOIN replicas r ON r.digest = e.digest AND r.state = 'valid' "
+            "WHERE e.ino=? GROUP BY e.ino, e.idx",
+            (ino,),
+        )
         return {
             int(idx): ChunkRef(bytes(d), int(n), tuple(sorted(t.split(","))) if t else ())
             for idx, d, n, t in rows
@@ -1142,13 +1153,11 @@ class SqlCatalog:
 
     def has_chunk(self, digest: bytes) -> bool:
         """Whether a committed file names this chunk (its row exists)."""
-        with self._reading() as c:
-            return c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone() is not None
+        return bool(self._query("SELECT 1 FROM chunks WHERE digest=?", (digest,)))
 
     def chunk_length(self, digest: bytes) -> int:
-        with self._reading() as c:
-            row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
-        return 0 if row is None else int(row[0])
+        rows = self._query("SELECT length FROM chunks WHERE digest=?", (digest,))
+        return int(rows[0][0]) if rows else 0
 
     def stored_by_tier(self) -> dict[str, tuple[int, int]]:
         """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).

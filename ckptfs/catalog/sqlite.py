@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 from ..errors import InvalidArgument
 from .sql import (
     CHECKPOINT_STATES,
+    MARK_CHANGED,
     SCHEMA,
     SCHEMA_VERSION,
     SEQUENCES,
@@ -148,7 +150,11 @@ class SqliteCatalog(SqlCatalog):
     def _reading(self) -> _Shared:
         return self._shared
 
-    def _transaction(self, body: Callable[[sqlite3.Connection], T], synced: bool) -> T:
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def _transaction(self, body: Callable[[sqlite3.Connection], T], synced: bool,
+                     touch: bool = False) -> T:
         conn = self.conn
         if synced:
             conn.execute("PRAGMA synchronous=FULL")
@@ -156,6 +162,8 @@ class SqliteCatalog(SqlCatalog):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = body(conn)
+                if touch:
+                    conn.execute(MARK_CHANGED, (str(time.time_ns()),))
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
