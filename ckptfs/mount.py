@@ -347,11 +347,11 @@ def _serve_tiers(
     catalog = open_catalog_of(cfg, tiers)
     session = None
     try:
-        chunk_size = reconcile_catalog(catalog, cfg)
-        if cfg.catalog.shared:  # before serving: refused while the node name has a live one
+        if cfg.catalog.shared:  # first: refused while the node name has a live session
             session = NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
                                   info=f"host {socket.gethostname()}, pid {os.getpid()}")
             session.register()
+        chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:

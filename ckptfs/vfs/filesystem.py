@@ -821,6 +821,9 @@ class Filesystem:
         digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
         if digests is not None:
             await self._collect_dropped(ino, digests)
+        elif ino in self._noted:  # opened again meanwhile: its note may have gone first
+            with contextlib.suppress(NotFound):
+                await self.db(self._note, ino, self._noted[ino])
 
     async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)

@@ -6,6 +6,7 @@ live one within session_timeout and a heartbeat."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CkptFactory
+from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
 from tests.multinode.test_shared_namespace import Cluster, sync
 from tests.support.mountutil import Mount, wait_until
 
@@ -157,3 +158,20 @@ def test_a_killed_node_is_cleaned_up_by_a_live_one(
     assert (b.mountpoint / "after.bin").read_bytes() == b"b" * 4096
     os.unlink(b.mountpoint / "ckpt.pt")
     assert sorted(os.listdir(b.mountpoint)) == ["after.bin"]
+
+
+@pytest.mark.allow_log_errors  # the second daemon's "mount refused"
+def test_a_second_daemon_with_a_live_node_name_is_refused(cluster: Cluster, db: Db) -> None:
+    a = cluster.node("a")
+    (a.mountpoint / "f").write_bytes(b"a's")
+    with pytest.raises(RuntimeError, match=r"ckptfs mount failed \(2\).*node 'a' has a live session"):
+        cluster.factory.mount(  # another state dir, the same node name
+            extra_args=[*TEST_MOUNT_ARGS, "--catalog", cluster.catalog, "--node", "a",
+                        "--remote", cluster.remote], name="a-again")
+    assert [s.node for s in db().sessions()] == ["a"]
+    # Refused before it recorded anything: a's local tiers are still a's directories.
+    paths = {t["name"]: t.get("path") for t in json.loads(db().get_meta("tiers") or "[]")}
+    assert paths["a:local0"] == str(a.locals[0]), paths
+    assert (a.mountpoint / "f").read_bytes() == b"a's"  # the first daemon goes on
+    a.stop()
+    assert db().sessions() == []  # closed at unmount
