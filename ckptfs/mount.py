@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from . import __version__, preflight, service, statedir
 from .catalog import Catalog, SqliteCatalog
 from .catalog.binding import node_tiers, redact
 from .catalog.engines import open_shared_catalog
+from .catalog.rows import ChunkRef
 from .checkpoints.detectors import DetectorSet
 from .checkpoints.janitor import GcRequests, Janitor
 from .checkpoints.tracker import CheckpointTracker
@@ -60,6 +62,7 @@ from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
+from .session import NodeSession
 from .stats import STATS_FILE
 from .tiers.base import Tier
 from .tiers.local import LocalTier
@@ -347,9 +350,14 @@ def _serve_tiers(
     leases: WriterLeases | None,
 ) -> int:
     catalog = open_catalog_of(cfg, tiers)
+    session = None
     try:
-        chunk_size = reconcile_catalog(catalog, cfg)
-        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint)
+        if cfg.catalog.shared:  # first: refused while the node name has a live session
+            session = NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
+                                  info=f"host {socket.gethostname()}, pid {os.getpid()}")
+            session.register()
+        chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
+        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
             timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
@@ -379,6 +387,8 @@ def _serve_tiers(
         log.info("ckptfs unmounted from %s", mountpoint)
         return 0
     finally:
+        if session is not None:
+            session.close_blocking()  # if serving failed before the session was closed
         catalog.close()
 
 
@@ -401,6 +411,7 @@ class Daemon:
     fs: Filesystem
     telemetry: Telemetry
     stats_path: Path | None = None
+    session: NodeSession | None = None  # this node's, with a shared catalog
 
 
 def build(
@@ -425,6 +436,7 @@ def build(
     mountpoint: str | None = None,
     shared: bool = False,
     catalog_slots: int = 1,
+    session: NodeSession | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -473,21 +485,21 @@ def build(
         catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
-        readahead=reads.readahead, copy_back=reads.copy_back, shared=shared,
+        readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
                       handles.open_inos, retention.policies, high, max(0.5, high - 0.1))
     telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint, Endpoint())
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
-                  fs, telemetry, stats_path)
+                  fs, telemetry, stats_path, session)
 
 
 def build_for_config(
     cfg: Config, catalog: Catalog, tiers: Sequence[Tier], chunk_size: int,
-    mountpoint: Path | None = None,
+    mountpoint: Path | None = None, session: NodeSession | None = None,
 ) -> Daemon:
-    """``build`` with a mount's configuration."""
+    """``build`` with a mount's configuration (``session``: this node's, registered)."""
     store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
     return build(
         catalog, tiers, chunk_size=chunk_size, memory_budget=store.memory_budget,
@@ -499,7 +511,7 @@ def build_for_config(
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
-        catalog_slots=catalog.concurrency,
+        catalog_slots=catalog.concurrency, session=session,
     )
 
 
@@ -577,12 +589,18 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
     1. the body ends: FUSE has stopped (the kernel sends no more requests);
     2. writers drain: open files are committed and synced (``Filesystem.shutdown``;
        ``drain=False``, as in tests that stop as a crash would, skips it);
-    3. the tracker and the janitor stop (no new retention, evictions or deletions), then
-       the upload and deletion queues and the statistics;
+    3. the tracker and the janitor stop (no new retention, evictions or deletions); the
+       node's session (shared catalog) stops its heartbeat and is closed (after the last
+       commit: what only this node held open and has no name left is dropped); then the
+       upload and deletion queues and the statistics;
     4. the nursery's remaining tasks (chunk writes, heals, copy-backs, readahead) are
        cancelled; the caller closes the catalog last, after ``running`` returned.
     """
     d = daemon
+
+    async def collect(digests: Sequence[bytes]) -> None:  # chunks of inodes a session dropped
+        await d.store.collect(ChunkRef(x, 0, ()) for x in digests)
+
     async with trio.open_nursery() as nursery:
         d.store.attach(nursery)  # heals and copy-backs
         d.fs.attach(nursery)  # the open files' chunk writes and readahead
@@ -594,11 +612,17 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         producers.start(d.janitor.run)
         if d.stats_path is not None:
             queues.start(d.telemetry.publish, d.stats_path)
+        heartbeat = _Services(nursery)
+        if d.session is not None:
+            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect)
         await d.fs.recover()
         yield nursery
         if drain:
             await d.fs.shutdown()
         await producers.stop()
+        await heartbeat.stop()
+        if d.session is not None and drain:
+            await d.session.close(d.db_limiter, collect)
         await queues.stop()
         nursery.cancel_scope.cancel()
 

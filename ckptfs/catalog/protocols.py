@@ -26,6 +26,9 @@ from .rows import (
     DeletionBacklog,
     ExtentReplicas,
     Inode,
+    Registered,
+    SessionEnd,
+    SessionRow,
     UploadJob,
 )
 
@@ -433,9 +436,54 @@ class MetaCatalog(Protocol):
         ...
 
 
+class SessionCatalog(Protocol):
+    """Node sessions of a shared catalog (catalog/sessions.py; docs/multinode.md): the
+    daemon registers one, its heartbeat extends it, a live node cleans up expired ones; the
+    VFS notes the inodes it holds open (only when the catalog is ``shared``). Every time is
+    the database's clock."""
+
+    def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
+        """UsageError naming the node if it has a live session already; its own expired
+        one is ended first."""
+        ...
+
+    def heartbeat_session(self, sid: str, timeout_s: float) -> bool:
+        """Extend the expiry; False if the session is gone (cleaned up, or closed)."""
+        ...
+
+    def close_session(self, sid: str) -> SessionEnd:
+        ...
+
+    def cleanup_expired_sessions(self) -> list[SessionEnd]:
+        """End every expired session, if this caller wins the cleanup (one at a time)."""
+        ...
+
+    def sessions(self) -> list[SessionRow]:
+        ...
+
+    def database_now_ns(self) -> int:
+        ...
+
+    def note_open(self, sid: str, ino: int, writing: bool = False) -> None:
+        """NotFound if the inode is gone."""
+        ...
+
+    def note_open_many(self, sid: str, inos: Sequence[tuple[int, bool]]) -> None:
+        ...
+
+    def release_inode(self, sid: str, ino: int) -> list[bytes] | None:
+        """The session's last handle of ``ino`` closed: the inode is dropped if it has no
+        name and no other session holds it (its extents' digests returned; None: kept)."""
+        ...
+
+    def open_inodes(self) -> set[int]:
+        """The inodes any session holds open."""
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, Protocol,
+    MetaCatalog, SessionCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -136,3 +136,39 @@ class ExtentReplicas:
     digest: bytes
     length: int
     on_tiers: bool
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A node's session in a shared catalog (times: the database's clock, ns)."""
+
+    sid: str
+    node: str
+    started_ns: int
+    beat_ns: int
+    expires_ns: int
+    info: str
+    live: bool  # not expired by the database's clock when read
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """What ending a session (a clean close, or the cleanup of an expired one) did: the
+    open-handle rows it removed, the inodes with no name left that it dropped (their
+    chunks' references, ``digests``, are for the caller to collect), and the checkpoints it
+    marked partial."""
+
+    sid: str
+    node: str
+    handles: int = 0
+    dropped: tuple[int, ...] = ()
+    digests: tuple[bytes, ...] = ()
+    partial: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A new session; ``previous``: this node's own expired session, ended on the way."""
+
+    sid: str
+    previous: SessionEnd | None = None

@@ -60,6 +60,7 @@ from .rows import (
     Inode,
     UploadJob,
 )
+from .sessions import SESSIONS_DDL, SessionsSql
 
 __all__ = [
     "CHECKPOINT_STATES", "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION",
@@ -69,9 +70,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-# 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates).
+# 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
+# 4: the node sessions' tables sessions and open_handles (sessions.py).
 # Every engine stores this layout (the remote snapshot is a SQLite file of it).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -199,9 +201,10 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-"""
+""" + SESSIONS_DDL
 
-# Every table with its columns in schema order (the snapshot copies them).
+# Every table with its columns in schema order (the snapshot copies them; not the sessions
+# tables: a restore from the snapshot is one node, without sessions).
 TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "inodes": ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns",
@@ -279,7 +282,7 @@ def _held_on(sources: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
     return (f" AND EXISTS (SELECT 1 FROM replicas h WHERE h.digest = u.digest AND "
             f"h.state = 'valid' AND h.tier IN ({ph}))", tuple(sources))
 
-class SqlCatalog:
+class SqlCatalog(SessionsSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -716,8 +719,11 @@ class SqlCatalog:
         return self._write(body, synced=synced, touch=True)
 
     def delete_inode(self, ino: int) -> list[bytes]:
-        """Drop an inode whose last link and last open handle are gone."""
+        """Drop an inode whose last link and last open handle are gone (not while any
+        node's session holds it open: the last closer drops it, sessions.py)."""
         def body(c: Conn) -> list[bytes]:
+            if c.execute("SELECT 1 FROM open_handles WHERE ino=? LIMIT 1", (ino,)).fetchone():
+                return []
             digests = [
                 bytes(r[0])
                 for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()

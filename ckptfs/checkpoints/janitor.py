@@ -134,7 +134,8 @@ class Janitor:
         high_watermark: float = 0.9, low_watermark: float = 0.8,
     ) -> None:
         """``remove_tree`` deletes a checkpoint as unlink and rmdir would (the VFS's);
-        ``open_inos``: the inodes open now (never expire a checkpoint being read)."""
+        ``open_inos``: the inodes open now (never expire a checkpoint being read); with a
+        shared catalog, also those any node's session holds open (catalog.open_inodes)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.store = store
@@ -307,7 +308,10 @@ class Janitor:
             await self._finish(root, digests)
 
     async def _open_under(self, root: str) -> bool:
-        inos = sorted(set(self.open_inos()))
+        held = set(self.open_inos())
+        if self.catalog.shared:  # and what every node's session holds open
+            held |= await self.db(self.catalog.open_inodes)
+        inos = sorted(held)
         for ino in inos:
             path = await self.db(self.catalog.path_of, ino)
             if path == root or path.startswith(root.rstrip("/") + "/"):

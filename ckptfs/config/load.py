@@ -30,6 +30,7 @@ from .model import (
     DEFAULT_PEER_CHUNK_WAIT_S,
     DEFAULT_READAHEAD,
     DEFAULT_REMOTE_READ_CONCURRENCY,
+    DEFAULT_SESSION_TIMEOUT_S,
     DURABILITIES,
     MAX_CHUNK_SIZE,
     MIN_CHUNK_SIZE,
@@ -83,7 +84,7 @@ _TOP_KEYS = {
     "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
-    "catalog", "node", "catalog_pool_size", "peer_chunk_wait",
+    "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -208,6 +209,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         node=parse_node(data["node"]) if "node" in data else default_node(),
         node_set="node" in data,
         pool_size=int_key(data, "catalog_pool_size", DEFAULT_CATALOG_POOL_SIZE, 1, 64),
+        session_timeout_s=seconds(data.get("session_timeout", DEFAULT_SESSION_TIMEOUT_S),
+                                  "session_timeout", 1, 3600),
     )
     # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
     allow_other = take_bool(data.get("allow_other", os.geteuid() == 0), "allow_other")

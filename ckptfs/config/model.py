@@ -236,6 +236,9 @@ class RetentionConfig:
     local_high_watermark: float = 0.9
 
 
+DEFAULT_SESSION_TIMEOUT_S = 15.0
+
+
 @dataclass(frozen=True)
 class CatalogConfig:
     """Where the namespace lives (ckptfs/catalog): the embedded SQLite file of the state
@@ -246,6 +249,13 @@ class CatalogConfig:
     node: str = ""  # node: this node's name in a shared catalog (load fills in the host name)
     node_set: bool = False  # the config or --node named it
     pool_size: int = DEFAULT_CATALOG_POOL_SIZE  # catalog_pool_size
+    # session_timeout: a shared catalog's node session expires this long after its last
+    # heartbeat (every fifth of it); then a live node cleans up after it (docs/multinode.md).
+    session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.session_timeout_s / 5
 
     @property
     def shared(self) -> bool:

@@ -156,6 +156,12 @@ class HandleTable(dict[int, Handle]):
         return sorted({h.file.ino for h in self.values()})
 
 
+class SessionId(Protocol):
+    """This node's session in a shared catalog (session.NodeSession): its current id."""
+
+    sid: str
+
+
 class EventSink(Protocol):
     """Where filesystem events go (checkpoints/tracker.py); never blocks."""
 
@@ -194,6 +200,7 @@ class Filesystem:
         readahead: int = DEFAULT_READAHEAD,
         copy_back: str = "sequential",
         shared: bool = False,
+        session: SessionId | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
@@ -202,7 +209,9 @@ class Filesystem:
         ``tracker`` (checkpoint events; None: off). ``shared``: the catalog is shared with
         other nodes (docs/multinode.md), whose changes no cache of this node sees: the
         caches that assume one writer are off, and an open drops the kernel's cached pages
-        of a file another node changed."""
+        of a file another node changed. ``session``: this node's session in the shared
+        catalog, under which the inodes it holds open are noted (an inode with no name left
+        is dropped by the last closer on any node)."""
         self.catalog = catalog
         self.invalidate = invalidate
         self.chunk_size = chunk_size
@@ -231,6 +240,9 @@ class Filesystem:
         # writes need no invalidation of its page cache at commit (a round trip to it).
         self._uncached: set[OpenFile] = set()
         self.shared = shared
+        self.session = session if shared else None
+        # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
+        self._noted: dict[int, bool] = {}
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs(enabled=not shared)
         # The names of directories this mount created: missing names answered from memory.
@@ -423,10 +435,8 @@ class Filesystem:
 
     async def recover(self) -> None:
         """At start: drop inodes that were unlinked while open when the daemon stopped.
-        Not with a shared catalog: another node may hold such an inode open now (they stay
-        until node sessions track open files; fsck --repair reclaims them)."""
-        if self.shared:
-            return
+        With a shared catalog, only those no node's session holds open (the catalog's
+        delete_inode keeps the others, for their last closer)."""
         for ino in await self.db(self.catalog.unlinked_inodes):
             await self._delete_inode(ino)
 
@@ -760,6 +770,9 @@ class Filesystem:
 
     async def _delete_inode(self, ino: int) -> None:
         digests = await self._db_dirs_changed(self.catalog.delete_inode, ino)
+        await self._collect_dropped(ino, digests)
+
+    async def _collect_dropped(self, ino: int, digests: Sequence[bytes]) -> None:
         if self._xattr_inos is not None:
             self._xattr_inos.discard(ino)
         if digests:
@@ -775,20 +788,65 @@ class Filesystem:
 
     # -- open files --------------------------------------------------------------------------
 
-    async def _open_file(self, ino: int) -> OpenFile:
+    def held_inodes(self) -> list[tuple[int, bool]]:
+        """The inodes noted open under this node's session, (ino, for writing): what a
+        re-registered session notes again."""
+        return list(self._noted.items())
+
+    def _needs_note(self, ino: int, writing: bool) -> bool:
+        return self.session is not None and (ino not in self._noted or writing > self._noted[ino])
+
+    def _note(self, ino: int, writing: bool) -> None:
+        """In the worker thread of an open's catalog call: note ``ino`` open under the
+        session (NotFound if another node dropped it meanwhile). The caller records it in
+        ``_noted`` on the trio thread, after the call."""
+        if self.session is not None:
+            self.catalog.note_open(self.session.sid, ino, writing)
+
+    def _noted_now(self, ino: int, writing: bool) -> None:
+        if self.session is not None:
+            self._noted[ino] = self._noted.get(ino, False) or writing
+
+    def _held_here(self, ino: int) -> bool:
+        return (ino in self.open_files or ino in self._opening
+                or any(h.file.ino == ino for h in self.handles.values()))
+
+    async def _release_noted(self, ino: int) -> None:
+        """This node's last handle of ``ino`` closed (shared catalog): release it under the
+        session; the catalog drops the inode if it has no name left and no other node
+        holds it open."""
+        if self.session is None or ino not in self._noted or self._held_here(ino):
+            return
+        del self._noted[ino]
+        digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+        if digests is not None:
+            await self._collect_dropped(ino, digests)
+        elif ino in self._noted:  # opened again meanwhile: its note may have gone first
+            with contextlib.suppress(NotFound):
+                await self.db(self._note, ino, self._noted[ino])
+
+    async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)
+        if f is not None and self._needs_note(ino, writing):
+            await self.db(self._note, ino, writing)
+            self._noted_now(ino, writing)
         if f is None:
+            note = self._needs_note(ino, writing)
 
             def read() -> tuple[Inode, dict[int, ChunkRef]]:
                 inode = self.catalog.get_inode(ino)
                 if inode.is_dir:
                     raise IsADirectory("is a directory")
+                if note:  # before its extents are read: an unlink on another node keeps it
+                    self._note(ino, writing)
                 return inode, self.catalog.extents(ino)
 
             self._opening[ino] = self._opening.get(ino, 0) + 1
             token = self._path_token()
             try:
                 inode, extents = await self.db(read)
+                if note:
+                    self._noted_now(ino, writing)
             finally:
                 left = self._opening.pop(ino) - 1
                 if left:
@@ -822,7 +880,9 @@ class Filesystem:
                 self._cached_versions[f.ino] = (f.size, f.mtime_ns)
                 while len(self._cached_versions) > CACHED_VERSIONS_MAX:
                     self._cached_versions.popitem(last=False)
-            if f.inode.nlink <= 0:
+            if self.session is not None:
+                await self._release_noted(f.ino)  # the catalog knows its link count
+            elif f.inode.nlink <= 0:
                 await self._delete_inode(f.ino)
             elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
                 # What its last commit wrote (nothing since): the next stat needs no
@@ -831,6 +891,9 @@ class Filesystem:
             else:
                 self._dirs.forget(self._dirs.stamp(), f.ino)
         elif f.ino not in self.open_files:
+            if self.session is not None:
+                await self._release_noted(f.ino)
+                return
             # A retired file does not follow link counts: ask the catalog.
             try:
                 inode = await self.db(self.catalog.get_inode, f.ino)
@@ -864,7 +927,7 @@ class Filesystem:
         return True
 
     async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
-        f = await self._open_file(ino)
+        f = await self._open_file(ino, writing=(flags & os.O_ACCMODE) != os.O_RDONLY)
         try:
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
                 await f.truncate(0)
@@ -884,6 +947,7 @@ class Filesystem:
             # One catalog call: the new inode, its directory's new attributes (the kernel
             # asks for them next) and, for the event, the directory's path.
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
+            self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
             return (inode, self.catalog.path_of(parent) if tracked else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
@@ -891,6 +955,7 @@ class Filesystem:
         with self._naming(parent):
             inode, base, pdir, seq = await self._db_refreshing(work)
         self._names.added(parent, name, inode.ino)
+        self._noted_now(inode.ino, True)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())

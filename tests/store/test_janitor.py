@@ -11,13 +11,16 @@ import trio
 
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import skip_backoff, wait_backlog_empty
-from tests.vfs.test_vfs import RW, deletions_done, make_daemon, make_fs, uploader_of
+from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, uploader_of
 
+from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.retention import RetentionPolicy
 from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.config import RetentionConfig
+from ckptfs.mount import build, running
+from ckptfs.session import NodeSession
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
@@ -183,3 +186,35 @@ async def test_a_close_reports_the_tail_without_reading_the_chunk_back(tmp_path:
         await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 1)
         assert await state(fs, "/step-3.pt") == "committed"
         local.fail_gets = False
+
+
+async def test_a_checkpoint_another_node_reads_is_not_deleted_until_it_closes(
+    tmp_path: Path, pg_url: str,
+) -> None:
+    """Shared catalog: node b's retention sees node a's open files (its session's rows)."""
+    cat = PostgresCatalog(pg_url, pool_size=2)
+    node_a = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        session = NodeSession(cat, "b", 60)
+        session.register()
+        daemon = build(cat, [MemoryTier("b:l")], chunk_size=CS, memory_budget=8 * CS,
+                       io_threads=2, shared=True, catalog_slots=cat.concurrency,
+                       session=session, **options())
+        async with running(daemon, drain=False):
+            fs = daemon.fs
+            run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
+            d1 = await save(fs, run.ino, 1)
+            model = await fs.lookup(d1, b"model.safetensors")
+            sid_a = (await trio.to_thread.run_sync(node_a.register_session, "a", 60)).sid
+            await trio.to_thread.run_sync(node_a.note_open, sid_a, model.ino)  # a restores
+            await save(fs, run.ino, 2)
+            await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker)
+                           and fs.tracker.commits >= 2)
+            report = await daemon.janitor.run_now()
+            assert report.busy == 1 and await state(fs, "/run/checkpoint-1") == "committed"
+            await trio.to_thread.run_sync(node_a.release_inode, sid_a, model.ino)
+            report = await daemon.janitor.run_now()
+            assert report.expired == 1 and await state(fs, "/run/checkpoint-1") == "deleted"
+    finally:
+        node_a.close()
+        cat.close()

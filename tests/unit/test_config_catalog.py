@@ -36,6 +36,13 @@ def test_postgresql_uris_are_accepted(url: str) -> None:
     assert cfg.catalog.node == "a1" and cfg.catalog.node_set and cfg.catalog.pool_size == 8
 
 
+def test_the_session_timeout_defaults_to_15_s_with_a_heartbeat_at_a_fifth() -> None:
+    assert config_from_dict({}).catalog.session_timeout_s == 15.0
+    assert config_from_dict({}).catalog.heartbeat_s == 3.0
+    cfg = config_from_dict({"catalog": PG, "session_timeout": 2})
+    assert cfg.catalog.session_timeout_s == 2.0 and cfg.catalog.heartbeat_s == 0.4
+
+
 @pytest.mark.parametrize(("data", "key"), [
     ({"catalog": "mysql://u@h/db"}, "catalog"),
     ({"catalog": "postgresql://u@h/"}, "catalog"),
@@ -50,6 +57,10 @@ def test_postgresql_uris_are_accepted(url: str) -> None:
     ({"catalog_pool_size": 65}, "catalog_pool_size"),
     ({"peer_chunk_wait": -1}, "peer_chunk_wait"),
     ({"peer_chunk_wait": "30s"}, "peer_chunk_wait"),
+    ({"session_timeout": 0.5}, "session_timeout"),
+    ({"session_timeout": 3601}, "session_timeout"),
+    ({"session_timeout": "15s"}, "session_timeout"),
+    ({"session_timeout": True}, "session_timeout"),
 ])
 def test_bad_catalog_keys_name_the_key(data: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as info:

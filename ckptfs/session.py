@@ -1,0 +1,147 @@
+"""This node's session in a shared catalog (docs/multinode.md "Node sessions").
+
+The mount registers it before serving (``register``: refused, naming the node, while
+another daemon of the same node name has a live session); ``run`` is its heartbeat, a task
+of the mount's nursery: every fifth of ``session_timeout`` it extends the session's expiry
+(the database's clock) and then ends the sessions of dead nodes (expired: no heartbeat for
+``session_timeout``) if this node wins the cleanup; ``close`` ends it at unmount, after the
+last commit. The SQL runs in worker threads under the catalog limiter, never on the loop.
+
+* The database unreachable: the heartbeat logs once and keeps trying each period; if the
+  outage outlasts the timeout, another node may clean up after this one (below).
+* The session gone (this node was paused or cut off longer than the timeout, and a live
+  node cleaned up after it): logged as an error; the heartbeat registers again and notes
+  the inodes this node holds open anew. Meanwhile another node may have dropped an
+  unlinked inode this node still reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from .catalog.protocols import Catalog
+from .catalog.rows import SessionEnd
+from .errors import CkptfsError
+
+__all__ = ["NodeSession"]
+
+log = logging.getLogger("ckptfs.session")
+
+T = TypeVar("T")
+
+# The inodes this node holds open, (ino, open for writing) (the VFS's held_inodes).
+Held = Callable[[], Sequence[tuple[int, bool]]]
+# Collect the chunks of dropped inodes (the store's collect of these digests).
+Collect = Callable[[Sequence[bytes]], Awaitable[None]]
+
+
+class NodeSession:
+    def __init__(self, catalog: Catalog, node: str, timeout_s: float, info: str = "") -> None:
+        self.catalog = catalog
+        self.node = node
+        self.timeout_s = timeout_s
+        self.period_s = timeout_s / 5
+        self.info = info
+        self.sid = ""  # the VFS reads it at each open and close (it changes on a re-register)
+        self.closed = False
+        self.beats = 0  # heartbeats that found the session (tests, status)
+        self._pending: list[bytes] = []  # digests of inodes the registration dropped
+
+    # -- registration (before serving: not on a trio loop) ---------------------------------
+
+    def register(self) -> None:
+        """Register (blocking: the mount calls it before it serves). UsageError if the
+        node has a live session; its own expired session is ended on the way."""
+        reg = self.catalog.register_session(self.node, self.timeout_s, self.info)
+        self.sid = reg.sid
+        if reg.previous is not None:
+            self._ended_own(reg.previous)
+        log.info("node %s: session registered (timeout %.1f s, heartbeat every %.1f s)",
+                 self.node, self.timeout_s, self.period_s)
+
+    def _ended_own(self, end: SessionEnd) -> None:
+        log.warning("node %s: its previous session had expired (the daemon died or was "
+                    "stopped without unmounting): ended now; %d open handle(s) released, "
+                    "%d unlinked inode(s) dropped%s", self.node, end.handles, len(end.dropped),
+                    f", partial: {', '.join(end.partial)}" if end.partial else "")
+        self._pending += end.digests
+
+    def close_blocking(self) -> None:
+        """End the session if ``close`` did not (a mount that failed after registering);
+        best effort: the session expires by itself otherwise."""
+        if self.closed or not self.sid:
+            return
+        self.closed = True
+        try:
+            self.catalog.close_session(self.sid)
+        except CkptfsError as exc:
+            log.warning("node %s: could not end its session (%s); it expires in %.0f s",
+                        self.node, exc, self.timeout_s)
+
+    # -- the heartbeat ---------------------------------------------------------------------
+
+    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect) -> None:
+        """The heartbeat, until cancelled: a true period (deadlines on trio's clock, not
+        sleeps after each beat), one heartbeat and one cleanup attempt per period."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            await collect(pending)
+        deadline = trio.current_time()
+        down = False
+        while True:
+            deadline = max(deadline + self.period_s, trio.current_time())
+            await trio.sleep_until(deadline)
+            try:
+                if await self._db(limiter, self.catalog.heartbeat_session, self.sid, self.timeout_s):
+                    self.beats += 1
+                else:
+                    await self._register_again(limiter, held)
+                ended = await self._db(limiter, self.catalog.cleanup_expired_sessions)
+            except CkptfsError as exc:
+                if not down:
+                    log.warning("node %s: session heartbeat failed (%s); retrying every %.1f s "
+                                "(the session expires %.0f s after its last heartbeat)",
+                                self.node, exc, self.period_s, self.timeout_s)
+                down = True
+                continue
+            if down:
+                log.info("node %s: session heartbeat works again", self.node)
+                down = False
+            for end in ended:
+                log.warning("node %s's session expired: cleaned up after it (%d open handle(s) "
+                            "released, %d unlinked inode(s) dropped%s)", end.node, end.handles,
+                            len(end.dropped),
+                            f", partial: {', '.join(end.partial)}" if end.partial else "")
+                if end.digests:
+                    await collect(end.digests)
+
+    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held) -> None:
+        log.error("node %s: its session was gone (this node was paused or cut off from the "
+                  "catalog longer than session_timeout = %.0f s, and another node cleaned up "
+                  "after it): registering again; unlinked files it had open may be gone",
+                  self.node, self.timeout_s)
+        await self._db(limiter, self.register)
+        await self._db(limiter, self.catalog.note_open_many, self.sid, list(held()))
+
+    async def close(self, limiter: trio.CapacityLimiter, collect: Collect) -> None:
+        """End the session at unmount (after the last commit): its handles are released,
+        inodes only it held with no name left are dropped."""
+        if self.closed or not self.sid:
+            return
+        self.closed = True
+        try:
+            end = await self._db(limiter, self.catalog.close_session, self.sid)
+        except CkptfsError as exc:
+            log.warning("node %s: could not end its session (%s); it expires in %.0f s and a "
+                        "live node cleans up after it", self.node, exc, self.timeout_s)
+            return
+        if end.digests:
+            await collect(end.digests)
+
+    @staticmethod
+    async def _db(limiter: trio.CapacityLimiter, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
