@@ -71,3 +71,27 @@ def test_dcp_two_ranks_on_two_nodes_load_on_a_third_with_world_size_one(
     out = markers(run_worker("dcp_nodes_worker.py", "load", c.mountpoint / "run" / "step-1", ref,
                              package=WORKERS).stdout)
     assert out["loaded"] == "rank0.extra,rank1.extra,step,weight", out
+
+
+def test_megatron_dist_checkpointing_two_ranks_on_two_nodes_reshard_to_one_on_a_third(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (optional)")
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    a, b, ckpt_a, ckpt_b = two_ranks_two_nodes(cluster, "mg/iter_0000012")
+    ckpt_a.mkdir()  # Megatron saves into an existing, empty directory
+    wait_until(ckpt_b.is_dir, 5, "b sees the checkpoint directory")
+    out = markers(run_worker("megatron_nodes_worker.py", "save", ckpt_a, ckpt_b, ref,
+                             str(free_port()), package=WORKERS).stdout)
+    saved = out["saved"].split(",")
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "common.pt", "metadata.json"} <= set(saved), saved
+    assert sorted(p.name for p in ckpt_b.iterdir()) == saved
+    assert local_chunks(a) > 0 and local_chunks(b) > 0
+    sync_both(a, b, ckpt_a, ckpt_b)
+
+    c = cluster.node("c")
+    assert local_chunks(c) == 0
+    out = markers(run_worker("megatron_nodes_worker.py", "load", c.mountpoint / "mg" / "iter_0000012",
+                             ref, str(free_port()), package=WORKERS).stdout)
+    assert out["loaded"] == "decoder.bias,decoder.weight,iteration,rank0.rng,rank1.rng", out
