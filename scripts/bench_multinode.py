@@ -8,7 +8,8 @@ configuration has the same remote tier (a bucket prefix of its own per configura
    processes, each taking half of the files: create+write+close, stat, full listings of
    the directory, rename (in the directory). Configurations: the embedded SQLite catalog
    with one node (both workers on it), PostgreSQL with one node (both workers on it),
-   PostgreSQL with two nodes (one worker on each). Before stat and readdir the kernel's
+   PostgreSQL with two nodes (one worker on each), and for reference the SQLite node
+   without a remote tier (a shared catalog needs one). Before stat and readdir the kernel's
    dentries and inodes are dropped (as root), so every lookup asks the daemon. Ops/s is
    the files done (or entries listed) by both workers over the wall time of the phase.
 2. A DCP-style save: ``--ranks`` (4) processes each write one ``--file-mib`` (128) MiB file
@@ -88,7 +89,7 @@ def _read(path: Path) -> str:
 class Node:
     """One ckptfs mount: own state dir and two local tiers; a shared catalog when given."""
 
-    def __init__(self, base: Path, remote: str, catalog: str | None, name: str) -> None:
+    def __init__(self, base: Path, remote: str | None, catalog: str | None, name: str) -> None:
         self.base = base
         self.mnt = base / "mnt"
         self.state = base / "state"
@@ -103,7 +104,9 @@ class Node:
         for t in self.tiers:
             t.mkdir(parents=True, exist_ok=True)
         args = ["mount", str(self.mnt), "--state-dir", str(self.state), "--allow-shared-device",
-                "--remote", self.remote, "--metrics-address", "127.0.0.1:0"]
+                "--metrics-address", "127.0.0.1:0"]
+        if self.remote:
+            args += ["--remote", self.remote]
         for t in self.tiers:
             args += ["--local", str(t)]
         if self.catalog:
@@ -152,10 +155,11 @@ def drop_dentries(can_drop: bool) -> None:
 class Cluster:
     """The nodes of one configuration; unmounted by ``close`` whatever happened."""
 
-    def __init__(self, base: Path, server: SeaweedServer, catalog: str | None, n: int,
+    def __init__(self, base: Path, server: SeaweedServer | None, catalog: str | None, n: int,
                  all_nodes: list[Node]) -> None:
         prefix = f"bench-{uuid.uuid4().hex[:8]}"
-        self.remote = f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}"
+        self.remote = (None if server is None else
+                       f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}")
         self.catalog = catalog
         self.base = base
         self.all_nodes = all_nodes
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     for a in shared:
         ctypes.memset(a, 0, len(a))
     meta: dict[str, dict[str, list[float]]] = {
-        "SQLite, 1 node": {}, "PostgreSQL, 1 node": {}, "PostgreSQL, 2 nodes": {}}
+        "SQLite, 1 node": {}, "PostgreSQL, 1 node": {}, "PostgreSQL, 2 nodes": {},
+        "SQLite, 1 node, no remote tier": {}}
     saves: dict[str, dict[str, list[float]]] = {
         f"1 node x {args.ranks} ranks": {}, f"2 nodes x {args.ranks // 2} ranks": {}}
     restores: dict[str, dict[str, list[float]]] = {}
@@ -364,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
             for p in range(1, args.repeat + 1):
                 print(f"== pass {p}/{args.repeat}", flush=True)
                 if not args.no_metadata:
-                    for label, catalog, n in (("SQLite, 1 node", None, 1),
-                                              ("PostgreSQL, 1 node", db.new_database(), 1),
-                                              ("PostgreSQL, 2 nodes", db.new_database(), 2)):
-                        c = Cluster(base / f"p{p}-meta-{len(all_nodes)}", server, catalog, n, all_nodes)
+                    for label, catalog, n, remote in (
+                            ("SQLite, 1 node", None, 1, server),
+                            ("PostgreSQL, 1 node", db.new_database(), 1, server),
+                            ("PostgreSQL, 2 nodes", db.new_database(), 2, server),
+                            ("SQLite, 1 node, no remote tier", None, 1, None)):
+                        c = Cluster(base / f"p{p}-meta-{len(all_nodes)}", remote, catalog, n,
+                                    all_nodes)
                         try:
                             (c.nodes[0].mnt / "files").mkdir()
                             dirs = [c.nodes[w % n].mnt / "files" for w in range(2)]
