@@ -9,7 +9,8 @@ configuration has the same remote tier (a bucket prefix of its own per configura
    the directory, rename (in the directory). Configurations: the embedded SQLite catalog
    with one node (both workers on it), PostgreSQL with one node (both workers on it),
    PostgreSQL with two nodes (one worker on each), and for reference the SQLite node
-   without a remote tier (a shared catalog needs one). Before stat and readdir the kernel's
+   without a remote tier (the cost of the uploads and catalog snapshots: nodes sharing a
+   catalog need the remote, the only way one node reads another's chunks). Before stat and readdir the kernel's
    dentries and inodes are dropped (as root), so every lookup asks the daemon. Ops/s is
    the files done (or entries listed) by both workers over the wall time of the phase.
 2. A DCP-style save: ``--ranks`` (4) processes each write one ``--file-mib`` (128) MiB file
