@@ -286,11 +286,15 @@ def restore(ckpt: Path, files: list[Source], shared: list[Any], world: int,
 # -- the run ------------------------------------------------------------------------------
 
 
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def med(vals: list[float]) -> str:
     if not vals:
         return "-"
     m = statistics.median(vals)
-    return f"{m:.3g}" if len(vals) == 1 else f"{m:.3g} [{min(vals):.3g}-{max(vals):.3g}]"
+    return num(m) if len(vals) == 1 else f"{num(m)} [{num(min(vals))}-{num(max(vals))}]"
 
 
 def table(title: str, rows: dict[str, dict[str, list[float]]], cols: list[str],
