@@ -9,10 +9,14 @@
 #   file, its chunks removed by the deletion queue -> unmount, mount again, load both files
 #   and check they are bit-identical (warm restore) -> "lose the node": delete the state dir
 #   and every local chunk, mount on an empty state dir, load again from the bucket alone
-#   (cold restore) -> unmount -> ckptfs fsck.
+#   (cold restore) -> unmount -> ckptfs fsck -> two nodes, one namespace: a throwaway
+#   PostgreSQL as the shared catalog, nodes a and b mounted on it with the bucket, a
+#   checkpoint saved on a is listed and loaded bit-identical on b, an O_EXCL create race
+#   between the nodes (one wins) and a rename on a seen on b -> unmount both.
 #
-# Whatever happens, the mount is unmounted, the S3 server stopped (by PID) and the temporary
-# directory removed on exit (KEEP=1 keeps the directory for a look afterwards).
+# Whatever happens, every mount is unmounted, the S3 server and PostgreSQL stopped (by PID)
+# and the temporary directory removed on exit (KEEP=1 keeps the directory for a look
+# afterwards).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,25 +31,35 @@ STATE="$WORK/state"
 REF="$WORK/reference"   # the same files written to a plain directory, for comparison
 TIER="$STATE/tiers/local0"
 mkdir -p "$MNT" "$REF"
+NODE_A="$WORK/node-a"    # step 11: two nodes, each with its own state dir and mount
+NODE_B="$WORK/node-b"
 DAEMONS=()
 S3_PID=""
+PG_PID=""
 
 step() { printf '\n== %s\n' "$*"; }
 ckptfs() { "$PY" -m ckptfs "$@"; }
 # $WORK is a real path already: no realpath here, it would fail on a dead (ENOTCONN) mount.
-mounted() { grep -q " $MNT " /proc/mounts; }
+mounted_at() { grep -q " $1 " /proc/mounts; }
+mounted() { mounted_at "$MNT"; }
 
 cleanup() {
     local rc=$?
     set +e
-    if mounted; then
-        echo "demo: cleaning up: unmounting $MNT"
-        ckptfs umount "$MNT" || fusermount3 -u -z "$MNT"
-    fi
+    for m in "$MNT" "$NODE_A/mnt" "$NODE_B/mnt"; do
+        if mounted_at "$m"; then
+            echo "demo: cleaning up: unmounting $m"
+            ckptfs umount "$m" || fusermount3 -u -z "$m"
+        fi
+    done
     # Only processes this script started, by pid.
     if [ -n "$S3_PID" ] && kill -0 "$S3_PID" 2>/dev/null; then
         kill "$S3_PID" 2>/dev/null   # local_s3.py stops SeaweedFS by its PID, then exits
         wait "$S3_PID" 2>/dev/null
+    fi
+    if [ -n "$PG_PID" ] && kill -0 "$PG_PID" 2>/dev/null; then
+        kill "$PG_PID" 2>/dev/null   # local_pg.py stops PostgreSQL by its PID, then exits
+        wait "$PG_PID" 2>/dev/null
     fi
     for pid in "${DAEMONS[@]}"; do
         if kill -0 "$pid" 2>/dev/null; then
@@ -54,11 +68,14 @@ cleanup() {
             kill -9 "$pid" 2>/dev/null
         fi
     done
-    if [ "$rc" -ne 0 ] && [ -f "$STATE/ckptfs.log" ]; then
-        echo "demo: FAILED (exit $rc); last lines of $STATE/ckptfs.log:" >&2
-        tail -n 30 "$STATE/ckptfs.log" >&2
+    if [ "$rc" -ne 0 ]; then
+        for log in "$STATE/ckptfs.log" "$NODE_A/state/ckptfs.log" "$NODE_B/state/ckptfs.log"; do
+            [ -f "$log" ] || continue
+            echo "demo: FAILED (exit $rc); last lines of $log:" >&2
+            tail -n 30 "$log" >&2
+        done
     fi
-    if [ "${KEEP:-0}" = 1 ] || mounted; then
+    if [ "${KEEP:-0}" = 1 ] || mounted || mounted_at "$NODE_A/mnt" || mounted_at "$NODE_B/mnt"; then
         echo "demo: leaving $WORK in place"
     else
         rm -rf "$WORK"
@@ -212,9 +229,9 @@ rm "$MNT/scratch.bin"
 "$PY" - "$STATE" <<'EOF'
 import sys, time
 from pathlib import Path
-from ckptfs.catalog import Catalog
+from ckptfs.commands.live import open_catalog
 
-cat = Catalog(Path(sys.argv[1]) / "catalog.sqlite", readonly=True)
+cat = open_catalog(Path(sys.argv[1]))  # read-only beside the daemon, as ckptfs status does
 deadline = time.monotonic() + 60
 while cat.deletion_backlog() and time.monotonic() < deadline:
     time.sleep(0.1)  # the demo watches the queue drain; the daemon is woken by events
@@ -272,5 +289,113 @@ do_umount
 
 step "10. ckptfs fsck --state-dir $STATE"
 ckptfs fsck --state-dir "$STATE"
+
+step "11. two nodes, one namespace: a throwaway PostgreSQL as the shared catalog (unix socket only)"
+"$PY" scripts/local_pg.py "$WORK/pg.env" &
+PG_PID=$!
+for _ in $(seq 1 600); do   # up to 60 s for initdb and the server
+    [ -f "$WORK/pg.env" ] && break
+    kill -0 "$PG_PID" 2>/dev/null || { echo "demo: PostgreSQL did not start" >&2; exit 1; }
+    sleep 0.1
+done
+[ -f "$WORK/pg.env" ] || { echo "demo: PostgreSQL did not answer in 60 s" >&2; exit 1; }
+. "$WORK/pg.env"
+CLUSTER_REMOTE="s3://$S3_BUCKET/demo-cluster?endpoint=$S3_ENDPOINT"
+echo "PostgreSQL (helper pid $PG_PID), catalog $PG_URL"
+echo "remote tier of both nodes $CLUSTER_REMOTE"
+
+step "12. mount node a and node b: own state dir and local tier each, the same catalog and bucket"
+for node in a b; do
+    dir="$WORK/node-$node"
+    mkdir -p "$dir/mnt"
+    # Metrics on a free port each: two daemons on one machine.
+    ckptfs mount "$dir/mnt" --state-dir "$dir/state" --catalog "$PG_URL" --node "$node" \
+        --remote "$CLUSTER_REMOTE" --metrics-address 127.0.0.1:0
+    DAEMONS+=("$(cat "$dir/state/daemon.pid")")
+    echo "node $node: $(grep " $dir/mnt " /proc/mounts)"
+done
+A="$NODE_A/mnt"
+B="$NODE_B/mnt"
+
+step "13. save on node a, ckptfs sync on a, then list and load on node b, bit for bit"
+mkdir -p "$A/run1/checkpoint-100"
+for f in model.pt model.safetensors optimizer.pt trainer_state.json; do  # trainer_state last
+    cp "$REF/$f" "$A/run1/checkpoint-100/$f"
+done
+echo "copied the reference checkpoint of step 2 into node a's mount"
+ckptfs sync "$A/run1/checkpoint-100" --timeout 120
+echo "on node b:"
+ls -la "$B/run1/checkpoint-100"
+"$PY" "$WORK/compare.py" "$B/run1/checkpoint-100" "$REF"
+
+step "14. the nodes race: an O_EXCL create of one name on both (one wins, one gets EEXIST); a rename on a, seen on b"
+"$PY" - "$A" "$B" <<'EOF2'
+import errno, os, sys, threading
+
+a, b = sys.argv[1], sys.argv[2]
+barrier = threading.Barrier(2)
+result = {}
+
+def create(node, mnt):
+    barrier.wait()  # both opens start together
+    try:
+        fd = os.open(os.path.join(mnt, "run1", "LOCK"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except OSError as exc:
+        result[node] = errno.errorcode.get(exc.errno, str(exc.errno))
+    else:
+        os.write(fd, f"held by node {node}\n".encode())
+        os.close(fd)
+        result[node] = "created"
+
+threads = [threading.Thread(target=create, args=args) for args in (("a", a), ("b", b))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(f"O_EXCL create of run1/LOCK: node a {result['a']}, node b {result['b']}")
+assert sorted(result.values()) == ["EEXIST", "created"], result
+EOF2
+# A chunk another node wrote is readable once it is on the bucket (docs/multinode.md).
+ckptfs sync "$A/run1/LOCK" --timeout 120
+"$PY" - "$A" "$B" <<'EOF2'
+import os, sys, time
+
+a, b = sys.argv[1], sys.argv[2]
+winner = open(os.path.join(a, "run1", "LOCK")).read().strip()
+assert winner == open(os.path.join(b, "run1", "LOCK")).read().strip()
+print(f"both nodes read run1/LOCK: {winner}")
+
+os.rename(os.path.join(a, "run1", "checkpoint-100"), os.path.join(a, "run1", "final"))
+deadline = time.monotonic() + 10  # node b's kernel keeps names for at most 1 s
+while True:
+    names = set(os.listdir(os.path.join(b, "run1")))
+    assert not {"checkpoint-100", "final"} <= names, names  # never both
+    if "final" in names and "checkpoint-100" not in names:
+        break
+    assert time.monotonic() < deadline, names
+    time.sleep(0.05)
+print(f"renamed run1/checkpoint-100 -> run1/final on node a; node b lists run1: {sorted(names)}")
+EOF2
+"$PY" "$WORK/compare.py" "$B/run1/final" "$REF" | tail -n 1
+
+step "15. ckptfs status beside node b: the shared catalog knows both nodes' tiers; unmount both"
+ckptfs status --state-dir "$NODE_B/state" --json > "$WORK/status-b.json"
+"$PY" - "$WORK/status-b.json" <<'EOF2'
+import json, sys
+
+tiers = {t["name"]: t for t in json.load(open(sys.argv[1]))["tiers"]}
+for name in sorted(tiers):
+    print(f"  tier {name:<10} {tiers[name]['stored_chunks']:>4} chunks")
+assert {"a:local0", "b:local0", "remote0"} <= set(tiers), sorted(tiers)
+assert tiers["a:local0"]["stored_chunks"] > 0  # node a wrote the checkpoint
+EOF2
+for m in "$A" "$B"; do
+    ckptfs umount "$m"
+    echo "unmounted $m"
+done
+kill "$PG_PID"
+wait "$PG_PID"
+PG_PID=""
+echo "PostgreSQL stopped"
 
 step "demo finished: every step passed"

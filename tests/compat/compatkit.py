@@ -89,15 +89,15 @@ def worker_env(**extra: str) -> dict[str, str]:
 
 def run_worker(
     script: str, *args: str | Path, env: dict[str, str] | None = None, timeout: float = 240,
-    expect_rc: int | None = 0,
+    expect_rc: int | None = 0, package: str = WORKERS,
 ) -> subprocess.CompletedProcess[str]:
-    """Run tests/compat/workers/SCRIPT (as a module) in a fresh interpreter, in a process group of its
+    """Run SCRIPT of ``package`` (default tests/compat/workers) as a module in a fresh interpreter, in a process group of its
     own; show its output on failure. Whatever the worker left running (helper processes
     of a process killed on purpose, or everything after a timeout) is killed by that group.
     Output goes through files: a leftover helper holding a pipe open cannot stall us."""
     with tempfile.TemporaryFile("w+") as fout, tempfile.TemporaryFile("w+") as ferr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"{WORKERS}.{Path(script).stem}", *map(str, args)], stdout=fout, stderr=ferr,
+            [sys.executable, "-m", f"{package}.{Path(script).stem}", *map(str, args)], stdout=fout, stderr=ferr,
             text=True, env=env or worker_env(), start_new_session=True,
         )
         try:
