@@ -49,6 +49,10 @@ SNAPSHOT_INTERVAL_S = 10.0
 # A change of the catalog that queues no upload (a rename, a symlink, a checkpoint state)
 # is snapshotted this long after the first one since the last look: one look per burst.
 SNAPSHOT_RECHECK_S = 1.0
+# Snapshots nobody waits for are this far apart at least: a stream of small files empties
+# the backlog after each one, and a snapshot per file (a full copy of the catalog, of every
+# node's with a shared one) would cost more than the files. `ckptfs sync` does not wait.
+SNAPSHOT_MIN_SPACING_S = 2.0
 # While a save is running, uploads wait, so they do not take the CPU and disk from the save
 # (its stall); they start when it has committed, `concurrency` at once. A save longer than
 # MAX_DEFER_S (or a stream of back-to-back saves) gets one upload at a time meanwhile, so
@@ -407,6 +411,8 @@ class Uploader:
             return self._snapshot_retry_at - now
         overdue = now - self._snapshot_at >= SNAPSHOT_INTERVAL_S
         wanted = self._snapshot_wanted > 0
+        if not wanted and now - self._snapshot_at < SNAPSHOT_MIN_SPACING_S:
+            return SNAPSHOT_MIN_SPACING_S - (now - self._snapshot_at)
 
         def backup() -> tuple[int, bytes] | bool:
             if self.catalog.snapshot_is_current():

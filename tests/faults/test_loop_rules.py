@@ -26,7 +26,7 @@ from ckptfs.tiers.base import Tier
 from ckptfs.upload import deleter as deleter_module
 from ckptfs.upload import uploader as uploader_module
 from ckptfs.upload.deleter import Deleter
-from ckptfs.upload.uploader import SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
+from ckptfs.upload.uploader import SNAPSHOT_MIN_SPACING_S, SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
 
 
@@ -192,9 +192,11 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
             deadline = time.monotonic() + 10
             while True:
                 await trio.testing.wait_all_tasks_blocked()
-                if (up._sleeping and not up.running and up._dirty_since is None
-                        and await fs.db(fs.catalog.snapshot_is_current) and up._sleeping):
-                    return
+                if up._sleeping and not up.running and up._dirty_since is None:
+                    if await fs.db(fs.catalog.snapshot_is_current) and up._sleeping:
+                        return
+                    # A snapshot right after the last one waits SNAPSHOT_MIN_SPACING_S.
+                    mock_clock.jump(SNAPSHOT_MIN_SPACING_S)
                 assert time.monotonic() < deadline, "the uploader did not settle"
                 await trio.to_thread.run_sync(time.sleep, 0.005)
 
@@ -215,6 +217,26 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
         await until_real(lambda: remote.snapshots == snapshots + 1)
         await quiet()
         assert len(passes) == n + 1  # one look for the burst
+
+
+async def test_a_stream_of_small_files_is_snapshotted_once_per_spacing(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """Each small file's upload empties the backlog; the snapshots nobody waits for stay
+    SNAPSHOT_MIN_SPACING_S apart (one per file cost more than the files)."""
+    local, remote = MemoryTier("l"), CountingTier("r")
+    async with make_daemon(tmp_path, [local, remote]) as daemon:
+        fs = daemon.fs
+        await _write(fs, b"first", os.urandom(1000))
+        await until_real(lambda: remote.snapshots == 1)
+        for i in range(5):
+            await _write(fs, b"f%d" % i, os.urandom(1000))
+            await until_real(lambda: not fs.catalog.backlog().chunks)  # uploaded
+            await trio.testing.wait_all_tasks_blocked()
+        assert remote.snapshots == 1  # none of the five within the spacing
+        mock_clock.jump(SNAPSHOT_MIN_SPACING_S)
+        await until_real(lambda: remote.snapshots == 2)  # one for all five
+        assert await fs.db(fs.catalog.snapshot_is_current)
 
 
 async def test_the_guard_lock_is_free_while_threads_delete_and_put(tmp_path: Path) -> None:
