@@ -62,6 +62,39 @@ def test_direct_put_leaves_no_temp_file_and_exact_size(tmp_path: Path) -> None:
     assert t.usage().used == frame.HEADER_SIZE + len(data)
 
 
+@pytest.mark.parametrize("verify", ["memory", "device"])
+@pytest.mark.parametrize("tail", [0, 1, 123, 4095])
+def test_direct_put_writes_the_exact_frame_without_a_truncate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: str, tail: int
+) -> None:
+    """The whole blocks go with O_DIRECT, the last partial block through the page cache:
+    no padded write cut back by ftruncate (which made ext4 read the cut block back and
+    wait on its journal). The frame reads back exactly, after the page cache is dropped
+    for the file too."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", verify_writes=verify))  # type: ignore[arg-type]
+    t.open()
+    assert t.verified_put
+    # frame = header + data; make the frame end ``tail`` bytes into its last block
+    data = os.urandom(2 * 1024 * 1024 - frame.HEADER_SIZE + tail)
+    key, parts = framed(data)
+
+    def no_truncate(*args: object) -> None:
+        raise AssertionError("ftruncate called")
+
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    t.put(key, parts)
+    stored = tmp_path / "t" / "chunks" / key[:2] / key
+    assert stored.stat().st_size == frame.HEADER_SIZE + len(data)
+    fd = os.open(stored, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert stored.read_bytes() == b"".join(bytes(p) for p in parts)
+    assert bytes(frame.decode(t.get(key) or b"")) == data
+
+
 def test_small_put_names_the_frame_by_one_link_and_leaves_nothing_when_it_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
