@@ -26,6 +26,7 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
+from ..config.model import WriteBehind
 from ..errors import ChunkMissing, CkptfsError, CorruptChunk, NoSpace, ObjectUnreadable, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
@@ -115,7 +116,7 @@ class ChunkStore:
         on_deletions: Callable[[], None] | None = None,
         remote_copies: int = 1,
         remote_reads: int | None = None,
-        write_behind: str = "auto",
+        write_behind: WriteBehind = "never",
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once

@@ -30,6 +30,7 @@ from .model import (
     ON_LOCAL_FULL,
     REMOTE_COMPRESSION_MODES,
     UPLOAD_DURING_SAVE,
+    WRITE_BEHIND,
     CheckpointConfig,
     Config,
     DurabilityPolicy,
@@ -75,6 +76,7 @@ _TOP_KEYS = {
     "local_full_timeout", "policy",
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
+    "write_behind",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -146,6 +148,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     if "checkpoint_pattern" in data:
         patterns = patterns_from_config(data["checkpoint_pattern"])
     on_local_full = choice(data.get("on_local_full", "block"), "on_local_full", ON_LOCAL_FULL)
+    write_behind = choice(data.get("write_behind", StoreConfig.write_behind), "write_behind",
+                          WRITE_BEHIND)
     local_full_timeout_s = seconds(
         data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
     )
@@ -172,7 +176,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
             chunk_size=chunk_size, chunk_size_set="chunk_size" in data,
             memory_budget=memory_budget, io_threads=io_threads,
             remote_copies=remote_copies, on_local_full=on_local_full,
-            local_full_timeout_s=local_full_timeout_s,
+            local_full_timeout_s=local_full_timeout_s, write_behind=write_behind,
         ),
         upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
                             compression=remote_compression),

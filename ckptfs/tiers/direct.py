@@ -42,6 +42,9 @@ _GRAIN = 1024 * 1024  # buffer sizes are rounded up to this, so one size serves 
 _libc = ctypes.CDLL(None, use_errno=True)  # CDLL calls release the GIL
 _libc.memcmp.restype = ctypes.c_int
 _libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_libc.sync_file_range.restype = ctypes.c_int
+_libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
 
 
 def _round_up(n: int, to: int) -> int:
@@ -173,6 +176,38 @@ def _write_frame(fd: int, view: memoryview, size: int) -> None:
             done += os.pwritev(fd, [view[done:size]], done)
     finally:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags)  # the read-back reads from the device
+    # Start the tail's writeback now: its block is allocated here, with the whole blocks'
+    # (one journal transaction), not in each frame's fsync, which would then need a
+    # journal commit of its own.
+    if _libc.sync_file_range(fd, whole, size - whole, _SYNC_FILE_RANGE_WRITE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def read_back_and_compare(
+    fd: int, parts: Sequence[Buffer], size: int, pool: BufferPool
+) -> None:
+    """A frame just written to ``fd`` through the page cache: read it back into a reused
+    buffer and compare it with ``parts`` (memcmp, GIL released). The check the earlier
+    read-back plus blake3 made (what the page cache holds is what was hashed), without a
+    second hash pass or a fresh buffer per frame."""
+    buf = pool.take(size + 1)
+    try:
+        view = memoryview(buf)
+        try:
+            got = 0
+            while got <= size:  # one byte more: a longer file is not the frame
+                n = os.preadv(fd, [view[got : size + 1]], got)
+                if n == 0:
+                    break
+                got += n
+            if got != size:
+                raise CorruptChunk(f"read back {got} bytes of a {size}-byte frame")
+            _compare(_address(buf), parts, "the frame read back")
+        finally:
+            view.release()
+    finally:
+        pool.give(buf)
 
 
 def write_checked(

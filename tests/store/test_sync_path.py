@@ -105,7 +105,7 @@ async def test_write_behind_follows_whether_saves_fsync(tmp_path: Path) -> None:
     """``auto``: after a commit by fsync, each new frame is fsynced as it is written (the
     file's fsync then has nothing left); after a commit by close alone, not."""
     tier = SyncLog()
-    store, cat = make_store(tmp_path, tier)
+    store, cat = make_store(tmp_path, tier, write_behind="auto")
     try:
         async with trio.open_nursery() as n:
             store.attach(n)
