@@ -12,6 +12,9 @@ buffered read-back from the page cache made. With ``read_back`` (tier key
 ``verify_writes = "device"``) the frame is also read back from the device with O_DIRECT
 and compared again: that checks the device, at the price of a device read per chunk.
 Comparisons are memcmp calls, not a second blake3 pass, and run with the GIL released.
+A frame's last partial block goes through the page cache from the same compared buffer
+(``_write_frame``); buffered frames are read back and compared the same way
+(``read_back_and_compare``).
 
 Reads of large frames (``read_whole``) use O_DIRECT too: the frame goes from the device
 into the buffer it is served from, without a page-cache copy in between.
@@ -45,6 +48,7 @@ _libc.memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 _libc.sync_file_range.restype = ctypes.c_int
 _libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of dirty pages in the range, do not wait
+_NOT_SUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE}
 
 
 def _round_up(n: int, to: int) -> int:
@@ -181,7 +185,8 @@ def _write_frame(fd: int, view: memoryview, size: int) -> None:
     # journal commit of its own.
     if _libc.sync_file_range(fd, whole, size - whole, _SYNC_FILE_RANGE_WRITE) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        if err not in _NOT_SUPPORTED:  # only a hint; a device error or ENOSPC is real
+            raise OSError(err, os.strerror(err))
 
 
 def read_back_and_compare(
