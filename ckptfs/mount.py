@@ -49,6 +49,7 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
+from .config.model import WriteBehind
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -426,6 +427,7 @@ def build(
     remote_copies: int = 1,
     on_local_full: str = "block",
     local_full_timeout_s: float = 600.0,
+    write_behind: WriteBehind = "never",
     upload: UploadConfig = UploadConfig(),
     reads: ReadConfig = ReadConfig(),
     policies: tuple[DurabilityPolicy, ...] = (),
@@ -475,6 +477,7 @@ def build(
         spill_copy=uploader.copy_uncommitted,
         on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
         remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
+        write_behind=write_behind,
     )
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(
@@ -506,7 +509,7 @@ def build_for_config(
         io_threads=store.io_threads, invalidate=_invalidate_inode,
         invalidate_entry=_invalidate_entry, remote_copies=store.remote_copies,
         on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
-        upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
+        write_behind=store.write_behind, upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
         stats_path=cfg.state_dir / STATS_FILE, detectors=detectors_for(cfg.checkpoints),
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),

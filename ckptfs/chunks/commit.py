@@ -56,6 +56,7 @@ async def commit_version(
             if sync_failed is not None:
                 sync_failed(exc)
             raise
+    store.note_commit(synced, any(r is not None for r in v.changes.values()))
     if not (v.changes or v.meta_only):
         if synced:
             await store.sync_catalog()

@@ -26,6 +26,7 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
+from ..config.model import WriteBehind
 from ..errors import (
     ChunkMissing,
     CkptfsError,
@@ -70,6 +71,8 @@ COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 # doubling up to the max (the catalog is the only news of another node's upload).
 PEER_POLL_MIN_S = 0.1
 PEER_POLL_MAX_S = 1.0
+# fsyncs in flight at once: each waits for the device, and concurrent ones share a flush.
+SYNC_THREADS = 16
 
 
 def _runs(names: Sequence[str], remote: Callable[[str], bool]) -> list[tuple[bool, list[str]]]:
@@ -126,6 +129,7 @@ class ChunkStore:
         remote_copies: int = 1,
         remote_reads: int | None = None,
         peer_wait_s: float = 0.0,
+        write_behind: WriteBehind = "never",
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
@@ -142,7 +146,11 @@ class ChunkStore:
         self.remotes = sorted((t for t in tiers if t.kind != "local"), key=lambda t: t.name)
         if not self.local:
             raise ValueError("a ChunkStore needs at least one local tier")
-        self.io = trio.CapacityLimiter(io_threads)  # local tier I/O: writes, reads, fsync
+        self.io = trio.CapacityLimiter(io_threads)  # local tier I/O: writes, reads
+        # fsyncs wait for the device's flush, not for a core: under the writes' limiter,
+        # four files fsyncing at once held every slot and the chunk writes of the other
+        # files (the rest of the save) waited behind them.
+        self.sync_io = trio.CapacityLimiter(max(SYNC_THREADS, io_threads))
         # GETs from remote tiers (reads, heals, prefetch staging): their own threads, so a
         # slow or hung object store cannot take the ones local I/O needs. As many as fill
         # the link (a GET's latency hides behind the others'), not as many as the disks want.
@@ -164,6 +172,11 @@ class ChunkStore:
         self._spill_running = False
         self._spill_retry_at = -1e9
         self._synced: set[bytes] = synced if synced is not None else set()  # frames fsynced
+        # Write-behind fsyncs in flight, and the ones that failed (not reported yet).
+        self.write_behind = write_behind
+        self._fsyncs_expected = False
+        self._behind: dict[bytes, trio.Event] = {}
+        self._behind_failed: dict[bytes, CkptfsError] = {}
         self._flights: dict[bytes, _Flight] = {}
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
@@ -535,6 +548,7 @@ class ChunkStore:
         """These frames were deleted: a frame put again later is not known synced."""
         for d in digests:
             self._synced.discard(d)
+            self._behind_failed.pop(d, None)
 
     def local_fill(self) -> tuple[int, int]:
         """Blocking: (bytes in use, bytes in all) over the local tiers: a capped tier counts
@@ -592,7 +606,55 @@ class ChunkStore:
             if waited_since is not None:
                 log.warning("local tiers have room again after %.1f s",
                             time.monotonic() - waited_since)
+            if self._write_behind_now():
+                self._start_sync_behind(ref)
             return ref
+
+    # -- write-behind fsync ------------------------------------------------------------------
+
+    def _write_behind_now(self) -> bool:
+        mode = self.write_behind
+        return self._nursery is not None and (
+            mode == "always" or (mode == "auto" and self._fsyncs_expected)
+        )
+
+    def note_commit(self, synced: bool, new_chunks: bool) -> None:
+        """A file committed new chunks, by an fsync or by a close alone: saves that fsync
+        their files get their frames fsynced as each one is written (``write_behind =
+        "auto"``); saves that only close do not pay for flushes nobody asked for."""
+        if new_chunks:
+            self._fsyncs_expected = synced
+
+    def _start_sync_behind(self, ref: ChunkRef) -> None:
+        if ref.digest in self._synced or ref.digest in self._behind:
+            return
+        local = [self.local[t] for t in ref.tiers if t in self.local]
+        if not local:
+            return
+        done = trio.Event()
+        self._behind[ref.digest] = done
+        assert self._nursery is not None
+        self._nursery.start_soon(self._sync_behind, ref.digest, ref.key, local, done)
+
+    async def _sync_behind(
+        self, digest: bytes, key: str, tiers: list[Tier], done: trio.Event
+    ) -> None:
+        """fsync one frame just written, in the background (the save goes on), so the
+        file's own fsync finds little left to flush. A failure is kept for that fsync to
+        report: the kernel reports a writeback error to one fsync only, so trying again
+        there could succeed although the frame was not synced."""
+        try:
+            for tier in tiers:
+                await trio.to_thread.run_sync(tier.sync, [key], limiter=self.sync_io)
+        except CkptfsError as exc:
+            log.error("fsync on tier %s failed: %s", tier.name, exc)
+            self._behind_failed[digest] = exc
+        else:
+            self._synced.add(digest)
+            self.stats.count("write_behind_syncs")
+        finally:
+            del self._behind[digest]
+            done.set()
 
     async def _write_once(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
 
@@ -623,30 +685,39 @@ class ChunkStore:
         await trio.to_thread.run_sync(self.catalog.sync, limiter=self.db_limiter)
 
     async def sync(self, refs: Iterable[ChunkRef]) -> None:
-        """fsync chunk frames not yet known to be synced, all tiers in parallel."""
-        by_tier: dict[str, list[str]] = {}
+        """fsync chunk frames not yet known to be synced: every frame in its own thread,
+        all at once (up to ``sync_io``). Concurrent fsyncs on one filesystem share its
+        journal commits and cache flushes (ext4, XFS); one after the other, each frame of
+        each file paid a flush of its own, and four files fsyncing at once queued up."""
+        refs = list(refs)
+        for ref in refs:
+            behind = self._behind.get(ref.digest)
+            if behind is not None:
+                await behind.wait()
+        failed = [self._behind_failed.pop(r.digest) for r in refs if r.digest in self._behind_failed]
+        if failed:
+            raise failed[0]
+        pairs: list[tuple[Tier, str]] = []
         todo = []
         for ref in map(self.current, refs):
             if ref.digest in self._synced:
                 continue
             todo.append(ref.digest)
-            for t in ref.tiers:
-                by_tier.setdefault(t, []).append(ref.key)
-        if not by_tier:
+            pairs += [(self.tiers[t], ref.key) for t in ref.tiers if t in self.tiers]
+        if not pairs:
             return
         errors: list[CkptfsError] = []
 
-        async def one(tier: Tier, keys: list[str]) -> None:
+        async def one(tier: Tier, key: str) -> None:
             try:
-                await trio.to_thread.run_sync(tier.sync, keys, limiter=self.io)
+                await trio.to_thread.run_sync(tier.sync, [key], limiter=self.sync_io)
             except CkptfsError as exc:
                 log.error("fsync on tier %s failed: %s", tier.name, exc)
                 errors.append(exc)
 
         async with trio.open_nursery() as n:
-            for name, keys in by_tier.items():
-                if name in self.tiers:
-                    n.start_soon(one, self.tiers[name], keys)
+            for tier, key in pairs:
+                n.start_soon(one, tier, key)
         if errors:
             raise errors[0]
         self._synced.update(todo)

@@ -38,6 +38,7 @@ from .model import (
     REMOTE_COMPRESSION_MODES,
     SQLITE_CATALOG,
     UPLOAD_DURING_SAVE,
+    WRITE_BEHIND,
     CatalogConfig,
     CheckpointConfig,
     Config,
@@ -85,6 +86,7 @@ _TOP_KEYS = {
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
+    "write_behind",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -198,6 +200,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     if "checkpoint_pattern" in data:
         patterns = patterns_from_config(data["checkpoint_pattern"])
     on_local_full = choice(data.get("on_local_full", "block"), "on_local_full", ON_LOCAL_FULL)
+    write_behind = choice(data.get("write_behind", StoreConfig.write_behind), "write_behind",
+                          WRITE_BEHIND)
     local_full_timeout_s = seconds(
         data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
     )
@@ -233,7 +237,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
             chunk_size=chunk_size, chunk_size_set="chunk_size" in data,
             memory_budget=memory_budget, io_threads=io_threads,
             remote_copies=remote_copies, on_local_full=on_local_full,
-            local_full_timeout_s=local_full_timeout_s,
+            local_full_timeout_s=local_full_timeout_s, write_behind=write_behind,
         ),
         upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
                             compression=remote_compression),

@@ -65,6 +65,9 @@ CopyBack = Literal["sequential", "always", "never"]
 COPY_BACK: tuple[CopyBack, ...] = get_args(CopyBack)
 OnLocalFull = Literal["block", "enospc"]
 ON_LOCAL_FULL: tuple[OnLocalFull, ...] = get_args(OnLocalFull)
+# fsync of each chunk frame as soon as it is written (chunks/store.py, write-behind).
+WriteBehind = Literal["auto", "always", "never"]
+WRITE_BEHIND: tuple[WriteBehind, ...] = get_args(WriteBehind)
 Durability = Literal["local", "remote"]
 DURABILITIES: tuple[Durability, ...] = get_args(Durability)
 
@@ -194,6 +197,7 @@ class StoreConfig:
     # free room (backpressure, at most local_full_timeout_s) or fail at once with ENOSPC.
     on_local_full: OnLocalFull = "block"
     local_full_timeout_s: float = 600.0
+    write_behind: WriteBehind = "never"
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,11 @@ class LocalTier:
         # Large frames go to the device with O_DIRECT and are checked there by put itself
         # (tiers/direct.py), if the filesystem takes it; decided when the tier opens.
         self._direct_wanted = cfg.direct_io
+        self._direct = False  # O_DIRECT wanted and taken by the filesystem (decided at open)
         self._read_back = cfg.verify_writes == "device"
-        self.verified_put = False
+        # Every put checks its frame itself (O_DIRECT: the buffer sent; buffered: a
+        # read-back compared with the parts), so no separate verify follows it.
+        self.verified_put = True
         self._buffers = direct.BufferPool()
         self._linked = hasattr(os, "O_TMPFILE")  # small frames named by a link (_put_linked)
 
@@ -72,10 +75,10 @@ class LocalTier:
                     for f in os.scandir(sub.path):
                         used += f.stat().st_size
             self._used = used
-            self.verified_put = self._direct_wanted and direct.supported(str(self._tmp))
+            self._direct = self._direct_wanted and direct.supported(str(self._tmp))
         except OSError as exc:
             raise TierError(f"tier {self.name}: cannot open {self.root}: {exc.strerror}") from exc
-        if self._read_back and not self.verified_put:
+        if self._read_back and not self._direct:
             raise TierError(
                 f"tier {self.name}: verify_writes = \"device\" needs O_DIRECT, which "
                 + ("direct_io = false turns off" if not self._direct_wanted
@@ -93,9 +96,10 @@ class LocalTier:
         return self._chunks / key[:2] / key
 
     def put(self, key: str, parts: Sequence[Buffer], expected_sha256: str | None = None) -> int:
-        """Store the frame under ``key``, all or nothing. With ``verified_put`` a large frame
-        is also read back from the device and compared with ``parts`` before it gets its
-        name (CorruptChunk if they differ); smaller ones are checked by ``verify``."""
+        """Store the frame under ``key``, all or nothing, checked before it gets its name
+        (CorruptChunk if it differs from ``parts``): a large O_DIRECT frame by comparing the
+        buffer sent to the device (and with ``verify_writes = "device"`` its read-back),
+        a buffered one by reading it back from the page cache and comparing."""
         size = sum(len(p) for p in parts)
         if self.capacity is not None:
             with self._lock:
@@ -108,7 +112,7 @@ class LocalTier:
         final = self._path(key)
         tmp: Path | None = None
         try:
-            large = self.verified_put and size >= direct.MIN_FRAME
+            large = self._direct and size >= direct.MIN_FRAME
             if not large and self._linked and self._put_linked(final, parts, size):
                 return size
             tmp = self._tmp / f"{key[:16]}.{uuid.uuid4().hex}"
@@ -116,8 +120,6 @@ class LocalTier:
                 self._write_direct(tmp, parts, size)
             else:
                 self._write_buffered(tmp, parts, size)
-                if self.verified_put:
-                    verify_written(tmp, parts, size)
             self._rename_into_place(tmp, final)
         except (OSError, CorruptChunk) as exc:
             with self._lock:
@@ -163,10 +165,7 @@ class LocalTier:
             raise
         try:
             _write_all(fd, parts, size)
-            if self.verified_put:
-                raw = os.pread(fd, size + 1, 0)
-                if len(raw) != size or raw != b"".join(bytes(p) for p in parts):
-                    raise CorruptChunk("read back other bytes than were written")
+            direct.read_back_and_compare(fd, parts, size, self._buffers)
             try:
                 try:
                     os.link(str(fd), final, src_dir_fd=_proc_fd(), follow_symlinks=True)
@@ -189,18 +188,18 @@ class LocalTier:
         finally:
             os.close(fd)
 
-    @staticmethod
-    def _write_buffered(tmp: Path, parts: Sequence[Buffer], size: int) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    def _write_buffered(self, tmp: Path, parts: Sequence[Buffer], size: int) -> None:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             _write_all(fd, parts, size)
+            direct.read_back_and_compare(fd, parts, size, self._buffers)
         finally:
             os.close(fd)
 
     def get(self, key: str) -> Buffer | None:
         path = self._path(key)
         try:
-            if not self.verified_put:
+            if not self._direct:
                 with open(path, "rb", buffering=0) as f:
                     return f.read()
             # O_DIRECT works here: a large frame skips the page cache; a small one is read
@@ -307,12 +306,3 @@ def _proc_fd() -> int:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
             _proc = (os.getpid(), os.open("/proc/self/fd", flags))
         return _proc[1]
-
-
-def verify_written(path: Path, parts: Sequence[Buffer], size: int) -> None:
-    """A small frame written buffered by a verified put: read it back (page cache) and
-    compare with what was written."""
-    with open(path, "rb", buffering=0) as f:
-        raw = f.read()
-    if len(raw) != size or raw != b"".join(bytes(p) for p in parts):
-        raise CorruptChunk("read back other bytes than were written")

@@ -15,7 +15,7 @@ from ckptfs.codec import frame
 from ckptfs.config import TierConfig
 from ckptfs.errors import CorruptChunk, NoSpace, TierError
 from ckptfs.testing.tiers import MemoryTier
-from ckptfs.tiers import direct
+from ckptfs.tiers import direct, local
 from ckptfs.tiers.base import Tier
 from ckptfs.tiers.local import LocalTier
 
@@ -32,7 +32,8 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
         verify_writes="device" if request.param == "local-device" else "memory",
     ))
     t.open()
-    assert t.verified_put == (request.param != "local-buffered")  # /tmp takes O_DIRECT here
+    assert t.verified_put  # every local put checks its frame (O_DIRECT or read back)
+    assert t._direct == (request.param != "local-buffered")  # /tmp takes O_DIRECT here
     yield t
 
 
@@ -60,6 +61,39 @@ def test_direct_put_leaves_no_temp_file_and_exact_size(tmp_path: Path) -> None:
     assert stored.stat().st_size == frame.HEADER_SIZE + len(data)  # the padding is cut off
     assert list((tmp_path / "t" / "tmp").iterdir()) == []
     assert t.usage().used == frame.HEADER_SIZE + len(data)
+
+
+@pytest.mark.parametrize("verify", ["memory", "device"])
+@pytest.mark.parametrize("tail", [0, 1, 123, 4095])
+def test_direct_put_writes_the_exact_frame_without_a_truncate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: str, tail: int
+) -> None:
+    """The whole blocks go with O_DIRECT, the last partial block through the page cache:
+    no padded write cut back by ftruncate (which made ext4 read the cut block back and
+    wait on its journal). The frame reads back exactly, after the page cache is dropped
+    for the file too."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", verify_writes=verify))  # type: ignore[arg-type]
+    t.open()
+    assert t.verified_put
+    # frame = header + data; make the frame end ``tail`` bytes into its last block
+    data = os.urandom(2 * 1024 * 1024 - frame.HEADER_SIZE + tail)
+    key, parts = framed(data)
+
+    def no_truncate(*args: object) -> None:
+        raise AssertionError("ftruncate called")
+
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    t.put(key, parts)
+    stored = tmp_path / "t" / "chunks" / key[:2] / key
+    assert stored.stat().st_size == frame.HEADER_SIZE + len(data)
+    fd = os.open(stored, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert stored.read_bytes() == b"".join(bytes(p) for p in parts)
+    assert bytes(frame.decode(t.get(key) or b"")) == data
 
 
 def test_small_put_names_the_frame_by_one_link_and_leaves_nothing_when_it_fails(
@@ -149,11 +183,11 @@ def test_direct_io_falls_back_where_refused(
 ) -> None:
     assert direct.supported(str(tmp_path))
     # A filesystem that refuses O_DIRECT (older tmpfs, some FUSE and overlay setups):
-    # buffered writes, checked by verify as before.
+    # buffered writes, each read back and compared by the put itself.
     monkeypatch.setattr(direct, "supported", lambda directory: False)
     t = LocalTier(TierConfig("t", "local", tmp_path / "t"))
     t.open()
-    assert not t.verified_put
+    assert t.verified_put and not t._direct
     key, parts = framed(os.urandom(2 << 20))
     t.put(key, parts)
     t.verify(key, bytes.fromhex(key))
@@ -188,3 +222,30 @@ def test_local_tier_open_removes_leftover_temp_files(tmp_path: Path) -> None:
     t = LocalTier(cfg)
     t.open()
     assert list((tmp_path / "t" / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [4096, 2 << 20])
+def test_buffered_put_reads_the_frame_back_and_compares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """With ``direct_io = false`` the put itself reads the frame back from the page cache
+    and compares it with the parts (memcmp; no second blake3 pass in a separate verify):
+    a frame that went wrong on the way in is refused and leaves nothing."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", direct_io=False))
+    t.open()
+    key, parts = framed(os.urandom(size))
+    real = local._write_all
+
+    def flip_one_byte(fd: int, ps: object, n: int) -> None:
+        joined = bytearray(b"".join(bytes(p) for p in parts))
+        joined[n // 2] ^= 1
+        real(fd, [bytes(joined)], n)
+
+    monkeypatch.setattr(local, "_write_all", flip_one_byte)
+    with pytest.raises(CorruptChunk, match="read back"):
+        t.put(key, parts)
+    assert not t.has(key)
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []
+    monkeypatch.setattr(local, "_write_all", real)
+    t.put(key, parts)
+    assert bytes(frame.decode(t.get(key) or b"")) == b"".join(bytes(p) for p in parts)[frame.HEADER_SIZE:]

@@ -518,3 +518,10 @@ def test_load_config_mounts_the_recorded_tiers_only_through_the_reader_it_is_giv
     # Without a reader config opens no catalog: the embedded default.
     (t,) = load_config(state_dir=tmp_path).tiers
     assert t.origin == "default"
+
+
+def test_write_behind_key() -> None:
+    assert config_from_dict({}).store.write_behind == "never"
+    assert config_from_dict({"write_behind": "auto"}).store.write_behind == "auto"
+    with pytest.raises(ConfigError, match="write_behind: expected one of"):
+        config_from_dict({"write_behind": "sometimes"})
