@@ -303,7 +303,7 @@ def test_reopening_keeps_everything_and_a_newer_schema_is_refused(pg_url: str) -
         c.close()
     with psycopg.connect(pg_url) as conn:
         conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    with pytest.raises(CkptfsError, match="schema version 99, this ckptfs knows 3"):
+    with pytest.raises(CkptfsError, match=f"schema version 99, this ckptfs knows {SCHEMA_VERSION}"):
         PostgresCatalog(pg_url)
     assert _version(pg_url) == "99"
 
