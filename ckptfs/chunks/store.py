@@ -163,14 +163,14 @@ class ChunkStore:
         # unread (and fetched again) when many files are read at once.
         self._ahead: dict[bytes, int] = {}
         self._ahead_bytes = 0
-        # Receive buffers of remote GETs, reused when their chunks leave the cache
-        # (chunks/bufpool.py); as many idle as GETs run at once.
-        self.frames = FramePool(keep=self.remote_io.total_tokens)
         self.on_local_full = on_local_full
         self.local_full_timeout_s = local_full_timeout_s
         self.room = room if room is not None else Room()
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
+        # Receive buffers of remote GETs, reused when their chunks leave the cache
+        # (chunks/bufpool.py); as many idle as GETs run at once.
+        self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes

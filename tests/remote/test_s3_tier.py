@@ -30,6 +30,8 @@ from tests.support.s3server import (
 )
 from tests.support.tier_conformance import TierConformance, framed, joined
 
+from ckptfs.chunks.bufpool import FrameBuffer, FramePool
+from ckptfs.codec import frame
 from ckptfs.config import S3TierConfig, parse_remote_url
 from ckptfs.errors import (
     AccessDenied,
@@ -485,3 +487,35 @@ def test_a_body_cut_short_is_one_bad_object_only_while_the_bucket_answers() -> N
             assert h["state"] == "healthy" and h["consecutive_failures"] == 0
     finally:
         t.close()
+
+
+def _connections_made(tier: S3Tier) -> int:
+    """How many connections the tier's client opened to the endpoint (urllib3's count)."""
+    manager = tier.client._endpoint.http_session._manager
+    return sum(pool.num_connections for pool in manager.pools._container.values())
+
+
+def test_get_into_reads_the_body_into_the_buffer_given_and_reuses_the_connection(
+    s3_tier: S3Tier,
+) -> None:
+    """A chunk body lands in the pool's buffer (a view of it comes back, no other copy),
+    the connection goes back to the pool after each GET, and small bodies and missing
+    objects behave as with ``get``."""
+    pool = FramePool(keep=2)
+    big = os.urandom(2 * 1024 * 1024)
+    key, body = framed(big)
+    s3_tier.put(key, body)
+    small_key, small_body = framed(b"tiny")
+    s3_tier.put(small_key, small_body)
+    before = _connections_made(s3_tier)
+    for _ in range(12):
+        got = s3_tier.get_into(key, pool.take)
+        assert isinstance(got, memoryview) and isinstance(got.obj, FrameBuffer)
+        assert frame.decode(got, bytes.fromhex(key)) == big
+        pool.give(got.obj)
+        del got
+    assert pool.made == 1 and pool.reused == 11  # one buffer, read into again and again
+    assert _connections_made(s3_tier) - before <= 1  # each GET left its connection reusable
+    small = s3_tier.get_into(small_key, pool.take)
+    assert isinstance(small, bytes) and frame.decode(small) == b"tiny"
+    assert s3_tier.get_into("ab" * 32, pool.take) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import trio
@@ -116,6 +117,7 @@ def test_the_pool_keeps_few_buffers_and_skips_odd_sizes() -> None:
     for b in bufs:
         pool.give(b)
     pool.give(bytearray(4 * MiB))  # not the pool's: ignored
+    pool.give(mmap.mmap(-1, 4 * MiB))
     big = pool.take(64 * MiB)  # too big for any idle one: a new buffer
     assert all(big is not b for b in bufs) and pool.reused == 0
     again = pool.take(4 * MiB)
@@ -124,8 +126,8 @@ def test_the_pool_keeps_few_buffers_and_skips_odd_sizes() -> None:
 
 
 def test_unviewed_tells_live_exports() -> None:
-    buf = bytearray(10)
-    assert unviewed(buf) and len(buf) == 10
+    buf = FrameBuffer(-1, MiB)
+    assert unviewed(buf) and len(buf) == MiB
     view = memoryview(buf)[2:4]
     assert not unviewed(buf)
     view.release()
