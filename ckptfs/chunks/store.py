@@ -961,6 +961,7 @@ class ChunkStore:
                 if left <= 0:
                     break
                 await trio.sleep(left)
+            self.frames.clear()  # reads paused: idle receive buffers go back to the system
             digest, (ref, data, bad) = next(iter(self._copy_backs.items()))
             del self._copy_backs[digest]
             self._copy_back_bytes -= len(data)
