@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -38,7 +38,9 @@ from ..errors import (
 )
 from ..stats import Stats
 from ..tiers.base import Tier
+from .bufpool import FramePool
 from .guard import ChunkGuard
+from .priority import PriorityLimiter, Ticket
 from .room import Room
 
 
@@ -90,10 +92,13 @@ def _runs(names: Sequence[str], remote: Callable[[str], bool]) -> list[tuple[boo
 class _Flight:
     """One in-progress fetch of a chunk that other readers can wait on."""
 
-    def __init__(self) -> None:
+    def __init__(self, urgent: bool) -> None:
         self.done = trio.Event()
         self.data: frame.Buffer | None = None
         self.error: CkptfsError | None = None
+        # Its place in the queue for a remote GET: a readahead's is promoted when a
+        # reader comes to wait for the chunk.
+        self.ticket = Ticket(urgent)
 
 
 @dataclass
@@ -154,7 +159,8 @@ class ChunkStore:
         # GETs from remote tiers (reads, heals, prefetch staging): their own threads, so a
         # slow or hung object store cannot take the ones local I/O needs. As many as fill
         # the link (a GET's latency hides behind the others'), not as many as the disks want.
-        self.remote_io = trio.CapacityLimiter(remote_reads or io_threads)
+        # The chunk a reader is blocked on goes before readahead (chunks/priority.py).
+        self.remote_io = PriorityLimiter(remote_reads or io_threads)
         self.catalog = catalog
         self.db_limiter = db_limiter
         self._inflight_bytes = {t.name: 0 for t in tiers}
@@ -181,11 +187,19 @@ class ChunkStore:
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+        # Chunks fetched (or being fetched) ahead of a reader and not read yet, with their
+        # lengths: readahead stops at half the cache, so what it fetched is not evicted
+        # unread (and fetched again) when many files are read at once.
+        self._ahead: dict[bytes, int] = {}
+        self._ahead_bytes = 0
         self.on_local_full = on_local_full
         self.local_full_timeout_s = local_full_timeout_s
         self.room = room if room is not None else Room()
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
+        # Receive buffers of remote GETs, reused when their chunks leave the cache
+        # (chunks/bufpool.py); as many idle as GETs run at once.
+        self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
@@ -733,8 +747,10 @@ class ChunkStore:
         self._cache[digest] = data
         self._cache_bytes += len(data)
         while self._cache_bytes > self._cache_limit:
-            _, old = self._cache.popitem(last=False)
+            old_digest, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old)
+            self.forget_ahead([old_digest])
+            self._recycle(old)
 
     def consumed(self, digest: bytes) -> None:
         """A sequential reader read this chunk to its end: it is the first to go when the
@@ -743,13 +759,39 @@ class ChunkStore:
         if digest in self._cache:
             self._cache.move_to_end(digest, last=False)
 
+    def _recycle(self, data: frame.Buffer) -> None:
+        """A chunk left the cache: its receive buffer (if a GET read it into one of the
+        pool's) is reused once no reply or copy-back views it any more."""
+        if isinstance(data, memoryview):
+            self.frames.give(data.obj)
+
+    def reserve_ahead(self, ref: ChunkRef) -> bool:
+        """Room to fetch this chunk ahead of its reader: True (and counted until it is
+        read, evicted or forgotten) if the chunks fetched ahead and not read yet stay
+        within half the cache."""
+        if ref.digest in self._ahead:
+            return True
+        if self._ahead and self._ahead_bytes + ref.length > self._cache_limit // 2:
+            return False
+        self._ahead[ref.digest] = ref.length
+        self._ahead_bytes += ref.length
+        return True
+
+    def forget_ahead(self, digests: Iterable[bytes]) -> None:
+        """These chunks no longer count as fetched ahead (read, evicted, or their
+        readahead ended without them)."""
+        for d in digests:
+            n = self._ahead.pop(d, None)
+            if n is not None:
+                self._ahead_bytes -= n
+
     def cached(self, digest: bytes) -> bool:
         """True if reading this chunk costs no new device read (cached or being fetched)."""
         return digest in self._cache or digest in self._flights
 
     async def read(
         self, ref: ChunkRef, copy_back: bool = False, log_missing: bool = True,
-        abandon_on_cancel: bool = False,
+        abandon_on_cancel: bool = False, ahead: bool = False,
     ) -> frame.Buffer:
         """Return the verified plaintext of a chunk. EIO (ChunkMissing/CorruptChunk) if no
         tier holds a valid copy. Copies found missing or corrupt on the way are marked bad
@@ -757,8 +799,11 @@ class ChunkStore:
         only is also written to a local tier (a sequential restore stages the file).
         ``abandon_on_cancel``: a readahead, cancelled when its file is released, leaves a
         device or network call in flight behind instead of waiting for it (the call
-        changes nothing but counters; its result is dropped)."""
+        changes nothing but counters; its result is dropped). ``ahead``: a readahead (its
+        GET waits behind those of chunks a reader is blocked on)."""
         self._last_read = trio.current_time()
+        if not ahead:
+            self.forget_ahead([ref.digest])
         while True:
             data = self._cache.get(ref.digest)
             if data is not None:
@@ -767,7 +812,9 @@ class ChunkStore:
             ref = self.current(ref)
             flight = self._flights.get(ref.digest)
             if flight is None:
-                return await self._fly(ref, copy_back, log_missing, abandon_on_cancel)
+                return await self._fly(ref, copy_back, log_missing, abandon_on_cancel, ahead)
+            if not ahead:
+                self.remote_io.promote(flight.ticket)  # a reader waits for it now
             await flight.done.wait()
             if flight.error is not None:
                 raise flight.error
@@ -776,13 +823,13 @@ class ChunkStore:
             # The fetch we joined was a readahead that was cancelled: fetch it ourselves.
 
     async def _fly(
-        self, ref: ChunkRef, copy_back: bool, log_missing: bool, abandon: bool
+        self, ref: ChunkRef, copy_back: bool, log_missing: bool, abandon: bool, ahead: bool
     ) -> frame.Buffer:
         """Fetch a chunk as the one flight other readers of it join."""
-        flight = _Flight()
+        flight = _Flight(urgent=not ahead)
         self._flights[ref.digest] = flight
         try:
-            got = await self._fetch(ref, abandon)
+            got = await self._fetch(ref, abandon, flight.ticket)
             if got.data is None and got.refresh:
                 # The caller's idea of where the chunk lives may be old (an upload added
                 # a remote copy, an eviction removed a local one): ask the catalog.
@@ -793,12 +840,12 @@ class ChunkStore:
                     )
                 if tiers and not set(tiers) <= set(ref.tiers):
                     fresh = ChunkRef(ref.digest, ref.length, tiers)
-                    again = await self._fetch(fresh, abandon)
+                    again = await self._fetch(fresh, abandon, flight.ticket)
                     again.failures[:0] = got.failures
                     again.problems[:0] = got.problems
                     got = again
             if got.data is None and self.catalog.shared:
-                got = await self._await_peer(ref, got, abandon)
+                got = await self._await_peer(ref, got, abandon, flight.ticket)
             if got.data is None:
                 raise ChunkMissing(
                     f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
@@ -814,6 +861,8 @@ class ChunkStore:
             # Cancelled (a readahead whose file was released): neither data nor error,
             # and the readers that joined fetch the chunk themselves.
             del self._flights[ref.digest]
+            if ref.digest not in self._cache:
+                self.forget_ahead([ref.digest])  # not fetched (or not kept): nothing ahead
             flight.done.set()
             if not self._flights:
                 self._reads_done.set()
@@ -823,7 +872,9 @@ class ChunkStore:
         assert flight.data is not None
         return flight.data
 
-    async def _await_peer(self, ref: ChunkRef, got: _Fetched, abandon: bool) -> _Fetched:
+    async def _await_peer(
+        self, ref: ChunkRef, got: _Fetched, abandon: bool, ticket: Ticket
+    ) -> _Fetched:
         """A shared catalog: a chunk recorded only on other nodes' local tiers was committed
         there and not uploaded yet. Wait up to ``peer_wait_s`` for a copy on a tier this
         node reads (their uploader puts it on the bucket), asking the catalog with backoff,
@@ -837,7 +888,9 @@ class ChunkStore:
             )
             reachable = tuple(t for t in tiers if t in self.tiers)
             if reachable and not set(reachable) <= set(ref.tiers):
-                fresh = await self._fetch(ChunkRef(ref.digest, ref.length, reachable), abandon)
+                fresh = await self._fetch(
+                    ChunkRef(ref.digest, ref.length, reachable), abandon, ticket
+                )
                 if fresh.data is not None:
                     return fresh
             holders = tuple(t for t in tiers if t not in self.tiers)
@@ -853,7 +906,7 @@ class ChunkStore:
             await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
             delay = min(delay * 2, PEER_POLL_MAX_S)
 
-    async def _fetch(self, ref: ChunkRef, abandon: bool) -> _Fetched:
+    async def _fetch(self, ref: ChunkRef, abandon: bool, ticket: Ticket) -> _Fetched:
         """Try the tiers holding the chunk, the fastest first (measured): local tiers in
         a thread under the store's I/O limiter, remote ones under ``remote_io`` (a hung
         object store holds only those threads, never the ones local writes, fsync and
@@ -862,9 +915,11 @@ class ChunkStore:
         got = _Fetched(refresh=True)
         for remote, run in _runs(self.stats.read_order(names, ref.length),
                                  lambda n: n in self.tiers and n not in self.local):
+            # trio takes any object with acquire/release_on_behalf_of as the limiter (its
+            # stub names CapacityLimiter only).
+            limiter: Any = self.remote_io.slot(ticket) if remote else self.io
             part = await trio.to_thread.run_sync(
-                self._fetch_from, ref, run, limiter=self.remote_io if remote else self.io,
-                abandon_on_cancel=abandon,
+                self._fetch_from, ref, run, limiter=limiter, abandon_on_cancel=abandon,
             )
             got.failures += part.failures
             got.problems += part.problems
@@ -883,8 +938,9 @@ class ChunkStore:
                 got.problems.append(f"{name}: tier not configured")
                 continue
             started = time.perf_counter()
+            get_into = getattr(tier, "get_into", None)  # a remote tier reads into our buffers
             try:
-                raw = tier.get(ref.key)
+                raw = tier.get(ref.key) if get_into is None else get_into(ref.key, self.frames.take)
             except ObjectUnreadable as exc:
                 # This copy is bad (the tier answers other requests): heal it, keep the tier.
                 log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
@@ -915,10 +971,18 @@ class ChunkStore:
                 self.stats.count("integrity_failures")
                 got.failures.append((name, "corrupt"))
                 got.problems.append(f"{name}: {exc}")
+                self._drop_frame(raw)
                 continue
+            if not (isinstance(data, memoryview) and isinstance(raw, memoryview)
+                    and data.obj is raw.obj):
+                self._drop_frame(raw)  # decompressed into new bytes: the frame is done with
             got.data, got.source = data, name
             return got
         return got
+
+    def _drop_frame(self, raw: frame.Buffer) -> None:
+        if isinstance(raw, memoryview):
+            self.frames.give(raw.obj)
 
     # -- healing and copy-back ---------------------------------------------------------------
 
@@ -1020,6 +1084,7 @@ class ChunkStore:
                 if left <= 0:
                     break
                 await trio.sleep(left)
+            self.frames.clear()  # reads paused: idle receive buffers go back to the system
             digest, (ref, data, bad) = next(iter(self._copy_backs.items()))
             del self._copy_backs[digest]
             self._copy_back_bytes -= len(data)
@@ -1150,7 +1215,9 @@ class ChunkStore:
         if gone:
             self.stats.count("chunks_deleted", len(gone))
             self.deletions_queued()
+        self.forget_ahead(gone)
         for digest in gone:
             data = self._cache.pop(digest, None)
             if data is not None:
                 self._cache_bytes -= len(data)
+                self._recycle(data)

@@ -34,16 +34,18 @@ If-Match, which SeaweedFS 4.48 and AWS S3 honour atomically).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import botocore.config
 import botocore.exceptions as bce
+import botocore.response
 import urllib3.exceptions
 
 from ..codec import frame
@@ -180,6 +182,41 @@ def _after_connection(exc: BaseException) -> bool:
     if isinstance(exc, _UNREACHABLE_ERRORS):
         return False
     return isinstance(exc, (*_CONNECTION_ERRORS, bce.IncompleteReadError))
+
+
+def _filler(body: Any) -> Callable[[memoryview], None] | None:
+    """A function that reads the whole of a GET's body into a buffer of its length, or
+    None when the body is not a plain HTTP body this can read (then ``read()`` it).
+
+    urllib3's own ``readinto`` reads into a new bytes object and copies; this reads from
+    the http.client response beneath it, under urllib3's error handling (timeouts and
+    broken connections raise as from ``read``, and a broken connection is not reused),
+    and gives the connection back to the pool as urllib3 does after a full read."""
+    if type(body) is not botocore.response.StreamingBody:
+        return None  # e.g. a checksum-validating body: it must see the bytes
+    raw: Any = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    catcher = getattr(raw, "_error_catcher", None)
+    if not isinstance(fp, http.client.HTTPResponse) or catcher is None:
+        return None
+    if getattr(raw, "_decoder", None) is not None or (
+        str(getattr(raw, "headers", {}).get("content-encoding", "")).lower()
+        not in ("", "identity")
+    ):
+        return None  # an encoded body: urllib3 must decode it
+
+    def fill(view: memoryview) -> None:
+        got = 0
+        with catcher():
+            while got < len(view):
+                k = fp.readinto(view[got:])
+                if not k:
+                    raise bce.IncompleteReadError(actual_bytes=got, expected_bytes=len(view))
+                got += k
+        if fp.isclosed():
+            raw.release_conn()
+
+    return fill
 
 
 def _code(exc: bce.ClientError) -> str:
@@ -412,6 +449,33 @@ class S3Tier:
     def get(self, key: str) -> bytes | None:
         """ObjectUnreadable if this chunk's object fails while the bucket answers."""
         return self._get_object(self.object_key(key), key, per_object=True)
+
+    def get_into(
+        self, key: str, take: Callable[[int], bytearray | None]
+    ) -> Buffer | None:
+        """Like ``get``, but the body is read straight into ``take(length)`` (a reused
+        buffer: no fresh pages to fault in) and comes back as a view of it; when ``take``
+        gives None, or the response is not a plain HTTP body, it is read as ``get`` does."""
+        with self._errors("get", key, per_object=True):
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            except bce.ClientError as exc:
+                if _is_not_found(exc):
+                    return None
+                raise
+            body = resp["Body"]
+            try:
+                n = int(resp.get("ContentLength", -1))
+                fill = _filler(body) if n >= 0 else None
+                buf = take(n) if fill is not None else None
+                if fill is None or buf is None:
+                    data: Buffer = body.read()
+                else:
+                    data = memoryview(buf)[:n]
+                    fill(data)
+            finally:
+                body.close()
+        return data
 
     def _get_object(self, object_key: str, what: str, per_object: bool = False) -> bytes | None:
         """The body of one object, or None if it does not exist."""

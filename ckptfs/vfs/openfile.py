@@ -124,6 +124,7 @@ class OpenFile:
         # Readahead in flight, by chunk index: owned by this file, cancelled and waited for
         # when its last handle closes (``stop_readahead``), so none outlives the file.
         self._ahead: dict[int, trio.CancelScope] = {}
+        self._ahead_digests: set[bytes] = set()  # chunks this file had fetched ahead
         self._ahead_ended = trio.Event()  # set (and replaced) whenever one ends
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
         # A close reports a file's tail (and a small file's content) to the checkpoint
@@ -334,6 +335,9 @@ class OpenFile:
         """The last handle closed: end the readahead, drop uncommitted state (a failed
         write stays uncommitted)."""
         await self.stop_readahead()
+        # What it fetched ahead and nobody read no longer holds back other files' readahead.
+        self.svc.store.forget_ahead(self._ahead_digests)
+        self._ahead_digests.clear()
         async with self.lock:
             if self.dirty or self.inflight or self.written:
                 await self._discard()
@@ -399,6 +403,9 @@ class OpenFile:
             if (ref is None or nxt in self.dirty or nxt in self.inflight or nxt in self._ahead
                     or store.cached(ref.digest)):
                 continue
+            if not store.reserve_ahead(ref):
+                break  # readahead fills half the cache: the next reads start more
+            self._ahead_digests.add(ref.digest)
             scope = trio.CancelScope()
             self._ahead[nxt] = scope
             # In the mount's nursery (a read request must not wait for it), in this
@@ -411,7 +418,9 @@ class OpenFile:
             with scope, contextlib.suppress(CkptfsError):
                 # The reader that needs this chunk will see (and log) any error itself.
                 # Cancelled, it leaves a hung remote GET behind rather than wait for it.
-                await self.svc.store.read(ref, self._copy_back(True), abandon_on_cancel=True)
+                await self.svc.store.read(
+                    ref, self._copy_back(True), abandon_on_cancel=True, ahead=True
+                )
         finally:
             if self._ahead.get(idx) is scope:
                 del self._ahead[idx]

@@ -1,8 +1,11 @@
 """Restore from the bucket: GETs in flight, the cache under readahead, copy-back timing."""
 
 import os
+import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -14,11 +17,13 @@ from tests.vfs.test_vfs import CS, make_fs, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.chunks.bufpool import FrameBuffer
 from ckptfs.chunks.store import COPY_BACK_IDLE_S, ChunkStore
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig
-from ckptfs.testing.tiers import MemoryTier
+from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Buffer
+from ckptfs.tiers.s3 import S3Tier
 
 
 class CountingRemote(MemoryTier):
@@ -161,5 +166,191 @@ async def test_a_missing_local_copy_is_rewritten_when_the_restore_pauses(
             await _reads_hold_the_copy_back(store, ref, data, local)
             frame.verify(local.frames[digest.hex()], digest)
             n.cancel_scope.cancel()
+    finally:
+        cat.close()
+
+
+async def test_readahead_of_many_files_stops_at_half_the_cache(tmp_path: Path) -> None:
+    """Two files read at once, each asking for 3 chunks of readahead into a cache of 4
+    chunks: readahead stops at half the cache, so what it fetched is read before it is
+    evicted, and every chunk is fetched exactly once (before: 6 chunks fetched ahead
+    into a 4-chunk cache that also holds the chunks being read: evicted unread and
+    fetched again)."""
+    local, remote = MemoryTier("l"), CountingRemote("r")
+    files = {f"f{i}".encode(): os.urandom(6 * CS) for i in range(2)}
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        for name, data in files.items():
+            await write_file(fs, name, data)
+        await wait_backlog_empty(fs)
+        assert await fs.store.evict(1 << 30) > 0
+        assert not local.frames
+    remote.gets.clear()
+    reads = ReadConfig(readahead=3 * CS, copy_back="never")
+    async with make_fs(tmp_path, [local, remote], reads=reads, memory_budget=8 * CS) as fs:
+        assert fs.store._cache_limit == 4 * CS
+        handles = []
+        for name in files:
+            inode = await fs.lookup(ROOT_INODE, name)
+            handles.append((await fs.open(inode.ino, os.O_RDONLY), inode.ino))
+        got = {name: bytearray() for name in files}
+
+        async def settled() -> None:  # every readahead started so far has landed
+            await wait_for(lambda: not any(fs.open_files[ino].readahead_running
+                                           for _, ino in handles))
+
+        for off in range(0, 6 * CS, CS // 4):  # the readers take turns, a quarter chunk each
+            for (fh, _), name in zip(handles, files, strict=True):
+                got[name] += await fs.read(fh, off, CS // 4)
+                await settled()
+        for fh, _ in handles:
+            await fs.release(fh)
+    assert all(bytes(got[n]) == files[n] for n in files)
+    assert len(remote.gets) == 12 and set(remote.gets.values()) == {1}, remote.gets
+
+
+class OrderedRemote(FaultyTier):
+    """A remote tier that holds GETs at a gate and records the order they ran in."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryTier("r", kind="remote"))
+        self.order: list[str] = []
+
+    def get(self, key: str) -> Buffer | None:
+        self._hold_get(key)
+        self.order.append(key)
+        return self.inner.get(key)
+
+
+def _remote_chunks(remote: OrderedRemote, n: int) -> list[tuple[ChunkRef, bytes]]:
+    out = []
+    for _ in range(n):
+        data = os.urandom(1000)
+        digest = frame.digest_of(data)
+        remote.inner.put(digest.hex(), frame.encode([data], digest))
+        out.append((ChunkRef(digest, len(data), ("r",)), data))
+    return out
+
+
+async def _with_one_get_slot(tmp_path: Path, remote: OrderedRemote, body: Any) -> None:
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    try:
+        store = ChunkStore([MemoryTier("l"), remote], io_threads=1, cache_bytes=1 << 20,
+                           catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=1)
+        await body(store)
+    finally:
+        cat.close()
+
+
+async def test_a_chunk_a_reader_waits_for_is_fetched_before_readahead(tmp_path: Path) -> None:
+    """One GET slot, held; two readahead GETs queue, then a reader's own chunk: the
+    reader's goes next (a FIFO limiter served it after every readahead queued before)."""
+    remote = OrderedRemote()
+    (held, _), (ahead1, _), (ahead2, _), (need, need_data) = _remote_chunks(remote, 4)
+    remote.get_gate = threading.Event()
+
+    async def body(store: ChunkStore) -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(partial(store.read, held, ahead=True))
+            await until_real(lambda: remote.gets_held == 1)
+            for ref in (ahead1, ahead2):
+                n.start_soon(partial(store.read, ref, ahead=True))
+                await trio.testing.wait_all_tasks_blocked()
+            results: list[bytes] = []
+
+            async def reader() -> None:
+                results.append(bytes(await store.read(need)))
+
+            n.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert store.remote_io.waiting == 3
+            remote.get_gate.set()  # type: ignore[union-attr]
+        assert results == [need_data]
+
+    await _with_one_get_slot(tmp_path, remote, body)
+    assert remote.order == [r.key for r in (held, need, ahead1, ahead2)]
+
+
+async def test_a_readahead_a_reader_joins_is_promoted(tmp_path: Path) -> None:
+    """A reader comes to wait for a chunk whose readahead GET is still queued: that GET
+    goes before the other readahead, and the reader shares it (one GET)."""
+    remote = OrderedRemote()
+    (held, _), (ahead1, _), (joined, joined_data) = _remote_chunks(remote, 3)
+    remote.get_gate = threading.Event()
+
+    async def body(store: ChunkStore) -> None:
+        results: list[bytes] = []
+        async with trio.open_nursery() as n:
+            n.start_soon(partial(store.read, held, ahead=True))
+            await until_real(lambda: remote.gets_held == 1)
+            for ref in (ahead1, joined):
+                n.start_soon(partial(store.read, ref, ahead=True))
+                await trio.testing.wait_all_tasks_blocked()
+
+            async def reader() -> None:
+                results.append(bytes(await store.read(joined)))
+
+            n.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            remote.get_gate.set()  # type: ignore[union-attr]
+        assert results == [joined_data]
+
+    await _with_one_get_slot(tmp_path, remote, body)
+    assert remote.order == [r.key for r in (held, joined, ahead1)]
+
+
+async def test_concurrent_readers_of_one_chunk_share_one_get(tmp_path: Path) -> None:
+    """Eight readers (and a readahead) of the same chunk while its GET is held: one GET,
+    every reader gets the verified bytes."""
+    remote = OrderedRemote()
+    ((ref, data),) = _remote_chunks(remote, 1)
+    remote.get_gate = threading.Event()
+
+    async def body(store: ChunkStore) -> None:
+        results: list[bytes] = []
+
+        async def reader() -> None:
+            results.append(bytes(await store.read(ref)))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(partial(store.read, ref, ahead=True))
+            await until_real(lambda: remote.gets_held == 1)
+            for _ in range(8):
+                n.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            remote.get_gate.set()  # type: ignore[union-attr]
+        assert results == [data] * 8
+
+    await _with_one_get_slot(tmp_path, remote, body)
+    assert remote.order == [ref.key]
+
+
+async def test_a_receive_buffer_is_reused_only_once_nothing_views_it(
+    tmp_path: Path, s3_tier: S3Tier,
+) -> None:
+    """Real SeaweedFS, a cache of one 2 MiB chunk: each chunk's GET reads into a pooled
+    buffer, a chunk leaving the cache gives it back, and the next GET reuses it; a chunk
+    a reader still holds (a view, as a FUSE reply or a copy-back does) keeps its bytes."""
+    chunks = []
+    for _ in range(5):
+        data = os.urandom(2 * 1024 * 1024)
+        digest = frame.digest_of(data)
+        s3_tier.put(digest.hex(), frame.encode([data], digest))
+        chunks.append((ChunkRef(digest, len(data), (s3_tier.name,)), data))
+    cat = Catalog(tmp_path / "catalog.sqlite")
+    try:
+        store = ChunkStore([MemoryTier("l"), s3_tier], io_threads=1, cache_bytes=3 << 20,
+                           catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=2)
+        (first_ref, first), *rest = chunks
+        held = await store.read(first_ref)
+        assert isinstance(held, memoryview) and isinstance(held.obj, FrameBuffer)
+        buffers = []
+        for ref, data in rest:
+            got = await store.read(ref)  # the previous chunk leaves the cache
+            assert isinstance(got, memoryview) and bytes(got) == data
+            buffers.append(got.obj)
+            del got
+        assert bytes(held) == first  # evicted long ago, still viewed: never read into
+        assert all(b is not held.obj for b in buffers)
+        assert store.frames.reused >= 2 and store.stats.get("frame_buffers_reused") >= 2
     finally:
         cat.close()

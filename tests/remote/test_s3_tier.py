@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import http.server
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,11 +32,14 @@ from tests.support.s3server import (
 )
 from tests.support.tier_conformance import TierConformance, framed, joined
 
+from ckptfs.chunks.bufpool import FrameBuffer, FramePool
+from ckptfs.codec import frame
 from ckptfs.config import S3TierConfig, parse_remote_url
 from ckptfs.errors import (
     AccessDenied,
     ChunkMissing,
     EndpointUnreachable,
+    ObjectUnreadable,
     PermanentTierError,
     TierError,
     TransientTierError,
@@ -485,3 +490,82 @@ def test_a_body_cut_short_is_one_bad_object_only_while_the_bucket_answers() -> N
             assert h["state"] == "healthy" and h["consecutive_failures"] == 0
     finally:
         t.close()
+
+
+def _connections_made(tier: S3Tier) -> int:
+    """How many connections the tier's client opened to the endpoint (urllib3's count)."""
+    manager = tier.client._endpoint.http_session._manager
+    return sum(pool.num_connections for pool in manager.pools._container.values())
+
+
+def test_get_into_reads_the_body_into_the_buffer_given_and_reuses_the_connection(
+    s3_tier: S3Tier,
+) -> None:
+    """A chunk body lands in the pool's buffer (a view of it comes back, no other copy),
+    the connection goes back to the pool after each GET, and small bodies and missing
+    objects behave as with ``get``."""
+    pool = FramePool(keep=2)
+    big = os.urandom(2 * 1024 * 1024)
+    key, body = framed(big)
+    s3_tier.put(key, body)
+    small_key, small_body = framed(b"tiny")
+    s3_tier.put(small_key, small_body)
+    before = _connections_made(s3_tier)
+    for _ in range(12):
+        got = s3_tier.get_into(key, pool.take)
+        assert isinstance(got, memoryview) and isinstance(got.obj, FrameBuffer)
+        assert frame.decode(got, bytes.fromhex(key)) == big
+        pool.give(got.obj)
+        del got
+    assert pool.made == 1 and pool.reused == 11  # one buffer, read into again and again
+    assert _connections_made(s3_tier) - before <= 1  # each GET left its connection reusable
+    small = s3_tier.get_into(small_key, pool.take)
+    assert isinstance(small, bytes) and frame.decode(small) == b"tiny"
+    assert s3_tier.get_into("ab" * 32, pool.take) is None
+
+
+class _CutShortHandler(http.server.BaseHTTPRequestHandler):
+    """Every GET answers 2 MiB of Content-Length and sends half, then hangs up; HEAD
+    (the tier's probe of the bucket) answers at once."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(2 * 1024 * 1024))
+        self.end_headers()
+        self.wfile.write(b"x" * (1024 * 1024))
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def test_get_into_a_body_cut_short_raises_and_returns_no_bytes() -> None:
+    """The read straight into a receive buffer: a real HTTP body that ends before its
+    Content-Length is an unreadable object (the bucket still answers), never a short or
+    partly filled buffer handed back."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutShortHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    t = S3Tier(S3TierConfig(name="cut", bucket="b-ckptfs", endpoint_url=endpoint,
+                            addressing_style="path"),
+               session=_dummy_session(), connect_timeout=2, read_timeout=5)
+    pool = FramePool(keep=2)
+    try:
+        with pytest.raises(ObjectUnreadable, match="IncompleteReadError"):
+            t.get_into("ef" * 32, pool.take)
+        assert pool.made == 1  # it was reading into a pooled buffer when the body ended
+    finally:
+        t.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -1,0 +1,81 @@
+"""Receive buffers for chunk GETs, reused once nothing views them any more.
+
+A GET's body read into a fresh 16 MiB buffer costs a page fault and a zeroed page per
+4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf). A chunk that leaves
+the read cache gives its buffer back here; the next GET reads into it, so its pages stay
+mapped. A buffer goes out again only when no memoryview of it is alive (a FUSE reply,
+a copy-back or a read-modify-write may still hold the bytes): an mmap with live exports
+refuses to be resized, which ``unviewed`` tests. Only buffers this pool made
+(``FrameBuffer``) are taken back, and only views of them are ever handed out, so nothing
+else holds one. A new buffer is an anonymous mapping: its pages are zeroed by the kernel
+as the body lands, as for a fresh ``bytes`` (a ``bytearray`` would be zeroed once more).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Callable
+
+MiB = 1024 * 1024
+
+
+class FrameBuffer(mmap.mmap):
+    """A receive buffer made by a FramePool (the only kind it takes back)."""
+
+
+def unviewed(buf: mmap.mmap) -> bool:
+    """True if no buffer export (memoryview, ...) of ``buf`` is alive."""
+    try:
+        buf.resize(len(buf))  # an mmap with exports refuses to resize (BufferError)
+    except BufferError:
+        return False
+    return True
+
+
+class FramePool:
+    """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread;
+    the lock is held for list operations only."""
+
+    def __init__(self, keep: int, count: Callable[[str], None] | None = None) -> None:
+        self.keep = keep  # buffers given back and held for reuse, at most
+        self._idle: list[FrameBuffer] = []  # oldest first; some may still be viewed
+        self._lock = threading.Lock()
+        self._count = count  # statistics: frame_buffers_made, frame_buffers_reused
+        self.made = 0
+        self.reused = 0
+
+    def take(self, n: int) -> FrameBuffer | None:
+        """A buffer of at least ``n`` bytes (at most about twice as many), or None for a
+        body too small to be worth one (it is read into plain bytes)."""
+        if n < MiB or self.keep <= 0:
+            return None
+        with self._lock:
+            for i, buf in enumerate(self._idle):
+                if n <= len(buf) <= 2 * n and unviewed(buf):
+                    del self._idle[i]
+                    self.reused += 1
+                    if self._count is not None:
+                        self._count("frame_buffers_reused")
+                    return buf
+            self.made += 1
+        if self._count is not None:
+            self._count("frame_buffers_made")
+        return FrameBuffer(-1, -(-n // MiB) * MiB)  # whole MiB: a frame and its tail fit
+
+    def give(self, buf: object) -> None:
+        """``buf`` (a FrameBuffer; anything else is ignored) is no longer needed by its
+        owner; it is reused once its last view is gone."""
+        if not isinstance(buf, FrameBuffer):
+            return
+        with self._lock:
+            if any(b is buf for b in self._idle):
+                return
+            self._idle.append(buf)
+            if len(self._idle) > self.keep:
+                del self._idle[0]  # freed when its last view goes
+
+    def clear(self) -> None:
+        """Let the idle buffers go (their memory returns to the system)."""
+        with self._lock:
+            self._idle.clear()
