@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import mmap
 import threading
 import uuid
 import zlib
@@ -451,7 +452,7 @@ class S3Tier:
         return self._get_object(self.object_key(key), key, per_object=True)
 
     def get_into(
-        self, key: str, take: Callable[[int], bytearray | None]
+        self, key: str, take: Callable[[int], bytearray | mmap.mmap | None]
     ) -> Buffer | None:
         """Like ``get``, but the body is read straight into ``take(length)`` (a reused
         buffer: no fresh pages to fault in) and comes back as a view of it; when ``take``

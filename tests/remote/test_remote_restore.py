@@ -232,7 +232,7 @@ def _remote_chunks(remote: OrderedRemote, n: int) -> list[tuple[ChunkRef, bytes]
 
 
 async def _with_one_get_slot(tmp_path: Path, remote: OrderedRemote, body: Any) -> None:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         store = ChunkStore([MemoryTier("l"), remote], io_threads=1, cache_bytes=1 << 20,
                            catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=1)
@@ -336,7 +336,7 @@ async def test_a_receive_buffer_is_reused_only_once_nothing_views_it(
         digest = frame.digest_of(data)
         s3_tier.put(digest.hex(), frame.encode([data], digest))
         chunks.append((ChunkRef(digest, len(data), (s3_tier.name,)), data))
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
         store = ChunkStore([MemoryTier("l"), s3_tier], io_threads=1, cache_bytes=3 << 20,
                            catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=2)

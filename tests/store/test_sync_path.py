@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptfs.catalog import Catalog
+from ckptfs.catalog import Catalog, SqliteCatalog
 from ckptfs.chunks.store import ChunkStore
 from ckptfs.errors import TierError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
@@ -55,7 +55,7 @@ async def until(cond: Any, timeout: float = 10) -> None:
 
 
 def make_store(tmp_path: Path, tier: Any, io_threads: int = 2, **kw: Any) -> tuple[ChunkStore, Catalog]:
-    cat = Catalog(tmp_path / "catalog.sqlite")
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     store = ChunkStore([tier], io_threads=io_threads, cache_bytes=1 << 20, catalog=cat,
                        db_limiter=trio.CapacityLimiter(1), **kw)
     return store, cat
