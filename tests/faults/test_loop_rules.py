@@ -81,7 +81,9 @@ async def test_readahead_ends_with_its_file(
     the release does not wait for the slow reads, no prefetch task is left in the mount's
     nursery, and nothing is logged as an error."""
     tier = FaultyTier(MemoryTier("l"))
-    async with make_daemon(tmp_path, [tier], reads=ReadConfig(readahead=3 * CS)) as daemon:
+    # A cache of 8 chunks: the readahead (capped at half the cache) fetches all 3 ahead.
+    async with make_daemon(tmp_path, [tier], reads=ReadConfig(readahead=3 * CS),
+                           memory_budget=16 * CS) as daemon:
         fs = daemon.fs
         data = os.urandom(4 * CS)
         fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, os.O_RDWR, ROOT)

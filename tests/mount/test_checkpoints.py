@@ -15,6 +15,7 @@ from tests.catalog.test_catalog import make_v2
 from tests.remote.test_remote_mount import MiB
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
 
+from ckptfs.catalog.sql import SCHEMA_VERSION
 from ckptfs.codec import frame
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
@@ -63,7 +64,8 @@ def test_a_state_dir_of_schema_2_mounts_with_its_checkpoints(ckpt_factory: Any) 
     m.stop()
     conn = sqlite3.connect(db)
     try:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert version == (str(SCHEMA_VERSION),)  # migrated 2 -> 3 -> ... -> the current one
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='checkpoints'").fetchone()[0]
         assert "CHECK (state IN (" in sql
     finally:
