@@ -35,8 +35,9 @@ from typing import Protocol
 import trio
 
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
-from ..catalog.rows import FINISHED_STATES, CheckpointState
+from ..catalog.rows import FINISHED_STATES, CheckpointRow, CheckpointState
 from ..errors import CkptfsError
+from .detectors import DetectorSet
 from .events import Detection, Detector, FsEvent
 
 log = logging.getLogger("ckptfs.checkpoints")
@@ -214,7 +215,14 @@ class CheckpointTracker:
             found = []
         for d in found:
             self._record(d)
-        self._mark_partial(view)
+        rows = self.catalog.checkpoint_rows("/")
+        self._mark_partial(view, rows)
+        if self.shared and isinstance(self.detectors, DetectorSet):
+            # Roots this node saw begin and another node committed: closed here too, so
+            # that this node's next write under one begins it again.
+            committed = {r.root for r in rows if r.state is CheckpointState.COMMITTED}
+            for root in committed.intersection(self.detectors.open_roots()):
+                self.detectors.committed_elsewhere(root)
 
     def _record(self, d: Detection) -> None:
         t_ns = d.time_ns + self.clock_offset_ns  # the database's clock (0: the embedded one)
@@ -228,11 +236,11 @@ class CheckpointTracker:
             log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
                      d.reason)
 
-    def _mark_partial(self, view: CatalogView) -> None:
+    def _mark_partial(self, view: CatalogView, rows: list[CheckpointRow]) -> None:
         """A checkpoint still "writing" with no writer open under it for partial_after_s
         (its writer died, or the save was abandoned) is partial: never the latest."""
         now = time.monotonic()
-        writing = [c for c in self.catalog.checkpoint_rows("/") if c.state is CheckpointState.WRITING]
+        writing = [c for c in rows if c.state is CheckpointState.WRITING]
         live = set()
         for c in writing:
             root = c.root
