@@ -36,7 +36,7 @@ import trio
 
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
 from ..catalog.rows import FINISHED_STATES, CheckpointRow, CheckpointState
-from ..errors import CkptfsError
+from ..errors import CatalogUnavailable, CkptfsError
 from .detectors import DetectorSet
 from .events import Detection, Detector, FsEvent
 
@@ -121,6 +121,7 @@ class CheckpointTracker:
         # Shared catalog: the database's clock minus this node's (ns), measured at each
         # tick; recorded times are on the database's clock.
         self.clock_offset_ns = 0
+        self._clock_measured = False
 
     def push(self, ev: FsEvent) -> None:
         """Called by the filesystem after an operation; never blocks."""
@@ -167,9 +168,12 @@ class CheckpointTracker:
                            self.catalog.open_writer_paths if self.shared else None)
 
     def _measure_clock(self) -> None:
-        """This node's offset to the database's clock (shared catalog), from the sample's
-        midpoint: off by at most half the round trip. A failed sample keeps the last one
-        (the database may be away; the tracker's next catalog call says so)."""
+        """This node's offset to the database's clock (shared catalog). The database read
+        its clock between ``before`` and ``after``, so the offset lies within half the
+        round trip of the midpoint's; the last offset stays while it still does (no
+        jitter between ticks: one node's times keep their order), else the midpoint's is
+        taken. A failed sample keeps the last one (the database may be away; the
+        tracker's next catalog call says so)."""
         before = time.time_ns()
         try:
             db_now = self.catalog.database_now_ns()
@@ -177,7 +181,11 @@ class CheckpointTracker:
             log.debug("database clock not measured", exc_info=True)
             return
         after = time.time_ns()
-        self.clock_offset_ns = db_now - (before + after) // 2
+        mid = db_now - (before + after) // 2
+        if self._clock_measured and abs(mid - self.clock_offset_ns) <= (after - before) // 2:
+            return
+        self.clock_offset_ns = mid
+        self._clock_measured = True
 
     def _observe(self, batch: list[FsEvent], inos: list[int]) -> None:
         view = self._view(inos)
@@ -188,6 +196,8 @@ class CheckpointTracker:
                 self._removed(ev.path)
             try:
                 found = self.detectors.observe(ev, view)
+            except CatalogUnavailable:
+                raise  # not a detector bug: the service pauses and retries (mount._Services)
             except Exception:  # a detector bug must not stop the filesystem
                 log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
                 continue
@@ -210,6 +220,8 @@ class CheckpointTracker:
         view = self._view(inos)
         try:
             found = self.detectors.tick(now_ns, view)
+        except CatalogUnavailable:
+            raise
         except Exception:
             log.exception("checkpoint detectors failed on tick")
             found = []

@@ -86,9 +86,10 @@ def latest(catalog: Catalog, inner: str) -> CheckpointRow | None:
         key=lambda r: (-1 if r.step is None else r.step, r.commit_ns or 0),
         reverse=True,
     )
-    reach = Reach.of(catalog) if candidates else None
+    if not candidates:
+        return None
+    reach = Reach.of(catalog)
     for row in candidates:
-        assert reach is not None
         if reach.writers_under(row.root):
             continue  # a node writes it again (or still): not complete now
         files = files_of(catalog, row.root)

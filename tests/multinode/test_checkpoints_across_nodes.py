@@ -74,11 +74,19 @@ def shard(m: Mount, ckpt: str, rank: int) -> None:
     (m.mountpoint / ckpt / f"__{rank}_0.distcp").write_bytes(os.urandom(SHARD))
 
 
+def write_meta(m: Mount, ckpt: str) -> None:
+    (m.mountpoint / ckpt / ".metadata.tmp").write_bytes(json.dumps({"ranks": 2}).encode() * 8)
+
+
+def rename_meta(m: Mount, ckpt: str) -> None:
+    d = m.mountpoint / ckpt
+    os.rename(d / ".metadata.tmp", d / ".metadata")
+
+
 def marker(m: Mount, ckpt: str) -> None:
     """Rank 0's commit: .metadata written under a temp name, renamed onto .metadata."""
-    d = m.mountpoint / ckpt
-    (d / ".metadata.tmp").write_bytes(json.dumps({"ranks": 2}).encode() * 8)
-    os.rename(d / ".metadata.tmp", d / ".metadata")
+    write_meta(m, ckpt)
+    rename_meta(m, ckpt)
 
 
 def open_shard(m: Mount, ckpt: str, rank: int) -> int:
@@ -148,7 +156,12 @@ def test_a_commit_waits_for_a_shard_still_open_on_another_node(
     shard(a, "run/step-2", 0)
     fd = open_shard(b, "run/step-2", 1)  # rank 1 still writing on node b
     try:
-        marker(a, "run/step-2")  # rank 0's commit signal on node a
+        write_meta(a, "run/step-2")
+        # Node a's own handles are gone (FUSE releases them after close returned): only
+        # b's writer is left, so what holds the commit below is node b's.
+        wait_until(lambda: c.open_writer_paths() == ["/run/step-2/__1_0.distcp"], 5,
+                   "a released its handles")
+        rename_meta(a, "run/step-2")  # rank 0's commit signal on node a
         barrier(a, c, "after-marker")
         # Held: node b has a file under it open for writing.
         assert state(c, "/run/step-2") is CheckpointState.WRITING
