@@ -17,8 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..catalog import Catalog, CheckpointRow, CheckpointState
-from ..checkpoints.retention import RetentionPolicy, plan_all, to_ckpts, under
 from ..checkpoints.reach import Reach
+from ..checkpoints.retention import RetentionPolicy, plan_all, to_ckpts, under
 from ..checkpoints.summary import CheckpointSummary, files_of, summarize
 from . import live
 from .live import open_catalog, state_dir_readable
