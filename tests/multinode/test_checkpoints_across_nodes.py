@@ -159,7 +159,7 @@ def test_a_commit_waits_for_a_shard_still_open_on_another_node(
         write_meta(a, "run/step-2")
         # Node a's own handles are gone (FUSE releases them after close returned): only
         # b's writer is left, so what holds the commit below is node b's.
-        wait_until(lambda: c.open_writer_paths() == ["/run/step-2/__1_0.distcp"], 5,
+        wait_until(lambda: c.open_writer_paths() == ["/run/step-2/__1_0.distcp"], 10,
                    "a released its handles")
         rename_meta(a, "run/step-2")  # rank 0's commit signal on node a
         barrier(a, c, "after-marker")
@@ -181,13 +181,13 @@ def test_a_commit_waits_for_a_shard_still_open_on_another_node(
     # even before that node writes (no event yet, the row still says committed).
     fd = os.open(b.mountpoint / "run/step-2/__1_0.distcp", os.O_WRONLY)
     try:
-        wait_until(lambda: c.open_writer_paths() == ["/run/step-2/__1_0.distcp"], 5,
+        wait_until(lambda: c.open_writer_paths() == ["/run/step-2/__1_0.distcp"], 10,
                    "b's writer noted in the catalog")
         assert state(c, "/run/step-2") is CheckpointState.COMMITTED
         assert latest(a, "run") == latest(b, "run") == "/run/step-1"
     finally:
         os.close(fd)
-    wait_until(lambda: c.open_writer_paths() == [], 5, "b's writer released")
+    wait_until(lambda: c.open_writer_paths() == [], 10, "b's writer released")
     assert latest(a, "run") == latest(b, "run") == "/run/step-2"
 
 
