@@ -483,6 +483,7 @@ def build(
     tracker = None if detectors is None else CheckpointTracker(
         catalog, db_limiter, detectors, handles.writing_inos, partial_after_s,
         on_commit=gc.kick,  # retention after each checkpoint commit
+        shared=shared,  # writers and times of every node
     )
     fs = Filesystem(
         catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,

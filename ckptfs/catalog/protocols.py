@@ -357,9 +357,14 @@ class DeletionQueue(Protocol):
 class CheckpointCatalog(Protocol):
     """The checkpoint rows the detectors record and retention changes."""
 
-    def checkpoint_begin(self, root: str, framework: str, step: int | None, t_ns: int) -> bool:
+    def checkpoint_begin(
+        self, root: str, framework: str, step: int | None, t_ns: int, *,
+        keep_newer_commit: bool = False,
+    ) -> bool:
         """A checkpoint is being written. A committed or partial one at the same path that
-        is written again (an overwrite) starts over. True if the row changed."""
+        is written again (an overwrite) starts over; with ``keep_newer_commit`` (a shared
+        catalog: another node's begin may land late) a committed one whose commit is not
+        older than ``t_ns`` stays committed. True if the row changed."""
         ...
 
     def checkpoint_commit(
@@ -368,9 +373,12 @@ class CheckpointCatalog(Protocol):
         ...
 
     def checkpoint_set_state(
-        self, root: str, state: CheckpointState | str, reason: str | None = None
-    ) -> None:
-        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument)."""
+        self, root: str, state: CheckpointState | str, reason: str | None = None, *,
+        only_from: CheckpointState | None = None,
+    ) -> bool:
+        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument);
+        ``only_from``: change it only if it is in that state now (another node may have
+        changed it since it was read). True if the row changed."""
         ...
 
     def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
@@ -478,6 +486,11 @@ class SessionCatalog(Protocol):
 
     def open_inodes(self) -> set[int]:
         """The inodes any session holds open."""
+        ...
+
+    def open_writer_paths(self) -> list[str]:
+        """The paths of the inodes any session holds open for writing (empty without
+        sessions: the embedded catalog)."""
         ...
 
 

@@ -250,6 +250,17 @@ class SessionsSql:
         with self._reading() as c:
             return {int(r[0]) for r in c.execute("SELECT DISTINCT ino FROM open_handles")}
 
+    def open_writer_paths(self) -> list[str]:
+        """The paths of the inodes some session holds open for writing, one snapshot (the
+        checkpoint tracker's and ``latest``'s writers on every node). A session expired
+        and not yet cleaned up still counts: its cleanup decides what its writers left
+        (the checkpoints they wrote become partial). Inodes with no name left are skipped."""
+        with self._reading() as c:
+            inos = [int(r[0]) for r in c.execute(
+                "SELECT DISTINCT ino FROM open_handles WHERE writing=1 ORDER BY ino").fetchall()]
+            paths = [self._path_of(c, ino) for ino in inos]
+        return [p for p in paths if p.startswith("/")]
+
     # -- ending a session --------------------------------------------------------------------
 
     def _end(self, c: Conn, sid: str, node: str, why: str) -> SessionEnd:

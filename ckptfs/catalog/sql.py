@@ -1290,13 +1290,22 @@ class SqlCatalog(SessionsSql):
             rows = c.execute("SELECT name FROM dentries WHERE parent=? ORDER BY id", (ino,)).fetchall()
         return [bytes(r[0]).decode(errors="surrogateescape") for r in rows]
 
-    def checkpoint_begin(self, root: str, framework: str, step: int | None, t_ns: int) -> bool:
+    def checkpoint_begin(
+        self, root: str, framework: str, step: int | None, t_ns: int, *,
+        keep_newer_commit: bool = False,
+    ) -> bool:
         """A checkpoint is being written. A committed or partial one at the same path that
-        is written again (an overwrite) starts over. True if the row changed."""
+        is written again (an overwrite) starts over; with ``keep_newer_commit`` (a shared
+        catalog: another node's begin may land late) a committed one whose commit is not
+        older than ``t_ns`` stays committed. True if the row changed."""
         def body(c: Conn) -> bool:
-            row = c.execute("SELECT state FROM checkpoints WHERE root=?", (root,)).fetchone()
+            row = c.execute("SELECT state, commit_ns FROM checkpoints WHERE root=?",
+                            (root,)).fetchone()
             if row is not None and row[0] == CheckpointState.WRITING:
                 return False
+            if (keep_newer_commit and row is not None and row[0] == CheckpointState.COMMITTED
+                    and row[1] is not None and int(row[1]) >= t_ns):
+                return False  # a write that the commit already covers, recorded late
             c.execute(
                 "INSERT INTO checkpoints (root, framework, step, state, begin_ns) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
@@ -1324,21 +1333,30 @@ class SqlCatalog(SessionsSql):
         self._write(body, touch=True)
 
     def checkpoint_set_state(
-        self, root: str, state: CheckpointState | str, reason: str | None = None
-    ) -> None:
-        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument)."""
+        self, root: str, state: CheckpointState | str, reason: str | None = None, *,
+        only_from: CheckpointState | None = None,
+    ) -> bool:
+        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument);
+        ``only_from``: change it only if it is in that state now (another node may have
+        changed it since it was read). True if the row changed."""
         try:
             st = CheckpointState(state)
         except ValueError:
             raise InvalidArgument(f"checkpoint state {state!r}") from None
 
-        def body(c: Conn) -> None:
-            c.execute(
-                "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
-                (st.value, reason, root),
-            )
+        def body(c: Conn) -> bool:
+            if only_from is None:
+                return bool(c.execute(
+                    "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
+                    (st.value, reason, root),
+                ).rowcount)
+            return bool(c.execute(
+                "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) "
+                "WHERE root=? AND state=?",
+                (st.value, reason, root, CheckpointState(only_from).value),
+            ).rowcount)
 
-        self._write(body, touch=True)
+        return self._write(body, touch=True)
 
     def checkpoint_leftover(self, root: str, digests: list[bytes]) -> None:
         left = json.dumps([d.hex() for d in digests]) if digests else None

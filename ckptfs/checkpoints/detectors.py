@@ -905,6 +905,14 @@ class DetectorSet:
     def held_roots(self) -> list[str]:
         return sorted(self._held)
 
+    def committed_elsewhere(self, root: str) -> None:
+        """Another node committed ``root`` (shared catalog), which this set saw begin: it is
+        closed here as after a commit of its own (a commit it holds still fires)."""
+        st = self._roots.get(root)
+        if st is None or not st.open or root in self._held:
+            return
+        self._emit_commit(Detection(COMMIT, root, "", None, 0, "committed by another node"))
+
     # ---- admission
 
     def _owned_elsewhere(self, det: BaseDetector, root: str, ns: NamespaceView) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import Catalog, CheckpointRow
+from .reach import Reach
 from .retention import run_of
 
 
@@ -27,7 +28,10 @@ class CheckpointSummary:
     # Tiers holding a valid copy of every chunk, local ones too (whether a new node would
     # recover it from the remote is catalog/durability.py).
     durable_on: list[str] = field(default_factory=list)
-    missing_chunks: int = 0  # chunks with no valid copy anywhere
+    # Chunks with no valid copy a live node can read (none anywhere, or, with a shared
+    # catalog, only on local tiers of nodes whose session ended: reach.py).
+    missing_chunks: int = 0
+    open_writers: int = 0  # files under it open for writing on some node (shared catalog)
     write_s: float | None = None  # first write to commit
     completion_skew_s: float | None = None  # last minus first file mtime
     reason: str | None = None
@@ -38,8 +42,13 @@ def files_of(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
     return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
 
 
-def summarize(catalog: Catalog, mnt: Path, row: CheckpointRow) -> CheckpointSummary:
-    """The summary of the checkpoint ``row`` mounted at ``mnt``."""
+def summarize(
+    catalog: Catalog, mnt: Path, row: CheckpointRow, reach: Reach | None = None
+) -> CheckpointSummary:
+    """The summary of the checkpoint ``row`` mounted at ``mnt`` (``reach``: read once for
+    several rows; None reads it)."""
+    if reach is None:
+        reach = Reach.of(catalog)
     root = row.root
     parts = [p for p in root.split("/") if p]
     info = CheckpointSummary(
@@ -57,7 +66,8 @@ def summarize(catalog: Catalog, mnt: Path, row: CheckpointRow) -> CheckpointSumm
             chunks[ref.digest] = ref.length
             tiers[ref.digest] = set(ref.tiers)
     info.stored_bytes = sum(chunks.values())
-    info.missing_chunks = sum(1 for d in chunks if not tiers[d])
+    info.missing_chunks = sum(1 for d in chunks if not reach.readable(tiers[d]))
+    info.open_writers = reach.writers_under(root)
     names = [t["name"] for t in catalog.recorded_tiers()]
     info.durable_on = [n for n in names if chunks and all(n in tiers[d] for d in chunks)]
     if row.begin_ns is not None and row.commit_ns is not None:

@@ -6,6 +6,21 @@ worker thread under the catalog limiter (their namespace questions are catalog q
 and records each Detection in the ``checkpoints`` table. Once a second it also ticks the
 detectors (quiescence patterns) and marks as *partial* a checkpoint that began but did not
 commit while nothing under it was open for writing for ``partial_after_s``.
+
+With a shared catalog (several nodes, docs/multinode.md "Checkpoints across nodes") each
+node runs its own tracker over its own events, and two things change:
+
+* **Writers** are every node's: a file counts as open for writing under a root if this
+  node's VFS has a writing handle of it, or any session's open-handle rows say so (asked of
+  the catalog once per batch or tick, and only when a detector or the partial marking asks).
+  So a commit signal on node a is held while node b still writes a shard, the tick releases
+  it once the last writer on any node closed, and no node marks partial a checkpoint that
+  another node still writes.
+* **Times** go to the catalog on the database's clock: the tracker measures this node's
+  offset to it at each tick (``database_now_ns``, corrected by half the round trip) and
+  adds it to every recorded time, so begin and commit times of different nodes compare.
+  A "begin" whose time is not after the row's commit (a batch of node b that lands after
+  node a committed the checkpoint that write belonged to) leaves the commit alone.
 """
 
 from __future__ import annotations
@@ -20,7 +35,9 @@ from typing import Protocol
 import trio
 
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
-from ..catalog.rows import FINISHED_STATES, CheckpointState
+from ..catalog.rows import FINISHED_STATES, CheckpointRow, CheckpointState
+from ..errors import CatalogUnavailable, CkptfsError
+from .detectors import DetectorSet
 from .events import Detection, Detector, FsEvent
 
 log = logging.getLogger("ckptfs.checkpoints")
@@ -32,15 +49,27 @@ BATCH_S = 0.02
 
 
 class TrackerCatalog(NamespaceCatalog, CheckpointCatalog, Protocol):
-    """What the tracker asks of the catalog: paths, and the checkpoint rows."""
+    """What the tracker asks of the catalog: paths, the checkpoint rows, and (shared
+    catalog) every node's writers and the database's clock."""
+
+    def open_writer_paths(self) -> list[str]: ...
+
+    def database_now_ns(self) -> int: ...
 
 
 class CatalogView:
-    """NamespaceView over the catalog (blocking: call under the catalog limiter)."""
+    """NamespaceView over the catalog (blocking: call under the catalog limiter).
 
-    def __init__(self, catalog: NamespaceCatalog, writing: list[str]) -> None:
+    ``writing``: the paths of this node's files open for writing; ``elsewhere``: with a
+    shared catalog, the paths every node's sessions hold open for writing (a catalog
+    query, run at the first question and kept for this view's batch or tick)."""
+
+    def __init__(self, catalog: NamespaceCatalog, writing: list[str],
+                 elsewhere: Callable[[], list[str]] | None = None) -> None:
         self.catalog = catalog
         self.writing = writing  # paths of files open for writing now
+        self._elsewhere = elsewhere
+        self._all: set[str] | None = None
 
     def exists(self, path: str) -> bool:
         return self.catalog.resolve(path) is not None
@@ -56,8 +85,12 @@ class CatalogView:
         return self.catalog.list_names(inode.ino)
 
     def open_writers_under(self, path: str) -> int:
+        if self._all is None:
+            self._all = set(self.writing)
+            if self._elsewhere is not None:
+                self._all.update(self._elsewhere())
         root = path.rstrip("/")
-        return sum(1 for p in self.writing if p == root or p.startswith(root + "/"))
+        return sum(1 for p in self._all if p == root or p.startswith(root + "/"))
 
 
 class CheckpointTracker:
@@ -69,9 +102,11 @@ class CheckpointTracker:
         writing_inos: Callable[[], list[int]],
         partial_after_s: float = 600.0,
         on_commit: Callable[[], None] | None = None,
+        shared: bool = False,
     ) -> None:
         """``writing_inos``: the inodes open for writing now (the VFS's handles);
-        ``on_commit``: a checkpoint committed (retention may run: GcRequests.kick)."""
+        ``on_commit``: a checkpoint committed (retention may run: GcRequests.kick);
+        ``shared``: the catalog is shared by several nodes (module docstring)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.detectors = detectors
@@ -82,12 +117,19 @@ class CheckpointTracker:
         self._new_commits = 0  # counted in the worker thread of the current batch
         self.on_commit = on_commit  # retention runs after a commit
         self._quiet_since: dict[str, float] = {}  # writing checkpoints with no open writer
+        self.shared = shared
+        # Shared catalog: the database's clock minus this node's (ns), measured at each
+        # tick; recorded times are on the database's clock.
+        self.clock_offset_ns = 0
+        self._clock_measured = False
 
     def push(self, ev: FsEvent) -> None:
         """Called by the filesystem after an operation; never blocks."""
         self._send.send_nowait(ev)
 
     async def run(self) -> None:
+        if self.shared:  # before the first batch records a time
+            await trio.to_thread.run_sync(self._measure_clock, limiter=self.db_limiter)
         next_tick = time.monotonic() + TICK_S
         while True:
             batch: list[FsEvent] = []
@@ -108,7 +150,9 @@ class CheckpointTracker:
                 continue
             next_tick = time.monotonic() + TICK_S
             inos = self.writing_inos()
-            await trio.to_thread.run_sync(self._tick, inos, limiter=self.db_limiter)
+            # Taken here, on the trio thread: every event not yet received is stamped later.
+            now_ns = time.time_ns()
+            await trio.to_thread.run_sync(self._tick, inos, now_ns, limiter=self.db_limiter)
             self._publish_commits()
 
     def _publish_commits(self) -> None:
@@ -120,7 +164,28 @@ class CheckpointTracker:
             self.on_commit()  # retention may run now
 
     def _view(self, inos: list[int]) -> CatalogView:
-        return CatalogView(self.catalog, [self.catalog.path_of(i) for i in inos])
+        return CatalogView(self.catalog, [self.catalog.path_of(i) for i in inos],
+                           self.catalog.open_writer_paths if self.shared else None)
+
+    def _measure_clock(self) -> None:
+        """This node's offset to the database's clock (shared catalog). The database read
+        its clock between ``before`` and ``after``, so the offset lies within half the
+        round trip of the midpoint's; the last offset stays while it still does (no
+        jitter between ticks: one node's times keep their order), else the midpoint's is
+        taken. A failed sample keeps the last one (the database may be away; the
+        tracker's next catalog call says so)."""
+        before = time.time_ns()
+        try:
+            db_now = self.catalog.database_now_ns()
+        except CkptfsError:
+            log.debug("database clock not measured", exc_info=True)
+            return
+        after = time.time_ns()
+        mid = db_now - (before + after) // 2
+        if self._clock_measured and abs(mid - self.clock_offset_ns) <= (after - before) // 2:
+            return
+        self.clock_offset_ns = mid
+        self._clock_measured = True
 
     def _observe(self, batch: list[FsEvent], inos: list[int]) -> None:
         view = self._view(inos)
@@ -131,6 +196,8 @@ class CheckpointTracker:
                 self._removed(ev.path)
             try:
                 found = self.detectors.observe(ev, view)
+            except CatalogUnavailable:
+                raise  # not a detector bug: the service pauses and retries (mount._Services)
             except Exception:  # a detector bug must not stop the filesystem
                 log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
                 continue
@@ -147,33 +214,45 @@ class CheckpointTracker:
                 )
                 log.info("checkpoint %s deleted by the application", path)
 
-    def _tick(self, inos: list[int]) -> None:
+    def _tick(self, inos: list[int], now_ns: int) -> None:
+        if self.shared:
+            self._measure_clock()
         view = self._view(inos)
-        now_ns = time.time_ns()
         try:
             found = self.detectors.tick(now_ns, view)
+        except CatalogUnavailable:
+            raise
         except Exception:
             log.exception("checkpoint detectors failed on tick")
             found = []
         for d in found:
             self._record(d)
-        self._mark_partial(view)
+        rows = self.catalog.checkpoint_rows("/")
+        self._mark_partial(view, rows)
+        if self.shared and isinstance(self.detectors, DetectorSet):
+            # Roots this node saw begin and another node committed: closed here too, so
+            # that this node's next write under one begins it again.
+            committed = {r.root for r in rows if r.state is CheckpointState.COMMITTED}
+            for root in committed.intersection(self.detectors.open_roots()):
+                self.detectors.committed_elsewhere(root)
 
     def _record(self, d: Detection) -> None:
+        t_ns = d.time_ns + self.clock_offset_ns  # the database's clock (0: the embedded one)
         if d.kind == "begin":
-            if self.catalog.checkpoint_begin(d.root, d.framework, d.step, d.time_ns):
+            if self.catalog.checkpoint_begin(d.root, d.framework, d.step, t_ns,
+                                             keep_newer_commit=self.shared):
                 log.info("checkpoint %s (%s, step %s): writing", d.root, d.framework, d.step)
         elif d.kind == "commit":
-            self.catalog.checkpoint_commit(d.root, d.framework, d.step, d.time_ns, d.reason)
+            self.catalog.checkpoint_commit(d.root, d.framework, d.step, t_ns, d.reason)
             self._new_commits += 1  # published on the trio thread (_publish_commits)
             log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
                      d.reason)
 
-    def _mark_partial(self, view: CatalogView) -> None:
+    def _mark_partial(self, view: CatalogView, rows: list[CheckpointRow]) -> None:
         """A checkpoint still "writing" with no writer open under it for partial_after_s
         (its writer died, or the save was abandoned) is partial: never the latest."""
         now = time.monotonic()
-        writing = [c for c in self.catalog.checkpoint_rows("/") if c.state is CheckpointState.WRITING]
+        writing = [c for c in rows if c.state is CheckpointState.WRITING]
         live = set()
         for c in writing:
             root = c.root
@@ -183,11 +262,14 @@ class CheckpointTracker:
                 continue
             since = self._quiet_since.setdefault(root, now)
             if now - since >= self.partial_after_s:
-                self.catalog.checkpoint_set_state(
-                    root, CheckpointState.PARTIAL, f"no commit, no writer for {self.partial_after_s:.0f} s"
+                marked = self.catalog.checkpoint_set_state(
+                    root, CheckpointState.PARTIAL,
+                    f"no commit, no writer for {self.partial_after_s:.0f} s",
+                    only_from=CheckpointState.WRITING,  # another node may have committed it
                 )
                 self._quiet_since.pop(root, None)
-                log.warning("checkpoint %s is partial: it began but never committed", root)
+                if marked:
+                    log.warning("checkpoint %s is partial: it began but never committed", root)
         for root in list(self._quiet_since):
             if root not in live:
                 del self._quiet_since[root]

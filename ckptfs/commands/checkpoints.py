@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..catalog import Catalog, CheckpointRow, CheckpointState
+from ..checkpoints.reach import Reach
 from ..checkpoints.retention import RetentionPolicy, plan_all, to_ckpts, under
 from ..checkpoints.summary import CheckpointSummary, files_of, summarize
 from . import live
@@ -42,7 +43,8 @@ def cmd_ls(path: Path, as_json: bool) -> int:
     mnt, state_dir, inner = live.inside_mount(path)
     catalog = open_catalog(state_dir)
     try:
-        infos = [summarize(catalog, mnt, r) for r in catalog.checkpoint_rows(inner)]
+        reach = Reach.of(catalog)
+        infos = [summarize(catalog, mnt, r, reach) for r in catalog.checkpoint_rows(inner)]
     finally:
         catalog.close()
     if as_json:
@@ -74,17 +76,25 @@ def cmd_show(path: Path, as_json: bool) -> int:
 
 
 def latest(catalog: Catalog, inner: str) -> CheckpointRow | None:
-    """The newest committed checkpoint under ``inner`` whose every chunk has a valid copy:
-    highest step, then latest commit; never a partial or writing one."""
+    """The newest committed checkpoint under ``inner`` whose every chunk has a valid copy
+    some live node can read, with no file open for writing on any node (checkpoints/
+    reach.py: the same answer on every node): highest step, then latest commit; never a
+    partial or writing one."""
     candidates = sorted(
         (r for r in catalog.checkpoint_rows(inner)
          if r.state is CheckpointState.COMMITTED and r.root != inner),
         key=lambda r: (-1 if r.step is None else r.step, r.commit_ns or 0),
         reverse=True,
     )
+    if not candidates:
+        return None
+    reach = Reach.of(catalog)
     for row in candidates:
+        if reach.writers_under(row.root):
+            continue  # a node writes it again (or still): not complete now
         files = files_of(catalog, row.root)
-        if files and all(ref.tiers for ino, _, _ in files for ref in catalog.extents(ino).values()):
+        if files and all(reach.readable(ref.tiers)
+                         for ino, _, _ in files for ref in catalog.extents(ino).values()):
             return row
     return None
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..catalog import Catalog, CheckpointRow, CheckpointState
 from ..catalog.catalog import Backlog
+from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
@@ -71,12 +72,13 @@ def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | 
     for r in rows:
         runs.setdefault(run_of(r.root), []).append(r)
     durable = (live or {}).get("remote_durable") or {}
+    reach = Reach.of(catalog)  # once: every node's writers and live nodes
     out = []
     for run in sorted(runs):
         newest = sorted(runs[run], key=lambda r: r.id, reverse=True)[:LATEST_PER_RUN]
         latest = []
         for r in newest:
-            info = asdict(summarize(catalog, mnt or Path(""), r))
+            info = asdict(summarize(catalog, mnt or Path(""), r, reach))
             info["path"] = (str(mnt) + info["root"]) if mnt else None
             info["begin_ns"], info["commit_ns"] = r.begin_ns, r.commit_ns
             latest.append(info)
