@@ -13,6 +13,7 @@ All blocking work runs in worker threads under one CapacityLimiter.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -939,12 +940,12 @@ class ChunkStore:
         return True
 
     async def _unwant(self, digest: bytes) -> None:
-        try:
+        # Not removed (the database is away): the want expires by itself (WANT_SLACK_S
+        # after the wait would have ended).
+        with contextlib.suppress(CatalogUnavailable):
             await trio.to_thread.run_sync(
                 self.catalog.unwant_chunks, [digest], self.waiter, limiter=self.db_limiter
             )
-        except CatalogUnavailable:
-            pass  # the want expires by itself (WANT_SLACK_S after the wait)
 
     async def _fetch(self, ref: ChunkRef, abandon: bool, ticket: Ticket) -> _Fetched:
         """Try the tiers holding the chunk, the fastest first (measured): local tiers in

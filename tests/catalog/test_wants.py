@@ -110,7 +110,6 @@ def test_a_want_on_one_node_wakes_the_listener_of_another(pg_url: str) -> None:
         b.close()
 
 
-@pytest.mark.slow
 def test_a_listener_reports_a_restart_and_hears_again_after_it(
     pg_url: str, postgres: PgServer
 ) -> None:

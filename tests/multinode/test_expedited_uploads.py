@@ -1,6 +1,7 @@
 """A chunk another node waits for goes to the head of its holder's upload queue (issue 14;
 docs/multinode.md "Reads of another node's chunks"): real mounts of two nodes on one real
-PostgreSQL catalog and one real SeaweedFS bucket.
+PostgreSQL catalog and one real SeaweedFS bucket; and the same with two daemons without
+FUSE on one real PostgreSQL and an in-memory bucket (quicker, the same assertions).
 
 Node a holds its uploads back (``upload_during_save = "defer"``, one upload at a time, and a
 save running: a file open for writing with a chunk buffer in memory), then writes several
@@ -13,17 +14,25 @@ of the older files'."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+import trio
 
 from tests.conftest import CkptFactory
 from tests.multinode.test_shared_namespace import Cluster
 from tests.support.mountutil import wait_until
 from tests.support.s3server import SeaweedServer
+from tests.vfs.test_vfs import CS, RW, read_file, write_file
 
-from ckptfs.catalog import PostgresCatalog
+from ckptfs.catalog import ROOT_INODE, PostgresCatalog
+from ckptfs.config import ReadConfig, UploadConfig
+from ckptfs.mount import Daemon, build, running
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.tiers.base import Tier
+from ckptfs.vfs.context import ROOT
 
 pytestmark = pytest.mark.usefixtures("postgres")
 
@@ -113,3 +122,43 @@ def test_a_chunk_another_node_reads_is_uploaded_before_older_jobs(
     # The save ended: a uploads the rest in its own order.
     wait_until(lambda: set().union(*chunks) <= on_bucket(seaweed, prefix), 60,
                "a uploads the older files after the save")
+
+
+@asynccontextmanager
+async def daemon(url: str, tiers: list[Tier], upload: UploadConfig = UploadConfig(),
+                 peer_wait_s: float = 30) -> AsyncIterator[Daemon]:
+    cat = PostgresCatalog(url, pool_size=2)
+    try:
+        d = build(cat, tiers, shared=True, catalog_slots=cat.concurrency, chunk_size=CS,
+                  memory_budget=16 * CS, io_threads=2, upload=upload,
+                  reads=ReadConfig(peer_wait_s=peer_wait_s))
+        async with running(d, drain=False):
+            yield d
+    finally:
+        cat.close()
+
+
+async def test_without_fuse_the_wanted_chunks_are_uploaded_first(pg_url: str) -> None:
+    bucket = MemoryTier("r", kind="remote")
+    held = UploadConfig(concurrency=1, during_save="defer")
+    async with daemon(pg_url, [MemoryTier("a:l"), bucket], held) as a, \
+            daemon(pg_url, [MemoryTier("b:l"), bucket], peer_wait_s=10) as b:
+        save, _ = await a.fs.create(ROOT_INODE, b"save.part", 0o644, RW, ROOT)
+        await a.fs.write(save, 0, b"s" * 4096)  # a save runs on a: its uploads wait
+        assert a.uploader.saving()
+        contents = [os.urandom(3 * CS + 100 * (i + 1)) for i in range(4)]
+        chunks = []
+        for i, data in enumerate(contents):
+            ino = await write_file(a.fs, f"shard{i}".encode(), data)
+            chunks.append({r.digest.hex() for r in a.catalog.extents(ino).values()})
+        assert all(len(c) == 4 for c in chunks) and not bucket.frames
+        with trio.fail_after(30):
+            assert await read_file(b.fs, b"shard3") == contents[-1]
+        assert chunks[-1] <= set(bucket.frames)  # the file b read: uploaded first ...
+        assert not set(bucket.frames) & set().union(*chunks[:-1])  # ... the older ones wait
+        assert a.catalog.chunk_wants() == []
+        await a.fs.flush(save)
+        await a.fs.release(save)
+        with trio.fail_after(30):
+            while not set().union(*chunks) <= set(bucket.frames):
+                await a.uploader._progress.wait()  # the save ended: the rest in a's order
