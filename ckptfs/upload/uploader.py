@@ -1,11 +1,13 @@
 """The upload queue: copies committed chunks from a local tier to their remote tiers.
 
 Jobs are catalog rows written in the same transaction as the commit that makes a file name
-the chunk, so a restart replays them. Oldest commit first, a bounded number at once (worker
-threads under a limiter), transient errors retried with exponential backoff and jitter,
-permanent ones (access denied, no bucket) reported once and retried rarely; the data stays
-local meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled
-(the chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
+the chunk, so a restart replays them. Oldest commit first, after the chunks someone waits
+for (a durability wait here; with a shared catalog, a reader on another node: its want,
+heard by LISTEN, catalog/wants.py), a bounded number at once (worker threads under a
+limiter), transient errors retried with exponential backoff and jitter, permanent ones
+(access denied, no bucket) reported once and retried rarely; the data stays local
+meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled (the
+chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
 """
 
 from __future__ import annotations
