@@ -477,7 +477,7 @@ def build(
         spill_copy=uploader.copy_uncommitted,
         on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
         remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
-        write_behind=write_behind,
+        write_behind=write_behind, node="" if session is None else session.node,
     )
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(

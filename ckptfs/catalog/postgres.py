@@ -42,6 +42,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
+from .pglisten import PgListener
 from .sessions import SESSIONS_DDL
 from .sql import (
     SCHEMA,
@@ -55,6 +56,7 @@ from .sql import (
     newer_schema,
 )
 from .sqlite import catalog_file
+from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
            "pg_schema", "translate"]
@@ -88,17 +90,27 @@ _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _SESSIONS_LOCK = 0x636B70747373
 
 
-def _add_sessions(c: Conn) -> None:
-    """Schema 4: the node sessions' tables (sessions.SESSIONS_DDL), one statement at a time."""
-    for stmt in pg_ddl(SESSIONS_DDL).split(";"):
+def _run_ddl(c: Conn, ddl: str) -> None:
+    """SQLite DDL of sql.py, translated, one statement at a time (a migration step)."""
+    for stmt in pg_ddl(ddl).split(";"):
         body = "\n".join(ln for ln in stmt.splitlines() if not ln.strip().startswith("--"))
         if body.strip():
             c.execute(body)
 
 
+def _add_sessions(c: Conn) -> None:
+    """Schema 4: the node sessions' tables (sessions.SESSIONS_DDL)."""
+    _run_ddl(c, SESSIONS_DDL)
+
+
+def _add_wants(c: Conn) -> None:
+    """Schema 5: chunk_wants (wants.WANTS_DDL)."""
+    _run_ddl(c, WANTS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions}
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 
@@ -172,6 +184,7 @@ class PostgresCatalog(SqlCatalog):
         # socket needs none); the URL's own settings win.
         conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
         conn_kwargs["autocommit"] = True
+        self._url, self._conn_kwargs = url, conn_kwargs  # the want listener's connection
         # The database's clock, in ns since the epoch (node sessions' expiries).
         self._now_ns_sql = "CAST(extract(epoch FROM clock_timestamp()) * 1000000000 AS BIGINT)"
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -299,6 +312,16 @@ class PostgresCatalog(SqlCatalog):
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
         return bool(c.execute("SELECT pg_try_advisory_xact_lock(?)", (_SESSIONS_LOCK,)).fetchone()[0])
+
+    # -- wants (wants.py) -------------------------------------------------------------------
+
+    def _notify_wants(self, c: Conn) -> None:
+        """Delivered to every listening node when this transaction commits (not at all
+        if it rolls back and runs again: then its rerun notifies)."""
+        c.execute(f"NOTIFY {WANTS_CHANNEL}")
+
+    def listen_wants(self) -> PgListener:
+        return PgListener(self._url, self._conn_kwargs, WANTS_CHANNEL, self._unavailable)
 
     # -- the schema --------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from .rows import (
     SessionRow,
     UploadJob,
 )
+from .wants import WantListener
 
 
 class NamespaceCatalog(Protocol):
@@ -494,9 +495,37 @@ class SessionCatalog(Protocol):
         ...
 
 
+class WantCatalog(Protocol):
+    """Chunks a node's reader waits for that only other nodes' local tiers hold
+    (catalog/wants.py; docs/multinode.md): the holders upload them first. Times are the
+    database's clock."""
+
+    def want_chunks(self, digests: Iterable[bytes], waiter: str, ttl_s: float) -> None:
+        """``waiter`` waits for these chunks for at most ``ttl_s`` more seconds (renews its
+        earlier want); the other nodes are told at the commit (listen_wants)."""
+        ...
+
+    def unwant_chunks(self, digests: Iterable[bytes], waiter: str) -> None:
+        ...
+
+    def wanted_uploads(self, sources: Sequence[str] | None, limit: int = 1000) -> list[bytes]:
+        """Chunks a live want names with an upload job of ``sources`` (as due_uploads),
+        the longest wanted first."""
+        ...
+
+    def chunk_wants(self) -> list[tuple[bytes, str, int]]:
+        """Every live want: (digest, waiter, ns until it expires)."""
+        ...
+
+    def listen_wants(self) -> WantListener | None:
+        """Where this node hears of other nodes' new wants (its own connection); None
+        when no other node can want anything (SQLite)."""
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -61,6 +61,7 @@ from .rows import (
     UploadJob,
 )
 from .sessions import SESSIONS_DDL, SessionsSql
+from .wants import WANTS_DDL, WantsSql, held_on
 
 __all__ = [
     "CHECKPOINT_STATES", "INODE_COLS", "MARK_CHANGED", "ROOT_INODE", "SCHEMA", "SCHEMA_VERSION",
@@ -71,9 +72,9 @@ __all__ = [
 T = TypeVar("T")
 
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
-# 4: the node sessions' tables sessions and open_handles (sessions.py).
-# Every engine stores this layout (the remote snapshot is a SQLite file of it).
-SCHEMA_VERSION = 4
+# 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
+# (wants.py). Every engine stores this layout (the remote snapshot is a SQLite file of it).
+SCHEMA_VERSION = 5
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -201,7 +202,7 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL
+""" + SESSIONS_DDL + WANTS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables: a restore from the snapshot is one node, without sessions).
@@ -270,19 +271,7 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
-
-def _held_on(sources: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
-    """The WHERE clause part (and its parameters) that keeps upload jobs ``u`` of chunks
-    with a valid replica on one of ``sources`` (None: every job)."""
-    if sources is None:
-        return "", ()
-    if not sources:
-        return " AND 1=0", ()
-    ph = ",".join("?" * len(sources))
-    return (f" AND EXISTS (SELECT 1 FROM replicas h WHERE h.digest = u.digest AND "
-            f"h.state = 'valid' AND h.tier IN ({ph}))", tuple(sources))
-
-class SqlCatalog(SessionsSql):
+class SqlCatalog(SessionsSql, WantsSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -918,7 +907,7 @@ class SqlCatalog(SessionsSql):
         sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
         """Jobs ready to run, oldest commit first."""
-        held, args = _held_on(sources)
+        held, args = held_on(sources)
         with self._reading() as c:
             rows = c.execute(
                 "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
@@ -939,7 +928,7 @@ class SqlCatalog(SessionsSql):
     ) -> list[UploadJob]:
         """Ready jobs for the given chunks only (someone waits for them: expedite)."""
         jobs: list[UploadJob] = []
-        held, args = _held_on(sources)
+        held, args = held_on(sources)
         with self._reading() as c:
             for d in digests:
                 if len(jobs) >= limit:
@@ -969,7 +958,7 @@ class SqlCatalog(SessionsSql):
         self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
     ) -> int | None:
         """Earliest retry time among jobs not running now."""
-        held, args = _held_on(sources)
+        held, args = held_on(sources)
         with self._reading() as c:
             rows = c.execute(
                 f"SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u WHERE 1=1{held} "

@@ -13,9 +13,11 @@ All blocking work runs in worker threads under one CapacityLimiter.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from ..catalog.catalog import Backlog
 from ..codec import frame
 from ..config.model import WriteBehind
 from ..errors import (
+    CatalogUnavailable,
     ChunkMissing,
     CkptfsError,
     CorruptChunk,
@@ -73,6 +76,9 @@ COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 # doubling up to the max (the catalog is the only news of another node's upload).
 PEER_POLL_MIN_S = 0.1
 PEER_POLL_MAX_S = 1.0
+# Such a read records a want in the catalog (catalog/wants.py): the holding node uploads the
+# chunk first. The want outlives the wait by this much (a stale one expires by itself).
+WANT_SLACK_S = 10.0
 # fsyncs in flight at once: each waits for the device, and concurrent ones share a flush.
 SYNC_THREADS = 16
 
@@ -135,6 +141,7 @@ class ChunkStore:
         remote_reads: int | None = None,
         peer_wait_s: float = 0.0,
         write_behind: WriteBehind = "never",
+        node: str = "",
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
@@ -143,8 +150,11 @@ class ChunkStore:
         ``on_deletions`` wakes the deleter; ``remote_reads`` GETs from remote tiers run at
         once (remote_read_concurrency; default ``io_threads``); ``peer_wait_s``: with a
         shared catalog, how long a read of a chunk only other nodes hold waits for their
-        upload (peer_chunk_wait)."""
+        upload (peer_chunk_wait); ``node``: this node's name (it names this store's
+        wants of such chunks in the catalog)."""
         self.peer_wait_s = peer_wait_s
+        # Who waits, in the catalog's wants: the node, and this daemon's run of it.
+        self.waiter = f"{node or 'node'}:{uuid.uuid4().hex[:8]}"
         self.tiers = {t.name: t for t in tiers}  # every tier: reads, fsync, deletion
         # New chunks land on local tiers only; remote tiers get copies from the uploader.
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -879,32 +889,63 @@ class ChunkStore:
         there and not uploaded yet. Wait up to ``peer_wait_s`` for a copy on a tier this
         node reads (their uploader puts it on the bucket), asking the catalog with backoff,
         then fetch it. PeerChunkPending (EIO) names the nodes if none came; ``got`` as it
-        was if the chunk is not another node's."""
+        was if the chunk is not another node's. Meanwhile the chunk is wanted in the
+        catalog: its holder uploads it before its other jobs (``_want``)."""
         deadline = trio.current_time() + self.peer_wait_s
         delay = PEER_POLL_MIN_S
-        while True:
-            tiers = await trio.to_thread.run_sync(
-                self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+        asked = wanted = False
+        try:
+            while True:
+                tiers = await trio.to_thread.run_sync(
+                    self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+                )
+                reachable = tuple(t for t in tiers if t in self.tiers)
+                if reachable and not set(reachable) <= set(ref.tiers):
+                    fresh = await self._fetch(
+                        ChunkRef(ref.digest, ref.length, reachable), abandon, ticket
+                    )
+                    if fresh.data is not None:
+                        return fresh
+                holders = tuple(t for t in tiers if t not in self.tiers)
+                if reachable or not holders:
+                    return got  # not (only) another node's: missing or damaged as it is
+                if trio.current_time() >= deadline:
+                    nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
+                    raise PeerChunkPending(
+                        f"chunk {ref.key[:16]} is only on node {', '.join(nodes)} "
+                        f"({', '.join(holders)}), not uploaded within {self.peer_wait_s:g} s",
+                        nodes,
+                    )
+                if not asked:
+                    asked = True
+                    wanted = await self._want(ref.digest, deadline - trio.current_time())
+                await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
+                delay = min(delay * 2, PEER_POLL_MAX_S)
+        finally:
+            if wanted:
+                with trio.CancelScope(shield=True):  # also when the read is cancelled
+                    await self._unwant(ref.digest)
+
+    async def _want(self, digest: bytes, wait_s: float) -> bool:
+        """Record in the catalog that this node waits for ``digest`` (its holder is told at
+        the commit). A catalog that cannot take it costs only the expedite: False."""
+        try:
+            await trio.to_thread.run_sync(
+                self.catalog.want_chunks, [digest], self.waiter, wait_s + WANT_SLACK_S,
+                limiter=self.db_limiter,
             )
-            reachable = tuple(t for t in tiers if t in self.tiers)
-            if reachable and not set(reachable) <= set(ref.tiers):
-                fresh = await self._fetch(
-                    ChunkRef(ref.digest, ref.length, reachable), abandon, ticket
-                )
-                if fresh.data is not None:
-                    return fresh
-            holders = tuple(t for t in tiers if t not in self.tiers)
-            if reachable or not holders:
-                return got  # not (only) another node's: missing or damaged as it is
-            if trio.current_time() >= deadline:
-                nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
-                raise PeerChunkPending(
-                    f"chunk {ref.key[:16]} is only on node {', '.join(nodes)} "
-                    f"({', '.join(holders)}), not uploaded within {self.peer_wait_s:g} s",
-                    nodes,
-                )
-            await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
-            delay = min(delay * 2, PEER_POLL_MAX_S)
+        except CatalogUnavailable as exc:
+            log.warning("could not ask for the upload of chunk %s first: %s", digest.hex()[:16], exc)
+            return False
+        return True
+
+    async def _unwant(self, digest: bytes) -> None:
+        # Not removed (the database is away): the want expires by itself (WANT_SLACK_S
+        # after the wait would have ended).
+        with contextlib.suppress(CatalogUnavailable):
+            await trio.to_thread.run_sync(
+                self.catalog.unwant_chunks, [digest], self.waiter, limiter=self.db_limiter
+            )
 
     async def _fetch(self, ref: ChunkRef, abandon: bool, ticket: Ticket) -> _Fetched:
         """Try the tiers holding the chunk, the fastest first (measured): local tiers in

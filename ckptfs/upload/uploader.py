@@ -1,11 +1,13 @@
 """The upload queue: copies committed chunks from a local tier to their remote tiers.
 
 Jobs are catalog rows written in the same transaction as the commit that makes a file name
-the chunk, so a restart replays them. Oldest commit first, a bounded number at once (worker
-threads under a limiter), transient errors retried with exponential backoff and jitter,
-permanent ones (access denied, no bucket) reported once and retried rarely; the data stays
-local meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled
-(the chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
+the chunk, so a restart replays them. Oldest commit first, after the chunks someone waits
+for (a durability wait here; with a shared catalog, a reader on another node: its want,
+heard by LISTEN, catalog/wants.py), a bounded number at once (worker threads under a
+limiter), transient errors retried with exponential backoff and jitter, permanent ones
+(access denied, no bucket) reported once and retried rarely; the data stays local
+meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled (the
+chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from ..chunks.room import Room
 from ..codec import frame
 from ..codec.compress import RemoteCompressor
 from ..config.model import UploadConfig
-from ..errors import ChunkMissing, CorruptChunk, PermanentTierError, TierError
+from ..errors import (
+    CatalogUnavailable,
+    ChunkMissing,
+    CorruptChunk,
+    PermanentTierError,
+    TierError,
+)
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..tiers.health import state_of
@@ -62,6 +70,10 @@ MAX_DEFER_S = 30.0
 # real period: idleness sends no event). The save's end and its age are an event and a
 # deadline.
 SAVE_RECHECK_S = 0.2
+# Hearing of other nodes' wants (a shared catalog): after a failed LISTEN, again after this
+# long, doubling up to the max (as the other background services do).
+LISTEN_RETRY_MIN_S = 1.0
+LISTEN_RETRY_MAX_S = 30.0
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -143,6 +155,12 @@ class Uploader:
         self.idle_cores = idle_cores if idle_cores is not None else IdleCores().sample
         self._spare = 0  # uploads the idle cores allow during a save (auto), last measured
         self._urgent: dict[bytes, int] = {}  # chunks someone waits for (count of waiters)
+        # With a shared catalog: chunks a reader on another node waits for (their wants,
+        # catalog/wants.py) that this node uploads, the longest wanted first; looked up
+        # again when a notification says a want came (``_want_news``) and while any is left.
+        self._wanted: list[bytes] = []
+        self._want_news = catalog.shared  # wants left by an earlier run: look at once
+        self._listen_limiter = trio.CapacityLimiter(1)  # the listener's thread, held long
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
@@ -203,6 +221,8 @@ class Uploader:
         self.catalog.on_touch = touched
         try:
             async with trio.open_nursery() as nursery:
+                if self.catalog.shared:
+                    nursery.start_soon(self._hear_wants)
                 while True:
                     self._wake.clear()
                     deadline, deferred = await self._pass(nursery)
@@ -217,13 +237,18 @@ class Uploader:
         now = trio.current_time()
         deadline = now + await self._maybe_snapshot()
         await self._measure_spare()
-        free = self._limit() - len(self.running)
+        await self._refresh_wanted()
+        limit = self._limit()
+        free = limit - len(self.running)
+        # A chunk a reader on another node is blocked on outranks this node's save: its
+        # uploads take every slot, deferral or not (the others keep the limit).
+        head_free = (self.concurrency if self._wanted else limit) - len(self.running)
         # No upload of a pair whose frame the deleter is removing right now (it
         # would delete the new copy): it kicks us when done.
         busy = self.running | self.guard.deleting_pairs()
-        if free > 0:
+        if head_free > 0:
             jobs = await trio.to_thread.run_sync(
-                self._due_jobs, list(self._urgent), self.clock(), free, set(busy),
+                self._due_jobs, self._head(), self.clock(), head_free, free, set(busy),
                 limiter=self.db_limiter,
             )
             for job in jobs:
@@ -238,7 +263,11 @@ class Uploader:
         # A postponed job's backoff: a deadline. Due now but no slot free: a finishing
         # upload kicks us (it ends in this nursery).
         delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
-        if free <= 0 or delay == 0.0:
+        if free <= 0:
+            # No slot (or uploads wait for a save): a finishing upload kicks us, and the
+            # deferral's end is a deadline of its own (below). Due now here was a busy loop.
+            delay = math.inf
+        elif delay == 0.0:
             delay = math.inf if self.running else delay
         deadline = min(deadline, now + delay)
         deferred = free <= 0 and self.saving() and self._limit() < self.concurrency
@@ -286,12 +315,69 @@ class Uploader:
             # Only a catalog change: its deadline is part of the next wait.
 
     def _due_jobs(
-        self, urgent: list[bytes], now: int, limit: int, skip: set[tuple[bytes, str]]
+        self, head: list[bytes], now: int, head_limit: int, limit: int,
+        skip: set[tuple[bytes, str]],
     ) -> list[UploadJob]:
-        """Blocking: the jobs to start, those someone waits for first, then oldest first."""
-        jobs = self.catalog.due_uploads_of(urgent, now, limit, skip, self._sources)
+        """Blocking: the jobs to start: of the ``head`` chunks (someone waits for them)
+        up to ``head_limit``, then the others oldest first up to ``limit`` in all."""
+        jobs = self.catalog.due_uploads_of(head, now, head_limit, skip, self._sources) if head else []
         skip |= {(j.digest, j.tier) for j in jobs}
-        return jobs + self.catalog.due_uploads(now, limit - len(jobs), skip, self._sources)
+        rest = limit - len(jobs)
+        return jobs + (self.catalog.due_uploads(now, rest, skip, self._sources) if rest > 0 else [])
+
+    def _head(self) -> list[bytes]:
+        """The chunks whose uploads go first: this node's waiters' (a durability wait),
+        then those other nodes' readers wait for."""
+        return list(self._urgent) + [d for d in self._wanted if d not in self._urgent]
+
+    async def _refresh_wanted(self) -> None:
+        """With a shared catalog: which chunks other nodes' readers wait for that this node
+        uploads. Asked when a want was announced, and while some are left (a finished
+        upload drops its chunk from the answer)."""
+        if not (self._want_news or self._wanted):
+            return
+        self._want_news = False
+        wanted = await trio.to_thread.run_sync(
+            self.catalog.wanted_uploads, self._sources, limiter=self.db_limiter
+        )
+        new = set(wanted).difference(self._wanted)
+        if new:
+            log.debug("%d chunk(s) another node waits for go to the head of the upload queue",
+                      len(new))
+        self._wanted = wanted
+
+    async def _hear_wants(self) -> None:
+        """With a shared catalog: listen for other nodes' wants (PostgreSQL NOTIFY on a
+        connection of its own) and kick the queue at each. While the database is
+        unreachable, retry with backoff; a (re)connection looks again, since what was
+        announced meanwhile was not heard."""
+        listener = self.catalog.listen_wants()
+        if listener is None:
+            return
+        failures = 0
+        try:
+            while True:
+                try:
+                    heard = await trio.to_thread.run_sync(
+                        listener.wait, limiter=self._listen_limiter, abandon_on_cancel=True
+                    )
+                except CatalogUnavailable as exc:
+                    if failures == 0:
+                        log.warning("not hearing other nodes' waits for chunks (retrying): %s", exc)
+                    failures += 1
+                    await trio.sleep(min(LISTEN_RETRY_MAX_S,
+                                         LISTEN_RETRY_MIN_S * 2 ** min(failures - 1, 10)))
+                    continue
+                if failures:
+                    log.info("hearing other nodes' waits for chunks again")
+                    failures = 0
+                if not heard:
+                    return
+                self._want_news = True
+                self.kick()
+        finally:
+            with trio.CancelScope(shield=True):  # a wait in its thread returns at once
+                await trio.to_thread.run_sync(listener.close)
 
     @property
     def _sources(self) -> list[str] | None:

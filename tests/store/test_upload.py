@@ -218,3 +218,34 @@ async def test_a_long_save_lets_one_upload_through_after_max_defer(
         await fs.release(fh)
         assert not up.saving()
         assert up._limit() == up.concurrency
+
+
+async def test_uploads_deferred_to_a_save_wait_for_an_event_not_in_a_loop(tmp_path: Path) -> None:
+    """A job due while uploads wait for a save: the uploader sleeps until the save ends
+    (an event), a kick or the deferral's deadline; it does not ask the catalog again and
+    again meanwhile (it did: "due now" with no slot free was a deadline of now)."""
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [local, remote], upload=UploadConfig(during_save="defer")) as fs:
+        up = uploader_of(fs)
+        looks = 0
+        real = up.catalog.next_upload_due_ns
+
+        def counted(*args, **kw):  # type: ignore[no-untyped-def]
+            nonlocal looks
+            looks += 1
+            return real(*args, **kw)
+
+        up.catalog.next_upload_due_ns = counted  # type: ignore[method-assign]
+        fh = await _open_save(fs, b"saving")
+        await write_file(fs, b"done", os.urandom(2 * CS))  # due now, deferred
+        up.kick()
+        with trio.fail_after(10):
+            while looks == 0 or not up._sleeping:
+                await trio.sleep(0.01)
+        before = looks
+        await trio.sleep(0.5)  # a busy loop would look hundreds of times meanwhile
+        assert looks - before <= 2 and not remote.frames
+        await fs.flush(fh)
+        await fs.release(fh)
+        await wait_backlog_empty(fs)  # the save's end wakes it
+        assert len(remote.frames) == 3

@@ -442,3 +442,40 @@ class CatalogConformance:
         catalog.set_meta("snapshot_of_ns", str(2**62))
         assert catalog.snapshot_is_current() and catalog.snapshot_of_ns() == 2**62
         assert catalog.backup_bytes()  # a non-empty copy to store on the remotes
+
+    # -- wants (chunks a reader on another node waits for) -----------------------------------
+
+    def test_a_want_names_the_chunks_a_holder_uploads_first(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"a", A, ("a:l",), uploads={A: ["s3"]}, mtime_ns=1)
+        one_chunk_file(catalog, b"b", B, ("a:l",), uploads={B: ["s3"]}, mtime_ns=2)
+        one_chunk_file(catalog, b"c", C, ("c:l",), uploads={C: ["s3"]}, mtime_ns=3)
+        assert catalog.wanted_uploads(["a:l"]) == []
+        catalog.want_chunks([B, C], "b:1", 60)
+        catalog.want_chunks([B], "d:1", 60)  # two nodes wait for one chunk
+        # Each holder is given the wanted chunks it can upload; None: every job.
+        assert catalog.wanted_uploads(["a:l"]) == [B]
+        assert catalog.wanted_uploads(["c:l", "x"]) == [C]
+        assert catalog.wanted_uploads([]) == []
+        assert sorted(catalog.wanted_uploads(None)) == [B, C]
+        wants = catalog.chunk_wants()
+        assert [(d, w) for d, w, _ in wants] == [(B, "b:1"), (B, "d:1"), (C, "b:1")]
+        assert all(0 < left <= 60 * 10**9 for _, _, left in wants)
+        # Uploaded: no job left, so no longer at the head of anyone's queue.
+        assert catalog.finish_upload(B, "s3")
+        assert catalog.wanted_uploads(["a:l"]) == []
+        catalog.unwant_chunks([B, C], "b:1")
+        assert [(d, w) for d, w, _ in catalog.chunk_wants()] == [(B, "d:1")]
+        catalog.unwant_chunks([B], "d:1")
+        assert catalog.chunk_wants() == [] and catalog.wanted_uploads(None) == []
+
+    def test_a_stale_want_is_ignored_and_a_renewed_one_extended(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"a", A, ("a:l",), uploads={A: ["s3"]})
+        one_chunk_file(catalog, b"b", B, ("a:l",), uploads={B: ["s3"]})
+        catalog.want_chunks([A], "dead:1", -1)  # a waiter that died: expired already
+        assert catalog.wanted_uploads(["a:l"]) == [] and catalog.chunk_wants() == []
+        catalog.want_chunks([A], "b:1", 60)
+        catalog.want_chunks([A], "b:1", 120)  # renewed, not doubled
+        [(digest, waiter, left)] = catalog.chunk_wants()
+        assert (digest, waiter) == (A, "b:1") and 60 * 10**9 < left <= 120 * 10**9
+        catalog.want_chunks([], "b:1", 60)  # nothing to want: nothing written
+        assert catalog.wanted_uploads(["a:l"]) == [A]
