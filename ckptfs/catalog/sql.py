@@ -385,6 +385,14 @@ class SqlCatalog(SessionsSql):
         ).fetchone()
         return None if row is None else _inode(row)
 
+    def _named(self, c: Conn, parent: int, name: bytes) -> Inode:
+        """The inode the entry ``name`` of directory ``parent`` names; NotFound if none."""
+        self._dir(c, parent)
+        inode = self._entry(c, parent, name)
+        if inode is None:
+            raise NotFound(name.decode(errors="replace"))
+        return inode
+
     def lookup(self, parent: int, name: bytes) -> Inode:
         # One statement: the parent's mode, and the entry's inode if there is one.
         rows = self._query(
@@ -458,10 +466,7 @@ class SqlCatalog(SessionsSql):
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            self._dir(c, parent)
-            inode = self._entry(c, parent, name)
-            if inode is None:
-                raise NotFound(name.decode(errors="replace"))
+            inode = self._named(c, parent, name)
             if inode.is_dir:
                 raise IsADirectory(name.decode(errors="replace"))
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
@@ -475,10 +480,7 @@ class SqlCatalog(SessionsSql):
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            self._dir(c, parent)
-            inode = self._entry(c, parent, name)
-            if inode is None:
-                raise NotFound(name.decode(errors="replace"))
+            inode = self._named(c, parent, name)
             if not inode.is_dir:
                 raise NotADirectory(name.decode(errors="replace"))
             if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (inode.ino,)).fetchone():
