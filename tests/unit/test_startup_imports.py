@@ -63,3 +63,16 @@ def test_a_state_dir_bound_to_a_shared_catalog_loads_psycopg(tmp_path: Path, pg_
     code, loaded, err = run_probed("status", "--state-dir", str(tmp_path), "--json")
     assert code == 0, err
     assert "psycopg" in loaded and "ckptfs.mount" not in loaded
+
+
+def test_the_processes_tests_start_keep_their_bytecode() -> None:
+    # tests/conftest.py: with PYTHONDONTWRITEBYTECODE in the environment, each daemon and CLI
+    # call would compile ckptfs anew; they share a cache outside the tree instead.
+    res = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sys.dont_write_bytecode, sys.pycache_prefix)"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    writes, prefix = res.stdout.split()
+    assert writes == "False", res.stdout
+    if prefix != "None":  # a cache of the session's own: never inside the source tree
+        assert not Path(prefix).resolve().is_relative_to(Path(__file__).resolve().parents[2])
