@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__, statedir
+from . import __version__, preflight, statedir
 from .catalog import recorded_tiers
 from .catalog.binding import bind_catalog
 from .commands.plan import add_plan_arguments
@@ -180,12 +180,14 @@ def _setup_logging(cfg: Config, level: str, to_stderr: bool, fmt: str = "text") 
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .mount import check_before_spawn, run_mount
-
     cfg = _config(args)
     if args.ready_fd is None:  # the daemon ckptfs mount starts checks under the lock
-        check_before_spawn(cfg, args.mountpoint, nonempty=args.nonempty)
+        preflight.check_before_spawn(cfg, args.mountpoint, nonempty=args.nonempty)
     if args.foreground:
+        # Only the daemon loads the daemon (pyfuse3, trio, the metrics): not the
+        # `ckptfs mount` that starts it, nor the other commands.
+        from .mount import run_mount
+
         _setup_logging(cfg, args.log_level, to_stderr=args.ready_fd is None, fmt=args.log_format)
 
         def on_ready(error: str | None) -> None:

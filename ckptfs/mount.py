@@ -293,7 +293,7 @@ def _serve_locked(
     nonempty: bool = False,
 ) -> int:
     clean_stale_mount(mountpoint, cfg.state_dir)
-    check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
+    preflight.check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
     shared = preflight.prepare_local_tiers(cfg.tiers)
     if shared:
         log.info("local tiers on one device (allowed by allow_shared_device): %s",
@@ -705,27 +705,3 @@ async def _watch_signals() -> None:
             service.notify("STOPPING=1", f"STATUS=signal {signum}: unmounting")
             pyfuse3.terminate()
             return
-
-
-def check_mountpoint(mountpoint: Path, state_dir: Path, *, nonempty: bool = False) -> None:
-    """The mount point exists, is a directory, is empty (unless ``nonempty``) and nothing
-    is mounted there; a dead mount, or one of this state dir (whose daemon, as the free
-    lock says, is gone), is left for the daemon to detach. Raises UsageError."""
-    mountpoint = mountpoint.absolute()
-    found = statedir.find_mount(mountpoint)
-    ours = (statedir.fsname(state_dir), statedir.FSTYPE)
-    if found is not None and found != ours and not statedir.is_stale(mountpoint):
-        raise UsageError(f"{mountpoint} is already a mount point ({found[1]} {found[0]})")
-    if found is None:
-        preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
-
-
-def check_before_spawn(cfg: Config, mountpoint: Path, *, nonempty: bool) -> None:
-    """What ``ckptfs mount`` refuses before it starts a daemon (exit 2 at once); the
-    daemon checks again under the state dir's lock."""
-    mountpoint = mountpoint.absolute()
-    if statedir.find_mount(mountpoint) is None:
-        preflight.check_mountpoint_dir(mountpoint, nonempty=nonempty)
-    statedir.check_free(cfg.state_dir)
-    check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
-    preflight.prepare_local_tiers(cfg.tiers, create=False)

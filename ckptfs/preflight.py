@@ -18,7 +18,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import TierConfig
+from . import statedir
+from .config import Config, TierConfig
 from .errors import UsageError
 
 _DEAD = {errno.ENOTCONN, errno.ECONNABORTED}
@@ -122,3 +123,27 @@ def prepare_local_tiers(tiers: Sequence[TierConfig], *, create: bool = True) -> 
         for t in group:
             shared[t.name] = [o.name for o in group if o is not t]
     return shared
+
+
+def check_mountpoint(mountpoint: Path, state_dir: Path, *, nonempty: bool = False) -> None:
+    """The mount point exists, is a directory, is empty (unless ``nonempty``) and nothing
+    is mounted there; a dead mount, or one of this state dir (whose daemon, as the free
+    lock says, is gone), is left for the daemon to detach. Raises UsageError."""
+    mountpoint = mountpoint.absolute()
+    found = statedir.find_mount(mountpoint)
+    ours = (statedir.fsname(state_dir), statedir.FSTYPE)
+    if found is not None and found != ours and not statedir.is_stale(mountpoint):
+        raise UsageError(f"{mountpoint} is already a mount point ({found[1]} {found[0]})")
+    if found is None:
+        check_mountpoint_dir(mountpoint, nonempty=nonempty)
+
+
+def check_before_spawn(cfg: Config, mountpoint: Path, *, nonempty: bool) -> None:
+    """What ``ckptfs mount`` refuses before it starts a daemon (exit 2 at once); the
+    daemon checks again under the state dir's lock."""
+    mountpoint = mountpoint.absolute()
+    if statedir.find_mount(mountpoint) is None:
+        check_mountpoint_dir(mountpoint, nonempty=nonempty)
+    statedir.check_free(cfg.state_dir)
+    check_mountpoint(mountpoint, cfg.state_dir, nonempty=nonempty)
+    prepare_local_tiers(cfg.tiers, create=False)

@@ -26,7 +26,7 @@ echo "== lint-imports"
 
 echo "== pytest"
 rc=0
-.venv/bin/python -m pytest -q tests "$@" || rc=$?
+.venv/bin/python -m pytest -q --durations=30 tests "$@" || rc=$?
 
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests: failing" >&2

@@ -216,23 +216,33 @@ class PostgresCatalog(SqlCatalog):
 
     # -- connections and transactions --------------------------------------------------------
 
-    @contextmanager
-    def _session(self, begin: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection inside a transaction begun with ``begin``; rolled back if
-        the caller did not end it. A connection the server dropped meanwhile (a restart)
-        fails at its BEGIN, before anything of the caller ran: the next one is tried."""
+    def _live(self, first: Callable[[psycopg.Connection[Any]], T]) -> tuple[psycopg.Connection[Any], T]:
+        """A pooled connection, and what ``first(conn)`` returned on it; the caller puts
+        the connection back. A connection the server dropped meanwhile (a restart) fails
+        ``first`` before anything else ran on it: it goes back (the pool drops it) and the
+        next one is tried. No connection within POOL_WAIT, or a server that cannot be
+        reached: CatalogUnavailable."""
         for stale in range(self.concurrency + 1):
             try:
                 conn = self._pool.getconn()
             except PoolTimeout as e:
                 raise self._unavailable(e) from None
             try:
-                conn.execute(begin)
-                break
-            except psycopg.OperationalError as e:
+                return conn, first(conn)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
                 self._pool.putconn(conn)
                 if not conn.broken or stale == self.concurrency:
                     raise self._unavailable(e) from None
+            except BaseException:
+                self._pool.putconn(conn)
+                raise
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def _session(self, begin: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection inside a transaction begun with ``begin`` (on a live
+        connection: ``_live``); rolled back if the caller did not end it."""
+        conn, _ = self._live(lambda c: c.execute(begin))
         try:
             yield conn
         finally:
@@ -254,19 +264,9 @@ class PostgresCatalog(SqlCatalog):
         """One statement in autocommit (its own snapshot): one round trip, not three. On
         a connection the server dropped (a restart) the read runs again on the next."""
         text, args = translate(sql), tuple(params)
-        for stale in range(self.concurrency + 1):
-            try:
-                conn = self._pool.getconn()
-            except PoolTimeout as e:
-                raise self._unavailable(e) from None
-            try:
-                return conn.execute(text, args).fetchall()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
-                if not conn.broken or stale == self.concurrency:
-                    raise self._unavailable(e) from None
-            finally:
-                self._pool.putconn(conn)
-        raise AssertionError("unreachable")
+        conn, rows = self._live(lambda c: c.execute(text, args).fetchall())
+        self._pool.putconn(conn)
+        return rows
 
     def _transaction(self, body: Callable[[Conn], T], synced: bool, touch: bool) -> T:
         if self.readonly:

@@ -150,7 +150,8 @@ class ContentsCatalog(Protocol):
         ...
 
     def delete_inode(self, ino: int) -> list[bytes]:
-        """Drop an inode whose last link and last open handle are gone."""
+        """Drop an inode whose last link and last open handle are gone (not while any
+        node's session holds it open: the last closer drops it, sessions.py)."""
         ...
 
     def drop_unreferenced(
@@ -452,41 +453,50 @@ class SessionCatalog(Protocol):
     the database's clock."""
 
     def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
-        """UsageError naming the node if it has a live session already; its own expired
-        one is ended first."""
+        """A new session of ``node``, expiring ``timeout_s`` after now unless a heartbeat
+        extends it. A live session of the same node name: UsageError naming the node; an
+        expired one is ended first (as its cleanup would)."""
         ...
 
     def heartbeat_session(self, sid: str, timeout_s: float) -> bool:
-        """Extend the expiry; False if the session is gone (cleaned up, or closed)."""
+        """Push the session's expiry to ``timeout_s`` after now; False if it is gone
+        (expired and cleaned up by another node, or closed)."""
         ...
 
     def close_session(self, sid: str) -> SessionEnd:
+        """End this node's session (a clean unmount, after its last commit)."""
         ...
 
     def cleanup_expired_sessions(self) -> list[SessionEnd]:
-        """End every expired session, if this caller wins the cleanup (one at a time)."""
+        """End every session whose expiry passed, if this caller wins the cleanup (one at a
+        time: the others get [] at once). Each is ended exactly once."""
         ...
 
     def sessions(self) -> list[SessionRow]:
         ...
 
     def database_now_ns(self) -> int:
+        """The database's clock (what session expiries are measured in)."""
         ...
 
     def note_open(self, sid: str, ino: int, writing: bool = False) -> None:
-        """NotFound if the inode is gone."""
+        """Session ``sid`` holds ``ino`` open (for writing, if ``writing``). NotFound if the
+        inode is gone (dropped by another node meanwhile); nothing if the session is gone
+        (its heartbeat registers again and notes its open inodes anew)."""
         ...
 
     def note_open_many(self, sid: str, inos: Sequence[tuple[int, bool]]) -> None:
+        """``note_open`` of several (ino, writing); inodes gone meanwhile are skipped."""
         ...
 
     def release_inode(self, sid: str, ino: int) -> list[bytes] | None:
-        """The session's last handle of ``ino`` closed: the inode is dropped if it has no
-        name and no other session holds it (its extents' digests returned; None: kept)."""
+        """Session ``sid`` closed its last handle of ``ino``. If the inode has no name left
+        and no other session holds it open, it is dropped: the digests its extents named
+        (to collect); None if it stays."""
         ...
 
     def open_inodes(self) -> set[int]:
-        """The inodes any session holds open."""
+        """Every inode some session holds open (retention never expires what is open)."""
         ...
 
     def open_writer_paths(self) -> list[str]:

@@ -17,8 +17,9 @@ holds open are rows of ``open_handles``. Every time here is the **database's** c
 * One live session per node name: two daemons with one name would mix the replicas of
   their local tiers (named NODE:NAME).
 
-The SQLite engine has the same tables and methods (real, cheap, unused: one node, so the
-daemon registers no session and the VFS notes no open handles there).
+What each method does is said on protocols.SessionCatalog. The SQLite engine has the same
+tables and methods (real, cheap, unused: one node, so the daemon registers no session and
+the VFS notes no open handles there).
 """
 
 from __future__ import annotations
@@ -114,9 +115,6 @@ class SessionsSql:
     # -- sessions ----------------------------------------------------------------------------
 
     def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
-        """A new session of ``node``, expiring ``timeout_s`` after now unless a heartbeat
-        extends it. A live session of the same node name: UsageError naming the node; an
-        expired one is ended first (as its cleanup would)."""
         timeout_ns = int(timeout_s * 1e9)
 
         def body(c: Conn) -> Registered:
@@ -146,8 +144,6 @@ class SessionsSql:
         return self._write(body, touch=True)
 
     def heartbeat_session(self, sid: str, timeout_s: float) -> bool:
-        """Push the session's expiry to ``timeout_s`` after now; False if it is gone
-        (expired and cleaned up by another node, or closed)."""
         timeout_ns = int(timeout_s * 1e9)
 
         def body(c: Conn) -> bool:
@@ -158,7 +154,6 @@ class SessionsSql:
         return self._write(body)
 
     def close_session(self, sid: str) -> SessionEnd:
-        """End this node's session (a clean unmount, after its last commit)."""
         def body(c: Conn) -> SessionEnd:
             row = c.execute("SELECT node FROM sessions WHERE sid=?", (sid,)).fetchone()
             return self._end(c, sid, "" if row is None else str(row[0]), "")
@@ -166,8 +161,6 @@ class SessionsSql:
         return self._write(body, touch=True)
 
     def cleanup_expired_sessions(self) -> list[SessionEnd]:
-        """End every session whose expiry passed, if this caller wins the cleanup (one at a
-        time: the others get [] at once). Each is ended exactly once."""
         with self._reading() as c:
             now = self._db_now(c)
             if not c.execute("SELECT 1 FROM sessions WHERE expires_ns<? LIMIT 1", (now,)).fetchone():
@@ -199,16 +192,12 @@ class SessionsSql:
                 for s, n, a, b, e, i in rows]
 
     def database_now_ns(self) -> int:
-        """The database's clock (what session expiries are measured in)."""
         with self._reading() as c:
             return self._db_now(c)
 
     # -- open handles ------------------------------------------------------------------------
 
     def note_open(self, sid: str, ino: int, writing: bool = False) -> None:
-        """Session ``sid`` holds ``ino`` open (for writing, if ``writing``). NotFound if the
-        inode is gone (dropped by another node meanwhile); nothing if the session is gone
-        (its heartbeat registers again and notes its open inodes anew)."""
         def body(c: Conn) -> None:
             if c.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is None:
                 raise NotFound(f"inode {ino}")
@@ -223,7 +212,6 @@ class SessionsSql:
         self._write(body)
 
     def note_open_many(self, sid: str, inos: Sequence[tuple[int, bool]]) -> None:
-        """``note_open`` of several (ino, writing); inodes gone meanwhile are skipped."""
         def body(c: Conn) -> None:
             for ino, writing in inos:
                 c.execute(
@@ -236,9 +224,6 @@ class SessionsSql:
         self._write(body)
 
     def release_inode(self, sid: str, ino: int) -> list[bytes] | None:
-        """Session ``sid`` closed its last handle of ``ino``. If the inode has no name left
-        and no other session holds it open, it is dropped: the digests its extents named
-        (to collect); None if it stays."""
         def body(c: Conn) -> list[bytes] | None:
             c.execute("DELETE FROM open_handles WHERE sid=? AND ino=?", (sid, ino))
             return _drop_if_orphan(c, ino)
@@ -246,7 +231,6 @@ class SessionsSql:
         return self._write(body)
 
     def open_inodes(self) -> set[int]:
-        """Every inode some session holds open (retention never expires what is open)."""
         with self._reading() as c:
             return {int(r[0]) for r in c.execute("SELECT DISTINCT ino FROM open_handles")}
 

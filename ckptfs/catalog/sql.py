@@ -1,6 +1,7 @@
 """The catalog's logic, once for every SQL engine: ``SqlCatalog``.
 
-Every public method is one transaction. A method that changes something hands its body
+What each public method does is said once, on its Protocol (protocols.py, where a caller's
+type leads); comments here say how. Every public method is one transaction. A method that changes something hands its body
 (a function of a connection) to ``_write``; the engine runs it in a write transaction
 (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: SERIALIZABLE, and the body runs again after a
 serialization failure, so a body does nothing but SQL and returns its result). A read takes
@@ -306,8 +307,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         raise NotImplementedError
 
     def backup_bytes(self) -> bytes:
-        """A consistent copy of the whole catalog, as a SQLite catalog file: the snapshot
-        stored on the remotes (restored as a SQLite catalog)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -339,12 +338,10 @@ class SqlCatalog(SessionsSql, WantsSql):
         self._write(lambda c: c.execute(_SET_META, (key, value)))
 
     def recorded_tiers(self) -> list[dict[str, str]]:
-        """The tiers the catalog was last mounted with (meta ``tiers``, mount.tier_record)."""
         raw = self.get_meta("tiers")
         return [] if raw is None else list(json.loads(raw))
 
     def sync(self) -> None:
-        """Make every earlier commit synced to disk (a no-op write in a FULL transaction)."""
         self._write(lambda c: c.execute(_SET_META, ("last_sync_ns", str(time.time_ns()))), synced=True)
 
     # -- namespace ---------------------------------------------------------------------------
@@ -377,6 +374,14 @@ class SqlCatalog(SessionsSql, WantsSql):
         ).fetchone()
         return None if row is None else _inode(row)
 
+    def _named(self, c: Conn, parent: int, name: bytes) -> Inode:
+        """The inode the entry ``name`` of directory ``parent`` names; NotFound if none."""
+        self._dir(c, parent)
+        inode = self._entry(c, parent, name)
+        if inode is None:
+            raise NotFound(name.decode(errors="replace"))
+        return inode
+
     def lookup(self, parent: int, name: bytes) -> Inode:
         # One statement: the parent's mode, and the entry's inode if there is one.
         rows = self._query(
@@ -403,8 +408,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
         rdev: int = 0,
     ) -> Inode:
-        """Create a file, directory, symlink or special file (FIFO, socket, device with
-        ``rdev``) entry. EEXIST if the name is taken."""
         now = time.time_ns()
         is_dir = stat.S_ISDIR(mode)
         size = len(target) if target is not None else 0
@@ -449,14 +452,10 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, touch=True)
 
     def unlink(self, parent: int, name: bytes) -> Inode:
-        """Remove a non-directory entry; returns the inode with its new link count."""
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            self._dir(c, parent)
-            inode = self._entry(c, parent, name)
-            if inode is None:
-                raise NotFound(name.decode(errors="replace"))
+            inode = self._named(c, parent, name)
             if inode.is_dir:
                 raise IsADirectory(name.decode(errors="replace"))
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
@@ -470,10 +469,7 @@ class SqlCatalog(SessionsSql, WantsSql):
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            self._dir(c, parent)
-            inode = self._entry(c, parent, name)
-            if inode is None:
-                raise NotFound(name.decode(errors="replace"))
+            inode = self._named(c, parent, name)
             if not inode.is_dir:
                 raise NotADirectory(name.decode(errors="replace"))
             if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (inode.ino,)).fetchone():
@@ -501,7 +497,6 @@ class SqlCatalog(SessionsSql, WantsSql):
     def rename(
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
     ) -> Inode | None:
-        """Atomic rename. Returns the replaced inode (with its new link count), if any."""
         now = time.time_ns()
 
         def body(c: Conn) -> Inode | None:
@@ -595,14 +590,11 @@ class SqlCatalog(SessionsSql, WantsSql):
         return [bytes(r[0]) for r in self._query("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
 
     def xattr_inodes(self) -> set[int]:
-        """The inodes that have stored extended attributes."""
         with self._reading() as c:
             return {int(r[0]) for r in c.execute("SELECT DISTINCT ino FROM xattrs")}
 
     def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
                   replace_only: bool = False) -> Inode:
-        """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
-        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
@@ -620,7 +612,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, touch=True)
 
     def remove_xattr(self, ino: int, name: bytes) -> Inode:
-        """ENODATA if the inode has no such attribute."""
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
@@ -657,11 +648,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
     ) -> list[bytes]:
-        """Commit a file's new size, times and changed extents in one transaction.
-
-        Extents past the end are dropped. Returns the digests that lost a reference
-        (candidates for garbage collection).
-        """
         n_chunks = (size + chunk_size - 1) // chunk_size
         queued = uploads or {}
 
@@ -708,8 +694,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, synced=synced, touch=True)
 
     def delete_inode(self, ino: int) -> list[bytes]:
-        """Drop an inode whose last link and last open handle are gone (not while any
-        node's session holds it open: the last closer drops it, sessions.py)."""
         def body(c: Conn) -> list[bytes]:
             if c.execute("SELECT 1 FROM open_handles WHERE ino=? LIMIT 1", (ino,)).fetchone():
                 return []
@@ -725,17 +709,12 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def unlinked_inodes(self) -> list[int]:
-        """Inodes with no name left (unlinked while open before a crash or shutdown)."""
         with self._reading() as c:
             return [int(r[0]) for r in c.execute("SELECT ino FROM inodes WHERE nlink<=0")]
 
     def drop_unreferenced(
         self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
     ) -> dict[bytes, list[str]]:
-        """Drop the chunk, replica and upload rows of chunks no extent references, and queue
-        the deletion of their frames (from the recorded tiers, the tiers in ``extra_tiers``
-        a caller just wrote them to, and the remotes an upload may have reached) in the same
-        transaction. Returns digest -> tiers queued."""
         now = time.time_ns()
         todo = set(digests)
 
@@ -764,8 +743,6 @@ class SqlCatalog(SessionsSql, WantsSql):
     # -- the deletion queue ------------------------------------------------------------------
 
     def queue_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> int:
-        """Queue frames to delete (frames found left over, e.g. of an expired checkpoint).
-        Safe for any pair: the deleter cancels a row whose chunk is wanted on its tier."""
         now = time.time_ns()
         todo = set(pairs)
 
@@ -780,7 +757,6 @@ class SqlCatalog(SessionsSql, WantsSql):
     def due_deletions(
         self, now_ns: int, limit: int, skip: set[tuple[bytes, str]], tiers: Sequence[str]
     ) -> list[Deletion]:
-        """Rows of these tiers ready to run, oldest first."""
         if not tiers:
             return []
         tp = ",".join("?" * len(tiers))
@@ -793,7 +769,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return [r for r in out if (r.digest, r.tier) not in skip][:limit]
 
     def next_deletion_due_ns(self, skip: set[tuple[bytes, str]], tiers: Sequence[str]) -> int | None:
-        """Earliest retry time among rows of these tiers not running now."""
         if not tiers:
             return None
         tp = ",".join("?" * len(tiers))
@@ -808,9 +783,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return None
 
     def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
-        """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
-        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
-        a row that is gone (done by someone else) is skipped."""
         todo = list(pairs)
 
         def body(c: Conn) -> list[tuple[bytes, str]]:
@@ -850,7 +822,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self._write(body)
 
     def retry_deletions_now(self, tier: str | None = None) -> int:
-        """Make postponed rows due at once (a tier works again; ``ckptfs gc``)."""
         def body(c: Conn) -> int:
             if tier is None:
                 return c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
@@ -861,7 +832,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def deletions_pending(self, digests: Iterable[bytes], due_before_ns: int | None = None) -> set[bytes]:
-        """Which of these chunks still have deletion rows (only rows due by then, if given)."""
         out = set()
         with self._reading() as c:
             for d in set(digests):
@@ -881,7 +851,6 @@ class SqlCatalog(SessionsSql, WantsSql):
             return {bytes(r[0]) for r in c.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
 
     def deletion_backlog(self) -> list[DeletionBacklog]:
-        """The deletion queue per tier (empty for a read-only catalog that predates it)."""
         out = []
         with self._reading() as c:
             try:
@@ -906,7 +875,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self, now_ns: int, limit: int, skip: set[tuple[bytes, str]],
         sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
-        """Jobs ready to run, oldest commit first."""
         held, args = held_on(sources)
         with self._reading() as c:
             rows = c.execute(
@@ -926,7 +894,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self, digests: Iterable[bytes], now_ns: int, limit: int, skip: set[tuple[bytes, str]],
         sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
-        """Ready jobs for the given chunks only (someone waits for them: expedite)."""
         jobs: list[UploadJob] = []
         held, args = held_on(sources)
         with self._reading() as c:
@@ -947,7 +914,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return jobs[:limit]
 
     def pending_digests(self, digests: Iterable[bytes]) -> int:
-        """How many of these chunks still have an upload job."""
         with self._reading() as c:
             return sum(
                 1 for d in set(digests)
@@ -957,7 +923,6 @@ class SqlCatalog(SessionsSql, WantsSql):
     def next_upload_due_ns(
         self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
     ) -> int | None:
-        """Earliest retry time among jobs not running now."""
         held, args = held_on(sources)
         with self._reading() as c:
             rows = c.execute(
@@ -971,9 +936,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return None
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:
-        """Record a finished copy. False if the job was cancelled meanwhile (the chunk was
-        deleted): the caller then removes the copy it made. Touches the catalog: the next
-        remote snapshot must know the chunk is there."""
         def body(c: Conn) -> bool:
             gone = c.execute(
                 "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
@@ -988,7 +950,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, touch=True)
 
     def retry_uploads_now(self, tier: str) -> int:
-        """Make the postponed (not blocked) uploads to ``tier`` due at once: it works again."""
         def body(c: Conn) -> int:
             return c.execute(
                 "UPDATE upload_jobs SET next_try_ns=0 WHERE tier=? AND next_try_ns>0 "
@@ -1023,25 +984,16 @@ class SqlCatalog(SessionsSql, WantsSql):
                        None if err is None else str(err[0]))
 
     def snapshot_of_ns(self) -> int | None:
-        """When the catalog state last stored on the remotes was taken (None: never)."""
         taken = self.get_meta("snapshot_of_ns")
         return None if taken is None else int(taken)
 
     def snapshot_is_current(self) -> bool:
-        """The remote catalog snapshot includes every namespace and content change."""
         with self._reading() as c:
             changed = self._get_meta(c, "changed_ns")
             taken = self._get_meta(c, "snapshot_of_ns")
         return changed is None or (taken is not None and int(taken) >= int(changed))
 
     def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
-        """Turn a catalog restored from a remote snapshot into this node's catalog.
-
-        A chunk the snapshot records on any remote tier is recorded on every configured
-        remote tier (reads try each; striping may differ on this node); local replicas
-        and upload jobs are forgotten. A file naming a chunk no remote held when the
-        snapshot was taken (its upload was still pending) cannot be recovered: it is
-        removed. Returns (files kept, paths of files removed)."""
         recorded = {t["name"]: t.get("kind", "local") for t in self.recorded_tiers()}
         snap_remotes = [n for n, k in recorded.items() if k != "local"]
         # The chunks a remote held (read before the replica rows are replaced below).
@@ -1078,7 +1030,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, touch=True)
 
     def pending_uploads_for(self, inos: Iterable[int]) -> int:
-        """Upload jobs still open for chunks the given files name."""
         total = 0
         with self._reading() as c:
             for ino in inos:
@@ -1106,9 +1057,6 @@ class SqlCatalog(SessionsSql, WantsSql):
     def eviction_candidates(
         self, local_tiers: Sequence[str], remote_tiers: Sequence[str], limit: int
     ) -> list[tuple[bytes, str, int]]:
-        """Local replicas that may go: a remote tier holds the chunk and no upload still
-        needs the local copy. Chunks of the least recently modified files first (a restart
-        reads the newest checkpoint). Returns (digest, local tier, frame body length)."""
         if not local_tiers or not remote_tiers:
             return []
         lp = ",".join("?" * len(local_tiers))
@@ -1126,8 +1074,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return [(bytes(d), str(t), int(n)) for d, t, n in rows]
 
     def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
-        """Turn a local replica row into a deletion row if a remote copy still backs it and
-        no upload needs it (checked again in the transaction)."""
         rp = ",".join("?" * len(remote_tiers)) or "NULL"
 
         def body(c: Conn) -> bool:
@@ -1147,7 +1093,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def has_chunk(self, digest: bytes) -> bool:
-        """Whether a committed file names this chunk (its row exists)."""
         return bool(self._query("SELECT 1 FROM chunks WHERE digest=?", (digest,)))
 
     def chunk_length(self, digest: bytes) -> int:
@@ -1155,8 +1100,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return int(rows[0][0]) if rows else 0
 
     def stored_by_tier(self) -> dict[str, tuple[int, int]]:
-        """Per tier, the valid copies the catalog records there: (chunks, plaintext bytes).
-        One scan of the replicas: for `ckptfs status`, beside the daemon, not in it."""
         with self._reading() as c:
             rows = c.execute(
                 "SELECT r.tier, count(*), coalesce(sum(c.length), 0) FROM replicas r "
@@ -1174,15 +1117,12 @@ class SqlCatalog(SessionsSql, WantsSql):
     # -- self-healing ------------------------------------------------------------------------
 
     def mark_replica_bad(self, digest: bytes, tier: str) -> None:
-        """A read found this copy missing or corrupt: readers skip it until it is healed."""
         def body(c: Conn) -> None:
             c.execute("UPDATE replicas SET state='bad' WHERE digest=? AND tier=?", (digest, tier))
 
         self._write(body)
 
     def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
-        """Record a (healed or copied back) valid copy of a chunk the catalog still knows.
-        False if the chunk was dropped meanwhile: the copy is queued for deletion."""
         def body(c: Conn) -> bool:
             if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
                 _queue_deletion(c, digest, tier, 0, time.time_ns())
@@ -1193,7 +1133,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def requeue_upload(self, digest: bytes, tier: str) -> bool:
-        """Copy a chunk to a remote tier again (its copy there is missing or corrupt)."""
         def body(c: Conn) -> bool:
             row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
             if row is None:
@@ -1208,14 +1147,10 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def upload_job_pairs(self) -> set[tuple[bytes, str]]:
-        """Every (digest, tier) with an upload job (``ckptfs fsck --remote``)."""
         with self._reading() as c:
             return {(bytes(d), str(t)) for d, t in c.execute("SELECT digest, tier FROM upload_jobs")}
 
     def queue_upload(self, digest: bytes, tier: str) -> bool:
-        """Queue the copy of a known chunk to a remote tier (the row commit_file writes),
-        leaving its replica rows alone. False if a job is queued already or the chunk is
-        not known."""
         def body(c: Conn) -> bool:
             return c.execute(
                 "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
@@ -1226,8 +1161,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body)
 
     def extent_replicas(self, inos: Sequence[int], tiers: Sequence[str]) -> list[ExtentReplicas]:
-        """Every extent of these files, with whether a valid copy of its chunk is on one of
-        ``tiers`` (``ckptfs prefetch``). Queried in batches (SQLite's variable limit)."""
         out: list[ExtentReplicas] = []
         tp = ",".join("?" * len(tiers)) or "NULL"
         step = max(1, _SQL_VARS - len(tiers))
@@ -1245,7 +1178,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return out
 
     def stored_on_tier(self, tier: str) -> tuple[int, int]:
-        """The valid copies the catalog records on one tier: (chunks, plaintext bytes)."""
         with self._reading() as c:
             n, size = c.execute(
                 "SELECT count(*), coalesce(sum(c.length), 0) FROM replicas r JOIN chunks c "
@@ -1270,7 +1202,6 @@ class SqlCatalog(SessionsSql, WantsSql):
             return None
 
     def resolve(self, path: str) -> Inode | None:
-        """The inode at ``path`` (absolute inside the mount), or None."""
         with self._reading() as c:
             return self._resolve(c, path)
 
@@ -1283,10 +1214,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self, root: str, framework: str, step: int | None, t_ns: int, *,
         keep_newer_commit: bool = False,
     ) -> bool:
-        """A checkpoint is being written. A committed or partial one at the same path that
-        is written again (an overwrite) starts over; with ``keep_newer_commit`` (a shared
-        catalog: another node's begin may land late) a committed one whose commit is not
-        older than ``t_ns`` stays committed. True if the row changed."""
         def body(c: Conn) -> bool:
             row = c.execute("SELECT state, commit_ns FROM checkpoints WHERE root=?",
                             (root,)).fetchone()
@@ -1325,9 +1252,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         self, root: str, state: CheckpointState | str, reason: str | None = None, *,
         only_from: CheckpointState | None = None,
     ) -> bool:
-        """``state``: a CheckpointState (a string naming none is refused: InvalidArgument);
-        ``only_from``: change it only if it is in that state now (another node may have
-        changed it since it was read). True if the row changed."""
         try:
             st = CheckpointState(state)
         except ValueError:
@@ -1375,7 +1299,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return self._write(body, touch=True)
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
-        """Checkpoint rows at or under ``under``, oldest first."""
         prefix = under.rstrip("/")
         with self._reading() as c:
             rows = c.execute(
@@ -1392,7 +1315,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         ]
 
     def rename_checkpoints(self, old: str, new: str) -> None:
-        """A directory or file was renamed: checkpoints at or under it move with it."""
         def body(c: Conn) -> None:
             for cid, root in c.execute(
                 "SELECT id, root FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ?",
@@ -1419,12 +1341,10 @@ class SqlCatalog(SessionsSql, WantsSql):
         return out
 
     def files_under(self, root: str) -> list[Inode]:
-        """The regular files at or under ``root`` (a path inside the mount)."""
         with self._reading() as c:
             return self._files_under(c, root)
 
     def digests_under(self, roots: Iterable[str]) -> dict[bytes, int]:
-        """Chunks (digest -> length) named by the files at or under these paths."""
         out: dict[bytes, int] = {}
         with self._reading() as c:
             for root in roots:
@@ -1436,7 +1356,6 @@ class SqlCatalog(SessionsSql, WantsSql):
         return out
 
     def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
-        """Forget pending uploads of these chunks (a superseded checkpoint's)."""
         todo = set(digests)
 
         def body(c: Conn) -> int:

@@ -30,7 +30,7 @@ from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
-from ..metrics.exporter import read_address
+from ..metrics.address import read_address
 from ..statedir import mountpoint_of, read_pid
 from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
 from .sync import backlog_line

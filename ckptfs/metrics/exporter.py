@@ -1,7 +1,7 @@
 """The Prometheus side of the daemon's metrics: one registry of its own (never the
 prometheus_client global one), the ``/metrics`` HTTP server on ``metrics_address`` (config;
 localhost by default, "" disables, port 0 picks a free port) and ``STATE_DIR/metrics.addr``,
-where the bound address is written for ``ckptfs status`` (``read_address``).
+where the bound address is written for ``ckptfs status`` (address.py reads it).
 
 It imports no domain module: what it serves comes from the collectors the daemon registers
 (metrics/telemetry.py) and the request metrics (metrics/requests.py).
@@ -22,6 +22,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from ..statedir import write_private
+from .address import ADDR_FILE, join_address, split_address
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -30,7 +31,6 @@ log = logging.getLogger("ckptfs.metrics")
 
 REGISTRY = CollectorRegistry()
 disable_created_metrics()  # no *_created series: they double the scrape for nothing
-ADDR_FILE = "metrics.addr"
 
 
 @dataclass
@@ -41,24 +41,6 @@ class Endpoint:
 
     requested: str | None = None
     address: str | None = None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` (as config.parse_metrics_address returns)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def read_address(state_dir: Path) -> str | None:
-    """The address a daemon serves metrics on (None: none, or no daemon wrote one)."""
-    try:
-        return (state_dir / ADDR_FILE).read_text().strip() or None
-    except OSError:
-        return None
 
 
 class MetricsServer:

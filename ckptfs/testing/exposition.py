@@ -8,7 +8,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..metrics.exporter import read_address
+from ..metrics.address import read_address
 
 
 def parse_exposition(text: str) -> dict[str, float]:
