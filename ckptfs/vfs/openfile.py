@@ -25,9 +25,10 @@ import trio
 from ..catalog import ChunkRef, Inode
 from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
+from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError
-from .chunkbuffer import Buffer, ChunkBuffer
+from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -96,6 +97,9 @@ class Services:
     # tier only is copied to a local one ("sequential", "always", "never").
     readahead: int = DEFAULT_READAHEAD
     copy_back: str = "sequential"
+    # Reused buffers that a save's chunks are assembled in (codec/staged.py); None: the
+    # chunks keep pyfuse3's bytes as parts.
+    stages: StagePool | None = None
 
 
 class OpenFile:
@@ -160,7 +164,9 @@ class OpenFile:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def _buffer(self, idx: int) -> ChunkBuffer:
+    async def _buffer(self, idx: int, stage: bool = False) -> ChunkBuffer:
+        """The dirty buffer of chunk ``idx``, made if needed; a new, empty chunk is staged
+        if ``stage`` (its first write is large: a save)."""
         buf = self.dirty.get(idx)
         if buf is not None:
             return buf
@@ -173,7 +179,12 @@ class OpenFile:
                 ref = self._ref(idx)
                 # Read-modify-write: only when the chunk holds data (overwrite, append
                 # after a close, truncate), never on the sequential first write.
-                buf = ChunkBuffer() if ref is None else ChunkBuffer([await self.svc.store.read(ref)])
+                if ref is not None:
+                    buf = ChunkBuffer([await self.svc.store.read(ref)])
+                elif stage and self.svc.stages is not None:
+                    buf = ChunkBuffer(staged=self.svc.stages.take())
+                else:
+                    buf = ChunkBuffer()
         except BaseException:
             self.svc.budget.release(self.cs)
             raise
@@ -188,9 +199,13 @@ class OpenFile:
             while pos < end:
                 idx, within = divmod(pos, self.cs)
                 n = min(end - pos, self.cs - within)
-                buf = await self._buffer(idx)
+                buf = await self._buffer(idx, stage=len(data) >= min(STAGE_MIN, self.cs))
                 # The common case (one request inside one chunk) keeps the bytes object.
-                buf.write(within, data if n == len(data) else data[pos - off : pos - off + n])
+                try:
+                    buf.write(within, data if n == len(data) else data[pos - off : pos - off + n])
+                except CkptfsError as exc:  # a staged copy that differs: this version is lost
+                    self.failed = exc
+                    raise
                 pos += n
                 if pos > self.size:
                     self.size = pos
@@ -209,7 +224,7 @@ class OpenFile:
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
-            ref = await self.svc.store.write(pending.data.parts)
+            ref = await self.svc.store.write(pending.data.content())
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
@@ -227,7 +242,14 @@ class OpenFile:
             self._running.discard(pending)
             self.svc.budget.in_flight -= 1
             self.svc.budget.release(self.cs)
+            self._drop(pending.data)
             pending.done.set()
+
+    def _drop(self, buf: ChunkBuffer) -> None:
+        """``buf`` is done with (stored or discarded): a staged chunk's buffer is reused."""
+        if buf.staged is not None and self.svc.stages is not None:
+            self.svc.stages.give(buf.staged)
+            buf.staged = None
 
     def spill(self) -> None:
         """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""
@@ -243,7 +265,7 @@ class OpenFile:
             if size < self.size:
                 keep = math.ceil(size / self.cs)
                 for idx in [i for i in self.dirty if i >= keep]:
-                    del self.dirty[idx]
+                    self._drop(self.dirty.pop(idx))
                     self.svc.budget.release(self.cs)
                 for idx in [i for i in self.inflight if i >= keep]:
                     del self.inflight[idx]  # its result is ignored; commit collects it
@@ -263,8 +285,9 @@ class OpenFile:
 
     async def _discard(self) -> None:
         """Forget everything since the last commit (after a failed write)."""
-        for _ in self.dirty:
+        for buf in self.dirty.values():
             self.svc.budget.release(self.cs)
+            self._drop(buf)
         self.dirty.clear()
         await self._wait_inflight()
         written, self.written = self.written, []
