@@ -28,6 +28,7 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
+from ..codec.staged import Staged
 from ..config.model import WriteBehind
 from ..errors import (
     CatalogUnavailable,
@@ -611,21 +612,21 @@ class ChunkStore:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def write(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
-        """Store one chunk (given as parts) and return a verified, pinned reference to it.
+    async def write(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
+        """Store one chunk (given as parts, or staged in place: its frame is written from
+        where it lies) and return a verified, pinned reference to it.
         When every local tier is full, make room (evict chunks a remote holds, or wait for
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
         waited_since: float | None = None
         while True:
             gen = self.room.gen
             try:
-                ref = await self._write_once(parts)
+                ref = await self._write_once(data)
             except NoSpace as exc:
                 if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
-                waited_since = await self._make_room(
-                    sum(len(p) for p in parts) + frame.HEADER_SIZE, exc, waited_since
-                )
+                n = data.length if isinstance(data, Staged) else sum(len(p) for p in data)
+                waited_since = await self._make_room(n + frame.HEADER_SIZE, exc, waited_since)
                 continue
             if waited_since is not None:
                 log.warning("local tiers have room again after %.1f s",
@@ -680,9 +681,15 @@ class ChunkStore:
             del self._behind[digest]
             done.set()
 
-    async def _write_once(self, parts: Sequence[frame.Buffer]) -> ChunkRef:
+    async def _write_once(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
 
         def work() -> ChunkRef:
+            staged: Staged | None = None
+            parts: Sequence[frame.Buffer]
+            if isinstance(data, Staged):
+                staged, parts = data, (data.body(),)
+            else:
+                parts = data
             digest = frame.digest_of_parts(parts)
             # Pinned before the put, and never put while a local deletion of the same
             # frame is in flight (it would remove the frame after our put), unless another
@@ -692,7 +699,9 @@ class ChunkStore:
             if shared is not None:
                 return ChunkRef(digest, shared.length, shared.tiers)
             try:
-                framed = frame.encode(parts, digest)
+                # A staged chunk's frame is the buffer it lies in (the header goes before
+                # it): the bytes just hashed are the ones the tier writes.
+                framed = frame.encode(parts, digest) if staged is None else [staged.frame(digest)]
                 size = sum(len(p) for p in framed)
                 tier = self._put_somewhere(digest, framed, size)
             except BaseException:

@@ -61,19 +61,22 @@ def digest_of_parts(parts: Sequence[Buffer]) -> bytes:
     return h.digest()
 
 
+def header(plain_len: int, digest: bytes) -> bytes:
+    """The header of a raw frame of ``plain_len`` plaintext bytes."""
+    return _HEADER.pack(MAGIC, VERSION, Codec.RAW, 0, 0, 0, plain_len, plain_len, digest)
+
+
 def encode(parts: Sequence[Buffer], digest: bytes) -> list[Buffer]:
     """The frame as a list of buffers ready for writev: header, then the plaintext parts
     themselves (raw codec), so no copy is made."""
-    n = sum(len(p) for p in parts)
-    header = _HEADER.pack(MAGIC, VERSION, Codec.RAW, 0, 0, 0, n, n, digest)
-    return [header, *parts]
+    return [header(sum(len(p) for p in parts), digest), *parts]
 
 
 def encode_lz4(body: Buffer, plain_len: int, digest: bytes) -> bytes:
     """An LZ4 frame: ``body`` is ``lz4.block.compress(plaintext, store_size=False)`` (the
     header carries plain_len instead). The caller must verify the result before trusting it."""
-    header = _HEADER.pack(MAGIC, VERSION, Codec.LZ4, 0, 0, 0, plain_len, len(body), digest)
-    return header + bytes(body)
+    head = _HEADER.pack(MAGIC, VERSION, Codec.LZ4, 0, 0, 0, plain_len, len(body), digest)
+    return head + bytes(body)
 
 
 def parse_header(raw: Buffer) -> FrameHeader:

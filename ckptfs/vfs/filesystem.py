@@ -26,6 +26,7 @@ from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
+from ..codec.staged import StagePool
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, policy_for
 from ..errors import (
     CkptfsError,
@@ -218,6 +219,9 @@ class Filesystem:
         self.db_limiter = db_limiter
         self.store = store
         self.budget = budget
+        # Buffers a save's chunks are assembled in, reused (codec/staged.py): as many as
+        # the memory budget lets be in memory at once.
+        self.stages = StagePool(chunk_size, keep=max(1, budget.limit // chunk_size))
         self.uploader = uploader
         self.gc = gc
         self.policies = policies
@@ -459,7 +463,7 @@ class Filesystem:
         return Services(
             store=self.store, budget=self.budget, nursery=self._nursery,
             chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
-            readahead=self.readahead, copy_back=self.copy_back,
+            readahead=self.readahead, copy_back=self.copy_back, stages=self.stages,
         )
 
     async def _path_of(self, ino: int) -> str:

@@ -25,9 +25,10 @@ import trio
 from ..catalog import ChunkRef, Inode
 from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
+from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError
-from .chunkbuffer import Buffer, ChunkBuffer
+from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -96,6 +97,9 @@ class Services:
     # tier only is copied to a local one ("sequential", "always", "never").
     readahead: int = DEFAULT_READAHEAD
     copy_back: str = "sequential"
+    # Reused buffers that a save's chunks are assembled in (codec/staged.py); None: the
+    # chunks keep pyfuse3's bytes as parts.
+    stages: StagePool | None = None
 
 
 class OpenFile:
@@ -160,7 +164,9 @@ class OpenFile:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def _buffer(self, idx: int) -> ChunkBuffer:
+    async def _buffer(self, idx: int, stage: bool = False) -> ChunkBuffer:
+        """The dirty buffer of chunk ``idx``, made if needed; a new, empty chunk is staged
+        if ``stage`` (its first write is large: a save)."""
         buf = self.dirty.get(idx)
         if buf is not None:
             return buf
@@ -173,7 +179,12 @@ class OpenFile:
                 ref = self._ref(idx)
                 # Read-modify-write: only when the chunk holds data (overwrite, append
                 # after a close, truncate), never on the sequential first write.
-                buf = ChunkBuffer() if ref is None else ChunkBuffer([await self.svc.store.read(ref)])
+                if ref is not None:
+                    buf = ChunkBuffer([await self.svc.store.read(ref)])
+                elif stage and self.svc.stages is not None:
+                    buf = ChunkBuffer(staged=self.svc.stages.take())
+                else:
+                    buf = ChunkBuffer()
         except BaseException:
             self.svc.budget.release(self.cs)
             raise
@@ -181,23 +192,44 @@ class OpenFile:
         return buf
 
     async def write(self, off: int, data: bytes) -> int:
+        n = len(data)
+        idx, within = divmod(off, self.cs)
+        buf = self.dirty.get(idx)
+        if (buf is not None and within + n <= self.cs and self.failed is None
+                and not self.lock.locked()):
+            # The hot path of a save: one request into a chunk being assembled. Nothing
+            # here awaits, so no other task can run in between, which is all the lock
+            # would ensure; skipping it saves its scheduling round trip per request.
+            self._put(buf, idx, within, data)
+            self._touch()
+            return n
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
-            pos, end = off, off + len(data)
+            pos, end = off, off + n
             while pos < end:
                 idx, within = divmod(pos, self.cs)
-                n = min(end - pos, self.cs - within)
-                buf = await self._buffer(idx)
+                piece = min(end - pos, self.cs - within)
+                buf = await self._buffer(idx, stage=n >= min(STAGE_MIN, self.cs))
                 # The common case (one request inside one chunk) keeps the bytes object.
-                buf.write(within, data if n == len(data) else data[pos - off : pos - off + n])
-                pos += n
-                if pos > self.size:
-                    self.size = pos
-                if buf.length == self.cs and within + n == self.cs:
-                    self._dispatch(idx)
+                self._put(buf, idx, within, data if piece == n else data[pos - off : pos - off + piece])
+                pos += piece
             self._touch()
-            return len(data)
+            return n
+
+    def _put(self, buf: ChunkBuffer, idx: int, within: int, data: Buffer) -> None:
+        """``data`` into chunk ``idx`` at ``within``; a chunk written to its end is full and
+        goes to the store."""
+        try:
+            buf.write(within, data)
+        except CkptfsError as exc:  # a staged copy that differs: this version is lost
+            self.failed = exc
+            raise
+        end = within + len(data)
+        if idx * self.cs + end > self.size:
+            self.size = idx * self.cs + end
+        if buf.length == self.cs and end == self.cs:
+            self._dispatch(idx)
 
     def _dispatch(self, idx: int) -> None:
         data = self.dirty.pop(idx)
@@ -209,7 +241,7 @@ class OpenFile:
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
-            ref = await self.svc.store.write(pending.data.parts)
+            ref = await self.svc.store.write(pending.data.content())
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
@@ -227,7 +259,14 @@ class OpenFile:
             self._running.discard(pending)
             self.svc.budget.in_flight -= 1
             self.svc.budget.release(self.cs)
+            self._drop(pending.data)
             pending.done.set()
+
+    def _drop(self, buf: ChunkBuffer) -> None:
+        """``buf`` is done with (stored or discarded): a staged chunk's buffer is reused."""
+        if buf.staged is not None and self.svc.stages is not None:
+            self.svc.stages.give(buf.staged)
+            buf.staged = None
 
     def spill(self) -> None:
         """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""
@@ -243,7 +282,7 @@ class OpenFile:
             if size < self.size:
                 keep = math.ceil(size / self.cs)
                 for idx in [i for i in self.dirty if i >= keep]:
-                    del self.dirty[idx]
+                    self._drop(self.dirty.pop(idx))
                     self.svc.budget.release(self.cs)
                 for idx in [i for i in self.inflight if i >= keep]:
                     del self.inflight[idx]  # its result is ignored; commit collects it
@@ -263,8 +302,9 @@ class OpenFile:
 
     async def _discard(self) -> None:
         """Forget everything since the last commit (after a failed write)."""
-        for _ in self.dirty:
+        for buf in self.dirty.values():
             self.svc.budget.release(self.cs)
+            self._drop(buf)
         self.dirty.clear()
         await self._wait_inflight()
         written, self.written = self.written, []

@@ -12,6 +12,7 @@ import pytest
 from tests.support.tier_conformance import TierConformance, framed
 
 from ckptfs.codec import frame
+from ckptfs.codec.staged import StagePool
 from ckptfs.config import TierConfig
 from ckptfs.errors import CorruptChunk, NoSpace, TierError
 from ckptfs.testing.tiers import MemoryTier
@@ -94,6 +95,66 @@ def test_direct_put_writes_the_exact_frame_without_a_truncate(
         os.close(fd)
     assert stored.read_bytes() == b"".join(bytes(p) for p in parts)
     assert bytes(frame.decode(t.get(key) or b"")) == data
+
+
+@pytest.mark.parametrize("verify", ["memory", "device"])
+@pytest.mark.parametrize("size", [2 * 1024 * 1024, 5 * 1024 * 1024 + 77, 300_000])
+def test_staged_frame_goes_to_the_device_from_its_own_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: str, size: int
+) -> None:
+    """A chunk staged in place (codec/staged.py) is handed over as one page-aligned frame:
+    a large one is written with O_DIRECT from that buffer, with no copy into another one
+    (and so nothing to compare); with verify_writes = "device" it is still read back into
+    a buffer of the tier's and compared. A small one is written buffered and read back."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", verify_writes=verify))  # type: ignore[arg-type]
+    t.open()
+    data = os.urandom(size)
+    staged = StagePool(chunk_size=8 * 1024 * 1024, keep=1).take()
+    staged.write(0, data)
+    digest = frame.digest_of_parts([staged.body()])
+    key = digest.hex()
+    copies: list[int] = []
+    real_copy = direct._copy
+
+    def counting_copy(base: int, at: int, part: frame.Buffer, view: memoryview) -> None:
+        copies.append(len(part))
+        real_copy(base, at, part, view)
+
+    monkeypatch.setattr(direct, "_copy", counting_copy)
+    t.put(key, [staged.frame(digest)])
+    assert copies == []
+    stored = tmp_path / "t" / "chunks" / key[:2] / key
+    assert stored.stat().st_size == frame.HEADER_SIZE + size
+    fd = os.open(stored, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert bytes(frame.decode(t.get(key) or b"", digest)) == data
+    assert list((tmp_path / "t" / "tmp").iterdir()) == []
+
+
+def test_staged_frame_that_differs_on_the_device_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify_writes = "device" compares the staged frame with what the device returns."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", verify_writes="device"))
+    t.open()
+    staged = StagePool(chunk_size=4 * 1024 * 1024, keep=1).take()
+    staged.write(0, os.urandom(3 * 1024 * 1024))
+    digest = frame.digest_of_parts([staged.body()])
+    real_preadv = os.preadv
+
+    def flipping_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        n = real_preadv(fd, buffers, offset)
+        buffers[0][100] ^= 1  # the device returned a flipped bit
+        return n
+
+    monkeypatch.setattr(os, "preadv", flipping_preadv)
+    with pytest.raises(CorruptChunk):
+        t.put(digest.hex(), [staged.frame(digest)])
+    assert not t.has(digest.hex())
 
 
 def test_small_put_names_the_frame_by_one_link_and_leaves_nothing_when_it_fails(
