@@ -12,7 +12,9 @@
 #   (cold restore) -> unmount -> ckptfs fsck -> two nodes, one namespace: a throwaway
 #   PostgreSQL as the shared catalog, nodes a and b mounted on it with the bucket, a
 #   checkpoint saved on a is listed and loaded bit-identical on b, an O_EXCL create race
-#   between the nodes (one wins) and a rename on a seen on b -> unmount both.
+#   between the nodes (one wins) and a rename on a seen on b -> one DCP-layout checkpoint
+#   written from both nodes, committed only once every shard is closed, `ckptfs latest`
+#   the same on both -> unmount both.
 #
 # Whatever happens, every mount is unmounted, the S3 server and PostgreSQL stopped (by PID)
 # and the temporary directory removed on exit (KEEP=1 keeps the directory for a look
@@ -378,7 +380,52 @@ print(f"renamed run1/checkpoint-100 -> run1/final on node a; node b lists run1: 
 EOF2
 "$PY" "$WORK/compare.py" "$B/run1/final" "$REF" | tail -n 1
 
-step "15. ckptfs status beside node b: the shared catalog knows both nodes' tiers; unmount both"
+step "15. one checkpoint from two nodes (DCP layout): rank 0 writes on a, rank 1 on b; it commits only when every shard on every node is closed, and ckptfs latest agrees on both"
+"$PY" - "$A" "$B" <<'EOF2'
+import os, subprocess, sys, time
+
+a, b = sys.argv[1], sys.argv[2]
+py = sys.executable
+
+def latest(mnt):
+    r = subprocess.run([py, "-m", "ckptfs", "latest", os.path.join(mnt, "dcp-run")],
+                       capture_output=True, text=True)
+    return r.stdout.strip()[len(mnt):] if r.returncode == 0 else None
+
+def wait_for(what, cond, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+def save(step, hold_rank1=False):
+    d = f"dcp-run/step-{step}"
+    os.makedirs(os.path.join(a, d))
+    with open(os.path.join(a, d, "__0_0.distcp"), "wb") as f:  # rank 0, node a
+        f.write(os.urandom(3 << 20))
+    r1 = open(os.path.join(b, d, "__1_0.distcp"), "wb")       # rank 1, node b
+    r1.write(os.urandom(3 << 20))
+    if not hold_rank1:
+        r1.close()
+    with open(os.path.join(a, d, ".metadata.tmp"), "wb") as f:  # the coordinator, on a
+        f.write(b"metadata of step %d" % step)
+    os.rename(os.path.join(a, d, ".metadata.tmp"), os.path.join(a, d, ".metadata"))
+    return r1
+
+save(1)
+wait_for("step-1 committed", lambda: latest(a) == "/dcp-run/step-1")
+print(f"step 1 saved from both nodes: latest on a {latest(a)}, on b {latest(b)}")
+r1 = save(2, hold_rank1=True)
+time.sleep(2)  # the trackers' ticks come and go: a's commit signal is held for b's writer
+print(f"step 2's .metadata is in place, rank 1's shard still open on b: latest on a {latest(a)}, on b {latest(b)}")
+assert latest(a) == latest(b) == "/dcp-run/step-1"
+r1.close()
+wait_for("step-2 committed", lambda: latest(a) == "/dcp-run/step-2")
+wait_for("b agrees", lambda: latest(b) == "/dcp-run/step-2")
+print(f"rank 1 closed its shard on b: latest on a {latest(a)}, on b {latest(b)}")
+EOF2
+
+step "16. ckptfs status beside node b: the shared catalog knows both nodes' tiers; unmount both"
 ckptfs status --state-dir "$NODE_B/state" --json > "$WORK/status-b.json"
 "$PY" - "$WORK/status-b.json" <<'EOF2'
 import json, sys
