@@ -1,7 +1,9 @@
-"""Receive buffers for chunk GETs, reused once nothing views them any more.
+"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them.
 
 A GET's body read into a fresh 16 MiB buffer costs a page fault and a zeroed page per
-4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf). A chunk that leaves
+4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf); a local O_DIRECT read
+into a new bytearray also had Python zero it first, with the GIL held. A buffer is an
+anonymous mapping, so it is page-aligned, as O_DIRECT needs. A chunk that leaves
 the read cache gives its buffer back here; the next GET reads into it, so its pages stay
 mapped. A buffer goes out again only when no memoryview of it is alive (a FUSE reply,
 a copy-back or a read-modify-write may still hold the bytes): an mmap with live exports

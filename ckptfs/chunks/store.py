@@ -197,8 +197,8 @@ class ChunkStore:
         self.room = room if room is not None else Room()
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
-        # Receive buffers of remote GETs, reused when their chunks leave the cache
-        # (chunks/bufpool.py); as many idle as GETs run at once.
+        # Receive buffers of remote GETs and of local O_DIRECT reads, reused when their
+        # chunks leave the cache (chunks/bufpool.py); as many idle as GETs run at once.
         self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
@@ -938,7 +938,7 @@ class ChunkStore:
                 got.problems.append(f"{name}: tier not configured")
                 continue
             started = time.perf_counter()
-            get_into = getattr(tier, "get_into", None)  # a remote tier reads into our buffers
+            get_into = getattr(tier, "get_into", None)  # GETs, O_DIRECT reads: into our buffers
             try:
                 raw = tier.get(ref.key) if get_into is None else get_into(ref.key, self.frames.take)
             except ObjectUnreadable as exc:
