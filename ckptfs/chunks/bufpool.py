@@ -1,9 +1,12 @@
-"""Receive buffers for chunk GETs, reused once nothing views them any more.
+"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them.
 
 A GET's body read into a fresh 16 MiB buffer costs a page fault and a zeroed page per
-4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf). A chunk that leaves
+4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf); a local O_DIRECT read
+into a new bytearray also had Python zero it first, with the GIL held. A buffer is an
+anonymous mapping, so it is page-aligned, as O_DIRECT needs. A chunk that leaves
 the read cache gives its buffer back here; the next GET reads into it, so its pages stay
-mapped. A buffer goes out again only when no memoryview of it is alive (a FUSE reply,
+mapped (private memory, not shared: ``new_buffer``).
+A buffer goes out again only when no memoryview of it is alive (a FUSE reply,
 a copy-back or a read-modify-write may still hold the bytes): an mmap with live exports
 refuses to be resized, which ``unviewed`` tests. Only buffers this pool made
 (``FrameBuffer``) are taken back, and only views of them are ever handed out, so nothing
@@ -22,6 +25,16 @@ MiB = 1024 * 1024
 
 class FrameBuffer(mmap.mmap):
     """A receive buffer made by a FramePool (the only kind it takes back)."""
+
+
+def new_buffer(size: int) -> FrameBuffer:
+    """A private anonymous mapping. Why: mmap's default (MAP_SHARED) is shared memory,
+    whose pages fault in through shmem. First touch of a new 16 MiB buffer on the
+    benchmark machine (loaded): shared 15-19 ms of CPU, private 10-12 ms. Transparent huge
+    pages (madvise) made the first touch cheaper still (5 ms) but cold reads costlier
+    (2.0-2.3 against 1.7-1.8 CPU s/GB: with THP defrag = madvise a fault may compact
+    memory first), so they are not asked for."""
+    return FrameBuffer(-1, size, flags=mmap.MAP_PRIVATE)
 
 
 def unviewed(buf: mmap.mmap) -> bool:
@@ -61,7 +74,7 @@ class FramePool:
             self.made += 1
         if self._count is not None:
             self._count("frame_buffers_made")
-        return FrameBuffer(-1, -(-n // MiB) * MiB)  # whole MiB: a frame and its tail fit
+        return new_buffer(-(-n // MiB) * MiB)  # whole MiB: a frame and its tail fit
 
     def give(self, buf: object) -> None:
         """``buf`` (a FrameBuffer; anything else is ignored) is no longer needed by its

@@ -72,6 +72,9 @@ ROOM_RECHECK_S = 5.0
 # frames in the deletion queue (an `rm` of the previous checkpoint just before this save).
 LOCAL_DELETION_WAIT_S = 30.0
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
+# Chunks read to their end by sequential readers that stay cached (a late request of the
+# kernel for a piece of one is still served from memory); older ones leave the cache.
+CONSUMED_KEEP = 64 * 1024 * 1024
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
 # A read waiting for another node's upload asks the shared catalog again after this long,
 # doubling up to the max (the catalog is the only news of another node's upload).
@@ -198,6 +201,9 @@ class ChunkStore:
         self._cache: OrderedDict[bytes, frame.Buffer] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+        # Cached chunks a sequential reader read to their end, oldest first, with lengths.
+        self._consumed: OrderedDict[bytes, int] = OrderedDict()
+        self._consumed_bytes = 0
         # Chunks fetched (or being fetched) ahead of a reader and not read yet, with their
         # lengths: readahead stops at half the cache, so what it fetched is not evicted
         # unread (and fetched again) when many files are read at once.
@@ -208,8 +214,8 @@ class ChunkStore:
         self.room = room if room is not None else Room()
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
-        # Receive buffers of remote GETs, reused when their chunks leave the cache
-        # (chunks/bufpool.py); as many idle as GETs run at once.
+        # Receive buffers of remote GETs and of local O_DIRECT reads, reused when their
+        # chunks leave the cache (chunks/bufpool.py); as many idle as GETs run at once.
         self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
@@ -766,17 +772,40 @@ class ChunkStore:
         self._cache[digest] = data
         self._cache_bytes += len(data)
         while self._cache_bytes > self._cache_limit:
-            old_digest, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old)
-            self.forget_ahead([old_digest])
-            self._recycle(old)
+            self._uncache(next(iter(self._cache)))
+
+    def _uncache(self, digest: bytes) -> None:
+        """The chunk leaves the cache; its receive buffer goes back to the pool."""
+        data = self._cache.pop(digest, None)
+        if data is None:
+            return
+        self._cache_bytes -= len(data)
+        self._unconsume(digest)
+        self.forget_ahead([digest])
+        self._recycle(data)
 
     def consumed(self, digest: bytes) -> None:
         """A sequential reader read this chunk to its end: it is the first to go when the
         cache is full, before the chunks the readahead fetched for what comes next (plain
-        LRU evicted those, unread, and they were fetched again)."""
-        if digest in self._cache:
-            self._cache.move_to_end(digest, last=False)
+        LRU evicted those, unread, and they were fetched again). Beyond CONSUMED_KEEP bytes
+        of such chunks the oldest leave the cache at once, so their receive buffers are
+        reused by the next reads: a restore otherwise filled the whole cache with chunks
+        read to their end before any buffer came back, and every read until then faulted
+        in fresh pages (the kernel zeroing 16 MiB per chunk)."""
+        data = self._cache.get(digest)
+        if data is None:
+            return
+        self._cache.move_to_end(digest, last=False)
+        if digest not in self._consumed:
+            self._consumed[digest] = len(data)
+            self._consumed_bytes += len(data)
+        while self._consumed_bytes > CONSUMED_KEEP:
+            self._uncache(next(iter(self._consumed)))
+
+    def _unconsume(self, digest: bytes) -> None:
+        n = self._consumed.pop(digest, None)
+        if n is not None:
+            self._consumed_bytes -= n
 
     def _recycle(self, data: frame.Buffer) -> None:
         """A chunk left the cache: its receive buffer (if a GET read it into one of the
@@ -827,6 +856,7 @@ class ChunkStore:
             data = self._cache.get(ref.digest)
             if data is not None:
                 self._cache.move_to_end(ref.digest)
+                self._unconsume(ref.digest)  # read again: no longer done with
                 return data
             ref = self.current(ref)
             flight = self._flights.get(ref.digest)
@@ -988,7 +1018,7 @@ class ChunkStore:
                 got.problems.append(f"{name}: tier not configured")
                 continue
             started = time.perf_counter()
-            get_into = getattr(tier, "get_into", None)  # a remote tier reads into our buffers
+            get_into = getattr(tier, "get_into", None)  # GETs, O_DIRECT reads: into our buffers
             try:
                 raw = tier.get(ref.key) if get_into is None else get_into(ref.key, self.frames.take)
             except ObjectUnreadable as exc:
@@ -1267,7 +1297,4 @@ class ChunkStore:
             self.deletions_queued()
         self.forget_ahead(gone)
         for digest in gone:
-            data = self._cache.pop(digest, None)
-            if data is not None:
-                self._cache_bytes -= len(data)
-                self._recycle(data)
+            self._uncache(digest)

@@ -16,8 +16,9 @@ A frame's last partial block goes through the page cache from the same compared 
 (``_write_frame``); buffered frames are read back and compared the same way
 (``read_back_and_compare``).
 
-Reads of large frames (``read_whole``) use O_DIRECT too: the frame goes from the device
-into the buffer it is served from, without a page-cache copy in between.
+Reads of large frames (``read_whole``, ``read_into`` a reused buffer) use O_DIRECT too: the
+frame goes from the device into the buffer it is served from, without a page-cache copy in
+between.
 
 Not every filesystem takes O_DIRECT (tmpfs, some FUSE and overlay setups): ``supported``
 probes a directory once, and the tier falls back to buffered writes there.
@@ -142,7 +143,24 @@ def read_whole(fd: int, size: int) -> memoryview:
     padded = _round_up(size, ALIGN)
     holder = bytearray(padded + ALIGN)
     skip = -ctypes.addressof(ctypes.c_char.from_buffer(holder)) % ALIGN
-    view = memoryview(holder)[skip : skip + padded]
+    return _read_aligned(fd, size, memoryview(holder)[skip : skip + padded])
+
+
+def read_into(fd: int, size: int, buf: mmap.mmap) -> memoryview:
+    """Like ``read_whole``, into ``buf`` (an anonymous mapping: page-aligned, at least
+    ``aligned_size(size)`` bytes), a buffer the caller reuses. Why: a new bytearray is
+    zeroed by Python with the GIL held, a page fault per 4 KiB, for every chunk read
+    (the trio thread waited for it); a reused mapping has its pages already, and a new
+    one is faulted in by the kernel inside the read, with the GIL released."""
+    return _read_aligned(fd, size, memoryview(buf)[: _round_up(size, ALIGN)])
+
+
+def aligned_size(size: int) -> int:
+    """The room an O_DIRECT read of a ``size``-byte file needs (whole blocks)."""
+    return _round_up(size, ALIGN)
+
+
+def _read_aligned(fd: int, size: int, view: memoryview) -> memoryview:
     got = 0
     while got < size:
         n = os.preadv(fd, [view[got:]], got)

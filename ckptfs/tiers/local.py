@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import stat
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..codec.frame import Buffer
@@ -197,6 +198,15 @@ class LocalTier:
             os.close(fd)
 
     def get(self, key: str) -> Buffer | None:
+        return self._get(key, None)
+
+    def get_into(self, key: str, take: Callable[[int], mmap.mmap | None]) -> Buffer | None:
+        """Like ``get``, but a large frame read with O_DIRECT lands in ``take(n)`` (a reused
+        anonymous mapping of the store's pool, chunks/bufpool.py) and comes back as a view
+        of it; a small frame, a tier without O_DIRECT, or ``take`` giving None: as ``get``."""
+        return self._get(key, take)
+
+    def _get(self, key: str, take: Callable[[int], mmap.mmap | None] | None) -> Buffer | None:
         path = self._path(key)
         try:
             if not self._direct:
@@ -208,7 +218,10 @@ class LocalTier:
             try:
                 size = os.fstat(fd).st_size
                 if size >= direct.MIN_FRAME:
-                    return direct.read_whole(fd, size)
+                    buf = None if take is None else take(direct.aligned_size(size))
+                    if buf is None:
+                        return direct.read_whole(fd, size)
+                    return direct.read_into(fd, size, buf)
                 fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 return os.pread(fd, size + 1, 0)
             finally:

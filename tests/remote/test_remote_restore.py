@@ -17,7 +17,8 @@ from tests.vfs.test_vfs import CS, make_fs, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks.bufpool import FrameBuffer
+from ckptfs.chunks import store as store_mod
+from ckptfs.chunks.bufpool import FrameBuffer, MiB
 from ckptfs.chunks.store import COPY_BACK_IDLE_S, ChunkStore
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig
@@ -352,5 +353,39 @@ async def test_a_receive_buffer_is_reused_only_once_nothing_views_it(
         assert bytes(held) == first  # evicted long ago, still viewed: never read into
         assert all(b is not held.obj for b in buffers)
         assert store.frames.reused >= 2 and store.stats.get("frame_buffers_reused") >= 2
+    finally:
+        cat.close()
+
+
+async def test_chunks_read_to_their_end_leave_the_cache_beyond_the_keep_and_their_buffers_return(
+    tmp_path: Path, monkeypatch: Any,
+) -> None:
+    """A restore reads each chunk to its end once: beyond CONSUMED_KEEP bytes of such
+    chunks the oldest leave the cache at once and their receive buffers are reused by the
+    next reads (before, the whole cache filled with them first and every read until then
+    faulted in a fresh buffer); a chunk read again is kept like any other."""
+    monkeypatch.setattr(store_mod, "CONSUMED_KEEP", 2 * MiB)
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
+    try:
+        store = ChunkStore([MemoryTier("l")], io_threads=1, cache_bytes=8 * MiB, catalog=cat,
+                           db_limiter=trio.CapacityLimiter(1))
+        bufs = [store.frames.take(MiB) for _ in range(5)]
+        digests = [bytes([i]) * 32 for i in range(5)]
+        for d, b in zip(digests, bufs, strict=True):
+            assert b is not None
+            store._cache_put(d, memoryview(b)[:MiB])
+        store.consumed(digests[0])
+        store.consumed(digests[1])
+        assert all(store.cached(d) for d in digests)  # within the keep
+        store.consumed(digests[2])
+        assert not store.cached(digests[0])
+        assert all(store.cached(d) for d in digests[1:])
+        assert store.frames.take(MiB) is bufs[0]  # its buffer at once, not a fresh one
+        # Read again (a late request for a piece of it): no longer done with.
+        await store.read(ChunkRef(digests[1], MiB, ("l",)))
+        store.consumed(digests[3])
+        store.consumed(digests[4])
+        assert store.cached(digests[1]) and not store.cached(digests[2])
+        assert store._cache_bytes == 3 * MiB
     finally:
         cat.close()

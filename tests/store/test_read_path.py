@@ -11,9 +11,12 @@ from tests.store.test_upload import wait_backlog_empty
 from tests.vfs.test_vfs import CS, make_fs, read_file, write_file
 
 from ckptfs.codec import frame
-from ckptfs.config import ReadConfig
+from ckptfs.config import ReadConfig, TierConfig
 from ckptfs.stats import Stats
 from ckptfs.testing.tiers import MemoryTier
+from ckptfs.tiers.local import LocalTier
+
+MiB = 1024 * 1024
 
 
 def test_read_order_follows_measured_speed_and_health() -> None:
@@ -88,3 +91,35 @@ async def test_copy_back_never_leaves_chunks_on_the_remote_only(tmp_path: Path) 
     async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
         assert await read_file(fs, b"f") == data
         assert fs.store.stats.get("copy_backs") == 0 and not local.frames
+
+
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("corrupt; healing it")
+async def test_local_frames_land_in_reused_buffers_and_a_corrupt_one_is_never_served(
+    tmp_path: Path,
+) -> None:
+    """Large local frames are read (O_DIRECT) into the store's reused receive buffers
+    (chunks/bufpool.py) instead of a new zeroed bytearray each; a corrupt local copy read
+    into one is detected, never served, given back, and healed from the good copy."""
+    cs = 2 * MiB
+    opts = {"chunk_size": cs, "memory_budget": 8 * cs}
+    local = LocalTier(TierConfig("l", "local", tmp_path / "l"))
+    local.open()
+    remote = MemoryTier("r", kind="remote")
+    data = os.urandom(3 * cs)
+    async with make_fs(tmp_path, [local, remote], **opts) as fs:
+        await write_file(fs, b"f", data, step=MiB)
+        await wait_backlog_empty(fs)
+    on_disk = sorted((tmp_path / "l" / "chunks").glob("*/*"))
+    assert len(on_disk) == 3
+    victim = on_disk[0]
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0x40  # one bit of the payload
+    victim.write_bytes(bytes(raw))
+    async with make_fs(tmp_path, [local, remote], **opts) as fs:
+        assert await read_file(fs, b"f") == data  # the damaged chunk came from the remote
+        assert fs.store.stats.get("integrity_failures") == 1
+        # Every local read went into a pool buffer (the damaged one's was given back).
+        assert fs.store.frames.made + fs.store.frames.reused >= 3
+        await wait_for(lambda: fs.store.stats.get("heals") >= 1)
+        frame.verify(victim.read_bytes(), bytes.fromhex(victim.name))  # healed on disk

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.tier_conformance import TierConformance, framed
 
+from ckptfs.chunks.bufpool import FrameBuffer, FramePool
 from ckptfs.codec import frame
 from ckptfs.codec.staged import StagePool
 from ckptfs.config import TierConfig
@@ -310,3 +311,40 @@ def test_buffered_put_reads_the_frame_back_and_compares(
     monkeypatch.setattr(local, "_write_all", real)
     t.put(key, parts)
     assert bytes(frame.decode(t.get(key) or b"")) == b"".join(bytes(p) for p in parts)[frame.HEADER_SIZE:]
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_get_into_reads_a_large_frame_into_the_buffer_given(tmp_path: Path, direct_io: bool) -> None:
+    """A local read of a large frame lands in the caller's reused buffer (the store's
+    FramePool: no new bytearray zeroed per chunk); small frames, a tier without O_DIRECT
+    and a ``take`` that gives nothing are read as ``get`` reads them."""
+    t = LocalTier(TierConfig("t", "local", tmp_path / "t", direct_io=direct_io))
+    t.open()
+    data = os.urandom(3 * 1024 * 1024 + 77)
+    key, parts = framed(data)
+    t.put(key, parts)
+    pool = FramePool(keep=2)
+    asked: list[int] = []
+
+    def take(n: int) -> FrameBuffer | None:
+        asked.append(n)
+        return pool.take(n)
+
+    got = t.get_into(key, take)
+    assert got is not None and frame.decode(got, bytes.fromhex(key)) == data
+    if direct_io:
+        assert isinstance(got, memoryview) and isinstance(got.obj, FrameBuffer)
+        assert asked == [direct.aligned_size(frame.HEADER_SIZE + len(data))]
+        buf = got.obj
+        del got
+        pool.give(buf)
+        again = t.get_into(key, pool.take)  # the same buffer, reused
+        assert isinstance(again, memoryview) and again.obj is buf and pool.reused == 1
+        assert bytes(again) == bytes(t.get(key) or b"")
+    else:
+        assert asked == [] and not isinstance(getattr(got, "obj", None), FrameBuffer)
+    assert t.get_into(key, lambda n: None) == t.get(key)  # no buffer: read as get does
+    small_key, small_parts = framed(b"s" * 1000)
+    t.put(small_key, small_parts)
+    assert frame.decode(t.get_into(small_key, take) or b"") == b"s" * 1000
+    assert t.get_into("ab" * 32, take) is None

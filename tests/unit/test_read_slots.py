@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 from typing import Any
 
@@ -133,3 +134,18 @@ def test_unviewed_tells_live_exports() -> None:
     view.release()
     assert unviewed(buf)
 
+
+
+def test_new_receive_buffers_are_private_memory_not_shared_memory() -> None:
+    """A pool buffer is a private anonymous mapping: mmap's default (MAP_SHARED) is shmem,
+    whose pages fault in more slowly (chunks/bufpool.py, ``new_buffer``)."""
+    buf = FramePool(keep=1).take(4 * MiB)
+    assert buf is not None
+    holder = ctypes.c_char.from_buffer(buf)
+    start = ctypes.addressof(holder)
+    del holder
+    with open("/proc/self/maps") as f:
+        rows = [ln.split() for ln in f]
+    row = next(r for r in rows if int(r[0].split("-")[0], 16) <= start < int(r[0].split("-")[1], 16))
+    assert row[1].endswith("p"), row  # private ("s": shared)
+    assert len(row) < 6 or not row[5].startswith("/dev/zero"), row  # not a shmem file
