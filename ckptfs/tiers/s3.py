@@ -4,7 +4,10 @@ Layout: ``<prefix>/chunks/<64 hex digest>``, one object per chunk frame. Each ob
 the blake3 digest of its plaintext (``x-amz-meta-blake3``, the key again, so an object can be
 checked on its own), the plaintext length from the frame header (``x-amz-meta-plain-length``),
 and an S3 checksum of the whole frame (``x-amz-checksum-sha256`` by default) that the server
-verifies on receipt and returns on GET, where botocore checks it again.
+verifies on receipt and returns on HEAD and GET. The request signature covers that header,
+not the body itself (``UNSIGNED-PAYLOAD``: the signed checksum binds the body, and a second
+SHA-256 pass per chunk is saved); GET responses are not checked by botocore, every frame
+read is blake3-verified by the caller (chunks/store.py).
 
 Errors: every call into botocore runs under one context manager, ``S3Tier._errors``, that
 turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, timeouts,
@@ -274,7 +277,12 @@ class S3Tier:
             # Every frame read back is blake3-verified: a second (SHA-256) check of each
             # response costs CPU a restore needs. Uploads keep their SHA-256.
             response_checksum_validation="when_required",
-            s3={"addressing_style": cfg.addressing_style},
+            # Every PUT carries a checksum header of its body (ours, or botocore's for
+            # the metadata objects), which the signature covers and the server checks
+            # against what arrives: that binds the body as a signed payload hash would.
+            # botocore signs the payload over plain HTTP anyway, a second SHA-256 pass
+            # over every chunk (over HTTPS with a checksum header it does not).
+            s3={"addressing_style": cfg.addressing_style, "payload_signing_enabled": False},
             tcp_keepalive=True,
             user_agent_extra="ckptfs",
         )
@@ -607,6 +615,7 @@ class S3Tier:
                         self._client.put_object(
                             Bucket=self.bucket, Key=self._meta_key(name), Body=b"ckptfs",
                             ContentType="application/octet-stream",
+                            ChecksumAlgorithm=self.checksum_algorithm,
                         )
                     else:
                         self._client.delete_object(Bucket=self.bucket, Key=self._meta_key(name))
