@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -57,6 +58,23 @@ def test_put_signs_the_checksum_header_and_hashes_the_body_once(s3_tier: S3Tier)
     assert info is not None and info.checksum_sha256 == sha and info.size == len(body)
     got = s3_tier.get(key)
     assert got is not None and frame.decode(got, bytes.fromhex(key)) == body[frame.HEADER_SIZE:]
+
+
+def test_put_of_a_frame_in_a_reused_buffer_makes_no_copy_of_it(s3_tier: S3Tier) -> None:
+    """Joining a view into bytes for botocore was a 16 MiB copy onto fresh pages per
+    chunk; the body is now read as views of the buffer itself."""
+    key, parts = framed(os.urandom(8 * MiB))
+    view = _in_reused_buffer(parts)
+    sha = base64.b64encode(hashlib.sha256(view).digest()).decode()
+    tracemalloc.start()
+    try:
+        s3_tier.put(key, [view], expected_sha256=sha)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * MiB, f"{peak} bytes allocated for an 8 MiB body"
+    got = s3_tier.get(key)
+    assert got is not None and bytes(got) == bytes(view)
 
 
 def test_a_view_body_damaged_after_signing_is_refused(s3_tier: S3Tier) -> None:
