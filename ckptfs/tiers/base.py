@@ -2,6 +2,9 @@
 
 ``put`` is all-or-nothing, ``get`` returns None on a miss and raises on a broken device,
 ``delete`` is idempotent. Every implementation runs the same conformance tests.
+``put`` keeps no reference to its parts once it returns: callers read frames into reused
+buffers (the uploader, chunks/bufpool.py) and read into them again afterwards. A tier may
+also offer ``get_into(key, take)``: the frame read into ``take(size)`` (LocalTier, S3Tier).
 """
 
 from __future__ import annotations

@@ -233,6 +233,38 @@ class LocalTier:
         except OSError as exc:
             raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
 
+    def get_into(self, key: str, take: Callable[[int], mmap.mmap | None]) -> Buffer | None:
+        """Like ``get``, but the frame is read into ``take(size)`` (a reused page-aligned
+        buffer of at least ``size`` rounded up to 4 KiB, e.g. chunks/bufpool.FramePool's:
+        no fresh pages to fault in, nothing to zero) and comes back as a view of it; with
+        O_DIRECT where the tier uses it. ``take`` giving None: as ``get``."""
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                buf = take(size)
+                if buf is None or len(buf) < -(-size // direct.ALIGN) * direct.ALIGN:
+                    return os.pread(fd, size + 1, 0)  # one more: a frame that grew shows
+                if self._direct and size >= direct.MIN_FRAME:
+                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+                view = memoryview(buf)
+                got = 0
+                while got < size:  # O_DIRECT: whole blocks, the last one short at EOF
+                    n = os.preadv(fd, [view[got : len(buf)]], got)
+                    if n == 0:
+                        break  # shorter than it was: the frame check fails
+                    got += n
+                return view[:got]
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            if not self._chunks.is_dir():
+                raise TierError(f"tier {self.name}: directory {self._chunks} vanished") from None
+            return None
+        except OSError as exc:
+            raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
+
     def has(self, key: str) -> bool:
         return self._path(key).exists()
 

@@ -4,7 +4,10 @@ Layout: ``<prefix>/chunks/<64 hex digest>``, one object per chunk frame. Each ob
 the blake3 digest of its plaintext (``x-amz-meta-blake3``, the key again, so an object can be
 checked on its own), the plaintext length from the frame header (``x-amz-meta-plain-length``),
 and an S3 checksum of the whole frame (``x-amz-checksum-sha256`` by default) that the server
-verifies on receipt and returns on GET, where botocore checks it again.
+verifies on receipt and returns on HEAD and GET. The request signature covers that header,
+not the body itself (``UNSIGNED-PAYLOAD``: the signed checksum binds the body, and a second
+SHA-256 pass per chunk is saved); GET responses are not checked by botocore, every frame
+read is blake3-verified by the caller (chunks/store.py).
 
 Errors: every call into botocore runs under one context manager, ``S3Tier._errors``, that
 turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, timeouts,
@@ -220,6 +223,51 @@ def _filler(body: Any) -> Callable[[memoryview], None] | None:
     return fill
 
 
+class _ViewBody:
+    """A PUT body read as views of one buffer. botocore takes bytes, a bytearray or a
+    file-like object (no memoryview), and joining a frame read into a reused buffer into
+    bytes is a 16 MiB copy onto fresh pages per chunk. urllib3 sends a file-like body in
+    reads of 128 KiB (botocore's block size); each read here is a view, so no byte is
+    copied before the socket's."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def __len__(self) -> int:  # botocore's Content-Length
+        return len(self._view)
+
+    def read(self, amt: int | None = -1) -> memoryview:
+        start, end = self._pos, len(self._view)
+        if amt is not None and amt >= 0:
+            end = min(end, start + amt)
+        self._pos = end
+        return self._view[start:end]
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, len(self._view))[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _body_of(parts: Sequence[Buffer]) -> tuple[Buffer, bytes | bytearray | _ViewBody]:
+    """The object's bytes, and the body to hand botocore: one part as it is (a view of a
+    reused buffer read as views, not copied), several joined."""
+    if len(parts) == 1:
+        part = parts[0]
+        if isinstance(part, bytes | bytearray):
+            return part, part
+        view = memoryview(part)
+        if view.contiguous:
+            view = view.cast("B")
+            return view, _ViewBody(view)
+    data = b"".join(parts)
+    return data, data
+
+
 def _code(exc: bce.ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -274,7 +322,12 @@ class S3Tier:
             # Every frame read back is blake3-verified: a second (SHA-256) check of each
             # response costs CPU a restore needs. Uploads keep their SHA-256.
             response_checksum_validation="when_required",
-            s3={"addressing_style": cfg.addressing_style},
+            # Every PUT carries a checksum header of its body (ours, or botocore's for
+            # the metadata objects), which the signature covers and the server checks
+            # against what arrives: that binds the body as a signed payload hash would.
+            # botocore signs the payload over plain HTTP anyway, a second SHA-256 pass
+            # over every chunk (over HTTPS with a checksum header it does not).
+            s3={"addressing_style": cfg.addressing_style, "payload_signing_enabled": False},
             tcp_keepalive=True,
             user_agent_extra="ckptfs",
         )
@@ -426,10 +479,10 @@ class S3Tier:
         """``expected_sha256`` (base64): the checksum of the bytes the caller verified; the
         server refuses the object (BadDigest, retried) if what arrives differs."""
         self._check_fence("put", key)
-        body = b"".join(parts)
+        data, body = _body_of(parts)
         metadata = {META_DIGEST: key}
         with contextlib.suppress(CorruptChunk):  # a tier stores what it is given
-            metadata[META_PLAIN_LENGTH] = str(frame.parse_header(body).plain_len)
+            metadata[META_PLAIN_LENGTH] = str(frame.parse_header(data).plain_len)
         checksum: dict[str, str] = (
             {"ChecksumSHA256": expected_sha256} if expected_sha256
             else {"ChecksumAlgorithm": self.checksum_algorithm}
@@ -444,8 +497,8 @@ class S3Tier:
                 **checksum,
             )
         with self._lock:
-            self._sizes[key] = len(body)
-        return len(body)
+            self._sizes[key] = len(data)
+        return len(data)
 
     def get(self, key: str) -> bytes | None:
         """ObjectUnreadable if this chunk's object fails while the bucket answers."""
@@ -607,6 +660,7 @@ class S3Tier:
                         self._client.put_object(
                             Bucket=self.bucket, Key=self._meta_key(name), Body=b"ckptfs",
                             ContentType="application/octet-stream",
+                            ChecksumAlgorithm=self.checksum_algorithm,
                         )
                     else:
                         self._client.delete_object(Bucket=self.bucket, Key=self._meta_key(name))

@@ -26,6 +26,7 @@ import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
+from ..chunks.bufpool import FramePool
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
 from ..codec import frame
@@ -168,6 +169,9 @@ class Uploader:
         self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
         # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
         self.compressor = RemoteCompressor(config.compression)
+        # Frames are read from the local tier into these for their upload (one per upload
+        # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
+        self.frames = FramePool(config.concurrency)
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -256,6 +260,8 @@ class Uploader:
                     continue  # marked while we asked the catalog
                 self.running.add((job.digest, job.tier))
                 nursery.start_soon(self._upload, job)
+        if not self.running:
+            self.frames.clear()  # the queue is idle: its read buffers go back to the system
         due_ns = await trio.to_thread.run_sync(
             self.catalog.next_upload_due_ns, busy | self.running, self._sources,
             limiter=self.db_limiter,
@@ -593,21 +599,28 @@ class Uploader:
             tier = self.local.get(name)
             if tier is None:
                 continue
-            raw = tier.get(key)
+            # Into a reused buffer where the tier can (no fresh pages per chunk).
+            get_into = getattr(tier, "get_into", None)
+            raw = tier.get(key) if get_into is None else get_into(key, self.frames.take)
             if raw is None:
                 problems.append(f"{name}: missing")
                 continue
             try:
-                frame.verify(raw, job.digest)  # never upload bytes we cannot vouch for
-            except CorruptChunk as exc:
-                problems.append(f"{name}: {exc}")
-                continue
-            # The raw frame, or a verified LZ4 frame of it when that pays (codec/compress.py).
-            body, choice = self.compressor.frame_for(raw, job.digest)
-            # The server checks what arrives against the checksum of the bytes we send.
-            sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
-            started = time.monotonic()
-            remote.put(key, [body], expected_sha256=sha)
-            self.compressor.sent(choice, time.monotonic() - started)
-            return
+                try:
+                    frame.verify(raw, job.digest)  # never upload bytes we cannot vouch for
+                except CorruptChunk as exc:
+                    problems.append(f"{name}: {exc}")
+                    continue
+                # The raw frame, or a verified LZ4 frame of it when that pays
+                # (codec/compress.py).
+                body, choice = self.compressor.frame_for(raw, job.digest)
+                # The server checks what arrives against the checksum of the bytes we send.
+                sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
+                started = time.monotonic()
+                remote.put(key, [body], expected_sha256=sha)
+                self.compressor.sent(choice, time.monotonic() - started)
+                return
+            finally:
+                if isinstance(raw, memoryview):
+                    self.frames.give(raw.obj)  # reused once no view of it is left
         raise ChunkMissing("; ".join(problems) or "no local replica recorded")
