@@ -18,6 +18,9 @@ of its own, never shared between threads).
 * The schema is sql.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
   ``schema_version`` is checked like SQLite's, and MIGRATIONS holds a step per version.
+* ``try_exclusive`` (the retention pass, one node at a time): a session-level advisory
+  lock on a connection of its own, outside the pool, held across the pass's transactions
+  and freed by PostgreSQL when that connection ends (a node that dies frees it).
 * ``backup_bytes`` (the snapshot the uploader stores on the remotes) is a SQLite catalog
   file of the same rows (sqlite.catalog_file), read in one snapshot: a bucket restore
   brings it back as a SqliteCatalog.
@@ -25,6 +28,7 @@ of its own, never shared between threads).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import re
@@ -42,6 +46,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
+from .protocols import ExclusiveLock
 from .sessions import SESSIONS_DDL
 from .sql import (
     SCHEMA,
@@ -152,6 +157,33 @@ def describe(url: str) -> str:
     return f"PostgreSQL database {info.get('dbname') or '?'} on {host}{port}"
 
 
+def lock_key(name: str) -> int:
+    """The advisory lock key (a signed 64-bit integer) of the cluster-wide lock ``name``."""
+    digest = hashlib.blake2b(b"ckptfs lock " + name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class _AdvisoryLock:
+    """A session-level advisory lock on a connection of its own (not a pooled one: the
+    lock lives as long as its connection, across any number of pooled transactions)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], key: int) -> None:
+        self.conn = conn
+        self.key = key
+
+    def held(self) -> bool:
+        try:
+            self.conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False  # the connection is gone, and the lock with it
+
+    def release(self) -> None:
+        with suppress(psycopg.Error):
+            self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+        self.conn.close()
+
+
 class PostgresCatalog(SqlCatalog):
     def __init__(self, url: str, *, pool_size: int = 4, readonly: bool = False) -> None:
         """``readonly``: reads only (status and the like beside the daemons); an empty
@@ -172,6 +204,7 @@ class PostgresCatalog(SqlCatalog):
         # socket needs none); the URL's own settings win.
         conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
         conn_kwargs["autocommit"] = True
+        self._url, self._conn_kwargs = url, conn_kwargs
         # The database's clock, in ns since the epoch (node sessions' expiries).
         self._now_ns_sql = "CAST(extract(epoch FROM clock_timestamp()) * 1000000000 AS BIGINT)"
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -299,6 +332,26 @@ class PostgresCatalog(SqlCatalog):
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
         return bool(c.execute("SELECT pg_try_advisory_xact_lock(?)", (_SESSIONS_LOCK,)).fetchone()[0])
+
+    def try_exclusive(self, name: str) -> ExclusiveLock | None:
+        """The cluster-wide lock ``name`` (pg_try_advisory_lock on a connection of its
+        own), or None if another connection holds it. CatalogUnavailable if the database
+        cannot be reached."""
+        key = lock_key(name)
+        try:
+            conn = psycopg.connect(self._url, **self._conn_kwargs)
+        except psycopg.Error as e:
+            raise self._unavailable(e) from None
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            got = bool(row and row[0])
+        except psycopg.Error as e:
+            conn.close()
+            raise self._unavailable(e) from None
+        if not got:
+            conn.close()
+            return None
+        return _AdvisoryLock(conn, key)
 
     # -- the schema --------------------------------------------------------------------------
 

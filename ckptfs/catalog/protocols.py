@@ -436,6 +436,19 @@ class MetaCatalog(Protocol):
         ...
 
 
+class ExclusiveLock(Protocol):
+    """A cluster-wide lock held by one caller on any node (``SessionCatalog.try_exclusive``).
+    Blocking methods (catalog round trips): call them in a worker thread."""
+
+    def held(self) -> bool:
+        """Still held: False once the connection that holds it was lost (the database
+        restarted), when another node may have taken it."""
+        ...
+
+    def release(self) -> None:
+        ...
+
+
 class SessionCatalog(Protocol):
     """Node sessions of a shared catalog (catalog/sessions.py; docs/multinode.md): the
     daemon registers one, its heartbeat extends it, a live node cleans up expired ones; the
@@ -478,6 +491,13 @@ class SessionCatalog(Protocol):
 
     def open_inodes(self) -> set[int]:
         """The inodes any session holds open."""
+        ...
+
+    def try_exclusive(self, name: str) -> ExclusiveLock | None:
+        """Take the cluster-wide lock ``name`` (the retention pass: one node at a time), or
+        None if another caller, on any node, holds it. It is held until ``release``, or
+        until the holder's node dies (its connection ends). One node's engine (SQLite)
+        grants it always."""
         ...
 
 
