@@ -438,7 +438,7 @@ class MetaCatalog(Protocol):
 
 class ExclusiveLock(Protocol):
     """A cluster-wide lock held by one caller on any node (``SessionCatalog.try_exclusive``).
-    Blocking methods (catalog round trips): call them in a worker thread."""
+    ``held`` is a catalog round trip (call it in a worker thread); ``release`` is not."""
 
     def held(self) -> bool:
         """Still held: False once the connection that holds it was lost (the database
@@ -446,6 +446,7 @@ class ExclusiveLock(Protocol):
         ...
 
     def release(self) -> None:
+        """Free it without a round trip (the connection holding it closes)."""
         ...
 
 

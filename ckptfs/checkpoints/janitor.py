@@ -232,9 +232,7 @@ class Janitor:
             yield True
         finally:
             self._lock = None
-            # A catalog round trip: in a worker thread, even at cancellation (unmount).
-            with trio.CancelScope(shield=True):
-                await self.db(lock.release)
+            lock.release()  # no round trip (the connection closes): also at cancellation
 
     async def _still_exclusive(self) -> None:
         """Before an expiry: the pass still holds the retention lock (a database restart
