@@ -618,7 +618,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
             queues.start(d.telemetry.publish, d.stats_path)
         heartbeat = _Services(nursery)
         if d.session is not None:
-            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect)
+            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect,
+                            d.fs.retry_releases)
         await d.fs.recover()
         yield nursery
         if drain:

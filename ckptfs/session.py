@@ -84,9 +84,12 @@ class NodeSession:
 
     # -- the heartbeat ---------------------------------------------------------------------
 
-    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect) -> None:
+    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect,
+                  after_beat: Callable[[], Awaitable[None]] | None = None) -> None:
         """The heartbeat, until cancelled: a true period (deadlines on trio's clock, not
-        sleeps after each beat), one heartbeat and one cleanup attempt per period."""
+        sleeps after each beat), one heartbeat and one cleanup attempt per period;
+        ``after_beat`` runs after each that reached the catalog (the VFS notes the closes
+        an outage kept from it)."""
         if self._pending:
             pending, self._pending = self._pending, []
             await collect(pending)
@@ -118,6 +121,11 @@ class NodeSession:
                             f", partial: {', '.join(end.partial)}" if end.partial else "")
                 if end.digests:
                     await collect(end.digests)
+            if after_beat is not None:
+                try:
+                    await after_beat()
+                except CkptfsError as exc:  # the next beat tries again
+                    log.debug("node %s: after the heartbeat: %s", self.node, exc)
 
     async def _register_again(self, limiter: trio.CapacityLimiter, held: Held) -> None:
         log.error("node %s: its session was gone (this node was paused or cut off from the "

@@ -28,6 +28,7 @@ from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, policy_for
 from ..errors import (
+    CatalogUnavailable,
     CkptfsError,
     InvalidArgument,
     IsADirectory,
@@ -243,6 +244,10 @@ class Filesystem:
         self.session = session if shared else None
         # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
         self._noted: dict[int, bool] = {}
+        # Last closes the catalog did not take (it was unreachable): released again after
+        # the next heartbeat (``retry_releases``), else the rows would keep them "open" on
+        # this node for retention and the last-closer drop until the session ends.
+        self._unreleased: set[int] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs(enabled=not shared)
         # The names of directories this mount created: missing names answered from memory.
@@ -818,12 +823,28 @@ class Filesystem:
         if self.session is None or ino not in self._noted or self._held_here(ino):
             return
         del self._noted[ino]
-        digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+        try:
+            digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+        except CatalogUnavailable as exc:
+            if not self._unreleased:
+                log.warning("the catalog did not take the close of inode %d (%s): closes are "
+                            "noted again after the next heartbeat", ino, exc)
+            self._unreleased.add(ino)
+            return
         if digests is not None:
             await self._collect_dropped(ino, digests)
         elif ino in self._noted:  # opened again meanwhile: its note may have gone first
             with contextlib.suppress(NotFound):
                 await self.db(self._note, ino, self._noted[ino])
+
+    async def retry_releases(self) -> None:
+        """After a heartbeat (the catalog answers again): note the closes it missed."""
+        pending, self._unreleased = self._unreleased, set()
+        for ino in sorted(pending):
+            if ino in self._noted or self._held_here(ino):
+                continue  # opened again meanwhile: its next last close releases it
+            self._noted[ino] = False
+            await self._release_noted(ino)  # back in the set if it fails again
 
     async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)
