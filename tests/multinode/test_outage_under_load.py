@@ -165,7 +165,7 @@ def reader(load: Load, m: Mount, who: str, path: Path, want: bytes) -> None:
                 load.wrong(f"{who}: a read of a file open before the outage failed: {exc}")
                 return
             if got != want:
-                load.wrong(f"{who}: a file open before the outage read {len(got!r)} wrong bytes")
+                load.wrong(f"{who}: a file open before the outage read {len(got or b'')} wrong bytes")
                 return
             load.count(who)
 
@@ -268,7 +268,7 @@ def test_the_database_stopped_under_load_on_two_nodes_loses_and_mixes_nothing(
     sync(a, a.mountpoint / "load")
     for m in (a, b):
         listed = set(os.listdir(m.mountpoint / "load"))
-        for who, hist in load.histories.items():
+        for hist in load.histories.values():
             for name in hist.versions:
                 good, allowed = hist.allowed(name)
                 if name not in listed:
