@@ -13,7 +13,8 @@ of its own, never shared between threads).
   autocommit, one round trip.
 * ``synced`` needs nothing: a PostgreSQL commit is durable (``synchronous_commit``).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
-  CONNECT_TIMEOUT / POOL_WAIT seconds; a pooled connection the server dropped (a restart)
+  CONNECT_TIMEOUT / POOL_WAIT seconds, and while it stays unreachable every further call
+  within DOWN_WAIT; a pooled connection the server dropped (a restart)
   is noticed at the transaction's BEGIN and replaced.
 * The schema is sql.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
@@ -69,6 +70,11 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 3  # s, per connection attempt: a dead server fails calls, never hangs them
 POOL_WAIT = 5.0  # s a transaction waits for a free (or new) pooled connection
+# s a call waits for a connection while the database is known unreachable (the last call
+# failed to reach it): every caller waiting POOL_WAIT held a catalog slot that long, and
+# the daemon's background services, taking slots too, made a file system call queue for
+# several POOL_WAITs (25 s under load); a call that reaches it ends the outage.
+DOWN_WAIT = 1.0
 MAX_ATTEMPTS = 100  # runs of one write transaction that conflicts with others (~5 s of backoff)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.1  # s; full jitter, doubling
 
@@ -205,6 +211,9 @@ class PostgresCatalog(SqlCatalog):
         conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
         conn_kwargs["autocommit"] = True
         self._url, self._conn_kwargs = url, conn_kwargs
+        # The last call could not reach the database: the next ones wait DOWN_WAIT, not
+        # POOL_WAIT, for a connection (a bool: written and read whole by any thread).
+        self._down = False
         # The database's clock, in ns since the epoch (node sessions' expiries).
         self._now_ns_sql = "CAST(extract(epoch FROM clock_timestamp()) * 1000000000 AS BIGINT)"
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -229,6 +238,7 @@ class PostgresCatalog(SqlCatalog):
         self._pool.close()
 
     def _unavailable(self, e: BaseException) -> CatalogUnavailable:
+        self._down = True
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if self._password:
             msg = msg.replace(self._password, "***")
@@ -236,18 +246,22 @@ class PostgresCatalog(SqlCatalog):
 
     # -- connections and transactions --------------------------------------------------------
 
+    def _getconn(self) -> psycopg.Connection[Any]:
+        try:
+            return self._pool.getconn(timeout=DOWN_WAIT if self._down else POOL_WAIT)
+        except PoolTimeout as e:
+            raise self._unavailable(e) from None
+
     @contextmanager
     def _session(self, begin: str) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection inside a transaction begun with ``begin``; rolled back if
         the caller did not end it. A connection the server dropped meanwhile (a restart)
         fails at its BEGIN, before anything of the caller ran: the next one is tried."""
         for stale in range(self.concurrency + 1):
-            try:
-                conn = self._pool.getconn()
-            except PoolTimeout as e:
-                raise self._unavailable(e) from None
+            conn = self._getconn()
             try:
                 conn.execute(begin)
+                self._down = False
                 break
             except psycopg.OperationalError as e:
                 self._pool.putconn(conn)
@@ -275,12 +289,11 @@ class PostgresCatalog(SqlCatalog):
         a connection the server dropped (a restart) the read runs again on the next."""
         text, args = translate(sql), tuple(params)
         for stale in range(self.concurrency + 1):
+            conn = self._getconn()
             try:
-                conn = self._pool.getconn()
-            except PoolTimeout as e:
-                raise self._unavailable(e) from None
-            try:
-                return conn.execute(text, args).fetchall()
+                rows = conn.execute(text, args).fetchall()
+                self._down = False
+                return rows
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:
                 if not conn.broken or stale == self.concurrency:
                     raise self._unavailable(e) from None
