@@ -102,7 +102,7 @@ class NodeSession:
                 if await self._db(limiter, self.catalog.heartbeat_session, self.sid, self.timeout_s):
                     self.beats += 1
                 else:
-                    await self._register_again(limiter, held)
+                    await self._register_again(limiter, held, collect)
                 ended = await self._db(limiter, self.catalog.cleanup_expired_sessions)
             except CkptfsError as exc:
                 if not down:
@@ -127,13 +127,21 @@ class NodeSession:
                 except CkptfsError as exc:  # the next beat tries again
                     log.debug("node %s: after the heartbeat: %s", self.node, exc)
 
-    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held) -> None:
+    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held,
+                              collect: Collect) -> None:
         log.error("node %s: its session was gone (this node was paused or cut off from the "
                   "catalog longer than session_timeout = %.0f s, and another node cleaned up "
                   "after it): registering again; unlinked files it had open may be gone",
                   self.node, self.timeout_s)
         await self._db(limiter, self.register)
-        await self._db(limiter, self.catalog.note_open_many, self.sid, list(held()))
+        noted = list(held())
+        await self._db(limiter, self.catalog.note_open_many, self.sid, noted)
+        # A last close meanwhile may have released its inode before these notes went in:
+        # release what is no longer held (again; a release that came after is a no-op).
+        for ino in sorted({i for i, _ in noted} - {i for i, _ in held()}):
+            digests = await self._db(limiter, self.catalog.release_inode, self.sid, ino)
+            if digests:
+                await collect(digests)
 
     async def close(self, limiter: trio.CapacityLimiter, collect: Collect) -> None:
         """End the session at unmount (after the last commit): its handles are released,

@@ -868,6 +868,10 @@ class Filesystem:
                 inode, extents = await self.db(read)
                 if note:
                     self._noted_now(ino, writing)
+            except CatalogUnavailable:
+                if note:  # the note may have gone in before the read that failed
+                    self._unreleased.add(ino)
+                raise
             finally:
                 left = self._opening.pop(ino) - 1
                 if left:
@@ -964,17 +968,25 @@ class Filesystem:
         _check_name(name)
         tracked = self.tracker is not None
 
+        created: list[int] = []
+
         def work() -> tuple[Inode, str, Inode, int]:
             # One catalog call: the new inode, its directory's new attributes (the kernel
             # asks for them next) and, for the event, the directory's path.
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
+            created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
             return (inode, self.catalog.path_of(parent) if tracked else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
-        with self._naming(parent):
-            inode, base, pdir, seq = await self._db_refreshing(work)
+        try:
+            with self._naming(parent):
+                inode, base, pdir, seq = await self._db_refreshing(work)
+        except CatalogUnavailable:
+            if created and self.session is not None:  # created, maybe noted: released later
+                self._unreleased.add(created[0])
+            raise
         self._names.added(parent, name, inode.ino)
         self._noted_now(inode.ino, True)
         self._dirs.put(seq, pdir)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 
 from tests.conftest import CkptFactory
@@ -259,7 +260,15 @@ def test_the_database_stopped_under_load_on_two_nodes_loses_and_mixes_nothing(
     assert not [t.name for t in threads if t.is_alive()], "a system call hung"
     # Every file is closed now: no node's session still notes one open (closes during the
     # outage are noted after a heartbeat), so retention and the last-closer drop see them.
-    wait_until(lambda: not db().open_inodes(), 10, "every close noted in the catalog")
+    try:
+        wait_until(lambda: not db().open_inodes(), 10, "every close noted in the catalog")
+    except AssertionError:
+        nodes_of = {s.sid: s.node for s in db().sessions()}
+        with psycopg.connect(pg_url) as conn:
+            rows = conn.execute("SELECT sid, ino, writing FROM open_handles").fetchall()
+        raise AssertionError("still noted open: " + ", ".join(
+            f"{db().path_of(ino)} ({ino}) by {nodes_of.get(sid, sid)}{' writing' if w else ''}"
+            for sid, ino, w in rows)) from None
     assert not load.problems, load.problems[:20]
     assert all(load.eio.get(w, 0) for w in writers)  # the outage was real for each
     assert max(load.slowest.values()) <= BOUND_S, load.slowest
