@@ -67,7 +67,7 @@ from .session import NodeSession
 from .stats import STATS_FILE
 from .tiers.base import Tier
 from .tiers.local import LocalTier
-from .upload.deleter import Deleter
+from .upload.deleter import SHARED_POLL_S, Deleter
 from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
@@ -461,7 +461,8 @@ def build(
     budget = MemoryBudget(memory_budget, spill=open_files.spill_all)
     deleter = Deleter(catalog, tiers, db_limiter, guard=guard, stats=stats, room=room,
                       forget_frames=synced.difference_update, wake=delete_wake,
-                      on_done=upload_wake.set)  # an upload may wait for a deletion
+                      on_done=upload_wake.set,  # an upload may wait for a deletion
+                      poll_s=SHARED_POLL_S if shared else None)  # other nodes queue rows
     uploader = Uploader(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,
@@ -618,7 +619,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
             queues.start(d.telemetry.publish, d.stats_path)
         heartbeat = _Services(nursery)
         if d.session is not None:
-            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect)
+            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect,
+                            d.fs.retry_releases)
         await d.fs.recover()
         yield nursery
         if drain:

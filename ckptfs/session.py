@@ -84,9 +84,12 @@ class NodeSession:
 
     # -- the heartbeat ---------------------------------------------------------------------
 
-    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect) -> None:
+    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect,
+                  after_beat: Callable[[], Awaitable[None]] | None = None) -> None:
         """The heartbeat, until cancelled: a true period (deadlines on trio's clock, not
-        sleeps after each beat), one heartbeat and one cleanup attempt per period."""
+        sleeps after each beat), one heartbeat and one cleanup attempt per period;
+        ``after_beat`` runs after each that reached the catalog (the VFS notes the closes
+        an outage kept from it)."""
         if self._pending:
             pending, self._pending = self._pending, []
             await collect(pending)
@@ -99,7 +102,7 @@ class NodeSession:
                 if await self._db(limiter, self.catalog.heartbeat_session, self.sid, self.timeout_s):
                     self.beats += 1
                 else:
-                    await self._register_again(limiter, held)
+                    await self._register_again(limiter, held, collect)
                 ended = await self._db(limiter, self.catalog.cleanup_expired_sessions)
             except CkptfsError as exc:
                 if not down:
@@ -118,14 +121,27 @@ class NodeSession:
                             f", partial: {', '.join(end.partial)}" if end.partial else "")
                 if end.digests:
                     await collect(end.digests)
+            if after_beat is not None:
+                try:
+                    await after_beat()
+                except CkptfsError as exc:  # the next beat tries again
+                    log.debug("node %s: after the heartbeat: %s", self.node, exc)
 
-    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held) -> None:
+    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held,
+                              collect: Collect) -> None:
         log.error("node %s: its session was gone (this node was paused or cut off from the "
                   "catalog longer than session_timeout = %.0f s, and another node cleaned up "
                   "after it): registering again; unlinked files it had open may be gone",
                   self.node, self.timeout_s)
         await self._db(limiter, self.register)
-        await self._db(limiter, self.catalog.note_open_many, self.sid, list(held()))
+        noted = list(held())
+        await self._db(limiter, self.catalog.note_open_many, self.sid, noted)
+        # A last close meanwhile may have released its inode before these notes went in:
+        # release what is no longer held (again; a release that came after is a no-op).
+        for ino in sorted({i for i, _ in noted} - {i for i, _ in held()}):
+            digests = await self._db(limiter, self.catalog.release_inode, self.sid, ino)
+            if digests:
+                await collect(digests)
 
     async def close(self, limiter: trio.CapacityLimiter, collect: Collect) -> None:
         """End the session at unmount (after the last commit): its handles are released,

@@ -13,11 +13,15 @@ of its own, never shared between threads).
   autocommit, one round trip.
 * ``synced`` needs nothing: a PostgreSQL commit is durable (``synchronous_commit``).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
-  CONNECT_TIMEOUT / POOL_WAIT seconds; a pooled connection the server dropped (a restart)
+  CONNECT_TIMEOUT / POOL_WAIT seconds, and while it stays unreachable every further call
+  within DOWN_WAIT; a pooled connection the server dropped (a restart)
   is noticed at the transaction's BEGIN and replaced.
 * The schema is sql.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
   ``schema_version`` is checked like SQLite's, and MIGRATIONS holds a step per version.
+* ``try_exclusive`` (the retention pass, one node at a time): a session-level advisory
+  lock on a connection of its own, outside the pool, held across the pass's transactions
+  and freed by PostgreSQL when that connection ends (a node that dies frees it).
 * ``backup_bytes`` (the snapshot the uploader stores on the remotes) is a SQLite catalog
   file of the same rows (sqlite.catalog_file), read in one snapshot: a bucket restore
   brings it back as a SqliteCatalog.
@@ -25,6 +29,7 @@ of its own, never shared between threads).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import re
@@ -43,6 +48,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .pglisten import PgListener
+from .protocols import ExclusiveLock
 from .sessions import SESSIONS_DDL
 from .sql import (
     SCHEMA,
@@ -66,6 +72,11 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 3  # s, per connection attempt: a dead server fails calls, never hangs them
 POOL_WAIT = 5.0  # s a transaction waits for a free (or new) pooled connection
+# s a call waits for a connection while the database is known unreachable (the last call
+# failed to reach it): every caller waiting POOL_WAIT held a catalog slot that long, and
+# the daemon's background services, taking slots too, made a file system call queue for
+# several POOL_WAITs (25 s under load); a call that reaches it ends the outage.
+DOWN_WAIT = 1.0
 MAX_ATTEMPTS = 100  # runs of one write transaction that conflicts with others (~5 s of backoff)
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.002, 0.1  # s; full jitter, doubling
 
@@ -164,6 +175,33 @@ def describe(url: str) -> str:
     return f"PostgreSQL database {info.get('dbname') or '?'} on {host}{port}"
 
 
+def lock_key(name: str) -> int:
+    """The advisory lock key (a signed 64-bit integer) of the cluster-wide lock ``name``."""
+    digest = hashlib.blake2b(b"ckptfs lock " + name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class _AdvisoryLock:
+    """A session-level advisory lock on a connection of its own (not a pooled one: the
+    lock lives as long as its connection, across any number of pooled transactions)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], key: int) -> None:
+        self.conn = conn
+        self.key = key
+
+    def held(self) -> bool:
+        try:
+            self.conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False  # the connection is gone, and the lock with it
+
+    def release(self) -> None:
+        # The server frees a session's advisory locks when its connection ends: closing
+        # needs no round trip (an unlock could hang on a server that stopped answering).
+        self.conn.close()
+
+
 class PostgresCatalog(SqlCatalog):
     def __init__(self, url: str, *, pool_size: int = 4, readonly: bool = False) -> None:
         """``readonly``: reads only (status and the like beside the daemons); an empty
@@ -184,7 +222,10 @@ class PostgresCatalog(SqlCatalog):
         # socket needs none); the URL's own settings win.
         conn_kwargs: dict[str, Any] = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
         conn_kwargs["autocommit"] = True
-        self._url, self._conn_kwargs = url, conn_kwargs  # the want listener's connection
+        self._url, self._conn_kwargs = url, conn_kwargs  # the want listener's and locks' connections
+        # The last call could not reach the database: the next ones wait DOWN_WAIT, not
+        # POOL_WAIT, for a connection (a bool: written and read whole by any thread).
+        self._down = False
         # The database's clock, in ns since the epoch (node sessions' expiries).
         self._now_ns_sql = "CAST(extract(epoch FROM clock_timestamp()) * 1000000000 AS BIGINT)"
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -209,6 +250,7 @@ class PostgresCatalog(SqlCatalog):
         self._pool.close()
 
     def _unavailable(self, e: BaseException) -> CatalogUnavailable:
+        self._down = True
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if self._password:
             msg = msg.replace(self._password, "***")
@@ -216,19 +258,24 @@ class PostgresCatalog(SqlCatalog):
 
     # -- connections and transactions --------------------------------------------------------
 
+    def _getconn(self) -> psycopg.Connection[Any]:
+        try:
+            return self._pool.getconn(timeout=DOWN_WAIT if self._down else POOL_WAIT)
+        except PoolTimeout as e:
+            raise self._unavailable(e) from None
+
     def _live(self, first: Callable[[psycopg.Connection[Any]], T]) -> tuple[psycopg.Connection[Any], T]:
         """A pooled connection, and what ``first(conn)`` returned on it; the caller puts
         the connection back. A connection the server dropped meanwhile (a restart) fails
         ``first`` before anything else ran on it: it goes back (the pool drops it) and the
-        next one is tried. No connection within POOL_WAIT, or a server that cannot be
-        reached: CatalogUnavailable."""
+        next one is tried. No connection within POOL_WAIT (DOWN_WAIT once a call found the
+        database down), or a server that cannot be reached: CatalogUnavailable."""
         for stale in range(self.concurrency + 1):
+            conn = self._getconn()
             try:
-                conn = self._pool.getconn()
-            except PoolTimeout as e:
-                raise self._unavailable(e) from None
-            try:
-                return conn, first(conn)
+                got = first(conn)
+                self._down = False
+                return conn, got
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:
                 self._pool.putconn(conn)
                 if not conn.broken or stale == self.concurrency:
@@ -322,6 +369,26 @@ class PostgresCatalog(SqlCatalog):
 
     def listen_wants(self) -> PgListener:
         return PgListener(self._url, self._conn_kwargs, WANTS_CHANNEL, self._unavailable)
+
+    def try_exclusive(self, name: str) -> ExclusiveLock | None:
+        """The cluster-wide lock ``name`` (pg_try_advisory_lock on a connection of its
+        own), or None if another connection holds it. CatalogUnavailable if the database
+        cannot be reached."""
+        key = lock_key(name)
+        try:
+            conn = psycopg.connect(self._url, **self._conn_kwargs)
+        except psycopg.Error as e:
+            raise self._unavailable(e) from None
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            got = bool(row and row[0])
+        except psycopg.Error as e:
+            conn.close()
+            raise self._unavailable(e) from None
+        if not got:
+            conn.close()
+            return None
+        return _AdvisoryLock(conn, key)
 
     # -- the schema --------------------------------------------------------------------------
 

@@ -446,6 +446,20 @@ class MetaCatalog(Protocol):
         ...
 
 
+class ExclusiveLock(Protocol):
+    """A cluster-wide lock held by one caller on any node (``SessionCatalog.try_exclusive``).
+    ``held`` is a catalog round trip (call it in a worker thread); ``release`` is not."""
+
+    def held(self) -> bool:
+        """Still held: False once the connection that holds it was lost (the database
+        restarted), when another node may have taken it."""
+        ...
+
+    def release(self) -> None:
+        """Free it without a round trip (the connection holding it closes)."""
+        ...
+
+
 class SessionCatalog(Protocol):
     """Node sessions of a shared catalog (catalog/sessions.py; docs/multinode.md): the
     daemon registers one, its heartbeat extends it, a live node cleans up expired ones; the
@@ -530,6 +544,13 @@ class WantCatalog(Protocol):
     def listen_wants(self) -> WantListener | None:
         """Where this node hears of other nodes' new wants (its own connection); None
         when no other node can want anything (SQLite)."""
+        ...
+
+    def try_exclusive(self, name: str) -> ExclusiveLock | None:
+        """Take the cluster-wide lock ``name`` (the retention pass: one node at a time), or
+        None if another caller, on any node, holds it. It is held until ``release``, or
+        until the holder's node dies (its connection ends). One node's engine (SQLite)
+        grants it always."""
         ...
 
 

@@ -31,12 +31,13 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
+from .protocols import ExclusiveLock
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
 
 if TYPE_CHECKING:
     from .sql import Conn
 
-__all__ = ["SESSIONS_DDL", "SQLITE_NOW_NS", "SessionsSql"]
+__all__ = ["SESSIONS_DDL", "SQLITE_NOW_NS", "OneNodeLock", "SessionsSql"]
 
 T = TypeVar("T")
 
@@ -86,6 +87,16 @@ def _drop_if_orphan(c: Conn, ino: int) -> list[bytes] | None:
     return digests
 
 
+class OneNodeLock:
+    """``try_exclusive`` of an engine that one node uses (SQLite): nobody else to exclude."""
+
+    def held(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
 class SessionsSql:
     """The session methods of SqlCatalog (which provides ``_write``, ``_reading`` and
     ``_path_of``); an engine provides ``_now_ns_sql`` and ``_cleanup_lock``."""
@@ -108,6 +119,10 @@ class SessionsSql:
     def _cleanup_lock(self, c: Conn) -> bool:
         """Whether this transaction may clean up expired sessions (one node at a time)."""
         return True
+
+    def try_exclusive(self, name: str) -> ExclusiveLock | None:
+        """One node uses this engine: the lock is always granted (PostgreSQL overrides)."""
+        return OneNodeLock()
 
     def _db_now(self, c: Conn) -> int:
         return int(c.execute(f"SELECT {self._now_ns_sql}").fetchone()[0])

@@ -16,20 +16,29 @@ checkpoints under PATH only (each run is still planned whole, so what stays prot
 
 Every few seconds it also keeps the local tiers under a high watermark by evicting the
 oldest chunks a remote already holds.
+
+With a shared catalog every node runs a janitor, but a retention pass (and the retry of
+leftovers) runs on one node at a time: it holds the catalog's cluster-wide lock
+``RETENTION_LOCK`` (``catalog.try_exclusive``). A node that finds it taken runs its pass
+LOCK_RETRY_S later (whoever asked for it, `ckptfs gc`, keeps waiting); a pass that loses
+the lock (the database restarted) stops before its next expiry. The watermark eviction
+runs on every node: it touches only this node's local tiers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import trio
 
 from ..catalog import Catalog, CheckpointState
-from ..errors import CkptfsError
+from ..catalog.protocols import ExclusiveLock
+from ..errors import CatalogUnavailable, CkptfsError
 from ..tiers.base import Tier
 from .retention import Plan, RetentionPolicy, plan_all, to_ckpts, under
 
@@ -40,6 +49,8 @@ T = TypeVar("T")
 WATERMARK_CHECK_S = 5.0
 LEFTOVER_RETRY_S = 30.0  # expired checkpoints not yet verified gone are looked at this often
 SETTLE_S = 10.0  # how long a pass waits for the deletion queue to try a checkpoint's chunks
+RETENTION_LOCK = "retention"  # the cluster-wide lock of retention passes (one node at a time)
+LOCK_RETRY_S = 1.0  # a pass another node's janitor held off runs again this soon
 
 
 @dataclass
@@ -63,6 +74,7 @@ class GcRequests:
         self._everything = False  # a commit asked for a pass over every run
         self._scopes: set[str] = set()  # subtrees `ckptfs gc PATH` asked for
         self._done = trio.Event()  # set (and replaced) after each retention pass
+        self._postponed = False  # a pass waits for another node's to end
         self.started = self.finished = 0  # janitor loop iterations begun and ended
         self.last = JanitorReport()
 
@@ -87,14 +99,26 @@ class GcRequests:
     async def next(self, timeout_s: float) -> tuple[bool, set[str] | None]:
         """The janitor waits for a request (at most ``timeout_s``) and takes it: whether
         one came, and its scopes (None: every run)."""
+        if self._postponed:
+            timeout_s = min(timeout_s, LOCK_RETRY_S)
         with trio.move_on_after(timeout_s):
             await self._wake.wait()
-        woken = self._wake.is_set()
+        woken = self._wake.is_set() or self._postponed
         self._wake = trio.Event()
+        self._postponed = False
         scopes = None if self._everything else self._scopes
         self._everything, self._scopes = False, set()
         self.started += 1
         return woken, scopes
+
+    def postpone(self, scopes: set[str] | None) -> None:
+        """The pass just taken cannot run now (another node's janitor holds the retention
+        lock): ask for it again LOCK_RETRY_S from now; whoever waits for it keeps waiting."""
+        if scopes is None:
+            self._everything = True
+        else:
+            self._scopes |= scopes
+        self._postponed = True
 
     def served(self) -> None:
         self.finished = self.started
@@ -147,7 +171,9 @@ class Janitor:
         self.high = high_watermark
         self.low = low_watermark
         self.passes = 0
+        self.postponed = 0  # passes held off by another node's janitor
         self._leftovers_at = time.monotonic()
+        self._lock: ExclusiveLock | None = None  # the retention lock, during a pass
 
     @property
     def last(self) -> JanitorReport:
@@ -169,19 +195,51 @@ class Janitor:
             woken, scopes = await self.requests.next(WATERMARK_CHECK_S)
             if woken and self.policies:
                 try:
-                    self.requests.last = await self.retention_pass(scopes)
-                    await self.retry_leftovers()
+                    async with self._exclusive() as granted:
+                        if granted:
+                            self.requests.last = await self.retention_pass(scopes)
+                            await self.retry_leftovers()
                 except CkptfsError as exc:
+                    granted = True
                     log.error("retention pass failed: %s", exc)
+                if not granted:  # another node's janitor is in a pass: ours comes after it
+                    self.postponed += 1
+                    self.requests.postpone(scopes)
+                    await self._watermark()
+                    continue
                 self.passes += 1
             elif time.monotonic() - self._leftovers_at > LEFTOVER_RETRY_S:
                 self._leftovers_at = time.monotonic()
                 try:
-                    await self.retry_leftovers()
+                    async with self._exclusive() as granted:
+                        if granted:  # else another node's pass looks at them
+                            await self.retry_leftovers()
                 except CkptfsError as exc:
                     log.warning("retrying deletions failed: %s", exc)
             self.requests.served()
             await self._watermark()
+
+    @asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[bool]:
+        """Hold the retention lock (one node's janitor at a time) for the body; False: it
+        is held elsewhere, the body must not act."""
+        lock = await self.db(self.catalog.try_exclusive, RETENTION_LOCK)
+        if lock is None:
+            yield False
+            return
+        self._lock = lock
+        try:
+            yield True
+        finally:
+            self._lock = None
+            lock.release()  # no round trip (the connection closes): also at cancellation
+
+    async def _still_exclusive(self) -> None:
+        """Before an expiry: the pass still holds the retention lock (a database restart
+        ends it, and another node's janitor may have begun a pass of its own)."""
+        if self._lock is not None and not await self.db(self._lock.held):
+            raise CatalogUnavailable("the retention lock was lost (the catalog's connection "
+                                     "ended): the pass stops; the next one goes on")
 
     async def _watermark(self) -> None:
         store = self.store
@@ -238,6 +296,7 @@ class Janitor:
                 await self._expire(root, plan.why.get(root, ""), report)
 
     async def _expire(self, root: str, why: str, report: JanitorReport) -> None:
+        await self._still_exclusive()
         if await self._open_under(root):
             report.busy += 1
             return

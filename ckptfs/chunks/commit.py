@@ -11,6 +11,7 @@ chunks nothing names any more.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ import trio
 from ..catalog import ChunkRef
 from ..errors import CkptfsError
 from .store import ChunkStore
+
+log = logging.getLogger("ckptfs.store")
 
 
 @dataclass(frozen=True)
@@ -93,5 +96,12 @@ async def commit_version(
     garbage = [r for r in v.committed.values() if r.digest in dropped_set]
     kept = {r.digest for r in committed.values()}
     garbage += [r for r in written if r.digest not in kept]
-    await store.collect(garbage)
+    try:
+        await store.collect(garbage)
+    except CkptfsError as exc:
+        # The version is committed and its pins are gone: failing the close now would
+        # report a saved file as lost, and the caller would release the pins again.
+        log.warning("inode %d: committed, but %d chunk(s) it no longer names were not "
+                    "collected (%s); `ckptfs fsck --repair` reclaims them", v.ino,
+                    len(garbage), exc)
     return committed

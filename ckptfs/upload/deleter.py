@@ -12,6 +12,10 @@ Safety against content addressing (chunks/guard.py, docs/concurrency.md): a row 
 digest is held back until the pin goes; otherwise the pair is marked as being deleted, one
 catalog transaction cancels it if the chunk is wanted on that tier again (a valid replica
 row or an upload job for the pair), and only then is the frame deleted, outside every lock.
+
+With a shared catalog another node may queue rows for this node's local tiers (its
+retention expired a checkpoint this node had copies of; it unlinked a file whose chunks
+this node holds): no event crosses nodes, so the queue also looks every ``poll_s``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ LOCAL_BATCH = 256  # local rows claimed and deleted per catalog transaction
 # deleted in batches (a few catalog round trips per batch, not per file).
 BATCH_S = 0.02
 REMOTE_CONCURRENCY = 4
+SHARED_POLL_S = 2.0  # with a shared catalog: how often to look for rows other nodes queued
 
 Pair = tuple[bytes, str]
 
@@ -52,11 +57,13 @@ class Deleter:
         forget_frames: Callable[[Iterable[bytes]], None] = lambda digests: None,
         wake: Wakeup | None = None, on_done: Callable[[], None] | None = None,
         concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
+        poll_s: float | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first);
         ``forget_frames``: these frames were deleted (a frame put again is not known
         durable); ``wake``: who wakes this queue (the store, the uploader, GC); ``on_done``:
-        a batch or row finished (the uploader may wait for a deletion)."""
+        a batch or row finished (the uploader may wait for a deletion); ``poll_s``: look
+        for new rows at least this often (a shared catalog: other nodes queue them too)."""
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = sorted(t.name for t in tiers if t.kind == "local")
@@ -68,6 +75,7 @@ class Deleter:
         self.db_limiter = db_limiter
         self.clock = clock
         self.concurrency = concurrency
+        self.poll_s = poll_s
         self.local_limiter = trio.CapacityLimiter(2)
         self.remote_limiter = trio.CapacityLimiter(concurrency)
         self.running: set[Pair] = set()
@@ -143,6 +151,8 @@ class Deleter:
                 if delay == 0.0:
                     # Due rows that found no free worker: a finishing one kicks us.
                     delay = math.inf if (self._local_busy or self._remote_running) else 0.0
+                if self.poll_s is not None:
+                    delay = min(delay, self.poll_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()
                 if self._wake.is_set():

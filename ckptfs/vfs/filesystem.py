@@ -29,6 +29,7 @@ from ..codec.frame import Buffer
 from ..codec.staged import StagePool
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, policy_for
 from ..errors import (
+    CatalogUnavailable,
     CkptfsError,
     InvalidArgument,
     IsADirectory,
@@ -247,6 +248,10 @@ class Filesystem:
         self.session = session if shared else None
         # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
         self._noted: dict[int, bool] = {}
+        # Last closes the catalog did not take (it was unreachable): released again after
+        # the next heartbeat (``retry_releases``), else the rows would keep them "open" on
+        # this node for retention and the last-closer drop until the session ends.
+        self._unreleased: set[int] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs(enabled=not shared)
         # The names of directories this mount created: missing names answered from memory.
@@ -822,12 +827,28 @@ class Filesystem:
         if self.session is None or ino not in self._noted or self._held_here(ino):
             return
         del self._noted[ino]
-        digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+        try:
+            digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+        except CatalogUnavailable as exc:
+            if not self._unreleased:
+                log.warning("the catalog did not take the close of inode %d (%s): closes are "
+                            "noted again after the next heartbeat", ino, exc)
+            self._unreleased.add(ino)
+            return
         if digests is not None:
             await self._collect_dropped(ino, digests)
         elif ino in self._noted:  # opened again meanwhile: its note may have gone first
             with contextlib.suppress(NotFound):
                 await self.db(self._note, ino, self._noted[ino])
+
+    async def retry_releases(self) -> None:
+        """After a heartbeat (the catalog answers again): note the closes it missed."""
+        pending, self._unreleased = self._unreleased, set()
+        for ino in sorted(pending):
+            if ino in self._noted or self._held_here(ino):
+                continue  # opened again meanwhile: its next last close releases it
+            self._noted[ino] = False
+            await self._release_noted(ino)  # back in the set if it fails again
 
     async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)
@@ -851,6 +872,10 @@ class Filesystem:
                 inode, extents = await self.db(read)
                 if note:
                     self._noted_now(ino, writing)
+            except CatalogUnavailable:
+                if note:  # the note may have gone in before the read that failed
+                    self._unreleased.add(ino)
+                raise
             finally:
                 left = self._opening.pop(ino) - 1
                 if left:
@@ -947,17 +972,25 @@ class Filesystem:
         _check_name(name)
         tracked = self.tracker is not None
 
+        created: list[int] = []
+
         def work() -> tuple[Inode, str, Inode, int]:
             # One catalog call: the new inode, its directory's new attributes (the kernel
             # asks for them next) and, for the event, the directory's path.
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
+            created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
             return (inode, self.catalog.path_of(parent) if tracked else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
-        with self._naming(parent):
-            inode, base, pdir, seq = await self._db_refreshing(work)
+        try:
+            with self._naming(parent):
+                inode, base, pdir, seq = await self._db_refreshing(work)
+        except CatalogUnavailable:
+            if created and self.session is not None:  # created, maybe noted: released later
+                self._unreleased.add(created[0])
+            raise
         self._names.added(parent, name, inode.ino)
         self._noted_now(inode.ino, True)
         self._dirs.put(seq, pdir)

@@ -315,11 +315,21 @@ class OpenFile:
         # Unpinned with the tiers holding them as the pins go: a chunk moved to a remote
         # meanwhile gets its remote copy queued for deletion.
         dropped = self.svc.store.release(written)
-        await self.svc.store.collect(dropped)
-        if self.svc.invalidate is not None:
-            # The kernel cached the discarded bytes and size: make it ask again. In a
-            # thread, because the kernel may need this loop to answer while it invalidates.
-            await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
+        try:
+            if self.svc.invalidate is not None:
+                # The kernel cached the discarded bytes and size: make it ask again, also
+                # when the collection below fails (a commit failed because the catalog is
+                # unreachable: the kernel's pages must not outlive the version). In a
+                # thread, because the kernel may need this loop to answer meanwhile.
+                await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
+        finally:
+            try:
+                await self.svc.store.collect(dropped)
+            except CkptfsError as exc:
+                # Uncommitted chunks have no catalog rows: their frames stay behind (fsck
+                # reports them) rather than fail the close of every handle after it.
+                log.warning("inode %d: the %d chunk(s) of a discarded write were not "
+                            "collected: %s", self.ino, len(dropped), exc)
 
     async def _wait_inflight(self) -> None:
         while self._running:
