@@ -201,61 +201,31 @@ class LocalTier:
         return self._get(key, None)
 
     def get_into(self, key: str, take: Callable[[int], mmap.mmap | None]) -> Buffer | None:
-        """Like ``get``, but a large frame read with O_DIRECT lands in ``take(n)`` (a reused
-        anonymous mapping of the store's pool, chunks/bufpool.py) and comes back as a view
-        of it; a small frame, a tier without O_DIRECT, or ``take`` giving None: as ``get``."""
+        """Like ``get``, but a large frame lands in ``take(n)`` (a reused page-aligned
+        anonymous mapping of at least ``n`` bytes, chunks/bufpool.py: no fresh pages to
+        fault in, nothing to zero) and comes back as a view of it, read with O_DIRECT where
+        the tier uses it; a small frame, or ``take`` giving None or too small a buffer: as
+        ``get``."""
         return self._get(key, take)
 
     def _get(self, key: str, take: Callable[[int], mmap.mmap | None] | None) -> Buffer | None:
         path = self._path(key)
         try:
-            if not self._direct:
-                with open(path, "rb", buffering=0) as f:
-                    return f.read()
-            # O_DIRECT works here: a large frame skips the page cache; a small one is read
-            # buffered from the same descriptor (O_DIRECT cleared), not opened twice.
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+            # O_DIRECT where it works: a large frame skips the page cache; a small one is
+            # read buffered from the same descriptor (O_DIRECT cleared), not opened twice.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if self._direct else 0))
             try:
                 size = os.fstat(fd).st_size
                 if size >= direct.MIN_FRAME:
-                    buf = None if take is None else take(direct.aligned_size(size))
-                    if buf is None:
+                    room = direct.aligned_size(size)
+                    buf = None if take is None else take(room)
+                    if buf is not None and len(buf) >= room:
+                        return direct.read_into(fd, size, buf)
+                    if self._direct:
                         return direct.read_whole(fd, size)
-                    return direct.read_into(fd, size, buf)
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                return os.pread(fd, size + 1, 0)
-            finally:
-                os.close(fd)
-        except FileNotFoundError:
-            if not self._chunks.is_dir():
-                raise TierError(f"tier {self.name}: directory {self._chunks} vanished") from None
-            return None
-        except OSError as exc:
-            raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
-
-    def get_into(self, key: str, take: Callable[[int], mmap.mmap | None]) -> Buffer | None:
-        """Like ``get``, but the frame is read into ``take(size)`` (a reused page-aligned
-        buffer of at least ``size`` rounded up to 4 KiB, e.g. chunks/bufpool.FramePool's:
-        no fresh pages to fault in, nothing to zero) and comes back as a view of it; with
-        O_DIRECT where the tier uses it. ``take`` giving None: as ``get``."""
-        path = self._path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                size = os.fstat(fd).st_size
-                buf = take(size)
-                if buf is None or len(buf) < -(-size // direct.ALIGN) * direct.ALIGN:
-                    return os.pread(fd, size + 1, 0)  # one more: a frame that grew shows
-                if self._direct and size >= direct.MIN_FRAME:
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
-                view = memoryview(buf)
-                got = 0
-                while got < size:  # O_DIRECT: whole blocks, the last one short at EOF
-                    n = os.preadv(fd, [view[got : len(buf)]], got)
-                    if n == 0:
-                        break  # shorter than it was: the frame check fails
-                    got += n
-                return view[:got]
+                elif self._direct:
+                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                return os.pread(fd, size + 1, 0)  # one byte more: a frame that grew shows
             finally:
                 os.close(fd)
         except FileNotFoundError:
