@@ -132,7 +132,7 @@ def test_ls_outside_a_mount_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")  # the outage
+@pytest.mark.allow_log_warnings("upload failed", "failed, will retry", "cannot reach the remote")  # the outage (the lease heartbeat may fall in it)
 def test_retention_over_twelve_steps_with_a_remote_outage(
     tmp_path: Path, seaweed: Any, remote: tuple[str, str]  # noqa: F811
 ) -> None:
