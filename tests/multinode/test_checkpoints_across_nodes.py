@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from tests.conftest import CkptFactory
-from tests.multinode.test_shared_namespace import Cluster, sync
+from tests.multinode.conftest import Cluster, sync
 from tests.support.mountutil import Mount, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
@@ -38,10 +38,6 @@ pytestmark = pytest.mark.usefixtures("postgres")
 SESSION_TIMEOUT = 2.0  # s; the heartbeat runs every fifth of it
 SHARD = 300 * 1024  # a couple of 256 KiB chunks per shard
 
-
-@pytest.fixture
-def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
-    return Cluster(ckpt_factory, pg_url, remote[0])
 
 
 @pytest.fixture

@@ -14,15 +14,14 @@ of the older files'."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
-from tests.conftest import CkptFactory
-from tests.multinode.test_shared_namespace import Cluster
+from tests.multinode.conftest import Cluster, Db
 from tests.support.mountutil import wait_until
 from tests.support.s3server import SeaweedServer
 from tests.vfs.test_vfs import CS, RW, read_file, write_file
@@ -37,27 +36,8 @@ from ckptfs.vfs.context import ROOT
 pytestmark = pytest.mark.usefixtures("postgres")
 
 CHUNK = 256 * 1024  # TEST_MOUNT_ARGS' chunk size
-Db = Callable[[], PostgresCatalog]
 
 
-@pytest.fixture
-def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
-    return Cluster(ckpt_factory, pg_url, remote[0])
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Db]:
-    """The shared catalog, read beside the nodes (opened once a node made the schema)."""
-    cats: list[PostgresCatalog] = []
-
-    def opened() -> PostgresCatalog:
-        if not cats:
-            cats.append(PostgresCatalog(pg_url, pool_size=1, readonly=True))
-        return cats[0]
-
-    yield opened
-    for c in cats:
-        c.close()
 
 
 def config(tmp_path: Path, name: str, text: str) -> list[str]:

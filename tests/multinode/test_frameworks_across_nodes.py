@@ -13,18 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.compat.compatkit import free_port, markers, run_worker
-from tests.conftest import CkptFactory
-from tests.multinode.test_shared_namespace import Cluster, sync
+from tests.multinode.conftest import Cluster, sync
 from tests.support.mountutil import Mount, run_cli, wait_until
 
 pytestmark = [pytest.mark.usefixtures("postgres"), pytest.mark.slow]
 
 WORKERS = "tests.multinode.workers"
 
-
-@pytest.fixture
-def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
-    return Cluster(ckpt_factory, pg_url, remote[0])
 
 
 def local_chunks(node: Mount) -> int:

@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ import psycopg
 import pytest
 
 from tests.conftest import CkptFactory
-from tests.multinode.test_shared_namespace import Cluster, sync
+from tests.multinode.conftest import Cluster, sync
 from tests.support.mountutil import Mount, pid_alive, wait_until
 from tests.support.pgserver import PgServer
 
@@ -179,19 +179,6 @@ def sessions_conf(tmp_path: Path) -> list[str]:
     cfg.write_text(f"session_timeout = {SESSION_TIMEOUT}\n")
     return ["--config", str(cfg)]
 
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Callable[[], PostgresCatalog]]:
-    cats: list[PostgresCatalog] = []
-
-    def opened() -> PostgresCatalog:
-        if not cats:
-            cats.append(PostgresCatalog(pg_url, pool_size=1, readonly=True))
-        return cats[0]
-
-    yield opened
-    for c in cats:
-        c.close()
 
 
 @pytest.mark.slow

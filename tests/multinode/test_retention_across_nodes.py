@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CkptFactory
 from tests.mount.test_checkpoints import hf_save, states
+from tests.multinode.conftest import Cluster, Db, sync
 from tests.multinode.test_sessions import frames_on
-from tests.multinode.test_shared_namespace import Cluster, sync
 from tests.support.mountutil import Mount, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
@@ -34,21 +34,7 @@ from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 pytestmark = pytest.mark.usefixtures("postgres")
 
 CS = 256 * 1024
-Db = Callable[[], PostgresCatalog]
 
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Db]:
-    cats: list[PostgresCatalog] = []
-
-    def opened() -> PostgresCatalog:
-        if not cats:
-            cats.append(PostgresCatalog(pg_url, pool_size=1, readonly=True))
-        return cats[0]
-
-    yield opened
-    for c in cats:
-        c.close()
 
 
 def keep_one(tmp_path: Path) -> list[str]:

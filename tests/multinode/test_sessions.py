@@ -9,13 +9,12 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
-from tests.multinode.test_shared_namespace import Cluster, sync
+from tests.conftest import TEST_MOUNT_ARGS
+from tests.multinode.conftest import Cluster, Db, sync
 from tests.support.mountutil import Mount, wait_until
 
 from ckptfs.catalog import CheckpointState, PostgresCatalog
@@ -25,27 +24,8 @@ pytestmark = pytest.mark.usefixtures("postgres")
 SESSION_TIMEOUT = 2.0  # s; the heartbeat runs every fifth of it
 
 
-Db = Callable[[], PostgresCatalog]
 
 
-@pytest.fixture
-def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
-    return Cluster(ckpt_factory, pg_url, remote[0])
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Db]:
-    """The shared catalog, read beside the nodes (opened once a node made the schema)."""
-    cats: list[PostgresCatalog] = []
-
-    def opened() -> PostgresCatalog:
-        if not cats:
-            cats.append(PostgresCatalog(pg_url, pool_size=1, readonly=True))
-        return cats[0]
-
-    yield opened
-    for c in cats:
-        c.close()
 
 
 def short_sessions(tmp_path: Path) -> list[str]:

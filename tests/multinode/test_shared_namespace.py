@@ -13,41 +13,15 @@ import os
 import signal
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
+from tests.multinode.conftest import Cluster, sync
 from tests.support.mountutil import Mount, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
 pytestmark = pytest.mark.usefixtures("postgres")
-
-
-class Cluster:
-    """Nodes mounted with the same --catalog and --remote; each has its own state dir."""
-
-    def __init__(self, factory: CkptFactory, catalog: str, remote: str) -> None:
-        self.factory = factory
-        self.catalog = catalog
-        self.remote = remote
-
-    def node(self, name: str, *extra: str) -> Mount:
-        return self.factory.mount(
-            extra_args=[*TEST_MOUNT_ARGS, "--catalog", self.catalog, "--node", name,
-                        "--remote", self.remote, *extra],
-            name=name,
-        )
-
-
-@pytest.fixture
-def cluster(ckpt_factory: CkptFactory, pg_url: str, remote: tuple[str, str]) -> Cluster:
-    return Cluster(ckpt_factory, pg_url, remote[0])
-
-
-def sync(m: Mount, path: Path) -> None:
-    res = run_cli("sync", str(path), "--timeout", "60", timeout=90)
-    assert res.returncode == 0, res.stderr
 
 
 def test_a_file_closed_on_one_node_is_read_bit_identical_on_another(cluster: Cluster) -> None:

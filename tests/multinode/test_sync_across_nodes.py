@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CkptFactory
-from tests.multinode.test_shared_namespace import Cluster
+from tests.multinode.conftest import Cluster
 from tests.support.mountutil import ckptfs_cmd
 from tests.support.s3server import SeaweedServer
 
