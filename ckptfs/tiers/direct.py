@@ -214,19 +214,23 @@ def read_back_and_compare(
     buffer and compare it with ``parts`` (memcmp, GIL released). The check the earlier
     read-back plus blake3 made (what the page cache holds is what was hashed), without a
     second hash pass or a fresh buffer per frame."""
-    buf = pool.take(size + 1)
+    _read_back(fd, parts, size, pool, size + 1, "the frame read back")  # one byte more:
+    # a longer file is not the frame
+
+
+def _read_back(
+    fd: int, parts: Sequence[Buffer], size: int, pool: BufferPool, room: int, what: str
+) -> None:
+    """Read up to ``room`` bytes of ``fd`` into a reused buffer; exactly ``size`` must come
+    back, equal to ``parts`` (CorruptChunk otherwise)."""
+    buf = pool.take(room)
     try:
         view = memoryview(buf)
         try:
-            got = 0
-            while got <= size:  # one byte more: a longer file is not the frame
-                n = os.preadv(fd, [view[got : size + 1]], got)
-                if n == 0:
-                    break
-                got += n
+            got = len(_read_aligned(fd, room, view[:room]))
             if got != size:
-                raise CorruptChunk(f"read back {got} bytes of a {size}-byte frame")
-            _compare(_address(buf), parts, "the frame read back")
+                raise CorruptChunk(f"{what}: {got} bytes of a {size}-byte frame")
+            _compare(_address(buf), parts, what)
         finally:
             view.release()
     finally:
@@ -248,24 +252,8 @@ def _aligned(parts: Sequence[Buffer]) -> memoryview | None:
 def _read_back_direct(fd: int, parts: Sequence[Buffer], size: int, pool: BufferPool) -> None:
     """Read the frame just written to ``fd`` back from the device (O_DIRECT) into a
     reused buffer and compare it with ``parts``."""
-    padded = _round_up(size, ALIGN)
-    buf = pool.take(padded)
-    try:
-        view = memoryview(buf)
-        try:
-            got = 0
-            while got < size:
-                n = os.preadv(fd, [view[got:padded]], got)
-                if n == 0:
-                    break
-                got += n
-            if got != size:
-                raise CorruptChunk(f"read back {got} of {size} bytes from the device")
-            _compare(_address(buf), parts, "the frame read back from the device")
-        finally:
-            view.release()
-    finally:
-        pool.give(buf)
+    _read_back(fd, parts, size, pool, _round_up(size, ALIGN),
+               "the frame read back from the device")
 
 
 def write_checked(
