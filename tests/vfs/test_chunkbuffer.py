@@ -19,9 +19,9 @@ ops = st.lists(
 )
 
 
-@given(ops)
-def test_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
-    buf, model = ChunkBuffer(), bytearray()
+def check_against_bytearray(buf: ChunkBuffer, seq: list[tuple[str, int, bytes]]) -> None:
+    """Apply ``seq`` to ``buf`` and to a bytearray model; after each step they agree."""
+    model = bytearray()
     for op, at, data in seq:
         if op == "write":
             if at > len(model):
@@ -39,6 +39,11 @@ def test_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
         assert buf.joined() == bytes(model)
         lo, hi = sorted((at % (len(model) + 1), (at * 7) % (len(model) + 1)))
         assert buf.slice(lo, hi) == bytes(model[lo:hi])
+
+
+@given(ops)
+def test_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
+    check_against_bytearray(ChunkBuffer(), seq)
 
 
 def test_many_small_appends_keep_few_parts() -> None:
@@ -57,24 +62,7 @@ def test_staged_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
     dirty = pool.take()
     dirty.write(0, b"\xff" * 1024)
     pool.give(dirty)
-    buf, model = ChunkBuffer(staged=pool.take()), bytearray()
-    for op, at, data in seq:
-        if op == "write":
-            if at > len(model):
-                model.extend(bytes(at - len(model)))
-            model[at : at + len(data)] = data
-            buf.write(at, data)
-        elif op == "truncate":
-            del model[at:]
-            buf.truncate(at)
-        else:
-            old = buf
-            buf = buf.copy()
-            old.write(0, b"must not leak into the copy")
-        assert buf.length == len(model)
-        assert buf.joined() == bytes(model)
-        lo, hi = sorted((at % (len(model) + 1), (at * 7) % (len(model) + 1)))
-        assert buf.slice(lo, hi) == bytes(model[lo:hi])
+    check_against_bytearray(ChunkBuffer(staged=pool.take()), seq)
 
 
 def test_staged_frame_is_the_buffer_itself() -> None:
