@@ -415,8 +415,18 @@ def save(step, hold_rank1=False):
 save(1)
 wait_for("step-1 committed", lambda: latest(a) == "/dcp-run/step-1")
 print(f"step 1 saved from both nodes: latest on a {latest(a)}, on b {latest(b)}")
+def tracker_caught_up(mnt, tag):
+    # Node a's tracker handles its events in order: once it has recorded a file written
+    # after the rename, it has seen the rename too (and held the commit for b's writer).
+    os.makedirs(os.path.join(mnt, "sentinel"), exist_ok=True)
+    path = os.path.join(mnt, "sentinel", f"{tag}.safetensors")
+    with open(path, "wb") as f:
+        f.write(b"\x08" + b"\x00" * 15)  # the smallest safetensors file: a checkpoint
+    wait_for(f"node a's tracker caught up ({tag})", lambda: subprocess.run(
+        [py, "-m", "ckptfs", "show", path], capture_output=True).returncode == 0)
+
 r1 = save(2, hold_rank1=True)
-time.sleep(2)  # the trackers' ticks come and go: a's commit signal is held for b's writer
+tracker_caught_up(a, "after-step-2-marker")
 print(f"step 2's .metadata is in place, rank 1's shard still open on b: latest on a {latest(a)}, on b {latest(b)}")
 assert latest(a) == latest(b) == "/dcp-run/step-1"
 r1.close()
