@@ -246,7 +246,7 @@ def test_sequential_read_of_a_remote_only_file_copies_it_back(
 
 
 @pytest.mark.allow_log_errors  # the chunks it cannot read: "no valid copy"
-@pytest.mark.allow_log_warnings("moved from")
+@pytest.mark.allow_log_warnings("moved from", "catalog snapshot upload failed")
 def test_prefetch_names_the_file_it_cannot_read(
     tmp_path: Path, seaweed: SeaweedServer, remote: str
 ) -> None:
