@@ -3,11 +3,13 @@
 model.py is the model (one dataclass per component, ``Config`` composing them; it imports
 nothing of ckptfs); load.py reads the file and the command-line overrides into it, with
 parse.py (sizes, seconds, choices), tiers.py (``[[tier]]``, ``--remote``, ``--local``) and
-checkpoints.py (``[[checkpoint_pattern]]``, ``[[retention]]``). The names below are the
+checkpoints.py (``[[checkpoint_pattern]]``, ``[[retention]]``) and governance.py
+(``[[namespace]]``, ``[access]``, ``[keys]``, ``[audit]``). The names below are the
 package's surface.
 """
 
 from .checkpoints import patterns_from_config, policies_from_config
+from .governance import check_governance
 from .load import (
     RecordedTiers,
     config_from_dict,
@@ -24,6 +26,7 @@ from .model import (
     DEFAULT_IO_THREADS,
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_METRICS_ADDRESS,
+    DEFAULT_NAMESPACE,
     DEFAULT_READAHEAD,
     DEFAULT_REMOTE_READ_CONCURRENCY,
     MAX_CHUNK_SIZE,
@@ -31,15 +34,19 @@ from .model import (
     REMOTE_COMPRESSION_MODES,
     SQLITE_CATALOG,
     UPLOAD_DURING_SAVE,
+    AuditConfig,
     CatalogConfig,
     CheckpointConfig,
     Config,
     DurabilityPolicy,
     FuseConfig,
     GiB,
+    GovernanceConfig,
+    KeysConfig,
     KiB,
     MetricsConfig,
     MiB,
+    NamespaceConfig,
     PatternConfig,
     ReadConfig,
     RetentionConfig,
@@ -54,7 +61,8 @@ from .parse import array_of_tables, parse_metrics_address, parse_size
 from .tiers import local_tiers_from_paths, parse_remote_url
 
 __all__ = [
-    "ADDRESSING_STYLES", "CATALOG_FILE", "SQLITE_CATALOG", "DEFAULT_CHUNK_SIZE", "DEFAULT_IO_THREADS",
+    "ADDRESSING_STYLES", "AuditConfig", "CATALOG_FILE", "DEFAULT_NAMESPACE", "GovernanceConfig",
+    "KeysConfig", "NamespaceConfig", "check_governance", "SQLITE_CATALOG", "DEFAULT_CHUNK_SIZE", "DEFAULT_IO_THREADS",
     "DEFAULT_MEMORY_BUDGET", "DEFAULT_METRICS_ADDRESS", "DEFAULT_READAHEAD",
     "DEFAULT_REMOTE_READ_CONCURRENCY", "MAX_CHUNK_SIZE",
     "MIN_CHUNK_SIZE", "REMOTE_COMPRESSION_MODES", "UPLOAD_DURING_SAVE", "CatalogConfig", "CheckpointConfig",

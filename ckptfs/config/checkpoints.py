@@ -82,7 +82,7 @@ def _pattern_commit(value: object, where: str) -> str:
 
 
 
-_RETENTION_KEYS = {"path", "keep_local", "keep", "milestone_every", "keep_milestones", "max_age",
+_RETENTION_KEYS = {"name", "path", "keep_local", "keep", "milestone_every", "keep_milestones", "max_age",
          "skip_superseded_uploads"}
 
 
@@ -97,8 +97,16 @@ def policies_from_config(raw: object) -> tuple[RetentionPolicy, ...]:
     """Parse ``[[retention]]`` tables strictly (every error names its key)."""
     out = []
     for where, table in array_of_tables(raw, "retention", _RETENTION_KEYS):
-        path = table.get("path")
-        if not isinstance(path, str) or not path.startswith("/"):
+        name = table.get("name")
+        if name is not None and (not isinstance(name, str) or not _LABEL_RE.match(name)):
+            raise ConfigError(
+                f"{where}.name: expected a label of 1-64 of [A-Za-z0-9_.-], got {name!r}"
+            )
+        if name is not None and any(p.name == name for p in out):
+            raise ConfigError(f"{where}.name: two [[retention]] tables are named {name!r}")
+        # A named class may have no path: it covers only the namespaces that name it.
+        path = table.get("path", "" if name is not None else None)
+        if path != "" and (not isinstance(path, str) or not path.startswith("/")):
             raise ConfigError(f"{where}.path: expected a glob of run directories starting with "
                               f"'/', got {path!r}")
         age = table.get("max_age")
@@ -108,7 +116,8 @@ def policies_from_config(raw: object) -> tuple[RetentionPolicy, ...]:
         if not isinstance(skip, bool):
             raise ConfigError(f"{where}.skip_superseded_uploads: expected true or false, got {skip!r}")
         out.append(RetentionPolicy(
-            glob=path.rstrip("/") or "/",
+            glob=(path.rstrip("/") or "/") if path else "",
+            name=name,
             keep_local=_int(table, "keep_local", where, 2, 0),
             keep=_int(table, "keep", where, 5, 1),
             milestone_every=_int(table, "milestone_every", where, 0, 0),

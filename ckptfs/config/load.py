@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .checkpoints import patterns_from_config, policies_from_config
+from .governance import check_governance, governance_from_config, namespace_retention
 from .model import (
     CATALOG_SCHEMES,
     COPY_BACK,
@@ -86,7 +87,7 @@ _TOP_KEYS = {
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
-    "write_behind",
+    "write_behind", "namespace", "access", "keys", "audit",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -195,7 +196,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     hwm = data.get("local_high_watermark", 0.9)
     if isinstance(hwm, bool) or not isinstance(hwm, int | float) or not 0.5 <= hwm <= 0.99:
         raise ConfigError(f"local_high_watermark: expected a fraction from 0.5 to 0.99, got {hwm!r}")
-    retention = policies_from_config(data.get("retention", []))
+    governance = governance_from_config(data)
+    retention = namespace_retention(governance, policies_from_config(data.get("retention", [])))
     patterns: tuple[PatternConfig, ...] = ()
     if "checkpoint_pattern" in data:
         patterns = patterns_from_config(data["checkpoint_pattern"])
@@ -250,6 +252,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
         metrics=MetricsConfig(address=metrics_address),
         catalog=catalog,
+        governance=governance,
         source=source,
     )
 
@@ -345,4 +348,6 @@ def load_config(
             added.append(parse_remote_url(url, name))
         remote_tiers = remote_tiers + tuple(added)
     # Everything else as the file (and the flags above) set it.
-    return dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
+    out = dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
+    check_governance(out)
+    return out

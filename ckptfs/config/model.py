@@ -167,6 +167,8 @@ class RetentionPolicy:
     """A ``[[retention]]`` table (checkpoints/retention.py plans with it)."""
 
     glob: str  # run directories (inside the mount) this policy covers, fnmatch syntax
+    # A named class (``name``, no ``path``) applies only where a [[namespace]] names it.
+    name: str | None = None
     keep_local: int = 2
     keep: int = 5
     milestone_every: int = 0
@@ -285,6 +287,94 @@ class MetricsConfig:
     address: str = DEFAULT_METRICS_ADDRESS  # metrics_address
 
 
+# --------------------------------------------------------------------------- governance
+# (docs/governance.md): namespaces, access, residency, keys, audit.
+
+
+@dataclass(frozen=True)
+class NamespaceConfig:
+    """A ``[[namespace]]`` table: the directory subtree ``path`` (absolute inside the mount,
+    normalised, never "/") belongs to one project. Its owners are ``uids`` and members of
+    ``gids``; every copy of its chunks stays on tiers whose ``location`` is in
+    ``allowed_locations`` (None: anywhere); ``encrypt`` encrypts its chunks on every tier;
+    ``quota`` caps its bytes (None: no cap); ``retention`` names a ``[[retention]]`` class
+    that covers its run directories."""
+
+    path: str
+    uids: tuple[int, ...] = ()
+    gids: tuple[int, ...] = ()
+    allowed_locations: tuple[str, ...] | None = None
+    encrypt: bool = False
+    quota: int | None = None
+    retention: str | None = None
+    origin: str = field(default="", compare=False)  # "namespace[2]", for messages
+
+    def covers(self, path: str) -> bool:
+        return path == self.path or path.startswith(self.path + "/")
+
+    def allows_location(self, location: str) -> bool:
+        return self.allowed_locations is None or location in self.allowed_locations
+
+    def owned_by(self, uid: int, gids: frozenset[int]) -> bool:
+        """``uid`` (with primary and supplementary groups ``gids``) is one of its owners."""
+        return uid in self.uids or not gids.isdisjoint(self.gids)
+
+
+# Paths outside every [[namespace]]: the default namespace, with POSIX rules only.
+DEFAULT_NAMESPACE = NamespaceConfig(path="/", origin="default")
+
+
+@dataclass(frozen=True)
+class KeysConfig:
+    """``[keys]``: where the key-encryption key comes from: a file of 32 random bytes (mode
+    0600, outside the state dir) or a command that prints them (a KMS hook). Exactly one of
+    the two; both None when no namespace is encrypted."""
+
+    kek_file: Path | None = None
+    kek_command: str | None = None
+
+    @property
+    def configured(self) -> bool:
+        return self.kek_file is not None or self.kek_command is not None
+
+
+DEFAULT_SEAL_INTERVAL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """``[audit]``: the Ed25519 private key that signs the head of the audit chain (a key
+    file outside the state dir; None: heads are not signed) and how often a seal is made."""
+
+    signing_key_file: Path | None = None
+    seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S
+
+
+@dataclass(frozen=True)
+class GovernanceConfig:
+    """Namespaces, the admin groups (``[access] admin_gids``: members may cross namespaces,
+    audited; root is not exempt otherwise), keys and audit."""
+
+    namespaces: tuple[NamespaceConfig, ...] = ()
+    admin_gids: tuple[int, ...] = ()
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+
+    def namespace_for(self, path: str) -> NamespaceConfig:
+        """The namespace of ``path`` (absolute inside the mount); namespaces never nest."""
+        for ns in self.namespaces:
+            if ns.covers(path):
+                return ns
+        return DEFAULT_NAMESPACE
+
+    def is_admin(self, gids: frozenset[int]) -> bool:
+        return not gids.isdisjoint(self.admin_gids)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.namespaces)
+
+
 # --------------------------------------------------------------------------- Config
 
 
@@ -305,6 +395,7 @@ class Config:
     fuse: FuseConfig = field(default_factory=FuseConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     catalog: CatalogConfig = field(default_factory=CatalogConfig)
+    governance: GovernanceConfig = field(default_factory=GovernanceConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     @property
