@@ -62,6 +62,7 @@ from .sql import (
     newer_schema,
 )
 from .sqlite import catalog_file
+from .quotas import QUOTAS_DDL
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
@@ -119,9 +120,15 @@ def _add_wants(c: Conn) -> None:
     _run_ddl(c, WANTS_DDL)
 
 
+def _add_quotas(c: Conn) -> None:
+    """Schema 6: ns_usage and ns_files (quotas.QUOTAS_DDL); namespaces are counted at the
+    first mount that declares them."""
+    _run_ddl(c, QUOTAS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants}
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_quotas}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 
