@@ -149,11 +149,11 @@ class QuotasSql:
         def body(c: Conn) -> list[str]:
             counted = []
             for ns, quota in todo:
-                if c.execute("SELECT 1 FROM ns_usage WHERE ns=?", (ns,)).fetchone():
+                # Two nodes mounting at once: one inserts and counts, the other updates.
+                if c.execute("INSERT INTO ns_usage (ns, bytes, files, quota) VALUES (?, 0, 0, ?) "
+                             "ON CONFLICT (ns) DO NOTHING RETURNING ns", (ns, quota)).fetchone() is None:
                     c.execute("UPDATE ns_usage SET quota=? WHERE ns=?", (quota, ns))
                     continue
-                c.execute("INSERT INTO ns_usage (ns, bytes, files, quota) VALUES (?, 0, 0, ?)",
-                          (ns, quota))
                 seen: set[int] = set()
                 for inode in self._files_under(c, ns):
                     if inode.ino in seen:

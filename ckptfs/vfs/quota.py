@@ -57,10 +57,9 @@ class NamespaceTally:
         self._ended.set()
         self._ended = trio.Event()
 
-    async def quiet(self) -> None:
-        """Until no commit of the namespace runs here."""
-        while self.commits:
-            await self._ended.wait()
+    async def one_ended(self) -> None:
+        """Until the next commit of the namespace here ends."""
+        await self._ended.wait()
 
 
 class FileAccount:
@@ -96,7 +95,13 @@ class FileAccount:
             return
         t = self.tally
         for _ in range(REFRESH_TRIES):
-            await t.quiet()  # a commit ending now moves its reservation into committed
+            if t.commits:
+                # A commit here ends soon and moves its reservation into ``committed``;
+                # a read of the catalog meanwhile could count it twice.
+                await t.one_ended()
+                if self.reserve(size):
+                    return
+                continue
             gen = t.generation
             used = await self._used(t.ns)
             if t.commits == 0 and t.generation == gen:
