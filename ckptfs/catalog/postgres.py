@@ -49,6 +49,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
+from .quotas import QUOTAS_DDL
 from .sessions import SESSIONS_DDL
 from .sql import (
     SCHEMA,
@@ -62,7 +63,6 @@ from .sql import (
     newer_schema,
 )
 from .sqlite import catalog_file
-from .quotas import QUOTAS_DDL
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",

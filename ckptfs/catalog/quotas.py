@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS ns_usage (
     quota INTEGER
 );
 -- The namespace each counted file is charged to, and the bytes charged (its size at its
--- last commit counted there); files of namespaces only.
+-- last commit counted there), for files of namespaces only.
 CREATE TABLE IF NOT EXISTS ns_files (
     ino   INTEGER PRIMARY KEY,
     ns    TEXT NOT NULL,

@@ -49,6 +49,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
     Backlog,
@@ -61,7 +62,6 @@ from .rows import (
     Inode,
     UploadJob,
 )
-from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .sessions import SESSIONS_DDL, SessionsSql
 from .wants import WANTS_DDL, WantsSql, held_on
 

@@ -199,7 +199,8 @@ def namespace_line(n: dict[str, Any]) -> str:
     if n["quota_bytes"] is None:
         text += " (no quota)"
     else:
-        text += f" of {_size(n['quota_bytes'])} quota ({n['percent']:.0f}%)"
+        pct = "" if n["percent"] is None else f" ({n['percent']:.0f}%)"
+        text += f" of {_size(n['quota_bytes'])} quota{pct}"
     return text + f", {n['files']} file(s)"
 
 
