@@ -18,6 +18,8 @@ from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
 from tests.mount.test_checkpoints import hf_save, states
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, run_cli, wait_until
 
+from ckptfs.testing.exposition import sample, scrape
+
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
 KiB = 1024
@@ -201,6 +203,16 @@ def test_usage_in_status_survives_a_remount(ckpt_factory: CkptFactory, tmp_path:
     res = run_cli("status", str(m.mountpoint))
     assert res.returncode == 0, res.stderr
     assert "namespace /proj-a: 1.5 MiB used of 4.0 MiB quota (38%), 1 file(s)" in res.stdout
+
+    def gauges() -> tuple[float, ...] | None:
+        got = scrape(m.state_dir)
+        try:
+            return tuple(sample(got, f"ckptfs_namespace_{k}", namespace="/proj-a")
+                         for k in ("used_bytes", "files", "quota_bytes"))
+        except KeyError:  # before the daemon's first refresh of its facts
+            return None
+
+    wait_until(lambda: gauges() == (MiB + 512 * KiB, 1, 4 * MiB), what="namespace gauges")
     ckpt_factory.remount(m)
     assert status(m)["namespaces"] == [want]
     # The count came back with the mount: the write past the quota fails at write().
