@@ -72,6 +72,13 @@ class NoSpace(CkptfsError):
     errno = _errno.ENOSPC
 
 
+class QuotaExceeded(CkptfsError):
+    """A version would take its namespace past its quota (docs/governance.md "Quotas");
+    nothing of it is committed."""
+
+    errno = _errno.EDQUOT
+
+
 class TierError(CkptfsError):
     """A tier failed (device gone, I/O error). The caller sees EIO."""
 

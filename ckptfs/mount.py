@@ -49,7 +49,7 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
-from .config.model import WriteBehind
+from .config.model import NamespaceConfig, WriteBehind
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -71,6 +71,7 @@ from .upload.deleter import SHARED_POLL_S, Deleter
 from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
+from .vfs.quota import Quotas
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -358,6 +359,7 @@ def _serve_tiers(
                                   info=f"host {socket.gethostname()}, pid {os.getpid()}")
             session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
+        count_namespaces(catalog, cfg.governance.namespaces)
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
@@ -391,6 +393,15 @@ def _serve_tiers(
         if session is not None:
             session.close_blocking()  # if serving failed before the session was closed
         catalog.close()
+
+
+def count_namespaces(catalog: Catalog, namespaces: Sequence[NamespaceConfig]) -> None:
+    """Record the namespaces' quotas; count the usage of one declared for the first time
+    (an existing state dir, or a namespace added to the config) from its files."""
+    if not namespaces:
+        return
+    for path in catalog.count_namespaces([(ns.path, ns.quota) for ns in namespaces]):
+        log.info("namespace %s: usage counted from its files (first mount declaring it)", path)
 
 
 # -- the composition root --------------------------------------------------------------------
@@ -439,6 +450,7 @@ def build(
     shared: bool = False,
     catalog_slots: int = 1,
     session: NodeSession | None = None,
+    namespaces: Sequence[NamespaceConfig] = (),
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -486,11 +498,19 @@ def build(
         on_commit=gc.kick,  # retention after each checkpoint commit
         shared=shared,  # writers and times of every node
     )
+
+    async def ns_used(ns: str) -> int:  # a namespace's usage, read again before a refusal
+        return await trio.to_thread.run_sync(catalog.namespace_used, ns, limiter=db_limiter)
+
+    quotas = None
+    if namespaces:  # each namespace's usage as counted at mount (count_namespaces)
+        quotas = Quotas(namespaces, ns_used, {u.ns: u.bytes for u in catalog.namespace_usage()})
     fs = Filesystem(
         catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
+        quotas=quotas,
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -517,6 +537,7 @@ def build_for_config(
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
         catalog_slots=catalog.concurrency, session=session,
+        namespaces=cfg.governance.namespaces,
     )
 
 

@@ -49,6 +49,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
+from .quotas import QUOTAS_DDL
 from .sessions import SESSIONS_DDL
 from .sql import (
     SCHEMA,
@@ -119,9 +120,15 @@ def _add_wants(c: Conn) -> None:
     _run_ddl(c, WANTS_DDL)
 
 
+def _add_quotas(c: Conn) -> None:
+    """Schema 6: ns_usage and ns_files (quotas.QUOTAS_DDL); namespaces are counted at the
+    first mount that declares them."""
+    _run_ddl(c, QUOTAS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants}
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_quotas}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 

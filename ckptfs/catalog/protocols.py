@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from .quotas import Charge, NamespaceUsage
 from .rows import (
     Backlog,
     CheckpointRow,
@@ -141,11 +142,14 @@ class ContentsCatalog(Protocol):
         changes: dict[int, ChunkRef | None],
         synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
+        charge: Charge | None = None,
     ) -> list[bytes]:
         """Commit a file's new size, times and changed extents in one transaction.
 
         Extents past the end are dropped. Returns the digests that lost a reference
-        (candidates for garbage collection).
+        (candidates for garbage collection). ``charge``: the file's namespace counts its
+        new size in the same transaction (quotas.py), which raises QuotaExceeded, and
+        commits nothing, if that takes the namespace past ``charge.quota``.
         """
         ...
 
@@ -554,9 +558,27 @@ class WantCatalog(Protocol):
         ...
 
 
+class QuotaCatalog(Protocol):
+    """The usage of each namespace (catalog/quotas.py; docs/governance.md "Quotas"):
+    counted in the transactions that change a file's size or drop it."""
+
+    def count_namespaces(self, namespaces: Sequence[tuple[str, int | None]]) -> list[str]:
+        """Record each (path, quota) declared; count a namespace not counted before from
+        the files under its path. Returns the paths counted now."""
+        ...
+
+    def namespace_usage(self) -> list[NamespaceUsage]:
+        """Every namespace counted so far: bytes, files and the quota recorded."""
+        ...
+
+    def namespace_used(self, ns: str) -> int:
+        """A namespace's bytes now (0 if not counted)."""
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
 from .protocols import ExclusiveLock
+from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def _drop_if_orphan(c: Conn, ino: int) -> list[bytes] | None:
     digests = [bytes(r[0]) for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,))]
     c.execute("DELETE FROM extents WHERE ino=?", (ino,))
     c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
+    uncharge_inode(c, ino)
     c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
     return digests
 

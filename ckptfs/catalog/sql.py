@@ -49,6 +49,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
     Backlog,
@@ -74,8 +75,9 @@ T = TypeVar("T")
 
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
-# (wants.py). Every engine stores this layout (the remote snapshot is a SQLite file of it).
-SCHEMA_VERSION = 5
+# (wants.py); 6: ns_usage and ns_files (quotas.py). Every engine stores this layout (the
+# remote snapshot is a SQLite file of it).
+SCHEMA_VERSION = 6
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -203,7 +205,7 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL
+""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables: a restore from the snapshot is one node, without sessions).
@@ -222,6 +224,8 @@ TABLES: dict[str, tuple[str, ...]] = {
                     "tags", "leftover"),
     "deletions": ("digest", "tier", "length", "enqueued_ns", "attempts", "next_try_ns",
                   "last_error"),
+    "ns_usage": ("ns", "bytes", "files", "quota"),
+    "ns_files": ("ino", "ns", "bytes"),
 }
 # The tables whose key comes from a sequence (never reused; the snapshot carries it over).
 SEQUENCES = {"inodes": "ino", "dentries": "id", "checkpoints": "id"}
@@ -272,7 +276,7 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
-class SqlCatalog(SessionsSql, WantsSql):
+class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -647,11 +651,14 @@ class SqlCatalog(SessionsSql, WantsSql):
         changes: dict[int, ChunkRef | None],
         synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
+        charge: Charge | None = None,
     ) -> list[bytes]:
         n_chunks = (size + chunk_size - 1) // chunk_size
         queued = uploads or {}
 
         def body(c: Conn) -> list[bytes]:
+            if charge is not None:  # first: a refusal leaves nothing of the version
+                charge_commit(c, ino, size, charge)
             dropped = [
                 bytes(r[0])
                 for r in c.execute(
@@ -704,6 +711,7 @@ class SqlCatalog(SessionsSql, WantsSql):
             c.execute("DELETE FROM extents WHERE ino=?", (ino,))
             if c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,)).rowcount:
                 c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
+                uncharge_inode(c, ino)
             return digests
 
         return self._write(body)
@@ -1014,6 +1022,7 @@ class SqlCatalog(SessionsSql, WantsSql):
                 c.execute("DELETE FROM dentries WHERE ino=?", (ino,))
                 c.execute("DELETE FROM extents WHERE ino=?", (ino,))
                 c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
+                uncharge_inode(c, ino)
                 c.execute("DELETE FROM inodes WHERE ino=?", (ino,))
             c.execute(f"DELETE FROM chunks WHERE digest NOT IN ({held})", snap_remotes)
             c.execute("DELETE FROM upload_jobs")

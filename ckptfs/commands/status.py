@@ -154,6 +154,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         } for q in catalog.deletion_backlog()]
         runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
         at_risk = _at_risk(catalog) if remotes else []
+        namespaces = _namespaces(catalog)
     finally:
         catalog.close()
     metrics = None
@@ -173,6 +174,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "backlog": backlog,
         "at_risk": at_risk,
         "deletions": deletions,
+        "namespaces": namespaces,
         "checkpoint_states": (stats or {}).get("checkpoint_states"),
         "runs": runs,
         "app": (stats or {}).get("app"),
@@ -181,6 +183,25 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
     }
+
+
+def _namespaces(catalog: Catalog) -> list[dict[str, Any]]:
+    """Each namespace's committed usage and quota, as the catalog counts them (quota: as
+    the last mount declaring the namespace configured it)."""
+    return [{
+        "path": u.ns, "used_bytes": u.bytes, "files": u.files, "quota_bytes": u.quota,
+        "percent": None if not u.quota else round(100 * u.bytes / u.quota, 1),
+    } for u in catalog.namespace_usage()]
+
+
+def namespace_line(n: dict[str, Any]) -> str:
+    text = f"namespace {n['path']}: {_size(n['used_bytes'])} used"
+    if n["quota_bytes"] is None:
+        text += " (no quota)"
+    else:
+        pct = "" if n["percent"] is None else f" ({n['percent']:.0f}%)"
+        text += f" of {_size(n['quota_bytes'])} quota{pct}"
+    return text + f", {n['files']} file(s)"
 
 
 def _tier_health(s: dict[str, Any], now: float) -> dict[str, Any]:
@@ -319,6 +340,7 @@ def plain(s: dict[str, Any]) -> str:
             lines.append(f"at risk: {r['files']} file(s) only on {who} (not on the remote yet): "
                          + ", ".join(r["paths"]) + more)
     lines.append(deletions_text(s["deletions"]))
+    lines.extend(namespace_line(n) for n in s["namespaces"])
     for run in s["runs"]:
         items = []
         for c in run["latest"]:
@@ -468,6 +490,9 @@ def render(s: dict[str, Any]) -> Any:
     parts: list[Any] = [head, tiers, Panel(backlog, title="upload backlog", title_align="left")]
     dq = deletions_text(s["deletions"])
     parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
+    for n in s["namespaces"]:
+        full = n["percent"] is not None and n["percent"] >= 90
+        parts.append(Text(namespace_line(n), style="bold red" if full else ""))
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
     if s["counters"]:
         counters = Text("counters: ", style="bold")

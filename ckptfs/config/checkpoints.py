@@ -95,7 +95,7 @@ def _int(table: dict[str, Any], key: str, where: str, default: int, lo: int) -> 
 
 def policies_from_config(raw: object) -> tuple[RetentionPolicy, ...]:
     """Parse ``[[retention]]`` tables strictly (every error names its key)."""
-    out = []
+    out: list[RetentionPolicy] = []
     for where, table in array_of_tables(raw, "retention", _RETENTION_KEYS):
         name = table.get("name")
         if name is not None and (not isinstance(name, str) or not _LABEL_RE.match(name)):

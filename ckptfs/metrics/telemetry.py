@@ -271,6 +271,10 @@ class Telemetry:
              else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9)}
             for q in cat.deletion_backlog()
         ]
+        out["namespaces"] = [
+            {"path": u.ns, "used_bytes": u.bytes, "files": u.files, "quota_bytes": u.quota}
+            for u in cat.namespace_usage()
+        ]
         rows = cat.checkpoint_rows("/")
         states: dict[str, int] = {}
         latest: dict[str, dict[str, Any]] = {}
@@ -411,6 +415,7 @@ class FsCollector(Collector):
                                   value=fs.uploader.uploaded_bytes)
         yield from self._backlog(facts.get("backlog"))
         yield from self._deletions(facts.get("deletions") or [])
+        yield from self._namespaces(facts.get("namespaces") or [])
         yield from self._checkpoints(facts)
         mem = facts.get("memory", {})
         yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
@@ -472,6 +477,22 @@ class FsCollector(Collector):
         yield GaugeMetricFamily("ckptfs_deletion_backlog_oldest_age_seconds",
                                 "Age of the oldest queued deletion (0 when none)",
                                 value=max(ages) if ages else 0.0)
+
+    @staticmethod
+    def _namespaces(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+        used = GaugeMetricFamily("ckptfs_namespace_used_bytes",
+                                 "Bytes (st_size) of the files of each namespace, committed",
+                                 labels=["namespace"])
+        files = GaugeMetricFamily("ckptfs_namespace_files", "Files counted in each namespace",
+                                  labels=["namespace"])
+        quota = GaugeMetricFamily("ckptfs_namespace_quota_bytes",
+                                  "The quota of each namespace that has one", labels=["namespace"])
+        for r in rows:
+            used.add_metric([r["path"]], r["used_bytes"])
+            files.add_metric([r["path"]], r["files"])
+            if r["quota_bytes"] is not None:
+                quota.add_metric([r["path"]], r["quota_bytes"])
+        yield from (used, files, quota)
 
     @staticmethod
     def _checkpoints(facts: dict[str, Any]) -> Iterator[Metric]:

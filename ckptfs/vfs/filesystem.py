@@ -49,6 +49,7 @@ from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_cont
 from .dirattrs import DirAttrs
 from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
+from .quota import Quotas
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -203,6 +204,7 @@ class Filesystem:
         copy_back: str = "sequential",
         shared: bool = False,
         session: SessionId | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
@@ -213,8 +215,10 @@ class Filesystem:
         caches that assume one writer are off, and an open drops the kernel's cached pages
         of a file another node changed. ``session``: this node's session in the shared
         catalog, under which the inodes it holds open are noted (an inode with no name left
-        is dropped by the last closer on any node)."""
+        is dropped by the last closer on any node). ``quotas``: the namespaces, whose files
+        are charged to them (vfs/quota.py; None: no namespace)."""
         self.catalog = catalog
+        self.quotas = quotas
         self.invalidate = invalidate
         self.chunk_size = chunk_size
         self.db_limiter = db_limiter
@@ -520,6 +524,7 @@ class Filesystem:
                 # Nobody open for writing would commit it: apply and commit at once.
                 f = await self._open_file(ino)
                 try:
+                    await self._account(f)
                     await f.truncate(size)
                     await f.commit()
                 finally:
@@ -628,6 +633,9 @@ class Filesystem:
         return inode.target
 
     async def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        if self.quotas is not None:
+            src, dst = await self.db(self.catalog.path_of, ino), await self._path(parent, name)
+            self.quotas.check_move(src, dst)
         with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
         self._names.added(parent, name, ino)
@@ -686,6 +694,9 @@ class Filesystem:
         if flags & ~1:
             raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         _check_name(new_name)
+        if self.quotas is not None:
+            self.quotas.check_move(await self._path(old_parent, old_name),
+                                   await self._path(new_parent, new_name))
         tracked = self.tracker is not None
 
         def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], Inode, int]:
@@ -956,8 +967,11 @@ class Filesystem:
         return True
 
     async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
-        f = await self._open_file(ino, writing=(flags & os.O_ACCMODE) != os.O_RDONLY)
+        writing = (flags & os.O_ACCMODE) != os.O_RDONLY
+        f = await self._open_file(ino, writing=writing)
         try:
+            if writing:
+                await self._account(f)
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
                 await f.truncate(0)
         except BaseException:
@@ -971,6 +985,7 @@ class Filesystem:
         mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         _check_name(name)
         tracked = self.tracker is not None
+        counted = self.quotas is not None  # its namespace is known from the path
 
         created: list[int] = []
 
@@ -980,7 +995,7 @@ class Filesystem:
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
             created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
-            return (inode, self.catalog.path_of(parent) if tracked else "",
+            return (inode, self.catalog.path_of(parent) if tracked or counted else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
@@ -997,6 +1012,10 @@ class Filesystem:
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
         f.ns_gen = -1 if token is None else token
+        if self.quotas is not None:
+            f.account = self.quotas.account(
+                base.rstrip("/") + "/" + name.decode(errors="surrogateescape"), 0)
+            f.account_known = True
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)
@@ -1008,6 +1027,29 @@ class Filesystem:
                 self._cache_path(self.handles[fh], path, token)
             self.tracker.push(FsEvent("create", path, time.time_ns(), mode=inode.mode))
         return fh, f.attrs()
+
+    async def _account(self, f: OpenFile) -> None:
+        """Before a file may be written: charge it to its namespace (once per open file;
+        the namespace of a file never changes, see Quotas.check_move)."""
+        quotas = self.quotas
+        if quotas is None or f.account_known:
+            return
+
+        def read() -> tuple[str, int | None]:
+            # With the namespace's usage now: other nodes' commits (or deletions here)
+            # changed it since this node last knew.
+            path = self.catalog.path_of(f.ino)
+            ns = quotas.namespace_of(path)
+            used = None if ns is None or ns.quota is None else self.catalog.namespace_used(ns.path)
+            return path, used
+
+        before = quotas.generations()
+        path, used = await self.db(read)
+        if not f.account_known:  # another open may have decided meanwhile
+            f.account = quotas.account(path, f.committed_size)
+            f.account_known = True
+        if f.account is not None and used is not None:
+            quotas.note_used(f.account.ns, used, before)
 
     async def _kill_setid(self, f: OpenFile) -> None:
         """A write by a non-root caller clears setuid, and setgid with group execute (as

@@ -27,8 +27,9 @@ from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
-from ..errors import CkptfsError
+from ..errors import CkptfsError, QuotaExceeded
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
+from .quota import FileAccount, refused
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -138,6 +139,10 @@ class OpenFile:
         # catalog (-1: unknown). Unchanged at the last close: no rename, unlink or link
         # touched the inode since, so attrs() is exactly its row (vfs/dirattrs.py).
         self.ns_gen = -1
+        # Its namespace's quota (vfs/quota.py), set by the filesystem before anything may
+        # write: None outside every namespace; ``account_known`` once decided.
+        self.account: FileAccount | None = None
+        self.account_known = False
 
     @property
     def ino(self) -> int:
@@ -148,6 +153,10 @@ class OpenFile:
             self.inode.ino, self.inode.mode, self.inode.uid, self.inode.gid, self.size,
             self.inode.nlink, self.inode.atime_ns, self.mtime_ns, self.ctime_ns, None,
         )
+
+    @property
+    def committed_size(self) -> int:
+        return self._committed_attrs[0]
 
     def is_dirty(self) -> bool:
         return bool(self.dirty or self.inflight or self.changes or self.meta_dirty)
@@ -196,7 +205,8 @@ class OpenFile:
         idx, within = divmod(off, self.cs)
         buf = self.dirty.get(idx)
         if (buf is not None and within + n <= self.cs and self.failed is None
-                and not self.lock.locked()):
+                and not self.lock.locked()
+                and (self.account is None or self.account.reserve(off + n))):
             # The hot path of a save: one request into a chunk being assembled. Nothing
             # here awaits, so no other task can run in between, which is all the lock
             # would ensure; skipping it saves its scheduling round trip per request.
@@ -206,6 +216,16 @@ class OpenFile:
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
+            if self.account is not None:
+                try:
+                    await self.account.grow(off + n)
+                except QuotaExceeded as exc:
+                    # The version cannot be complete: none of it may be committed, and
+                    # the room it held is free for other writers at once.
+                    self.failed = exc
+                    self.account.release()
+                    await self._refused(f"write at {off} (+{n})", exc)
+                    raise
             pos, end = off, off + n
             while pos < end:
                 idx, within = divmod(pos, self.cs)
@@ -279,6 +299,12 @@ class OpenFile:
                 await self._discard()  # truncating to nothing forgets a failed write
             if self.failed is not None:
                 raise self.failed
+            if self.account is not None and size > self.size:
+                try:
+                    await self.account.grow(size)
+                except QuotaExceeded as exc:  # nothing changed: the version stays usable
+                    await self._refused(f"truncate to {size}", exc)
+                    raise
             if size < self.size:
                 keep = math.ceil(size / self.cs)
                 for idx in [i for i in self.dirty if i >= keep]:
@@ -294,6 +320,8 @@ class OpenFile:
                     buf = await self._buffer(size // self.cs)
                     buf.truncate(within)
             self.size = size
+            if self.account is not None:
+                self.account.resize(size)
             self.meta_dirty = True
             self._touch()
 
@@ -312,6 +340,8 @@ class OpenFile:
         self.failed = None
         self.meta_dirty = False
         self.size, self.mtime_ns, self.ctime_ns = self._committed_attrs
+        if self.account is not None:
+            self.account.release()
         # Unpinned with the tiers holding them as the pins go: a chunk moved to a remote
         # meanwhile gets its remote copy queued for deletion.
         dropped = self.svc.store.release(written)
@@ -349,15 +379,33 @@ class OpenFile:
             await self._wait_inflight()
             if self.failed is not None:
                 raise self.failed
+            account = self.account
+            charge = None if account is None else account.charge()
             version = FileVersion(
                 self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
-                dict(self.changes), list(self.written), self.meta_dirty,
+                dict(self.changes), list(self.written), self.meta_dirty, charge,
             )
-            committed = await commit_version(
-                self.svc.store, version, synced, sync_failed=self._sync_failed
-            )
+            if account is not None:
+                account.tally.begin_commit()
+            try:
+                committed = await commit_version(
+                    self.svc.store, version, synced, sync_failed=self._sync_failed
+                )
+            except QuotaExceeded as exc:
+                # The catalog's check (other nodes' commits took the room): the version is
+                # lost like a failed write; the committed one stays.
+                self.failed = exc
+                if account is not None:
+                    account.release()
+                await self._refused("commit", exc)
+                raise
+            finally:
+                if account is not None:
+                    account.tally.end_commit(None if charge is None else charge.used)
             if committed is None:
                 return
+            if account is not None and charge is not None:
+                account.committed(self.size, charge)
             self.committed.clear()
             self.committed.update(committed)
             self.changes.clear()
@@ -367,6 +415,13 @@ class OpenFile:
             if self.bypassed_cache and self.svc.invalidate is not None:
                 self.bypassed_cache = False
                 await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
+
+    async def _refused(self, what: str, exc: QuotaExceeded) -> None:
+        try:
+            path = await self.svc.path_of(self.ino)
+        except CkptfsError:
+            path = f"inode {self.ino}"
+        refused(path, what, exc)
 
     def _sync_failed(self, exc: CkptfsError) -> None:
         # Reported by this fsync; the handles keep failing until they close and commit
@@ -391,6 +446,8 @@ class OpenFile:
         async with self.lock:
             if self.dirty or self.inflight or self.written:
                 await self._discard()
+            if self.account is not None:
+                self.account.release()  # what no commit will take any more
 
     # -- read --------------------------------------------------------------------------------
 
