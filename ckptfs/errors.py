@@ -72,6 +72,13 @@ class NoSpace(CkptfsError):
     errno = _errno.ENOSPC
 
 
+class ResidencyRefused(CkptfsError):
+    """A copy the residency of its namespace does not allow (no allowed tier for a write:
+    freeing space would not help, so EIO, not ENOSPC; docs/governance.md)."""
+
+    errno = _errno.EIO
+
+
 class TierError(CkptfsError):
     """A tier failed (device gone, I/O error). The caller sees EIO."""
 

@@ -177,6 +177,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "runs": runs,
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
+        "residency": (stats or {}).get("residency"),
         "metrics": metrics,
         "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
@@ -292,6 +293,8 @@ def plain(s: dict[str, Any]) -> str:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
         if s["counters"]:
             lines.append("counters: " + ", ".join(f"{k} {v}" for k, v in s["counters"].items()))
+        if s.get("residency"):
+            lines.append(residency_text(s["residency"]))
     else:
         lines.append("daemon: not running (no live statistics)")
     b = s["backlog"]
@@ -469,6 +472,8 @@ def render(s: dict[str, Any]) -> Any:
     dq = deletions_text(s["deletions"])
     parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
+    if s.get("residency"):
+        parts.append(Text(residency_text(s["residency"])))
     if s["counters"]:
         counters = Text("counters: ", style="bold")
         for k, v in s["counters"].items():
@@ -533,3 +538,17 @@ def _loop(show: Any, watch: bool) -> int:
             time.sleep(WATCH_INTERVAL_S)  # the refresh period of --watch
     except KeyboardInterrupt:
         return 0
+
+
+def residency_text(r: dict[str, Any]) -> str:
+    """One line: the bound namespaces, copies out of residency, where snapshots go."""
+    text = "residency: " + ", ".join(f"{p} in {','.join(locs)}"
+                                     for p, locs in r["namespaces"].items())
+    out = r.get("copies_out_of_residency") or {}
+    text += "; copies out of residency: " + (
+        ", ".join(f"{t} {n}" for t, n in out.items()) if out else "none")
+    snaps = r.get("snapshot_tiers")
+    if snaps is not None:
+        text += "; catalog snapshots to " + (", ".join(snaps) if snaps
+                                             else "no remote tier (not restorable from a bucket)")
+    return text

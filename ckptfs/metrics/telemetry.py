@@ -193,6 +193,7 @@ class Telemetry:
             "checkpoint_states": self.facts.get("checkpoint_states", {}),
             "app": self.facts["app"],
             "memory": self.facts["memory"],
+            "residency": self.store.residency.status(),
         }
 
     def _upload_rate(self, now: float) -> float:
@@ -389,6 +390,13 @@ class FsCollector(Collector):
             if c.get("used") is not None:
                 used.add_metric(lv, c["used"])
         yield from (total, free, used)
+        out = GaugeMetricFamily(
+            "ckptfs_residency_copies_out",
+            "Copies on a tier outside their chunk's allowed locations, found at mount (a tier "
+            "relabelled); reads skip them, fsck --repair deletes them", labels=labels)
+        for name, n in fs.store.residency.out_counts.items():
+            out.add_metric([name, kinds.get(name, "local")], n)
+        yield out
         counters = dict(stats.counters)
         for key, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"ckptfs_{key}", doc, value=counters.pop(key, 0))

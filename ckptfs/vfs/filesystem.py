@@ -971,6 +971,9 @@ class Filesystem:
         mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         _check_name(name)
         tracked = self.tracker is not None
+        # Residency: the new file's namespace is known now, also if it is unlinked before
+        # its first write (a temporary file).
+        bound = self.store.residency.enabled
 
         created: list[int] = []
 
@@ -980,7 +983,7 @@ class Filesystem:
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
             created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
-            return (inode, self.catalog.path_of(parent) if tracked else "",
+            return (inode, self.catalog.path_of(parent) if tracked or bound else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
@@ -997,6 +1000,8 @@ class Filesystem:
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
         f.ns_gen = -1 if token is None else token
+        if bound:
+            f.placed_in(base.rstrip("/") + "/" + name.decode(errors="replace"))
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)
