@@ -58,8 +58,10 @@ class Residency:
         if not path.startswith("/"):
             # A file unlinked while open has no path: only where every bound namespace
             # allows (it may have been any namespace's).
-            return frozenset.intersection(*(frozenset(ns.allowed_locations or ())
-                                            for ns in self.bound))
+            common = frozenset(self.bound[0].allowed_locations or ())
+            for ns in self.bound[1:]:
+                common &= frozenset(ns.allowed_locations or ())
+            return common
         return _allowed(self.gov.namespace_for(path))
 
     def note(self, digests: Iterable[bytes], allowed: Locations) -> None:

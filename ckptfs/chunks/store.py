@@ -1051,7 +1051,8 @@ class ChunkStore:
         if self.residency.enabled:
             # A copy outside the chunk's allowed locations (a tier relabelled since it was
             # made) is not read: not a source for this read, nor for a heal or copy-back.
-            allowed = self.residency.tiers_for(ref.digest, names)
+            allowed = [n for n in names
+                       if n not in self.tiers or self.residency.permits(ref.digest, n)]
             for name in names:
                 if name not in allowed:
                     self.residency.refuse("read", name, ref.digest)

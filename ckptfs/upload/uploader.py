@@ -635,6 +635,9 @@ class Uploader:
             tier = self.local.get(name)
             if tier is None:
                 continue
+            if not self.residency.permits(job.digest, name):
+                problems.append(f"{name}: outside the chunk's allowed locations")
+                continue  # as reads: a copy out of residency is no source
             # Into a reused buffer where the tier can (no fresh pages per chunk).
             get_into = getattr(tier, "get_into", None)
             raw = tier.get(key) if get_into is None else get_into(key, self.frames.take)

@@ -252,9 +252,11 @@ class OpenFile:
         residency = self.svc.store.residency
         if not residency.enabled:
             return None
-        if isinstance(self._allowed, str):
-            self._allowed = residency.for_path(await self.svc.path_of(self.ino))
-        return self._allowed
+        allowed = self._allowed
+        if isinstance(allowed, str):
+            allowed = residency.for_path(await self.svc.path_of(self.ino))
+            self._allowed = allowed
+        return allowed
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
