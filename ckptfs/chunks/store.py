@@ -1143,8 +1143,10 @@ class ChunkStore:
             return  # uncommitted: the catalog has no copies to heal or to add to
         bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
         failed = {t for t, _ in got.failures}
+        # A local copy out of residency is no copy here (reads skip it).
         remote_only = got.source not in self.local and not any(
-            t in self.local for t in ref.tiers if t not in failed
+            t in self.local and self.residency.permits(ref.digest, t)
+            for t in ref.tiers if t not in failed
         )
         if not bad and not (copy_back and remote_only):
             return
@@ -1191,7 +1193,8 @@ class ChunkStore:
         tiers = await trio.to_thread.run_sync(
             self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
         )
-        if any(t in self.local and not self.stats.is_degraded(t) for t in tiers):
+        if any(t in self.local and not self.stats.is_degraded(t)
+               and self.residency.permits(ref.digest, t) for t in tiers):
             return True
         data = await self.read(ChunkRef(ref.digest, ref.length, tiers or ref.tiers))
         self._pin(ref.digest)
@@ -1250,7 +1253,8 @@ class ChunkStore:
                 self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
             ))
             bad = [(n, why) for n, why in bad if n in listed]
-            usable = {n for n in listed - {b for b, _ in bad} if not self.stats.is_degraded(n)}
+            usable = {n for n in listed - {b for b, _ in bad}
+                      if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
             copy_back = copy_back and not any(n in self.local for n in usable)
             if not bad and not copy_back:
                 return
