@@ -150,7 +150,7 @@ def open_tiers(cfg: Config) -> list[Tier]:
 
 
 def restore_catalog(
-    path: Path, remotes: list[Tier], governance: GovernanceConfig = GovernanceConfig()
+    path: Path, remotes: list[Tier], governance: GovernanceConfig | None = None
 ) -> None:
     """A new node (empty state dir) with remote tiers: restore the catalog snapshot the
     remote holds, verified, so every file durable there is visible again. If a remote
@@ -182,7 +182,8 @@ def restore_catalog(
             # other nodes'): their replicas are forgotten, and so are they.
             kept = [t for t in restored.recorded_tiers() if t.get("kind", "local") != "local"]
             restored.set_meta("tiers", json.dumps(kept))
-            forget_disallowed_remote_rows(restored, remotes, governance)
+            if governance is not None:
+                forget_disallowed_remote_rows(restored, remotes, governance)
         finally:
             restored.close()
         log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)
@@ -463,7 +464,7 @@ def build(
     shared: bool = False,
     catalog_slots: int = 1,
     session: NodeSession | None = None,
-    governance: GovernanceConfig = GovernanceConfig(),
+    governance: GovernanceConfig | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -480,7 +481,8 @@ def build(
     stats = stats_for(tiers)
     # Where copies of each chunk may be (namespaces' allowed_locations): the store, the
     # uploader and the telemetry ask it; load_residency fills it from the catalog.
-    residency = Residency(governance, {t.name: t.location for t in tiers}, stats)
+    residency = Residency(governance or GovernanceConfig(), {t.name: t.location for t in tiers},
+                          stats)
     upload_wake, delete_wake = Wakeup(), Wakeup()
     room = Room(on_wait=upload_wake.set)  # uploads deferred to a save go ahead for a writer
     synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)

@@ -750,8 +750,11 @@ class ChunkStore:
                 parts = data
             digest = frame.digest_of_parts(parts)
             # Noted before the put: another file's copy of the same bytes obeys it too.
-            self.residency.note([digest], allowed)
-            bound = self.residency.allowed(digest)
+            # Not a write that is refused (no local tier where the chunk's namespaces all
+            # allow): it commits nothing, and must not make the others' copies unreadable.
+            bound = self.residency.allowed(digest, allowed)
+            if bound is None or any(t.location in bound for t in self.local.values()):
+                self.residency.note([digest], allowed)
             # Pinned before the put, and never put while a local deletion of the same
             # frame is in flight (it would remove the frame after our put), unless another
             # open file stored the same bytes and has not committed: then share its copy

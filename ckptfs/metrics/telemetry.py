@@ -29,6 +29,7 @@ from ..catalog import CheckpointRow, CheckpointState
 from ..catalog.durability import checkpoint_durable
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
+from ..chunks.residency import Residency
 from ..errors import CkptfsError
 from ..tiers.health import FAILING, HEALTHY, Health
 from .exporter import REGISTRY, Endpoint
@@ -77,6 +78,7 @@ class TelemetryStore(Protocol):
     tiers: dict[str, Tier]
     remotes: list[Tier]
     evicted_bytes: int
+    residency: Residency  # what is bound, the copies out of residency found at mount
 
     @property
     def waiting_for_room(self) -> int: ...

@@ -67,6 +67,7 @@ def test_copies_out_of_residency_are_counted_per_tier() -> None:
         "us0": 1, "s3us": 2}
 
 
+@pytest.mark.allow_log_warnings("residency:")
 def test_refusals_are_counted_each_and_logged_once_per_kind_and_tier(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
