@@ -582,11 +582,12 @@ class Uploader:
         skipped = [t.name for t in self.remotes if t.name not in names]
         if skipped and not self._snapshot_skip_logged:
             self._snapshot_skip_logged = True
-            log.warning("residency: catalog snapshots are not stored on remote tier(s) %s "
-                        "(a namespace's allowed_locations excludes them)%s",
-                        ", ".join(skipped),
-                        "; no remote tier receives snapshots: a new node cannot restore "
-                        "this catalog from the bucket" if not targets else "")
+            # Expected where another remote takes them (INFO); a warning when none does.
+            log.log(logging.INFO if targets else logging.WARNING,
+                    "residency: catalog snapshots are not stored on remote tier(s) %s "
+                    "(a namespace's allowed_locations excludes them)%s", ", ".join(skipped),
+                    "; no remote tier receives snapshots: a new node cannot restore "
+                    "this catalog from the bucket" if not targets else "")
         self.residency.snapshot_tiers = [t.name for t in targets]
         return targets
 
