@@ -20,6 +20,7 @@ from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted,
 from tests.support.s3server import SeaweedServer
 
 from ckptfs.codec import frame
+from ckptfs.testing.exposition import sample, scrape
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
@@ -246,6 +247,10 @@ def test_a_relabelled_remote_is_counted_not_read_and_never_heals(
         assert "tier s3a (location us) holds 4 copies" in m.log
         wait_until(lambda: (status(m).get("residency") or {}).get("copies_out_of_residency")
                    == {"s3a": 4}, 20, "status counting the copies out of residency")
+        assert sample(scrape(m.state_dir), "ckptfs_residency_copies_out", tier="s3a") == 4
+        plain = run_cli("status", str(m.mountpoint)).stdout
+        assert "copies out of residency: s3a 4" in plain, plain
+        assert "catalog snapshots to no remote tier" in plain, plain
         bad = sorted(keys)[0]
         victim = tmp_path / "eu0" / "chunks" / bad[:2] / bad
         with open(victim, "r+b") as f:
