@@ -759,7 +759,10 @@ class ChunkStore:
             # frame is in flight (it would remove the frame after our put), unless another
             # open file stored the same bytes and has not committed: then share its copy
             # (which a full local tier may move to a remote).
-            shared = self.guard.pin_for_put(digest)
+            within = None if bound is None else frozenset(
+                self.residency.tiers_for(digest, list(self.tiers), bound)
+            )
+            shared = self.guard.pin_for_put(digest, within)
             if shared is not None:
                 return ChunkRef(digest, shared.length, shared.tiers)
             try:

@@ -110,3 +110,33 @@ async def test_a_write_no_local_tier_may_hold_fails_with_eio_and_commits_nothing
         assert await load(fs, a, b"x") == data
         assert not tiers[1].frames, "a copy landed on the us tier"
         assert d.store.stats.get("residency_refused_write") >= 1
+
+
+@pytest.mark.allow_log_warnings("residency:")
+async def test_a_bound_write_does_not_share_another_files_uncommitted_copy_outside_it(
+    tmp_path: Path,
+) -> None:
+    """/other/x has stored bytes X on us0 and not committed; /proj/y (eu) writes X too: it
+    puts its own copy on eu0 instead of sharing the us0 one, and reads it from there."""
+    us0, eu0 = MemoryTier("us0", location="us"), MemoryTier("eu0", location="eu")
+    gov = GovernanceConfig(namespaces=(ns("/proj", "eu"),))
+    data = os.urandom(CS)
+    key = frame.digest_of(data).hex()
+    async with make_daemon(tmp_path, [us0, eu0], governance=gov) as d:
+        fs = d.fs
+        proj = (await fs.mkdir(ROOT_INODE, b"proj", 0o777, ROOT)).ino
+        other = (await fs.mkdir(ROOT_INODE, b"other", 0o777, ROOT)).ino
+        fh, _ = await fs.create(other, b"x", 0o644, RW, ROOT)
+        try:
+            await fs.write(fh, 0, data)  # a full chunk: stored now, committed at the flush
+            with trio.fail_after(10):
+                while key not in us0.frames:
+                    await trio.sleep(0.01)  # polling the tier for the condition, with a deadline
+            assert key not in eu0.frames
+            await save(fs, proj, b"y", data)
+            assert key in eu0.frames
+            await fs.flush(fh)
+        finally:
+            await fs.release(fh)
+        assert await load(fs, proj, b"y") == data
+        assert await load(fs, other, b"x") == data
