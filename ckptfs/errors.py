@@ -79,6 +79,13 @@ class QuotaExceeded(CkptfsError):
     errno = _errno.EDQUOT
 
 
+class ResidencyRefused(CkptfsError):
+    """A copy the residency of its namespace does not allow (no allowed tier for a write:
+    freeing space would not help, so EIO, not ENOSPC; docs/governance.md)."""
+
+    errno = _errno.EIO
+
+
 class TierError(CkptfsError):
     """A tier failed (device gone, I/O error). The caller sees EIO."""
 

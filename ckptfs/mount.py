@@ -35,6 +35,7 @@ from .checkpoints.detectors import DetectorSet
 from .checkpoints.janitor import GcRequests, Janitor
 from .checkpoints.tracker import CheckpointTracker
 from .chunks.guard import ChunkGuard
+from .chunks.residency import Residency
 from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
 from .codec import frame
@@ -49,7 +50,7 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
-from .config.model import NamespaceConfig, WriteBehind
+from .config.model import GovernanceConfig, NamespaceConfig, WriteBehind
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -149,7 +150,9 @@ def open_tiers(cfg: Config) -> list[Tier]:
     return tiers
 
 
-def restore_catalog(path: Path, remotes: list[Tier]) -> None:
+def restore_catalog(
+    path: Path, remotes: list[Tier], governance: GovernanceConfig | None = None
+) -> None:
     """A new node (empty state dir) with remote tiers: restore the catalog snapshot the
     remote holds, verified, so every file durable there is visible again. If a remote
     cannot be read, refuse to start empty: an empty catalog would later be snapshotted
@@ -180,6 +183,8 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
             # other nodes'): their replicas are forgotten, and so are they.
             kept = [t for t in restored.recorded_tiers() if t.get("kind", "local") != "local"]
             restored.set_meta("tiers", json.dumps(kept))
+            if governance is not None:
+                forget_disallowed_remote_rows(restored, remotes, governance)
         finally:
             restored.close()
         log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)
@@ -192,6 +197,22 @@ def restore_catalog(path: Path, remotes: list[Tier]) -> None:
             "the state dir is empty and no remote tier could be read ("
             + "; ".join(problems) + "); refusing to start with an empty catalog"
         )
+
+
+def forget_disallowed_remote_rows(
+    catalog: Catalog, remotes: list[Tier], governance: GovernanceConfig
+) -> None:
+    """A restored catalog records every chunk on every remote tier (a guess: reads fall
+    back); residency narrows the guess: a bound chunk is not looked for, nor counted as a
+    copy, on a remote its namespace does not allow."""
+    residency = Residency(governance, {r.name: r.location for r in remotes})
+    if not residency.enabled:
+        return
+    residency.load({ns.path: catalog.digests_under([ns.path]) for ns in residency.bound})
+    for r in remotes:
+        for digest in catalog.replica_keys(r.name):
+            if not residency.permits(digest, r.name):
+                catalog.remove_replica(digest, r.name)
 
 
 def tier_record(t: TierConfig | S3TierConfig) -> dict[str, Any]:
@@ -250,6 +271,9 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
         elif where != (now[name].get("path") or now[name].get("url")):
             log.warning("tier %s moved from %s to %s", name, where,
                         now[name].get("path") or now[name].get("url"))
+        if name in now and t.get("location") not in (None, now[name].get("location")):
+            log.warning("tier %s relabelled: location %s, was %s (residency applies to the "
+                        "copies already there)", name, now[name].get("location"), t["location"])
     merged = {**old, **now}
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
     # For `ckptfs gc --dry-run`, which plans beside the daemon from the catalog alone.
@@ -324,7 +348,8 @@ def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
         log.info("catalog: shared, %s, node %s", redact(cfg.catalog.url), cfg.catalog.node)
         return catalog
     if not cfg.catalog_path.exists():
-        restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"])
+        restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"],
+                        cfg.governance)
     catalog = SqliteCatalog(cfg.catalog_path)
     # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
     # have been made just now, or restored from a snapshot.
@@ -451,6 +476,7 @@ def build(
     catalog_slots: int = 1,
     session: NodeSession | None = None,
     namespaces: Sequence[NamespaceConfig] = (),
+    governance: GovernanceConfig | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -465,6 +491,10 @@ def build(
     # State shared by the store, the uploader and the deleter.
     guard = ChunkGuard(t.name for t in tiers if t.kind == "local")
     stats = stats_for(tiers)
+    # Where copies of each chunk may be (namespaces' allowed_locations): the store, the
+    # uploader and the telemetry ask it; load_residency fills it from the catalog.
+    residency = Residency(governance or GovernanceConfig(), {t.name: t.location for t in tiers},
+                          stats)
     upload_wake, delete_wake = Wakeup(), Wakeup()
     room = Room(on_wait=upload_wake.set)  # uploads deferred to a save go ahead for a writer
     synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)
@@ -479,7 +509,7 @@ def build(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,
         saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
-        save_over=budget.wait_empty,
+        save_over=budget.wait_empty, residency=residency,
     )
     store = ChunkStore(
         tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
@@ -491,6 +521,7 @@ def build(
         on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
         remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
         write_behind=write_behind, node="" if session is None else session.node,
+        residency=residency,
     )
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(
@@ -526,7 +557,7 @@ def build_for_config(
 ) -> Daemon:
     """``build`` with a mount's configuration (``session``: this node's, registered)."""
     store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
-    return build(
+    daemon = build(
         catalog, tiers, chunk_size=chunk_size, memory_budget=store.memory_budget,
         io_threads=store.io_threads, invalidate=_invalidate_inode,
         invalidate_entry=_invalidate_entry, remote_copies=store.remote_copies,
@@ -537,8 +568,27 @@ def build_for_config(
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
         catalog_slots=catalog.concurrency, session=session,
-        namespaces=cfg.governance.namespaces,
+        namespaces=cfg.governance.namespaces, governance=cfg.governance,
     )
+    load_residency(catalog, daemon.store.residency)
+    return daemon
+
+
+def load_residency(catalog: Catalog, residency: Residency) -> None:
+    """Blocking, before the mount serves: which chunks each bound namespace's files name,
+    and the copies already outside their allowed locations (a tier relabelled since they
+    were made, a bound narrowed), counted and logged per tier."""
+    if not residency.enabled:
+        return
+    residency.load({ns.path: catalog.digests_under([ns.path]) for ns in residency.bound})
+    residency.out_counts = residency.out_of_residency(
+        {name: catalog.replica_keys(name) for name in residency.locations}
+    )
+    for name, n in sorted(residency.out_counts.items()):
+        log.warning("residency: tier %s (location %s) holds %d cop%s of chunks whose namespace "
+                    "does not allow that location; reads skip them, `ckptfs fsck --repair` "
+                    "deletes those with an allowed copy", name, residency.locations[name], n,
+                    "y" if n == 1 else "ies")
 
 
 class _Services:

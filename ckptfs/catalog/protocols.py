@@ -309,8 +309,9 @@ class ReplicaCatalog(Protocol):
     def backlog(self) -> Backlog:
         ...
 
-    def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
-        """Forget pending uploads of these chunks (a superseded checkpoint's)."""
+    def drop_upload_jobs(self, digests: Iterable[bytes], tier: str | None = None) -> int:
+        """Forget pending uploads of these chunks (a superseded checkpoint's; ``tier``:
+        only those to that tier, which residency does not allow)."""
         ...
 
 

@@ -1364,10 +1364,13 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
                         out[bytes(d)] = int(n)
         return out
 
-    def drop_upload_jobs(self, digests: Iterable[bytes]) -> int:
+    def drop_upload_jobs(self, digests: Iterable[bytes], tier: str | None = None) -> int:
         todo = set(digests)
 
         def body(c: Conn) -> int:
+            if tier is not None:
+                return sum(c.execute("DELETE FROM upload_jobs WHERE digest=? AND tier=?",
+                                     (d, tier)).rowcount for d in todo)
             return sum(c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,)).rowcount for d in todo)
 
         return self._write(body)

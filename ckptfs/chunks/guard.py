@@ -78,19 +78,21 @@ class ChunkGuard:
         with self._cond:
             self._pins[digest] = self._pins.get(digest, 0) + 1
 
-    def pin_for_put(self, digest: bytes) -> Where | None:
+    def pin_for_put(self, digest: bytes, within: frozenset[str] | None = None) -> Where | None:
         """Blocking (a worker thread): pin, then either share the uncommitted copy another
         open file stored (returned; nothing to put) or wait until no local deletion of this
         digest is in flight, so the frame about to be put cannot be deleted after the put
-        (None: the caller puts, then calls ``put_done``)."""
+        (None: the caller puts, then calls ``put_done``). ``within``: share only a copy on
+        these tiers (residency: the other file's copy may be where this one's may not)."""
         with self._cond:
             self._pins[digest] = self._pins.get(digest, 0) + 1
             ok = self._cond.wait_for(
-                lambda: self._shareable(digest) is not None or not self._local_deleting(digest),
+                lambda: self._shareable(digest, within) is not None
+                or not self._local_deleting(digest),
                 DELETE_WAIT_S,
             )
             if ok:
-                shared = self._shareable(digest)
+                shared = self._shareable(digest, within)
                 if shared is None:
                     self._putting[digest] = self._putting.get(digest, 0) + 1
                 return shared
@@ -100,9 +102,11 @@ class ChunkGuard:
     def _local_deleting(self, digest: bytes) -> bool:
         return bool(self._deleting.get(digest, set()) & self.local)
 
-    def _shareable(self, digest: bytes) -> Where | None:
+    def _shareable(self, digest: bytes, within: frozenset[str] | None = None) -> Where | None:
         where = self._where.get(digest)
         if where is None or not where.tiers:
+            return None
+        if within is not None and not within.issuperset(where.tiers):
             return None
         if set(where.tiers) & self._deleting.get(digest, set()):
             return None

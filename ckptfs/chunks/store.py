@@ -38,6 +38,7 @@ from ..errors import (
     NoSpace,
     ObjectUnreadable,
     PeerChunkPending,
+    ResidencyRefused,
     TierError,
 )
 from ..stats import Stats
@@ -45,6 +46,7 @@ from ..tiers.base import Tier
 from .bufpool import FramePool
 from .guard import ChunkGuard
 from .priority import PriorityLimiter, Ticket
+from .residency import Locations, Residency, no_residency
 from .room import Room
 
 
@@ -146,6 +148,7 @@ class ChunkStore:
         peer_wait_s: float = 0.0,
         write_behind: WriteBehind = "never",
         node: str = "",
+        residency: Residency | None = None,
     ) -> None:
         """``guard``, ``stats``, ``room`` and ``synced`` are shared with the uploader and
         the deleter (mount.py builds them first); ``deleter`` deletes local frames at once
@@ -155,7 +158,9 @@ class ChunkStore:
         once (remote_read_concurrency; default ``io_threads``); ``peer_wait_s``: with a
         shared catalog, how long a read of a chunk only other nodes hold waits for their
         upload (peer_chunk_wait); ``node``: this node's name (it names this store's
-        wants of such chunks in the catalog)."""
+        wants of such chunks in the catalog); ``residency``: where copies of each chunk
+        may be (chunks/residency.py; None: anywhere)."""
+        self.residency = residency if residency is not None else no_residency()
         self.peer_wait_s = peer_wait_s
         # Who waits, in the catalog's wants: the node, and this daemon's run of it.
         self.waiter = f"{node or 'node'}:{uuid.uuid4().hex[:8]}"
@@ -233,11 +238,13 @@ class ChunkStore:
 
     # -- placement ---------------------------------------------------------------------------
 
-    def _candidates(self) -> list[Tier]:
-        """Tiers in placement order: healthy first, least queued bytes per unit of weight."""
+    def _candidates(self, bound: Locations = None) -> list[Tier]:
+        """Tiers in placement order: healthy first, least queued bytes per unit of weight;
+        only those in the ``bound`` locations (residency)."""
         now = time.monotonic()
+        local = [t for t in self.local.values() if bound is None or t.location in bound]
         usable = [
-            t for t in self.local.values()
+            t for t in local
             if now - self._unhealthy.get(t.name, -1e9) > _UNHEALTHY_RETRY_S
             and now - self._full.get(t.name, -1e9) > 1.0
             and not self.stats.is_degraded(t.name)  # reads failed there: a device going bad
@@ -246,15 +253,26 @@ class ChunkStore:
         # chosen tier's pass by size/weight (stride scheduling).
         usable.sort(key=lambda t: (self._inflight_bytes[t.name] / t.weight, self._pass[t.name]))
         # Tiers marked bad or full are still tried last: they may have recovered.
-        rest = [t for t in self.local.values() if t not in usable]
+        rest = [t for t in local if t not in usable]
         return usable + rest
 
-    def _put_somewhere(self, digest: bytes, parts: Sequence[frame.Buffer], size: int) -> str:
-        """Blocking: put the frame on the first tier that takes it; return the tier name."""
+    def _put_somewhere(
+        self, digest: bytes, parts: Sequence[frame.Buffer], size: int, bound: Locations = None,
+        what: str = "write",
+    ) -> str:
+        """Blocking: put the frame on the first tier (in the ``bound`` locations) that takes
+        it; return the tier name. ResidencyRefused if no local tier is in them."""
         key = digest.hex()
         errors: list[CkptfsError] = []
         with self._place_lock:
-            order = self._candidates()
+            order = self._candidates(bound)
+            if not order:
+                self.residency.refuse(what, None, digest)
+                raise ResidencyRefused(
+                    f"chunk {key[:16]} may be stored only in {sorted(bound or ())}, where no "
+                    f"local tier is (locations: "
+                    f"{', '.join(sorted({f'{t.name}={t.location}' for t in self.local.values()}))})"
+                )
             self._pass[order[0].name] += size / order[0].weight
         for tier in order:
             with self._place_lock:
@@ -285,12 +303,19 @@ class ChunkStore:
         raise TierError("no tier could store a chunk: " + "; ".join(str(e) for e in errors))
 
     def remote_targets(self, digest: bytes, copies: int) -> list[str]:
-        """The remote tiers that should hold a chunk: striped by digest over the remotes."""
-        n = len(self.remotes)
+        """The remote tiers that should hold a chunk: striped by digest over the remotes
+        its residency allows (none: it stays on the local tiers, and is never evicted)."""
+        names = [t.name for t in self.remotes]
+        if self.residency.enabled:
+            names = self.residency.tiers_for(digest, names)
+            if not names and self.remotes:
+                self.residency.refuse("upload", None, digest,
+                                      "no remote tier is allowed; it stays on the local tiers")
+        n = len(names)
         if n == 0:
             return []
         start = int.from_bytes(digest[:4], "big") % n
-        return [self.remotes[(start + i) % n].name for i in range(min(copies, n))]
+        return [names[(start + i) % n] for i in range(min(copies, n))]
 
     # -- room on the local tiers -----------------------------------------------------------
 
@@ -405,6 +430,16 @@ class ChunkStore:
         picked, blocked = self.guard.start_moves(
             want, frame.HEADER_SIZE, lambda d: self.remote_targets(d, self.remote_copies), start
         )
+        if start and self.residency.enabled:
+            # A chunk no remote tier may hold keeps its local frame.
+            stuck = [m for m in picked if not self.remote_targets(m[0], self.remote_copies)]
+            if stuck:
+                self.residency.refuse("move", None, stuck[0][0])
+                self.guard.stay(d for d, _, _ in stuck)
+                self.guard.end_moves(d for d, _, _ in stuck)
+                picked = [m for m in picked if m not in stuck]
+                if not picked:
+                    return "retry" if blocked else "none"
         if not picked:
             return "retry" if blocked else "none"
         if not start:
@@ -535,7 +570,9 @@ class ChunkStore:
                 break
             if self.guard.pinned(digest):
                 continue  # a writer is about to commit it here (the deleter would hold it)
-            if self.catalog.forget_local_replica(digest, tier_name, remote_names):
+            # Only a copy on a remote its residency allows counts (reads skip the others).
+            remotes = self._allowed_remotes(digest, remote_names)
+            if remotes and self.catalog.forget_local_replica(digest, tier_name, remotes):
                 queued.append((digest, tier_name, length + frame.HEADER_SIZE))
                 total += length + frame.HEADER_SIZE
         return queued
@@ -564,11 +601,20 @@ class ChunkStore:
         for digest in digests:
             if self.guard.pinned(digest):
                 continue
+            remotes = self._allowed_remotes(digest, remote_names)
             for name in self.catalog.replica_tiers(digest):
-                if name in self.local and self.catalog.forget_local_replica(digest, name, remote_names):
+                if name in self.local and remotes and self.catalog.forget_local_replica(
+                    digest, name, remotes
+                ):
                     queued += self.catalog.chunk_length(digest) + frame.HEADER_SIZE
         self.evicted_bytes += queued
         return queued
+
+    def _allowed_remotes(self, digest: bytes, remote_names: list[str]) -> list[str]:
+        remotes = self.residency.tiers_for(digest, remote_names)
+        if not remotes:
+            self.residency.refuse("evict", None, digest, "no allowed remote tier holds it")
+        return remotes
 
     def deletions_queued(self) -> None:
         """Rows were added to the deletion queue: wake the deleter."""
@@ -618,16 +664,20 @@ class ChunkStore:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def write(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
+    async def write(
+        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None
+    ) -> ChunkRef:
         """Store one chunk (given as parts, or staged in place: its frame is written from
-        where it lies) and return a verified, pinned reference to it.
+        where it lies) and return a verified, pinned reference to it. ``allowed``: the
+        locations the writer's namespace allows (residency); ResidencyRefused (EIO) if
+        no local tier is in them and those of the chunk's other namespaces.
         When every local tier is full, make room (evict chunks a remote holds, or wait for
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
         waited_since: float | None = None
         while True:
             gen = self.room.gen
             try:
-                ref = await self._write_once(data)
+                ref = await self._write_once(data, allowed)
             except NoSpace as exc:
                 if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
@@ -687,7 +737,9 @@ class ChunkStore:
             del self._behind[digest]
             done.set()
 
-    async def _write_once(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
+    async def _write_once(
+        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None
+    ) -> ChunkRef:
 
         def work() -> ChunkRef:
             staged: Staged | None = None
@@ -697,11 +749,20 @@ class ChunkStore:
             else:
                 parts = data
             digest = frame.digest_of_parts(parts)
+            # Noted before the put: another file's copy of the same bytes obeys it too.
+            # Not a write that is refused (no local tier where the chunk's namespaces all
+            # allow): it commits nothing, and must not make the others' copies unreadable.
+            bound = self.residency.allowed(digest, allowed)
+            if bound is None or any(t.location in bound for t in self.local.values()):
+                self.residency.note([digest], allowed)
             # Pinned before the put, and never put while a local deletion of the same
             # frame is in flight (it would remove the frame after our put), unless another
             # open file stored the same bytes and has not committed: then share its copy
             # (which a full local tier may move to a remote).
-            shared = self.guard.pin_for_put(digest)
+            within = None if bound is None else frozenset(
+                self.residency.tiers_for(digest, list(self.tiers), bound)
+            )
+            shared = self.guard.pin_for_put(digest, within)
             if shared is not None:
                 return ChunkRef(digest, shared.length, shared.tiers)
             try:
@@ -709,7 +770,7 @@ class ChunkStore:
                 # it): the bytes just hashed are the ones the tier writes.
                 framed = frame.encode(parts, digest) if staged is None else [staged.frame(digest)]
                 size = sum(len(p) for p in framed)
-                tier = self._put_somewhere(digest, framed, size)
+                tier = self._put_somewhere(digest, framed, size, bound)
             except BaseException:
                 self.guard.put_done(digest, None, 0)
                 self.unpin([digest])
@@ -993,6 +1054,16 @@ class ChunkStore:
         reads need)."""
         names = list(ref.tiers) or list(self.local)
         got = _Fetched(refresh=True)
+        if self.residency.enabled:
+            # A copy outside the chunk's allowed locations (a tier relabelled since it was
+            # made) is not read: not a source for this read, nor for a heal or copy-back.
+            allowed = [n for n in names
+                       if n not in self.tiers or self.residency.permits(ref.digest, n)]
+            for name in names:
+                if name not in allowed:
+                    self.residency.refuse("read", name, ref.digest)
+                    got.problems.append(f"{name}: outside the chunk's allowed locations")
+            names = allowed
         for remote, run in _runs(self.stats.read_order(names, ref.length),
                                  lambda n: n in self.tiers and n not in self.local):
             # trio takes any object with acquire/release_on_behalf_of as the limiter (its
@@ -1078,8 +1149,10 @@ class ChunkStore:
             return  # uncommitted: the catalog has no copies to heal or to add to
         bad = [(t, why) for t, why in got.failures if t in self.tiers and why != "error"]
         failed = {t for t, _ in got.failures}
+        # A local copy out of residency is no copy here (reads skip it).
         remote_only = got.source not in self.local and not any(
-            t in self.local for t in ref.tiers if t not in failed
+            t in self.local and self.residency.permits(ref.digest, t)
+            for t in ref.tiers if t not in failed
         )
         if not bad and not (copy_back and remote_only):
             return
@@ -1126,7 +1199,8 @@ class ChunkStore:
         tiers = await trio.to_thread.run_sync(
             self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
         )
-        if any(t in self.local and not self.stats.is_degraded(t) for t in tiers):
+        if any(t in self.local and not self.stats.is_degraded(t)
+               and self.residency.permits(ref.digest, t) for t in tiers):
             return True
         data = await self.read(ChunkRef(ref.digest, ref.length, tiers or ref.tiers))
         self._pin(ref.digest)
@@ -1185,7 +1259,8 @@ class ChunkStore:
                 self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
             ))
             bad = [(n, why) for n, why in bad if n in listed]
-            usable = {n for n in listed - {b for b, _ in bad} if not self.stats.is_degraded(n)}
+            usable = {n for n in listed - {b for b, _ in bad}
+                      if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
             copy_back = copy_back and not any(n in self.local for n in usable)
             if not bad and not copy_back:
                 return
@@ -1220,6 +1295,9 @@ class ChunkStore:
                 else:
                     self.stats.count("copy_backs_no_room")
             for name in remote_bad:
+                if not self.residency.permits(ref.digest, name):
+                    self.residency.refuse("heal", name, ref.digest)
+                    continue
                 if await trio.to_thread.run_sync(
                     self.catalog.requeue_upload, ref.digest, name, limiter=self.db_limiter
                 ):
@@ -1242,9 +1320,13 @@ class ChunkStore:
         self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
         framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
+        bound = self.residency.allowed(digest)
         for name in prefer:
             tier = self.local[name]
             if self.stats.is_degraded(name):
+                continue
+            if not self.residency.permits(digest, name):
+                self.residency.refuse("heal", name, digest)
                 continue
             try:
                 tier.put(ref.key, framed)
@@ -1256,8 +1338,8 @@ class ChunkStore:
             self.stats.record_write(name, size - frame.HEADER_SIZE)
             return name
         try:
-            return self._put_somewhere(digest, framed, size)
-        except (NoSpace, TierError):
+            return self._put_somewhere(digest, framed, size, bound, "copy_back")
+        except (NoSpace, TierError, ResidencyRefused):
             return None  # no room: the chunk stays on the remote, reads still work
 
     # -- garbage collection ------------------------------------------------------------------

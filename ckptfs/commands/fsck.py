@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..catalog import Catalog, SqliteCatalog
 from ..catalog.recorded import remote_tier_of
+from ..chunks.residency import Residency
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
@@ -63,6 +64,7 @@ class FsckReport:
     requeued_uploads: int = 0  # upload jobs queued again for copies missing on a remote
     kept: int = 0  # problems --repair left alone on purpose (see the messages)
     queued_deletions: int = 0  # unreferenced frames the deletion queue will remove: no problem
+    out_of_residency: int = 0  # copies outside their chunk's allowed locations
 
     @property
     def clean(self) -> bool:
@@ -120,17 +122,24 @@ def run_fsck(
     with state_lock(cfg.state_dir):
         catalog = SqliteCatalog(cfg.catalog_path)
         try:
-            remotes = _RemoteCheck(
-                _recorded_remotes(catalog, cfg), enabled=remote, state_dir=cfg.state_dir
-            )
-            return _check(catalog, _recorded_tiers(catalog, cfg), repair, verify, say, remotes)
+            configs = _recorded_remotes(catalog, cfg)
+            tiers = _recorded_tiers(catalog, cfg)
+            residency = Residency(cfg.governance, {
+                **{t.name: t.location for t in tiers}, **{r.name: r.location for r in configs}
+            })
+            if residency.enabled:
+                residency.load({ns.path: catalog.digests_under([ns.path])
+                                for ns in residency.bound})
+            remotes = _RemoteCheck(configs, enabled=remote, state_dir=cfg.state_dir,
+                                   residency=residency)
+            return _check(catalog, tiers, repair, verify, say, remotes, residency)
         finally:
             catalog.close()
 
 
 def _check(
     catalog: Catalog, tiers: list[LocalTier], repair: bool, verify: bool, say: Callable[[str], None],
-    remotes: _RemoteCheck | None = None,
+    remotes: _RemoteCheck | None = None, residency: Residency | None = None,
 ) -> FsckReport:
     rep = FsckReport()
 
@@ -217,6 +226,8 @@ def _check(
             for digest in digests:
                 valid_somewhere.setdefault(digest, []).append(tier_name)
 
+    if residency is not None and residency.enabled:
+        _check_residency(catalog, tiers, residency, valid_somewhere, rep, problem, say, repair)
     if rep.queued_deletions:
         say(f"{rep.queued_deletions} unreferenced chunk(s) wait in the deletion queue "
             "(removed by the daemon; not a problem)")
@@ -232,6 +243,45 @@ def _check(
         )
         catalog.sync()
     return rep
+
+
+def _check_residency(
+    catalog: Catalog, tiers: list[LocalTier], residency: Residency,
+    valid_somewhere: dict[bytes, list[str]], rep: FsckReport, problem: Callable[[str], None],
+    say: Callable[[str], None], repair: bool,
+) -> None:
+    """Copies outside their chunk's allowed locations (a tier relabelled, a bound narrowed):
+    reported; ``repair`` deletes those whose chunk has a valid copy where it is allowed
+    (a local frame at once, a remote object through the deletion queue at the next
+    mount) and keeps the others (the only copies: deleting them would lose the data)."""
+    local = {t.name: t for t in tiers}
+    for digest, holders in valid_somewhere.items():
+        out = [t for t in holders if not residency.permits(digest, t)]
+        if not out:
+            continue
+        kept_by = [t for t in holders if t not in out]
+        for name in out:
+            rep.out_of_residency += 1
+            where = f"tier {name} (location {residency.locations.get(name)})"
+            problem(f"chunk {digest.hex()[:16]} on {where} is outside its namespace's "
+                    f"allowed locations {sorted(residency.allowed(digest) or ())}")
+            if not repair:
+                continue
+            if not kept_by:
+                rep.kept += 1
+                say(f"chunk {digest.hex()[:16]} on {where} kept: it has no copy in an allowed "
+                    "location")
+                continue
+            catalog.remove_replica(digest, name)
+            if name in local:
+                local[name].delete(digest.hex())
+            else:
+                catalog.queue_deletions([(digest, name)])
+            rep.repaired += 1
+            say(f"chunk {digest.hex()[:16]} on {where} deleted (a copy stays on "
+                f"{', '.join(kept_by)})")
+        if repair and kept_by:
+            valid_somewhere[digest] = kept_by
 
 
 # -- remote tiers ------------------------------------------------------------------------------
@@ -262,10 +312,12 @@ def _read_object(tier: S3Tier, key: str) -> bytes | None:
 class _RemoteCheck:
     """The remote half of fsck: one pass per remote tier the catalog records."""
 
-    def __init__(self, configs: list[S3TierConfig], *, enabled: bool, state_dir: Path) -> None:
+    def __init__(self, configs: list[S3TierConfig], *, enabled: bool, state_dir: Path,
+                 residency: Residency | None = None) -> None:
         self.configs = configs
         self.enabled = enabled
         self.state_dir = state_dir
+        self.residency = residency
 
     def run(
         self, catalog: Catalog, rep: FsckReport, problem: Callable[[str], None],
@@ -348,6 +400,10 @@ class _RemoteCheck:
         orphans = 0
 
         def requeue(digest: bytes) -> None:
+            if self.residency is not None and not self.residency.permits(digest, name):
+                say(f"chunk {digest.hex()[:16]}: not uploaded to remote tier {name} again "
+                    "(outside its namespace's allowed locations)")
+                return
             if digest in referenced and digest in local_valid and catalog.queue_upload(
                 digest, name
             ):

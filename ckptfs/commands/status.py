@@ -179,6 +179,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "runs": runs,
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
+        "residency": (stats or {}).get("residency"),
         "metrics": metrics,
         "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
@@ -313,6 +314,8 @@ def plain(s: dict[str, Any]) -> str:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
         if s["counters"]:
             lines.append("counters: " + ", ".join(f"{k} {v}" for k, v in s["counters"].items()))
+        if s.get("residency"):
+            lines.append(residency_text(s["residency"]))
     else:
         lines.append("daemon: not running (no live statistics)")
     b = s["backlog"]
@@ -494,6 +497,8 @@ def render(s: dict[str, Any]) -> Any:
         full = n["percent"] is not None and n["percent"] >= 90
         parts.append(Text(namespace_line(n), style="bold red" if full else ""))
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
+    if s.get("residency"):
+        parts.append(Text(residency_text(s["residency"])))
     if s["counters"]:
         counters = Text("counters: ", style="bold")
         for k, v in s["counters"].items():
@@ -558,3 +563,17 @@ def _loop(show: Any, watch: bool) -> int:
             time.sleep(WATCH_INTERVAL_S)  # the refresh period of --watch
     except KeyboardInterrupt:
         return 0
+
+
+def residency_text(r: dict[str, Any]) -> str:
+    """One line: the bound namespaces, copies out of residency, where snapshots go."""
+    text = "residency: " + ", ".join(f"{p} in {','.join(locs)}"
+                                     for p, locs in r["namespaces"].items())
+    out = r.get("copies_out_of_residency") or {}
+    text += "; copies out of residency: " + (
+        ", ".join(f"{t} {n}" for t, n in out.items()) if out else "none")
+    snaps = r.get("snapshot_tiers")
+    if snaps is not None:
+        text += "; catalog snapshots to " + (", ".join(snaps) if snaps
+                                             else "no remote tier (not restorable from a bucket)")
+    return text

@@ -188,9 +188,29 @@ def check_governance(cfg: Config) -> None:
                     f"{ns.origin}.allowed_locations: {list(ns.allowed_locations)} allows no "
                     f"remote tier, but policy {pol.path!r} asks durability = \"remote\""
                 )
+    _check_snapshot_residency(cfg)
     state = cfg.state_dir.absolute()
     for key, path in (("keys.kek_file", gov.keys.kek_file),
                       ("audit.signing_key_file", gov.audit.signing_key_file)):
         if path is not None and (path == state or state in path.parents):
             raise ConfigError(f"{key}: {path} is inside the state dir {state}; keep keys "
                               f"outside it (a copy of the state dir must not carry them)")
+
+
+def _check_snapshot_residency(cfg: Config) -> None:
+    """The catalog snapshot carries every namespace's metadata, so it goes only to remote
+    tiers every bound namespace allows; a ``durability = "remote"`` close waits for one,
+    so such a policy needs at least one."""
+    bound = [ns for ns in cfg.governance.namespaces if ns.allowed_locations is not None]
+    remote_policies = [p for p in cfg.policies if p.durability == "remote"]
+    if not bound or not remote_policies or not cfg.remote_tiers:
+        return
+    if any(all(ns.allows_location(t.location) for ns in bound) for t in cfg.remote_tiers):
+        return
+    have = ", ".join(sorted(f"{t.name}={t.location}" for t in cfg.remote_tiers))
+    raise ConfigError(
+        f"{', '.join(f'{ns.origin}.allowed_locations' for ns in bound)}: no remote tier is in "
+        f"every namespace's allowed locations (tier.location: {have}), so no remote tier may "
+        f"hold the catalog snapshot that policy {remote_policies[0].path!r} (durability = "
+        f"\"remote\") waits for"
+    )

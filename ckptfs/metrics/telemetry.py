@@ -29,6 +29,7 @@ from ..catalog import CheckpointRow, CheckpointState
 from ..catalog.durability import checkpoint_durable
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
+from ..chunks.residency import Residency
 from ..errors import CkptfsError
 from ..tiers.health import FAILING, HEALTHY, Health
 from .exporter import REGISTRY, Endpoint
@@ -77,6 +78,7 @@ class TelemetryStore(Protocol):
     tiers: dict[str, Tier]
     remotes: list[Tier]
     evicted_bytes: int
+    residency: Residency  # what is bound, the copies out of residency found at mount
 
     @property
     def waiting_for_room(self) -> int: ...
@@ -193,6 +195,7 @@ class Telemetry:
             "checkpoint_states": self.facts.get("checkpoint_states", {}),
             "app": self.facts["app"],
             "memory": self.facts["memory"],
+            "residency": self.store.residency.status(),
         }
 
     def _upload_rate(self, now: float) -> float:
@@ -393,6 +396,13 @@ class FsCollector(Collector):
             if c.get("used") is not None:
                 used.add_metric(lv, c["used"])
         yield from (total, free, used)
+        out = GaugeMetricFamily(
+            "ckptfs_residency_copies_out",
+            "Copies on a tier outside their chunk's allowed locations, found at mount (a tier "
+            "relabelled); reads skip them, fsck --repair deletes them", labels=labels)
+        for name, n in fs.store.residency.out_counts.items():
+            out.add_metric([name, kinds.get(name, "local")], n)
+        yield out
         counters = dict(stats.counters)
         for key, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"ckptfs_{key}", doc, value=counters.pop(key, 0))

@@ -28,6 +28,7 @@ from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
 from ..chunks.bufpool import FramePool
 from ..chunks.guard import ChunkGuard
+from ..chunks.residency import Residency, no_residency
 from ..chunks.room import Room
 from ..codec import frame
 from ..codec.compress import RemoteCompressor
@@ -119,11 +120,14 @@ class Uploader:
         saving: Callable[[], bool] = lambda: False,
         save_over: Callable[[], Awaitable[None]] | None = None,
         idle_cores: Callable[[], float | None] | None = None,
+        residency: Residency | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
         ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
-        ``saving``: a save is running; ``save_over``: returns when none runs (an event)."""
+        ``saving``: a save is running; ``save_over``: returns when none runs (an event);
+        ``residency``: which remote tiers may hold each chunk, and the catalog snapshot."""
+        self.residency = residency if residency is not None else no_residency()
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = {t.name: t for t in tiers if t.kind == "local"}
@@ -172,6 +176,7 @@ class Uploader:
         # Frames are read from the local tier into these for their upload (one per upload
         # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
         self.frames = FramePool(config.concurrency)
+        self._snapshot_skip_logged = False
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -255,8 +260,18 @@ class Uploader:
                 self._due_jobs, self._head(), self.clock(), head_free, free, set(busy),
                 limiter=self.db_limiter,
             )
+            refused = [j for j in jobs if not self.residency.permits(j.digest, j.tier)]
+            for job in refused:
+                # A job made before its chunk was bound (a file of another namespace
+                # committed the same bytes first, or a restart with a narrower bound).
+                self.residency.refuse("upload", job.tier, job.digest)
+                await trio.to_thread.run_sync(
+                    self.catalog.drop_upload_jobs, [job.digest], job.tier, limiter=self.db_limiter
+                )
+            if refused:
+                self._progressed()  # a durability wait may have waited for these
             for job in jobs:
-                if self.guard.deleting(job.digest, job.tier):
+                if job in refused or self.guard.deleting(job.digest, job.tier):
                     continue  # marked while we asked the catalog
                 self.running.add((job.digest, job.tier))
                 nursery.start_soon(self._upload, job)
@@ -501,6 +516,9 @@ class Uploader:
         self._dirty_since = None  # this look (or the retry after a failure) covers them
         if now < self._snapshot_retry_at:  # a failed snapshot waits out its backoff
             return self._snapshot_retry_at - now
+        targets = self._snapshot_targets()
+        if not targets:
+            return math.inf  # residency: no remote may hold the catalog
         overdue = now - self._snapshot_at >= SNAPSHOT_INTERVAL_S
         wanted = self._snapshot_wanted > 0
         if not wanted and now - self._snapshot_at < SNAPSHOT_MIN_SPACING_S:
@@ -529,7 +547,7 @@ class Uploader:
 
         framed = await trio.to_thread.run_sync(framed_copy, limiter=self.limiter)
         try:
-            for remote in self.remotes:
+            for remote in targets:
                 await trio.to_thread.run_sync(
                     remote.put_meta, SNAPSHOT_NAME, framed, limiter=self.limiter  # type: ignore[attr-defined]
                 )
@@ -541,7 +559,7 @@ class Uploader:
             return delay
         self._snapshot_failures = 0
         self._snapshot_at = trio.current_time()
-        for remote in self.remotes:
+        for remote in targets:
             await self._tier_works(remote.name)
             if self.deleter is not None:
                 self.deleter.tier_works(remote.name)  # postponed deletions: retry now
@@ -551,8 +569,27 @@ class Uploader:
         self.snapshot_of_ns = of_ns
         self._progressed()
         log.info("catalog snapshot (%d bytes) stored on %d remote tier(s)",
-                 len(data), len(self.remotes))
+                 len(data), len(targets))
         return math.inf
+
+    def _snapshot_targets(self) -> list[Tier]:
+        """The remotes a snapshot goes to: the catalog holds every namespace's metadata,
+        so only those every residency-bound namespace allows (logged once if none)."""
+        if not self.residency.enabled:
+            return self.remotes
+        names = set(self.residency.snapshot_targets([t.name for t in self.remotes]))
+        targets = [t for t in self.remotes if t.name in names]
+        skipped = [t.name for t in self.remotes if t.name not in names]
+        if skipped and not self._snapshot_skip_logged:
+            self._snapshot_skip_logged = True
+            # Expected where another remote takes them (INFO); a warning when none does.
+            log.log(logging.INFO if targets else logging.WARNING,
+                    "residency: catalog snapshots are not stored on remote tier(s) %s "
+                    "(a namespace's allowed_locations excludes them)%s", ", ".join(skipped),
+                    "; no remote tier receives snapshots: a new node cannot restore "
+                    "this catalog from the bucket" if not targets else "")
+        self.residency.snapshot_tiers = [t.name for t in targets]
+        return targets
 
     async def _tier_works(self, tier: str) -> None:
         """A put on ``tier`` succeeded: if its uploads were failing, the ones postponed by
@@ -599,6 +636,9 @@ class Uploader:
             tier = self.local.get(name)
             if tier is None:
                 continue
+            if not self.residency.permits(job.digest, name):
+                problems.append(f"{name}: outside the chunk's allowed locations")
+                continue  # as reads: a copy out of residency is no source
             # Into a reused buffer where the tier can (no fresh pages per chunk).
             get_into = getattr(tier, "get_into", None)
             raw = tier.get(key) if get_into is None else get_into(key, self.frames.take)

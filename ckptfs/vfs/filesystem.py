@@ -986,6 +986,9 @@ class Filesystem:
         _check_name(name)
         tracked = self.tracker is not None
         counted = self.quotas is not None  # its namespace is known from the path
+        # Residency: the new file's namespace is known now, also if it is unlinked before
+        # its first write (a temporary file).
+        bound = self.store.residency.enabled
 
         created: list[int] = []
 
@@ -995,7 +998,7 @@ class Filesystem:
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
             created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
-            return (inode, self.catalog.path_of(parent) if tracked or counted else "",
+            return (inode, self.catalog.path_of(parent) if tracked or counted or bound else "",
                     self.catalog.get_inode(parent), self._dirs.stamp())
 
         token = self._path_token()
@@ -1016,6 +1019,8 @@ class Filesystem:
             f.account = self.quotas.account(
                 base.rstrip("/") + "/" + name.decode(errors="surrogateescape"), 0)
             f.account_known = True
+        if bound:
+            f.placed_in(base.rstrip("/") + "/" + name.decode(errors="surrogateescape"))
         f.handles = 1
         self.open_files[inode.ino] = f
         self._uncached.add(f)

@@ -24,6 +24,7 @@ import trio
 
 from ..catalog import ChunkRef, Inode
 from ..chunks.commit import FileVersion, commit_version
+from ..chunks.residency import Locations
 from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
@@ -143,6 +144,9 @@ class OpenFile:
         # write: None outside every namespace; ``account_known`` once decided.
         self.account: FileAccount | None = None
         self.account_known = False
+        # Where this file's chunks may be (its namespace's allowed_locations), looked up
+        # at its first chunk write; "?" until then.
+        self._allowed: Locations | str = "?"
 
     @property
     def ino(self) -> int:
@@ -259,9 +263,25 @@ class OpenFile:
         self.svc.budget.in_flight += 1
         self.svc.nursery.start_soon(self._store_chunk, idx, pending)
 
+    def placed_in(self, path: str) -> None:
+        """The file's path as it was created (its namespace, for residency)."""
+        self._allowed = self.svc.store.residency.for_path(path)
+
+    async def _residency(self) -> Locations:
+        """The locations this file's namespace allows (None: anywhere)."""
+        residency = self.svc.store.residency
+        if not residency.enabled:
+            return None
+        allowed = self._allowed
+        if isinstance(allowed, str):
+            allowed = residency.for_path(await self.svc.path_of(self.ino))
+            self._allowed = allowed
+        return allowed
+
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
-            ref = await self.svc.store.write(pending.data.content())
+            allowed = await self._residency()
+            ref = await self.svc.store.write(pending.data.content(), allowed)
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
