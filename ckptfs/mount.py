@@ -49,7 +49,8 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
-from .config.model import WriteBehind
+from .config.model import GovernanceConfig, WriteBehind
+from .config.recorded_access import access_record
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -69,6 +70,7 @@ from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.deleter import SHARED_POLL_S, Deleter
 from .upload.uploader import SNAPSHOT_NAME, Uploader
+from .vfs.access import Access
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
 from .wakeup import Wakeup
@@ -253,6 +255,8 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
     # For `ckptfs gc --dry-run`, which plans beside the daemon from the catalog alone.
     catalog.set_meta("retention", json.dumps([dataclasses.asdict(p) for p in cfg.retention.policies]))
+    # For the commands, which show a caller only the namespaces it may reach.
+    catalog.set_meta("access", json.dumps(access_record(cfg.governance)))
     return chunk_size
 
 
@@ -439,6 +443,7 @@ def build(
     shared: bool = False,
     catalog_slots: int = 1,
     session: NodeSession | None = None,
+    governance: GovernanceConfig | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -491,6 +496,7 @@ def build(
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
+        access=Access(governance or GovernanceConfig(), catalog, db_limiter),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -516,7 +522,7 @@ def build_for_config(
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
-        catalog_slots=catalog.concurrency, session=session,
+        catalog_slots=catalog.concurrency, session=session, governance=cfg.governance,
     )
 
 
