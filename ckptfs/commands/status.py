@@ -32,7 +32,17 @@ from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
 from ..metrics.address import read_address
 from ..statedir import mountpoint_of, read_pid
-from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
+from .live import (
+    daemon_stats,
+    mount_of,
+    open_catalog,
+    remote_tier_names,
+    resolve_state_dir,
+    state_dir_readable,
+    upload_rate,
+)
+from .namespaces import Viewer
+from .userstatus import user_status
 from .sync import backlog_line
 
 LATEST_PER_RUN = 3
@@ -65,9 +75,10 @@ def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
             for n in group}
 
 
-def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
-                     ) -> list[dict[str, Any]]:
-    rows = [r for r in catalog.checkpoint_rows("/") if r.state is not CheckpointState.DELETED]
+def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None,
+                     viewer: Viewer) -> list[dict[str, Any]]:
+    rows = [r for r in catalog.checkpoint_rows("/")
+            if r.state is not CheckpointState.DELETED and viewer.may_see(r.root)]
     runs: dict[str, list[CheckpointRow]] = {}
     for r in rows:
         runs.setdefault(run_of(r.root), []).append(r)
@@ -91,6 +102,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     """Every fact `ckptfs status` shows, as plain data (the ``--json`` output)."""
     catalog = open_catalog(state_dir)
     try:
+        viewer = Viewer.of(catalog)  # runs and paths of the namespaces this user may reach
         stats = daemon_stats(state_dir)
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         mountpoint = (stats or {}).get("mountpoint") or mountpoint_of(state_dir)
@@ -152,8 +164,8 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
             else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9),
             "last_error": q.last_error,
         } for q in catalog.deletion_backlog()]
-        runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
-        at_risk = _at_risk(catalog) if remotes else []
+        runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats, viewer)
+        at_risk = _at_risk(catalog, viewer) if remotes else []
     finally:
         catalog.close()
     metrics = None
@@ -357,7 +369,7 @@ def deletions_text(queues: list[dict[str, Any]]) -> str:
 AT_RISK_SAMPLE = 5
 
 
-def _at_risk(catalog: Catalog) -> list[dict[str, Any]]:
+def _at_risk(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Files whose chunks are not on the remote yet, by the node holding them (a shared
     catalog names its local tiers NODE:NAME; the embedded catalog's are this node's, node
     None): what losing that node would lose."""
@@ -369,7 +381,9 @@ def _at_risk(catalog: Catalog) -> list[dict[str, Any]]:
         paths = []
         for ino in sorted(inos)[:AT_RISK_SAMPLE]:
             with contextlib.suppress(CkptfsError):  # removed meanwhile
-                paths.append(catalog.path_of(ino))
+                path = catalog.path_of(ino)
+                if viewer.may_see(path):
+                    paths.append(path)
         out.append({"node": node, "files": len(inos), "paths": paths})
     return out
 
@@ -482,6 +496,10 @@ def render(s: dict[str, Any]) -> Any:
 def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = False,
                watch: bool = False) -> int:
     sd = resolve_state_dir(path, state_dir)
+    found = None if path is None else mount_of(path)
+    if found is not None and not state_dir_readable(sd):
+        # Not the daemon's user: what the daemon shows this user through the mount.
+        return _loop(lambda: print(user_status(found[0], sd, as_json), flush=True), watch)
     open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
     if watch:
         # Ctrl-C is the only way out of --watch: a shell that started us in the background
