@@ -173,8 +173,8 @@ class Access:
     async def _may(self, ctx: RequestContext, ns: NamespaceConfig, what: str, ino: int,
                    name: bytes | None) -> bool:
         """Whether the caller may reach ``ns``; an admin's crossing is logged (audit)."""
-        if ns is DEFAULT_NAMESPACE or ctx.uid in ns.uids:
-            return True
+        if ns is DEFAULT_NAMESPACE or ns.owned_by(ctx.uid, frozenset((ctx.gid, *ctx.groups))):
+            return True  # the uid, the primary gid or groups already read decide
         if not ns.gids and not self.gov.admin_gids:
             return False
         gids = await self._gids(ctx)
