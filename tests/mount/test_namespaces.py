@@ -180,7 +180,7 @@ def cli_as(mp: Path, uid: int, *args: str, groups: tuple[int, ...] = ()) -> subp
     """``ckptfs ARGS`` run as ``uid`` in the mount (a system Python on this checkout and
     the venv's packages: the test's own interpreter may be unreadable to other users)."""
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site.resolve()}"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": f"{REPO}:{site.resolve()}"}
     return subprocess.run([CHILD_PYTHON, "-m", "ckptfs", *args], user=uid, group=uid,
                           extra_groups=list(groups), cwd=mp, env=env, capture_output=True,
                           text=True, timeout=120)
