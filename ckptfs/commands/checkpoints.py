@@ -233,7 +233,7 @@ def _sizes_through_mount(mnt: Path, path: Path) -> dict[str, int]:
             raise denied(path, None, os.getuid())
         raise CkptfsError(f"{exc.filename}: {exc.strerror}")
 
-    sizes = {}
+    sizes: dict[str, int] = {}
     for root, _dirs, names in os.walk(path, onerror=fail):
         for name in names:
             p = Path(root) / name

@@ -497,15 +497,18 @@ def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = Fals
                watch: bool = False) -> int:
     sd = resolve_state_dir(path, state_dir)
     found = None if path is None else mount_of(path)
-    if found is not None and not state_dir_readable(sd):
-        # Not the daemon's user: what the daemon shows this user through the mount.
-        return _loop(lambda: print(user_status(found[0], sd, as_json), flush=True), watch)
-    open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
+    private = found is not None and not state_dir_readable(sd)
+    if not private:
+        open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
     if watch:
         # Ctrl-C is the only way out of --watch: a shell that started us in the background
         # (nohup, `cmd &` without job control) hands us SIGINT ignored, and Python then
         # installs no KeyboardInterrupt handler; take it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if found is not None and private:
+        # Not the daemon's user: what the daemon shows this user through the mount.
+        mnt = found[0]
+        return _loop(lambda: print(user_status(mnt, sd, as_json), flush=True), watch)
     if as_json:
         return _loop(lambda: print(json.dumps(status_facts(sd), indent=None if watch else 1),
                                    flush=True), watch)
