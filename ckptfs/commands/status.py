@@ -42,8 +42,8 @@ from .live import (
     upload_rate,
 )
 from .namespaces import Viewer
-from .userstatus import user_status
 from .sync import backlog_line
+from .userstatus import user_status
 
 LATEST_PER_RUN = 3
 WATCH_INTERVAL_S = 1.0

@@ -17,7 +17,7 @@ from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.config import config_from_dict
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import build_for_config, running
+from ckptfs.mount import build, build_for_config, running
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT, RequestContext
 from ckptfs.vfs.filesystem import Filesystem
@@ -36,8 +36,11 @@ async def ns_fs(tmp_path: Path) -> AsyncIterator[Filesystem]:
     cfg = config_from_dict(CONFIG)
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
-        d = build_for_config(cfg, cat, [MemoryTier("l")], CS)
-        assert d.fs.access.gov is cfg.governance  # handed in by the composition root
+        # The composition root hands the config's rules to the filesystem ...
+        assert build_for_config(cfg, cat, [MemoryTier("l")], CS).fs.access.gov is cfg.governance
+        # ... and this one runs without a kernel (no invalidations, no stats file).
+        d = build(cat, [MemoryTier("l")], chunk_size=CS, memory_budget=8 * CS, io_threads=2,
+                  governance=cfg.governance)
         async with running(d, drain=False):
             yield d.fs
     finally:
@@ -59,6 +62,7 @@ async def test_every_entry_point_asks(tmp_path: Path) -> None:
         root = await fs.mkdir(ROOT_INODE, b"proj-a", 0o777, who(OWNER))
         fh, f = await fs.create(root.ino, b"f", 0o666, os.O_RDWR, who(OWNER))
         await fs.write(fh, 0, b"secret")
+        await fs.flush(fh)
         await fs.release(fh)
         shared = await fs.mkdir(ROOT_INODE, b"shared", 0o777, s)
 
