@@ -12,6 +12,7 @@ import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -66,7 +67,7 @@ async def test_every_entry_point_asks(tmp_path: Path) -> None:
         await fs.release(fh)
         shared = await fs.mkdir(ROOT_INODE, b"shared", 0o777, s)
 
-        denied = [
+        denied: list[tuple[Any, ...]] = [
             (fs.lookup, root.ino, b"f", s), (fs.getattr, f.ino, s), (fs.opendir, root.ino, s),
             (fs.open, f.ino, os.O_RDONLY, s), (fs.create, root.ino, b"g", 0o666, os.O_RDWR, s),
             (fs.mknod, root.ino, b"n", stat.S_IFREG | 0o666, 0, s),
