@@ -112,3 +112,29 @@ async def test_listing_shows_a_caller_only_its_namespaces(tmp_path: Path) -> Non
         assert await roots(who(STRANGER)) == ["/shared/c2"]
         assert await roots(who(OWNER)) == ["/proj-a/c1", "/shared/c2"]
         assert await roots(RequestContext(uid=0, gid=0, pid=0)) == ["/shared/c2"]
+
+
+async def test_a_long_listing_comes_in_pages_that_fit_an_xattr(tmp_path: Path) -> None:
+    async with ns_fs(tmp_path) as fs:
+        await fs.mkdir(ROOT_INODE, b"shared", 0o777, who(STRANGER))
+        want = [f"/shared/run/checkpoint-{i}" for i in range(400)]
+
+        def commit_all() -> None:
+            for i, root in enumerate(want):
+                fs.catalog.checkpoint_commit(root, "hf", i, i + 1, "test")
+
+        await fs.db(commit_all)
+        got: list[str] = []
+        name, pages = b"user.ckptfs.checkpoints", 0
+        while True:
+            raw = await fs.getxattr(ROOT_INODE, name, who(STRANGER))
+            assert raw is not None and len(raw) <= 65536  # what an xattr value may hold
+            page = json.loads(raw)
+            got += [c["root"] for c in page["checkpoints"]]
+            pages += 1
+            if page["next"] is None:
+                break
+            name = b"user.ckptfs.checkpoints.%d" % page["next"]
+        assert got == want and pages > 1
+        assert await errno_of(fs.getxattr, ROOT_INODE, b"user.ckptfs.checkpoints.x",
+                              who(STRANGER)) == errno.EINVAL
