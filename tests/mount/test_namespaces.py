@@ -91,6 +91,7 @@ REACH_A = [
     "os.chmod('proj-a/f', 0o666)",
     "os.utime('proj-a/f')",
     "os.setxattr('proj-a', 'user.ckptfs.gc', b'1')",
+    "os.setxattr('proj-a/f', 'user.ckptfs.prefetch', b'1')",
     "os.getxattr('proj-a', 'user.ckptfs.checkpoints')",
 ]
 
