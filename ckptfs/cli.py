@@ -21,7 +21,7 @@ from .catalog import recorded_tiers
 from .catalog.binding import bind_catalog
 from .commands.plan import add_plan_arguments
 from .config import Config, MetricsConfig, RecordedTiers, load_config, parse_metrics_address
-from .errors import EXIT_USAGE, CkptfsError, ConfigError, UsageError
+from .errors import EXIT_DENIED, EXIT_USAGE, CkptfsError, ConfigError, PermissionDenied, UsageError
 
 DAEMON_READY_TIMEOUT_S = 120
 
@@ -313,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError) as exc:
         print(f"ckptfs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except PermissionDenied as exc:  # a path in another namespace (commands/namespaces.py)
+        print(f"ckptfs {args.command}: {exc}", file=sys.stderr)
+        return EXIT_DENIED
     except CkptfsError as exc:
         print(f"ckptfs: {exc}", file=sys.stderr)
         return 1

@@ -147,6 +147,8 @@ class CatalogUnavailable(CkptfsError):
 # The exit code of a refused input (UsageError, ConfigError, a bad command line): the CLI and
 # the daemon (mount refused) exit with it.
 EXIT_USAGE = 2
+# The exit code of a command refused a path in a namespace the caller may not reach (EX_NOPERM).
+EXIT_DENIED = 77
 
 
 class UsageError(CkptfsError):

@@ -51,6 +51,7 @@ from .config import (
     UploadConfig,
 )
 from .config.model import GovernanceConfig, NamespaceConfig, WriteBehind
+from .config.recorded_access import access_record
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -70,6 +71,7 @@ from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.deleter import SHARED_POLL_S, Deleter
 from .upload.uploader import SNAPSHOT_NAME, Uploader
+from .vfs.access import Access
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
 from .vfs.quota import Quotas
@@ -278,6 +280,8 @@ def reconcile_catalog(catalog: Catalog, cfg: Config) -> int:
     catalog.set_meta("tiers", json.dumps(list(merged.values())))
     # For `ckptfs gc --dry-run`, which plans beside the daemon from the catalog alone.
     catalog.set_meta("retention", json.dumps([dataclasses.asdict(p) for p in cfg.retention.policies]))
+    # For the commands, which show a caller only the namespaces it may reach.
+    catalog.set_meta("access", json.dumps(access_record(cfg.governance)))
     return chunk_size
 
 
@@ -542,6 +546,7 @@ def build(
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
         quotas=quotas,
+        access=Access(governance or GovernanceConfig(), catalog, db_limiter),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import TextIO
 
 from ..catalog import Catalog
-from ..errors import EXIT_USAGE, CkptfsError, UsageError
+from ..errors import EXIT_DENIED, EXIT_USAGE, CkptfsError, UsageError
 from ..stats import read_stats
-from .live import mount_of, open_catalog
+from .live import mount_of, open_catalog, state_dir_readable
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -313,6 +313,10 @@ def cmd_prefetch(paths: Sequence[Path], timeout: float | None, jobs: int) -> int
         print(f"ckptfs prefetch: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
+        if exc.errno == errno.EACCES:  # another namespace (or the mode bits): refused
+            print(f"ckptfs prefetch: {exc.filename}: permission denied (a namespace of other "
+                  "users, or the mode bits)", file=sys.stderr)
+            return EXIT_DENIED
         print(f"ckptfs prefetch: cannot list {exc.filename}: {exc.strerror}", file=sys.stderr)
         return EXIT_FAILED
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -324,7 +328,34 @@ def cmd_prefetch(paths: Sequence[Path], timeout: float | None, jobs: int) -> int
     return code
 
 
+def _prefetch_through_mount(job: MountJob, jobs: int) -> int:
+    """A user who cannot read the state dir (private to the daemon's user): the daemon
+    stages each file on request (``user.ckptfs.prefetch``, which returns once the file's
+    chunks are local, for the file's owner), ``jobs`` files at once."""
+    t0 = time.monotonic()
+
+    def one(f: FileItem) -> tuple[Path, OSError] | None:
+        try:
+            os.setxattr(f.path, "user.ckptfs.prefetch", b"1", follow_symlinks=False)
+        except OSError as exc:
+            return f.path, exc
+        return None
+
+    with ThreadPoolExecutor(jobs, thread_name_prefix="prefetch") as pool:
+        errors = [e for e in pool.map(one, job.files) if e is not None]
+    for path, exc in errors:
+        print(f"ckptfs prefetch: staging {path} failed: {exc.strerror or exc}", file=sys.stderr)
+    if errors:
+        return EXIT_FAILED
+    print(f"ckptfs prefetch: {len(job.files)} file(s) under {job.mountpoint}, "
+          f"{sum(f.size for f in job.files) / 1e9:.2f} GB on the local tiers "
+          f"({time.monotonic() - t0:.1f} s)")
+    return EXIT_OK
+
+
 def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None, jobs: int) -> int:
+    if not state_dir_readable(job.state_dir):
+        return _prefetch_through_mount(job, jobs)
     catalog = open_catalog(job.state_dir)
     reader = Reader(jobs)
     try:

@@ -32,8 +32,18 @@ from ..checkpoints.summary import summarize
 from ..errors import CkptfsError
 from ..metrics.address import read_address
 from ..statedir import mountpoint_of, read_pid
-from .live import daemon_stats, open_catalog, remote_tier_names, resolve_state_dir, upload_rate
+from .live import (
+    daemon_stats,
+    mount_of,
+    open_catalog,
+    remote_tier_names,
+    resolve_state_dir,
+    state_dir_readable,
+    upload_rate,
+)
+from .namespaces import Viewer
 from .sync import backlog_line
+from .userstatus import user_status
 
 LATEST_PER_RUN = 3
 WATCH_INTERVAL_S = 1.0
@@ -65,9 +75,10 @@ def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
             for n in group}
 
 
-def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None
-                     ) -> list[dict[str, Any]]:
-    rows = [r for r in catalog.checkpoint_rows("/") if r.state is not CheckpointState.DELETED]
+def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None,
+                     viewer: Viewer) -> list[dict[str, Any]]:
+    rows = [r for r in catalog.checkpoint_rows("/")
+            if r.state is not CheckpointState.DELETED and viewer.may_see(r.root)]
     runs: dict[str, list[CheckpointRow]] = {}
     for r in rows:
         runs.setdefault(run_of(r.root), []).append(r)
@@ -91,6 +102,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     """Every fact `ckptfs status` shows, as plain data (the ``--json`` output)."""
     catalog = open_catalog(state_dir)
     try:
+        viewer = Viewer.of(catalog)  # runs and paths of the namespaces this user may reach
         stats = daemon_stats(state_dir)
         per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         mountpoint = (stats or {}).get("mountpoint") or mountpoint_of(state_dir)
@@ -152,9 +164,9 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
             else max(0.0, (time.time_ns() - q.oldest_enqueued_ns) / 1e9),
             "last_error": q.last_error,
         } for q in catalog.deletion_backlog()]
-        runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats)
-        at_risk = _at_risk(catalog) if remotes else []
-        namespaces = _namespaces(catalog)
+        runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats, viewer)
+        at_risk = _at_risk(catalog, viewer) if remotes else []
+        namespaces = _namespaces(catalog, viewer)
     finally:
         catalog.close()
     metrics = None
@@ -186,13 +198,13 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     }
 
 
-def _namespaces(catalog: Catalog) -> list[dict[str, Any]]:
+def _namespaces(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Each namespace's committed usage and quota, as the catalog counts them (quota: as
-    the last mount declaring the namespace configured it)."""
+    the last mount declaring the namespace configured it); only those ``viewer`` may see."""
     return [{
         "path": u.ns, "used_bytes": u.bytes, "files": u.files, "quota_bytes": u.quota,
         "percent": None if not u.quota else round(100 * u.bytes / u.quota, 1),
-    } for u in catalog.namespace_usage()]
+    } for u in catalog.namespace_usage() if viewer.may_see(u.ns)]
 
 
 def namespace_line(n: dict[str, Any]) -> str:
@@ -382,7 +394,7 @@ def deletions_text(queues: list[dict[str, Any]]) -> str:
 AT_RISK_SAMPLE = 5
 
 
-def _at_risk(catalog: Catalog) -> list[dict[str, Any]]:
+def _at_risk(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Files whose chunks are not on the remote yet, by the node holding them (a shared
     catalog names its local tiers NODE:NAME; the embedded catalog's are this node's, node
     None): what losing that node would lose."""
@@ -394,7 +406,9 @@ def _at_risk(catalog: Catalog) -> list[dict[str, Any]]:
         paths = []
         for ino in sorted(inos)[:AT_RISK_SAMPLE]:
             with contextlib.suppress(CkptfsError):  # removed meanwhile
-                paths.append(catalog.path_of(ino))
+                path = catalog.path_of(ino)
+                if viewer.may_see(path):
+                    paths.append(path)
         out.append({"node": node, "files": len(inos), "paths": paths})
     return out
 
@@ -512,12 +526,19 @@ def render(s: dict[str, Any]) -> Any:
 def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = False,
                watch: bool = False) -> int:
     sd = resolve_state_dir(path, state_dir)
-    open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
+    found = None if path is None else mount_of(path)
+    private = found is not None and not state_dir_readable(sd)
+    if not private:
+        open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
     if watch:
         # Ctrl-C is the only way out of --watch: a shell that started us in the background
         # (nohup, `cmd &` without job control) hands us SIGINT ignored, and Python then
         # installs no KeyboardInterrupt handler; take it back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if found is not None and private:
+        # Not the daemon's user: what the daemon shows this user through the mount.
+        mnt = found[0]
+        return _loop(lambda: print(user_status(mnt, sd, as_json), flush=True), watch)
     if as_json:
         return _loop(lambda: print(json.dumps(status_facts(sd), indent=None if watch else 1),
                                    flush=True), watch)

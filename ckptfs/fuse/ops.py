@@ -21,7 +21,7 @@ from ..catalog import Inode
 from ..codec.frame import Buffer
 from ..errors import CkptfsError
 from ..metrics.requests import APP, count_op_error, op_observer
-from ..vfs.context import RequestContext, groups_from_status
+from ..vfs.context import RequestContext, read_groups
 from ..vfs.filesystem import Filesystem, uses_direct_io
 
 log = logging.getLogger("ckptfs.fuse")
@@ -92,21 +92,13 @@ def boundary(fn: F) -> F:
     return cast(F, wrapper)
 
 
-def _read_groups(pid: int) -> tuple[int, ...]:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return groups_from_status(f.read())
-    except OSError:
-        return ()  # the caller is gone: no supplementary groups to honour
-
-
 async def context(ctx: Any, groups: bool = False) -> RequestContext:
     """The caller of a request. ``groups``: also its supplementary groups (a read of
     /proc/PID/status; only requests that decide by group membership ask, never for root)."""
     uid, gid, pid = int(ctx.uid), int(ctx.gid), int(ctx.pid)
     found: tuple[int, ...] = ()
     if groups and uid != 0 and pid > 0:
-        found = await trio.to_thread.run_sync(_read_groups, pid)
+        found = await trio.to_thread.run_sync(read_groups, pid)
     return RequestContext(uid=uid, gid=gid, pid=pid, groups=found)
 
 
@@ -139,17 +131,24 @@ class FuseOps(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.timeouts = timeouts
+        # Names inside a namespace: the kernel asks again at every path walk (its dentry
+        # cache is shared by all users; vfs/access.py checks the caller at each LOOKUP).
+        self.guarded = Timeouts(0.0, timeouts.attr)
+
+    def _entry(self, inode: Inode, parent: int) -> pyfuse3.EntryAttributes:
+        return entry(inode, self.guarded if self.fs.access.guarded(parent) else self.timeouts)
 
     @boundary
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.lookup(parent_inode, name), self.timeouts)
+        inode = await self.fs.lookup(parent_inode, name, await context(ctx))
+        return self._entry(inode, parent_inode)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         return None  # inodes are dropped by link and handle counts, not lookup counts
 
     @boundary
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.getattr(inode), self.timeouts)
+        return entry(await self.fs.getattr(inode, await context(ctx)), self.timeouts)
 
     @boundary
     async def setattr(
@@ -173,16 +172,18 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def readlink(self, inode: int, ctx: Any) -> bytes:
-        return await self.fs.readlink(inode)
+        return await self.fs.readlink(inode, await context(ctx))
 
     @boundary
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> pyfuse3.EntryAttributes:
         who = await context(ctx, groups=bool(mode & 0o2000))
-        return entry(await self.fs.mknod(parent_inode, name, mode & ~ctx.umask, rdev, who), self.timeouts)
+        return self._entry(await self.fs.mknod(parent_inode, name, mode & ~ctx.umask, rdev, who),
+                           parent_inode)
 
     @boundary
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask, await context(ctx)), self.timeouts)
+        return self._entry(await self.fs.mkdir(parent_inode, name, mode & ~ctx.umask,
+                                               await context(ctx)), parent_inode)
 
     @boundary
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -194,7 +195,8 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.symlink(parent_inode, name, target, await context(ctx)), self.timeouts)
+        return self._entry(await self.fs.symlink(parent_inode, name, target, await context(ctx)),
+                           parent_inode)
 
     @boundary
     async def rename(
@@ -205,7 +207,8 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
-        return entry(await self.fs.link(inode, new_parent_inode, new_name), self.timeouts)
+        return self._entry(await self.fs.link(inode, new_parent_inode, new_name, await context(ctx)),
+                           new_parent_inode)
 
     @boundary
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
@@ -224,7 +227,7 @@ class FuseOps(pyfuse3.Operations):
         who = await context(ctx, groups=bool(mode & 0o2000))
         fh, inode = await self.fs.create(parent_inode, name, mode & ~ctx.umask, flags, who)
         info = pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=uses_direct_io(flags))
-        return info, entry(inode, self.timeouts)
+        return info, self._entry(inode, parent_inode)
 
     @boundary
     async def read(self, fh: int, off: int, size: int) -> Buffer:  # type: ignore[override]
@@ -254,9 +257,7 @@ class FuseOps(pyfuse3.Operations):
 
     @boundary
     async def opendir(self, inode: int, ctx: Any) -> int:
-        inode_ = await self.fs.getattr(inode)
-        if not inode_.is_dir:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        await self.fs.opendir(inode, await context(ctx))
         return inode
 
     @boundary
@@ -267,7 +268,7 @@ class FuseOps(pyfuse3.Operations):
             if not batch:
                 return
             for dentry_id, name, inode in batch:
-                if not pyfuse3.readdir_reply(token, name, entry(inode, self.timeouts), dentry_id):
+                if not pyfuse3.readdir_reply(token, name, self._entry(inode, fh), dentry_id):
                     return
                 after = dentry_id
 

@@ -48,3 +48,12 @@ def groups_from_status(text: str) -> tuple[int, ...]:
         if line.startswith("Groups:"):
             return tuple(int(g) for g in line.split()[1:])
     return ()
+
+
+def read_groups(pid: int) -> tuple[int, ...]:
+    """The supplementary groups of process ``pid`` (blocking: a worker thread reads it)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return groups_from_status(f.read())
+    except OSError:
+        return ()  # the caller is gone: no supplementary groups to honour

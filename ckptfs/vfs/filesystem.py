@@ -27,7 +27,7 @@ from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
-from ..config import DEFAULT_READAHEAD, DurabilityPolicy, policy_for
+from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig, policy_for
 from ..errors import (
     CatalogUnavailable,
     CkptfsError,
@@ -44,9 +44,11 @@ from ..errors import (
 )
 from ..service import syncfs_all
 from ..tiers.base import TierUsage
+from .access import Access
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
 from .dirattrs import DirAttrs
+from .listing import listing, page_after
 from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 from .quota import Quotas
@@ -205,6 +207,7 @@ class Filesystem:
         shared: bool = False,
         session: SessionId | None = None,
         quotas: Quotas | None = None,
+        access: Access | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
@@ -215,10 +218,13 @@ class Filesystem:
         caches that assume one writer are off, and an open drops the kernel's cached pages
         of a file another node changed. ``session``: this node's session in the shared
         catalog, under which the inodes it holds open are noted (an inode with no name left
-        is dropped by the last closer on any node). ``quotas``: the namespaces, whose files
-        are charged to them (vfs/quota.py; None: no namespace)."""
+        is dropped by the last closer on any node). ``access``: the namespace rules (vfs/
+        access.py), asked at each operation that reaches a name or an inode (None: none);
+        ``quotas``: the namespaces, whose files are charged to them (vfs/quota.py; None: no
+        namespace)."""
         self.catalog = catalog
         self.quotas = quotas
+        self.access = access if access is not None else Access(GovernanceConfig())
         self.invalidate = invalidate
         self.chunk_size = chunk_size
         self.db_limiter = db_limiter
@@ -480,7 +486,9 @@ class Filesystem:
 
     # -- attributes --------------------------------------------------------------------------
 
-    async def getattr(self, ino: int) -> Inode:
+    async def getattr(self, ino: int, ctx: RequestContext = ROOT) -> Inode:
+        if ctx is not ROOT:
+            await self.access.inode(ctx, ino, "stat", root_visible=True)
         f = self.open_files.get(ino)
         if f is not None:
             return f.attrs()
@@ -507,6 +515,7 @@ class Filesystem:
         mtime_ns: int | None = None,
         ctx: RequestContext = ROOT,
     ) -> Inode:
+        await self.access.inode(ctx, ino, "setattr")
         if size is not None:
             inode = await self.getattr(ino)
             if inode.is_dir:
@@ -552,7 +561,13 @@ class Filesystem:
 
     # -- namespace ---------------------------------------------------------------------------
 
-    async def lookup(self, parent: int, name: bytes) -> Inode:
+    async def lookup(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> Inode:
+        await self.access.lookup(ctx, parent, name)
+        inode = await self._lookup(parent, name)
+        self.access.learn(parent, name, inode.ino)
+        return inode
+
+    async def _lookup(self, parent: int, name: bytes) -> Inode:
         if self._names.absent(parent, _check_name(name)):
             raise NotFound(name.decode(errors="replace"))  # a new directory of this mount
         known = self._names.ino(parent, name)
@@ -566,16 +581,19 @@ class Filesystem:
         return f.attrs() if f is not None else inode
 
     async def mkdir(self, parent: int, name: bytes, mode: int, ctx: RequestContext) -> Inode:
+        await self.access.create(ctx, parent, name, "mkdir")
         with self._naming(parent):
             inode = await self._db_dirs_changed(
                 self.catalog.create, parent, _check_name(name),
                 stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         self._names.added(parent, name, inode.ino)
         self._names.new_dir(inode.ino)
+        self.access.learn(parent, name, inode.ino)
         await self._event("mkdir", parent, name, is_dir=True, mode=inode.mode)
         return inode
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
+        await self.access.create(ctx, parent, name, "symlink")
         with self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
                                                 stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
@@ -589,6 +607,7 @@ class Filesystem:
         kind = stat.S_IFMT(mode) or stat.S_IFREG
         if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise InvalidArgument(f"mknod of file type {kind:o}")
+        await self.access.create(ctx, parent, name, "mknod")
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
@@ -626,16 +645,15 @@ class Filesystem:
             if inode.uid != ctx.uid:
                 raise NotPermitted("sticky directory: not the owner of the entry or the directory")
 
-    async def readlink(self, ino: int) -> bytes:
+    async def readlink(self, ino: int, ctx: RequestContext = ROOT) -> bytes:
+        await self.access.inode(ctx, ino, "readlink")
         inode = await self.db(self.catalog.get_inode, ino)
         if not stat.S_ISLNK(inode.mode) or inode.target is None:
             raise InvalidArgument("not a symlink")
         return inode.target
 
-    async def link(self, ino: int, parent: int, name: bytes) -> Inode:
-        if self.quotas is not None:
-            src, dst = await self.db(self.catalog.path_of, ino), await self._path(parent, name)
-            self.quotas.check_move(src, dst)
+    async def link(self, ino: int, parent: int, name: bytes, ctx: RequestContext = ROOT) -> Inode:
+        await self.access.link(ctx, ino, parent, name)
         with self._changing_paths(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
         self._names.added(parent, name, ino)
@@ -646,6 +664,7 @@ class Filesystem:
         return inode
 
     async def unlink(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        await self.access.remove(ctx, parent, name, "unlink")
         # One catalog call: the sticky rule, the unlink, the drop of an inode nothing has
         # open (and of its chunks' rows) and the event's path.
         busy = frozenset(self.open_files) | frozenset(self._opening)
@@ -677,6 +696,7 @@ class Filesystem:
             self.tracker.push(FsEvent("unlink", path, time.time_ns()))
 
     async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        await self.access.remove(ctx, parent, name, "rmdir")
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
         with self._changing_paths(), self._naming(parent):
@@ -694,9 +714,7 @@ class Filesystem:
         if flags & ~1:
             raise InvalidArgument("RENAME_EXCHANGE and RENAME_WHITEOUT are not supported")
         _check_name(new_name)
-        if self.quotas is not None:
-            self.quotas.check_move(await self._path(old_parent, old_name),
-                                   await self._path(new_parent, new_name))
+        await self.access.rename(ctx, old_parent, old_name, new_parent, new_name)
         tracked = self.tracker is not None
 
         def work() -> tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode], Inode, int]:
@@ -799,11 +817,21 @@ class Filesystem:
             # The catalog knows the tiers of these chunks; refs only need the digests here.
             await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
 
+    async def opendir(self, ino: int, ctx: RequestContext = ROOT) -> None:
+        """A listing starts (the kernel's OPENDIR): the caller is checked here, not per
+        READDIR batch."""
+        await self.access.inode(ctx, ino, "list")
+        if not (await self.getattr(ino)).is_dir:
+            raise NotADirectory("not a directory")
+
     async def readdir(self, ino: int, after_id: int) -> list[tuple[int, bytes, Inode]]:
         inode = await self.db(self.catalog.get_inode, ino)
         if not inode.is_dir:
             raise NotADirectory("not a directory")
         entries = await self.db(self.catalog.readdir, ino, after_id)
+        if self.access.enabled:
+            for _, n, x in entries:
+                self.access.learn(ino, n, x.ino)
         return [(i, n, self.open_files[x.ino].attrs() if x.ino in self.open_files else x) for i, n, x in entries]
 
     # -- open files --------------------------------------------------------------------------
@@ -967,6 +995,7 @@ class Filesystem:
         return True
 
     async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
+        await self.access.inode(ctx, ino, "open")
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY
         f = await self._open_file(ino, writing=writing)
         try:
@@ -982,6 +1011,7 @@ class Filesystem:
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
     ) -> tuple[int, Inode]:
+        await self.access.create(ctx, parent, name, "create")
         mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         _check_name(name)
         tracked = self.tracker is not None
@@ -1010,6 +1040,7 @@ class Filesystem:
                 self._unreleased.add(created[0])
             raise
         self._names.added(parent, name, inode.ino)
+        self.access.learn(parent, name, inode.ino)
         self._noted_now(inode.ino, True)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
@@ -1035,7 +1066,7 @@ class Filesystem:
 
     async def _account(self, f: OpenFile) -> None:
         """Before a file may be written: charge it to its namespace (once per open file;
-        the namespace of a file never changes, see Quotas.check_move)."""
+        the namespace of a file never changes: Access.rename and link refuse a crossing)."""
         quotas = self.quotas
         if quotas is None or f.account_known:
             return
@@ -1177,7 +1208,14 @@ class Filesystem:
         """A stored attribute, or ckptfs's own: ``user.ckptfs.state`` (writing, committed,
         partial, ...) and ``user.ckptfs.checkpoint`` (the whole record, JSON) on a
         checkpoint's root. None: no such attribute."""
+        if not name.startswith(b"security."):  # asked before buffered writes: kept free
+            await self.access.inode(ctx, ino, "getxattr")
         if name.startswith(XATTR_RESERVED):
+            after = page_after(name)
+            if after is not None:  # the checkpoints under a directory (vfs/listing.py)
+                visible = await self.access.viewer(ctx)
+                path = await self.db(self.catalog.path_of, ino)
+                return await listing(self.catalog, self.db, path, after, visible)
             if name not in XATTRS:
                 return None
             ckpt = await self._checkpoint_of(ino)
@@ -1191,6 +1229,7 @@ class Filesystem:
         return await self.db(self.catalog.get_xattr, ino, name)
 
     async def listxattr(self, ino: int, ctx: RequestContext = ROOT) -> list[bytes]:
+        await self.access.inode(ctx, ino, "listxattr")
         names = []
         if ino in await self._xattr_index():
             # trusted.* is for root only (the kernel leaves the listing to us).
@@ -1227,6 +1266,7 @@ class Filesystem:
         checkpoint; ``user.ckptfs.gc`` (any value, on any directory) runs retention now and
         returns when the pass is done (``ckptfs gc``); ``user.ckptfs.prefetch`` stages a
         file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
+        await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
             if not is_control(name):
                 raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
@@ -1242,6 +1282,7 @@ class Filesystem:
         self._new_ctime(inode)
 
     async def removexattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> None:
+        await self.access.inode(ctx, ino, "removexattr")
         if name.startswith(XATTR_RESERVED):
             raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
         await self._check_xattr_write(ino, name, ctx)

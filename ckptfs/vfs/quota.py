@@ -14,7 +14,6 @@ janitor or by other nodes free room the cached figure does not know of).
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -22,7 +21,7 @@ import trio
 
 from ..catalog.quotas import Charge
 from ..config.model import NamespaceConfig
-from ..errors import CkptfsError, QuotaExceeded
+from ..errors import QuotaExceeded
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -175,22 +174,6 @@ class Quotas:
         if ns is None:
             return None
         return FileAccount(self.tallies[ns.path], base, self._used)
-
-    def check_move(self, src: str, dst: str) -> None:
-        """A rename or link from ``src`` to ``dst`` must not move files between
-        namespaces (or in or out of one), nor move a namespace's root or a directory
-        above one: its bytes would leave the namespace they are counted in (and its
-        rules). EXDEV, as XFS project quotas answer: mv copies and deletes instead."""
-        a, b = self.namespace_of(src), self.namespace_of(dst)
-        if a is not b:
-            raise CkptfsError(
-                f"{src} -> {dst}: crosses a namespace boundary "
-                f"({'outside' if a is None else a.path} -> {'outside' if b is None else b.path})",
-                errno=errno.EXDEV)
-        for ns in self.namespaces:
-            if ns.path == src or ns.path.startswith(src.rstrip("/") + "/"):
-                raise CkptfsError(f"{src}: namespace {ns.path} cannot be moved",
-                                  errno=errno.EXDEV)
 
 
 def refused(path: str, what: str, exc: QuotaExceeded) -> None:
