@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import trio
 
 from ..catalog import ChunkRef
+from ..catalog.audit import AuditRecord
 from ..errors import CkptfsError
 from .store import ChunkStore
 
@@ -38,6 +39,7 @@ class FileVersion:
     changes: dict[int, ChunkRef | None]  # extents written since (None: cut off)
     written: list[ChunkRef]  # pinned refs stored since the last commit
     meta_only: bool = False  # size or times changed, no extent (truncate, utime)
+    audit: AuditRecord | None = None  # recorded in the commit's transaction (who closed it)
 
 
 async def commit_version(
@@ -77,7 +79,7 @@ async def commit_version(
         # no upload job.
         changes = {i: None if r is None else store.current(r) for i, r in pending.items()}
         return changes, store.catalog.commit_file(
-            v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads,
+            v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads, audit=v.audit,
         )
 
     changes, dropped = await trio.to_thread.run_sync(commit, limiter=store.db_limiter)

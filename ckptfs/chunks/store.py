@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import trio
 
 from ..catalog import Catalog, ChunkRef
+from ..catalog.audit import AuditRecord
 from ..catalog.catalog import Backlog
 from ..codec import frame
 from ..codec.staged import Staged
@@ -60,6 +61,9 @@ def stats_for(tiers: Sequence[Tier]) -> Stats:
     for t in tiers:
         stats.add_tier(t.name, t.kind)
     return stats
+
+# A local copy dropped because a remote holds the chunk (the daemon's own work).
+_EVICT = AuditRecord("evict", "")
 
 log = logging.getLogger("ckptfs.chunks")
 
@@ -535,7 +539,7 @@ class ChunkStore:
                 break
             if self.guard.pinned(digest):
                 continue  # a writer is about to commit it here (the deleter would hold it)
-            if self.catalog.forget_local_replica(digest, tier_name, remote_names):
+            if self.catalog.forget_local_replica(digest, tier_name, remote_names, audit=_EVICT):
                 queued.append((digest, tier_name, length + frame.HEADER_SIZE))
                 total += length + frame.HEADER_SIZE
         return queued
@@ -565,7 +569,8 @@ class ChunkStore:
             if self.guard.pinned(digest):
                 continue
             for name in self.catalog.replica_tiers(digest):
-                if name in self.local and self.catalog.forget_local_replica(digest, name, remote_names):
+                if name in self.local and self.catalog.forget_local_replica(
+                        digest, name, remote_names, audit=_EVICT):
                     queued += self.catalog.chunk_length(digest) + frame.HEADER_SIZE
         self.evicted_bytes += queued
         return queued

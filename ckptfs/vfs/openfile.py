@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..catalog import ChunkRef, Inode
+from ..catalog.audit import AuditRecord
 from ..chunks.commit import FileVersion, commit_version
 from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
@@ -337,10 +338,12 @@ class OpenFile:
 
     # -- commit ------------------------------------------------------------------------------
 
-    async def commit(self, synced: bool = False) -> None:
+    async def commit(self, synced: bool = False, audit: AuditRecord | None = None) -> None:
         """Make every write so far part of the file: the remaining partial chunks are
         stored, then the layer below commits the version in one call (chunks/commit.py).
-        With ``synced`` (fsync), the chunk frames and the catalog are fsynced first."""
+        With ``synced`` (fsync), the chunk frames and the catalog are fsynced first.
+        ``audit``: who commits (the closer; None: the daemon's own commit, recorded as
+        uid 0)."""
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
@@ -352,6 +355,7 @@ class OpenFile:
             version = FileVersion(
                 self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
                 dict(self.changes), list(self.written), self.meta_dirty,
+                audit or AuditRecord("commit", ino=self.ino),
             )
             committed = await commit_version(
                 self.svc.store, version, synced, sync_failed=self._sync_failed
