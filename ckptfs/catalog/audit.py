@@ -199,14 +199,15 @@ class AuditSql:
     def _path_of(c: Conn, ino: int) -> str:
         raise NotImplementedError
 
-    # This node's name in the records (mount.py sets the configured node name).
-    audit_node: str = socket.gethostname()
-    _audit_lock: threading.Lock | None = None
-    _audit_backlog: list[AuditRecord] | None = None
-    _audit_dropped: int = 0
-    # Called (in the noting thread) after each ``audit_note``: the daemon's flusher's wake.
-    # Thread-safe, never blocks.
-    on_audit_note: Callable[[], None] | None = None
+    def __init__(self) -> None:
+        # This node's name in the records (mount.py sets the configured node name).
+        self.audit_node = socket.gethostname()
+        # Called (in the noting thread) after each ``audit_note``: the daemon's flusher's
+        # wake. Thread-safe, never blocks.
+        self.on_audit_note: Callable[[], None] | None = None
+        self._audit_lock = threading.Lock()
+        self._audit_backlog: list[AuditRecord] = []  # noted, not yet written
+        self._audit_dropped = 0  # noted and dropped (BACKLOG_MAX)
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -258,10 +259,7 @@ class AuditSql:
     def audit_note(self, record: AuditRecord) -> None:
         """Note a record to be written by the next ``audit_flush`` (an open for reading:
         no catalog write on the open's path). Thread-safe, no I/O."""
-        if self._audit_lock is None:
-            self._audit_lock, self._audit_backlog = threading.Lock(), []
         with self._audit_lock:
-            assert self._audit_backlog is not None
             if len(self._audit_backlog) >= BACKLOG_MAX:
                 del self._audit_backlog[0]
                 self._audit_dropped += 1
@@ -271,15 +269,12 @@ class AuditSql:
 
     def audit_pending(self) -> int:
         """How many noted records wait for ``audit_flush``."""
-        return 0 if self._audit_backlog is None else len(self._audit_backlog)
+        return len(self._audit_backlog)
 
     def audit_flush(self) -> int:
         """Write every noted record in one transaction; how many. If the transaction fails
         they stay noted (ahead of newer ones) and the error is raised."""
-        if self._audit_lock is None:
-            return 0
         with self._audit_lock:
-            assert self._audit_backlog is not None
             todo, self._audit_backlog = self._audit_backlog, []
             dropped, self._audit_dropped = self._audit_dropped, 0
         if dropped:

@@ -295,6 +295,7 @@ class SqlCatalog(SessionsSql, WantsSql, AuditSql):
     _missing_table: tuple[type[Exception], ...] = ()
 
     def __init__(self) -> None:
+        AuditSql.__init__(self)
         # Called (in the calling thread, after the COMMIT) by every transaction that
         # changed the namespace or file contents: the uploader's wake for its snapshot.
         # Must be thread-safe and must not block (TrioToken.run_sync_soon).
