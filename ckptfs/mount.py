@@ -358,12 +358,12 @@ def _serve_tiers(
     cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], tiers: list[Tier],
     leases: WriterLeases | None,
 ) -> int:
+    key_file = cfg.governance.audit.signing_key_file  # refused before the catalog is touched
+    signing_key = None if key_file is None else load_signing_key(key_file)
     catalog = open_catalog_of(cfg, tiers)
     catalog.audit_node = cfg.catalog.node
     session = None
     try:
-        key_file = cfg.governance.audit.signing_key_file
-        signing_key = None if key_file is None else load_signing_key(key_file)
         if cfg.catalog.shared:  # first: refused while the node name has a live session
             session = NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
                                   info=f"host {socket.gethostname()}, pid {os.getpid()}")
@@ -670,7 +670,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         if drain:
             await d.fs.shutdown()
         await producers.stop()
-        await _last_audit(d)
+        if drain:  # (a crash, drain=False, loses the noted opens)
+            await _last_audit(d)
         await heartbeat.stop()
         if d.session is not None and drain:
             await d.session.close(d.db_limiter, collect)

@@ -47,6 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
+from .audit import AUDIT_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .sessions import SESSIONS_DDL
@@ -61,7 +62,6 @@ from .sql import (
     init_rows,
     newer_schema,
 )
-from .audit import AUDIT_DDL
 from .sqlite import catalog_file
 from .wants import WANTS_CHANNEL, WANTS_DDL
 

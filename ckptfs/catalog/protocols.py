@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from .audit import AuditEntry, AuditRecord
 from .rows import (
     Backlog,
     CheckpointRow,
@@ -31,7 +32,6 @@ from .rows import (
     SessionRow,
     UploadJob,
 )
-from .audit import AuditEntry, AuditRecord
 from .wants import WantListener
 
 

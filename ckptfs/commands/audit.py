@@ -36,12 +36,12 @@ def parse_since(text: str | None) -> tuple[int, int | None]:
     except ValueError:
         raise CkptfsError(f"--since {text!r}: expected a seq or an ISO 8601 time") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return 0, int(when.timestamp() * 1e9)
 
 
 def _line(e: AuditEntry) -> str:
-    when = dt.datetime.fromtimestamp(e.time_ns / 1e9, dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(e.time_ns / 1e9, dt.UTC)
     return (f"{e.seq:>8} {when.isoformat(timespec='microseconds')} {e.node} uid={e.uid} "
             f"pid={e.pid} {e.action} {e.path} {e.detail}")
 

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import trio
-
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..catalog.audit import AuditEntry

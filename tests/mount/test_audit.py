@@ -1,6 +1,6 @@
 """The audit log on real mounts (docs/governance.md "Audit log"): what the daemon records,
 for whom (the uid and pid of the calling process, a child run as another user), opens for
-reading once per open, checkpoint commits and retention expiry, and ``ckptfs audit
+reading once per open, a prefetch, checkpoint commits and retention expiry, and ``ckptfs audit
 tail|export|verify``: verify exits 0 on the intact log and 1, naming the record, after the
 catalog table is edited by hand (a field, a middle row deleted, two rows swapped)."""
 
@@ -54,6 +54,7 @@ def test_changes_and_opens_are_recorded_with_who_did_them(tmp_path: Path) -> Non
         assert child.returncode == 0, child.stderr
         pid = int(child.stdout.strip())
         os.unlink(shared / "mine.bin")
+        os.setxattr(shared / "b.bin", "user.ckptfs.prefetch", b"1")  # what ckptfs prefetch asks
 
         def opened() -> list[dict[str, Any]]:
             recs = export(m.mountpoint)
@@ -70,6 +71,9 @@ def test_changes_and_opens_are_recorded_with_who_did_them(tmp_path: Path) -> Non
         reads = [r for r in recs if r["action"] == "open" and r["path"] == "/shared/b.bin"]
         assert [(r["uid"], r["pid"], r["detail"]["access"]) for r in reads] == [
             (OTHER_UID, pid, "r")]
+        staged = [r for r in recs if r["action"] == "prefetch"]
+        assert [(r["path"], r["uid"], r["pid"]) for r in staged] == [
+            ("/shared/b.bin", 0, os.getpid())]
         assert recs[0]["action"] == "mount" and recs[0]["detail"]["policy"]
         assert all(r["node"] for r in recs)
         tail = run_cli("audit", "tail", str(m.mountpoint), "-n", "2")

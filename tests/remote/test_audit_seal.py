@@ -139,7 +139,7 @@ def test_the_daemon_seals_periodically_and_a_deleted_tail_is_found(
     conn.close()
     res = run_cli("audit", "verify", "--state-dir", str(state), "--public-key", str(pub))
     assert res.returncode == 1, res.stdout + res.stderr
-    assert f"records {top - 1}..{top} are missing" in res.stdout, res.stdout
+    assert f"records {top - 1}..{top} are missing" in res.stdout, res.stdout  # the unmount's seal
     assert "deleted after the seal" in res.stdout
     # A seal signed by another key is not taken for ours.
     _, other_pub, _ = keypair(tmp_path / "other")
