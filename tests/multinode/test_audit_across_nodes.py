@@ -36,8 +36,8 @@ def test_two_nodes_writing_at_once_make_one_valid_chain(cluster: Cluster, pg_url
     a, b = cluster.node("a"), cluster.node("b")
     (a.mountpoint / "shared").mkdir()
     errors: list[BaseException] = []
-    threads = [threading.Thread(target=writer, args=(m, m.mountpoint.name, 30, errors))
-               for m in (a, b)]
+    threads = [threading.Thread(target=writer, args=(m, tag, 30, errors))
+               for m, tag in ((a, "a"), (b, "b"))]
     for t in threads:
         t.start()
     for t in threads:
