@@ -2,12 +2,14 @@
 log"): ``ckptfs audit seal`` and the daemon's periodic seal store the signed head under
 ``<prefix>/meta/audit/seals/``, create-only (a second PUT of the same name is refused by the
 server); ``ckptfs audit verify`` checks the signatures and finds the newest records deleted
-after a seal; a signing key readable by others refuses the mount, naming the key."""
+after a seal; a node restored from the bucket continues the chain; a signing key readable
+by others refuses the mount, naming the key."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -158,3 +160,29 @@ def test_a_signing_key_others_can_read_refuses_the_mount(
         pass
     assert "audit.signing_key_file" in str(err.value) and "0644" in str(err.value)
 
+
+
+def test_a_restored_node_continues_the_chain_its_seals_cover(
+    tmp_path: Path, remote: tuple[str, str]
+) -> None:
+    """The catalog snapshot carries the log: a new node restored from the bucket has every
+    record the old node's seals name, then its own "restore" and "mount" records."""
+    url, _ = remote
+    priv, pub, _ = keypair(tmp_path)
+    cfg = config(tmp_path, priv)
+    first = tmp_path / "node1"
+    with mounted(first, 1, ("--remote", url, "--config", str(cfg))) as m:
+        (m.mountpoint / "kept.bin").write_bytes(b"k" * 5000)
+        res = run_cli("sync", str(m.mountpoint), "--timeout", "60")
+        assert res.returncode == 0, res.stdout + res.stderr
+        old = head_seq(m)
+    shutil.rmtree(first)  # the state dir and the local tier are gone
+    with mounted(tmp_path / "node2", 1, ("--remote", url, "--config", str(cfg))) as m:
+        assert "restored the catalog" in m.log
+        res = run_cli("audit", "export", str(m.mountpoint), "--json")
+        recs = [json.loads(line) for line in res.stdout.splitlines()]
+        assert [r["seq"] for r in recs] == list(range(1, len(recs) + 1))
+        assert [r["action"] for r in recs[old:old + 2]] == ["restore", "mount"], recs
+        assert any(r["path"] == "/kept.bin" and r["action"] == "commit" for r in recs[:old])
+        res = run_cli("audit", "verify", str(m.mountpoint), "--public-key", str(pub))
+        assert res.returncode == 0 and "seal(s) match" in res.stdout, res.stdout + res.stderr
