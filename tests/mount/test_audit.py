@@ -18,6 +18,11 @@ import pytest
 from tests.mount.test_checkpoints import hf_save, states
 from tests.mount.test_posix_perms import CHILD_PYTHON
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
+from tests.unit.test_startup_imports import run_probed
+
+from ckptfs.catalog import SqliteCatalog
+from ckptfs.catalog.audit import AuditRecord
+from ckptfs.config.model import CATALOG_FILE
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
@@ -144,3 +149,12 @@ def test_verify_finds_a_hand_edited_log(tmp_path: Path, edit: list[str], named: 
     res = _verify(state)
     assert res.returncode == 1, res.stdout + res.stderr
     assert named in res.stdout and "NOT intact" in res.stdout, res.stdout
+
+
+def test_audit_tail_beside_the_daemon_loads_none_of_it(tmp_path: Path) -> None:
+    """Like `ckptfs status`: no daemon, boto3 or psycopg to read the log."""
+    c = SqliteCatalog(tmp_path / CATALOG_FILE)
+    c.audit_append(AuditRecord("mount", "/"))
+    c.close()
+    code, loaded, err = run_probed("audit", "tail", "--state-dir", str(tmp_path), "--json")
+    assert code == 0 and loaded == [], err
