@@ -139,6 +139,31 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true",
                     help="redraw every second until Ctrl-C (exit 0)")
 
+    au = sub.add_parser("audit", help="the audit log: tail, export, verify, seal")
+    asub = au.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
+    for name, text in (("tail", "the newest records"), ("export", "every record (or --since)"),
+                       ("verify", "check the hash chain and the seals (exit 1: not intact)"),
+                       ("seal", "sign the head of the log and store it on the remote tiers")):
+        ap = asub.add_parser(name, help=text)
+        ap.add_argument("path", nargs="?", type=Path, metavar="MOUNTPOINT",
+                        help="a ckptfs mount (or a path in it)")
+        ap.add_argument("--state-dir", metavar="DIR", help="instead of MOUNTPOINT")
+        if name == "tail":
+            ap.add_argument("-n", type=int, default=20, metavar="N", help="records (default 20)")
+        if name in ("tail", "export"):
+            ap.add_argument("--json", action="store_true", help="one JSON object per line")
+        if name == "export":
+            ap.add_argument("--since", metavar="TIME|SEQ",
+                            help="from this seq, or this ISO 8601 time (UTC by default)")
+        if name in ("verify", "seal"):
+            ap.add_argument("--config", metavar="FILE",
+                            help="the mount's config: its audit.signing_key_file")
+        if name == "verify":
+            ap.add_argument("--public-key", metavar="FILE",
+                            help="the Ed25519 public key the seals must be signed with")
+        if name == "seal":
+            ap.add_argument("--key", metavar="FILE", help="the Ed25519 signing key")
+
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
     f.add_argument("--repair", action="store_true", help="reclaim orphans and fix what is safe")
@@ -298,6 +323,16 @@ def main(argv: list[str] | None = None) -> int:
             from .commands.plan import cmd_plan
 
             return cmd_plan(args)
+        if args.command == "audit":
+            from .commands import audit
+
+            if args.audit_command == "tail":
+                return audit.cmd_tail(args.path, args.state_dir, args.n, args.json)
+            if args.audit_command == "export":
+                return audit.cmd_export(args.path, args.state_dir, args.since, args.json)
+            if args.audit_command == "verify":
+                return audit.cmd_verify(args.path, args.state_dir, args.public_key, args.config)
+            return audit.cmd_seal(args.path, args.state_dir, args.config, args.key)
         if args.command == "status":
             from .commands.status import cmd_status
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -21,13 +22,15 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyfuse3
 import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import __version__, preflight, service, statedir
 from .catalog import Catalog, SqliteCatalog
+from .catalog.audit import AuditRecord
 from .catalog.binding import node_tiers, redact
 from .catalog.engines import open_shared_catalog
 from .catalog.rows import ChunkRef
@@ -69,7 +72,9 @@ from .session import NodeSession
 from .stats import STATS_FILE
 from .tiers.base import Tier
 from .tiers.local import LocalTier
+from .upload.auditing import AuditFlusher, AuditSealer
 from .upload.deleter import SHARED_POLL_S, Deleter
+from .upload.seal import SealStore, load_signing_key
 from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.access import Access
 from .vfs.filesystem import Filesystem, HandleTable
@@ -187,6 +192,9 @@ def restore_catalog(
             restored.set_meta("tiers", json.dumps(kept))
             if governance is not None:
                 forget_disallowed_remote_rows(restored, remotes, governance)
+            restored.audit_append(AuditRecord(
+                "restore", "/", 0, os.getpid(),
+                detail={"tier": remote.name, "files": files, "not_restored": len(removed)}))
         finally:
             restored.close()
         log.info("restored the catalog (%d files) from remote tier %s", files, remote.name)
@@ -380,7 +388,10 @@ def _serve_tiers(
     cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], tiers: list[Tier],
     leases: WriterLeases | None,
 ) -> int:
+    key_file = cfg.governance.audit.signing_key_file  # refused before the catalog is touched
+    signing_key = None if key_file is None else load_signing_key(key_file)
     catalog = open_catalog_of(cfg, tiers)
+    catalog.audit_node = cfg.catalog.node
     session = None
     try:
         if cfg.catalog.shared:  # first: refused while the node name has a live session
@@ -389,7 +400,9 @@ def _serve_tiers(
             session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         count_namespaces(catalog, cfg.governance.namespaces)
-        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session)
+        record_mount(catalog, cfg, mountpoint)
+        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session,
+                                  signing_key)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
             timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
@@ -433,6 +446,22 @@ def count_namespaces(catalog: Catalog, namespaces: Sequence[NamespaceConfig]) ->
         log.info("namespace %s: usage counted from its files (first mount declaring it)", path)
 
 
+def record_mount(catalog: Catalog, cfg: Config, mountpoint: Path) -> None:
+    """The audit record of this mount, with the digest of its governance policy (the
+    namespaces, access, keys and audit settings); a policy that differs from the last
+    mount's is recorded as a policy change."""
+    policy = hashlib.sha256(repr(cfg.governance).encode()).hexdigest()
+    before = catalog.get_meta("audit_policy")
+    records = [AuditRecord("mount", str(mountpoint), 0, os.getpid(),
+                           detail={"version": __version__, "policy": policy})]
+    if before is not None and before != policy:
+        records.append(AuditRecord("policy_change", "/", 0, os.getpid(),
+                                   detail={"before": before, "after": policy}))
+    catalog.audit_append(records)
+    if before != policy:
+        catalog.set_meta("audit_policy", policy)
+
+
 # -- the composition root --------------------------------------------------------------------
 
 
@@ -451,8 +480,10 @@ class Daemon:
     budget: MemoryBudget
     fs: Filesystem
     telemetry: Telemetry
+    auditor: AuditFlusher
     stats_path: Path | None = None
     session: NodeSession | None = None  # this node's, with a shared catalog
+    sealer: AuditSealer | None = None  # with audit.signing_key_file
 
 
 def build(
@@ -481,6 +512,8 @@ def build(
     session: NodeSession | None = None,
     namespaces: Sequence[NamespaceConfig] = (),
     governance: GovernanceConfig | None = None,
+    signing_key: Ed25519PrivateKey | None = None,
+    seal_interval_s: float = 3600.0,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -552,13 +585,20 @@ def build(
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
                       handles.open_inos, retention.policies, high, max(0.5, high - 0.1))
     telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint, Endpoint())
+    auditor = AuditFlusher(catalog, db_limiter)  # the opens' records
+    # The remote tiers that can hold seals (S3: create-only metadata objects).
+    seal_stores = [cast(SealStore, t) for t in tiers
+                   if t.kind != "local" and hasattr(t, "put_meta_if") and hasattr(t, "list_meta")]
+    sealer = None if signing_key is None else AuditSealer(
+        catalog, db_limiter, seal_stores, signing_key, seal_interval_s, auditor)
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
-                  fs, telemetry, stats_path, session)
+                  fs, telemetry, auditor, stats_path, session, sealer)
 
 
 def build_for_config(
     cfg: Config, catalog: Catalog, tiers: Sequence[Tier], chunk_size: int,
     mountpoint: Path | None = None, session: NodeSession | None = None,
+    signing_key: Ed25519PrivateKey | None = None,
 ) -> Daemon:
     """``build`` with a mount's configuration (``session``: this node's, registered)."""
     store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
@@ -574,6 +614,7 @@ def build_for_config(
         shared=cfg.catalog.shared,
         catalog_slots=catalog.concurrency, session=session,
         namespaces=cfg.governance.namespaces, governance=cfg.governance,
+        signing_key=signing_key, seal_interval_s=cfg.governance.audit.seal_interval_s,
     )
     load_residency(catalog, daemon.store.residency)
     return daemon
@@ -688,6 +729,9 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         producers, queues = _Services(nursery), _Services(nursery)
         queues.start(d.uploader.run)  # replays the jobs left by an earlier run at once
         queues.start(d.deleter.run)  # drains rows left by an earlier run at once
+        queues.start(d.auditor.run)  # the opens' records
+        if d.sealer is not None:
+            queues.start(d.sealer.run)
         if d.tracker is not None:
             producers.start(d.tracker.run)
         producers.start(d.janitor.run)
@@ -702,11 +746,25 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         if drain:
             await d.fs.shutdown()
         await producers.stop()
+        if drain:  # (a crash, drain=False, loses the noted opens)
+            await _last_audit(d)
         await heartbeat.stop()
         if d.session is not None and drain:
             await d.session.close(d.db_limiter, collect)
         await queues.stop()
         nursery.cancel_scope.cancel()
+
+
+async def _last_audit(d: Daemon) -> None:
+    """At shutdown, FUSE stopped: write the opens' records still noted, and seal the head."""
+    try:
+        await d.auditor.flush_now()
+    except CatalogUnavailable as exc:
+        log.warning("audit: %d open record(s) lost at shutdown: %s",
+                    d.catalog.audit_pending(), exc)
+        return
+    if d.sealer is not None:
+        await d.sealer.seal_once()
 
 
 def fuse_options(cfg: FuseConfig, state_dir: Path) -> set[str]:

@@ -47,6 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
+from .audit import AUDIT_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .quotas import QUOTAS_DDL
@@ -88,8 +89,9 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
 
 # pg_advisory_xact_lock key of the schema creation ("ckptfs" in ASCII).
 _SCHEMA_LOCK = 0x636B70746673
-# The unique key whose violation means a concurrent create of the same name (rerun: EEXIST).
-_DENTRY_KEY = "dentries_parent_name_key"
+# Unique keys whose violation means a concurrent transaction came first: the same name
+# created (the rerun says EEXIST), or the same audit seq appended (the rerun appends after it).
+_RERUN_KEYS = ("dentries_parent_name_key", "audit_log_pkey")
 
 # Never backwards: the nodes' clocks differ a little.
 _MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
@@ -120,15 +122,16 @@ def _add_wants(c: Conn) -> None:
     _run_ddl(c, WANTS_DDL)
 
 
-def _add_quotas(c: Conn) -> None:
-    """Schema 6: ns_usage and ns_files (quotas.QUOTAS_DDL); namespaces are counted at the
-    first mount that declares them."""
+def _add_governance(c: Conn) -> None:
+    """Schema 6: ns_usage and ns_files (quotas.QUOTAS_DDL; namespaces are counted at the
+    first mount that declares them) and audit_log (audit.AUDIT_DDL)."""
     _run_ddl(c, QUOTAS_DDL)
+    _run_ddl(c, AUDIT_DDL)
 
 
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_quotas}
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_governance}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 
@@ -337,7 +340,7 @@ class PostgresCatalog(SqlCatalog):
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
             except pgerrors.UniqueViolation as e:
-                if e.diag.constraint_name != _DENTRY_KEY:
+                if e.diag.constraint_name not in _RERUN_KEYS:
                     raise
                 last = e
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from .audit import AuditEntry, AuditRecord
 from .quotas import Charge, NamespaceUsage
 from .rows import (
     Backlog,
@@ -47,24 +48,26 @@ class NamespaceCatalog(Protocol):
 
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
-        rdev: int = 0,
+        rdev: int = 0, *, audit: AuditRecord | None = None,
     ) -> Inode:
         """Create a file, directory, symlink or special file (FIFO, socket, device with
-        ``rdev``) entry. EEXIST if the name is taken."""
+        ``rdev``) entry. EEXIST if the name is taken. ``audit``: recorded in the same
+        transaction (AuditCatalog), as on every write method that takes it."""
         ...
 
     def link(self, ino: int, parent: int, name: bytes) -> Inode:
         ...
 
-    def unlink(self, parent: int, name: bytes) -> Inode:
+    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
         """Remove a non-directory entry; returns the inode with its new link count."""
         ...
 
-    def rmdir(self, parent: int, name: bytes) -> Inode:
+    def rmdir(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
         ...
 
     def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool,
+        *, audit: AuditRecord | None = None,
     ) -> Inode | None:
         """Atomic rename. Returns the replaced inode (with its new link count), if any."""
         ...
@@ -143,6 +146,8 @@ class ContentsCatalog(Protocol):
         synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
         charge: Charge | None = None,
+        *,
+        audit: AuditRecord | None = None,
     ) -> list[bytes]:
         """Commit a file's new size, times and changed extents in one transaction.
 
@@ -235,7 +240,8 @@ class ReplicaCatalog(Protocol):
         reads the newest checkpoint). Returns (digest, local tier, frame body length)."""
         ...
 
-    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
+    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str], *,
+                             audit: AuditRecord | None = None) -> bool:
         """Turn a local replica row into a deletion row if a remote copy still backs it and
         no upload needs it (checked again in the transaction)."""
         ...
@@ -375,13 +381,14 @@ class CheckpointCatalog(Protocol):
         ...
 
     def checkpoint_commit(
-        self, root: str, framework: str, step: int | None, t_ns: int, reason: str
+        self, root: str, framework: str, step: int | None, t_ns: int, reason: str, *,
+        audit: AuditRecord | None = None,
     ) -> None:
         ...
 
     def checkpoint_set_state(
         self, root: str, state: CheckpointState | str, reason: str | None = None, *,
-        only_from: CheckpointState | None = None,
+        only_from: CheckpointState | None = None, audit: AuditRecord | None = None,
     ) -> bool:
         """``state``: a CheckpointState (a string naming none is refused: InvalidArgument);
         ``only_from``: change it only if it is in that state now (another node may have
@@ -394,7 +401,7 @@ class CheckpointCatalog(Protocol):
     def expired_leftovers(self) -> dict[str, list[bytes]]:
         ...
 
-    def checkpoint_tag(self, root: str, tag: str) -> bool:
+    def checkpoint_tag(self, root: str, tag: str, *, audit: AuditRecord | None = None) -> bool:
         ...
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
@@ -577,9 +584,43 @@ class QuotaCatalog(Protocol):
         ...
 
 
+class AuditCatalog(Protocol):
+    """The audit log (audit.py): records appended to one hash chain. A change is recorded
+    by the ``audit`` argument of the write method that makes it (same transaction); an
+    event that changes nothing else by ``audit_append``; an open for reading by
+    ``audit_note`` (memory only), written by the next ``audit_flush``."""
+
+    audit_node: str  # this node's name in the records
+    # Called after each ``audit_note`` (the noting thread): thread-safe, must not block.
+    on_audit_note: Callable[[], None] | None
+
+    def audit_append(self, records: AuditRecord | Sequence[AuditRecord]) -> None:
+        ...
+
+    def audit_note(self, record: AuditRecord) -> None:
+        ...
+
+    def audit_pending(self) -> int:
+        ...
+
+    def audit_flush(self) -> int:
+        ...
+
+    def audit_genesis(self) -> bytes:
+        """The ``prev`` of record 1 (from the catalog's fs_id)."""
+        ...
+
+    def audit_head(self) -> AuditEntry | None:
+        ...
+
+    def audit_entries(self, since_seq: int = 0, since_ns: int | None = None,
+                      limit: int | None = None, last: int | None = None) -> list[AuditEntry]:
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, AuditCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

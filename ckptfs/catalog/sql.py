@@ -49,6 +49,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from .audit import AUDIT_DDL, AuditRecord, AuditSql
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
@@ -75,8 +76,8 @@ T = TypeVar("T")
 
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
-# (wants.py); 6: ns_usage and ns_files (quotas.py). Every engine stores this layout (the
-# remote snapshot is a SQLite file of it).
+# (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py). Every engine
+# stores this layout (the remote snapshot is a SQLite file of it).
 SCHEMA_VERSION = 6
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
@@ -205,7 +206,7 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL
+""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables: a restore from the snapshot is one node, without sessions).
@@ -226,6 +227,9 @@ TABLES: dict[str, tuple[str, ...]] = {
                   "last_error"),
     "ns_usage": ("ns", "bytes", "files", "quota"),
     "ns_files": ("ino", "ns", "bytes"),
+    # A node restored from the snapshot keeps the chain (and its seals still match).
+    "audit_log": ("seq", "time_ns", "node", "uid", "pid", "action", "path", "detail", "prev",
+                  "digest"),
 }
 # The tables whose key comes from a sequence (never reused; the snapshot carries it over).
 SEQUENCES = {"inodes": "ino", "dentries": "id", "checkpoints": "id"}
@@ -276,7 +280,13 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
-class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
+def _name_path(c: Conn, parent: int, name: bytes) -> Callable[[], str]:
+    """The path of entry ``name`` of ``parent`` in the transaction (for an audit record)."""
+    return lambda: (SqlCatalog._path_of(c, parent).rstrip("/") + "/"
+                    + name.decode(errors="replace"))
+
+
+class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -288,6 +298,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
     _missing_table: tuple[type[Exception], ...] = ()
 
     def __init__(self) -> None:
+        AuditSql.__init__(self)
         # Called (in the calling thread, after the COMMIT) by every transaction that
         # changed the namespace or file contents: the uploader's wake for its snapshot.
         # Must be thread-safe and must not block (TrioToken.run_sync_soon).
@@ -410,7 +421,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
 
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
-        rdev: int = 0,
+        rdev: int = 0, *, audit: AuditRecord | None = None,
     ) -> Inode:
         now = time.time_ns()
         is_dir = stat.S_ISDIR(mode)
@@ -434,6 +445,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             inode = _inode(row)
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, inode.ino))
             self._touch_dir(c, parent, now, 1 if is_dir else 0)
+            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino, mode=m)
             return inode
 
         return self._write(body, touch=True)
@@ -455,7 +467,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
 
         return self._write(body, touch=True)
 
-    def unlink(self, parent: int, name: bytes) -> Inode:
+    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
@@ -465,11 +477,13 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
             c.execute("UPDATE inodes SET nlink=nlink-1, ctime_ns=? WHERE ino=?", (now, inode.ino))
             self._touch_dir(c, parent, now)
+            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino,
+                           nlink=inode.nlink - 1)
             return replace(inode, nlink=inode.nlink - 1, ctime_ns=now)
 
         return self._write(body, touch=True)
 
-    def rmdir(self, parent: int, name: bytes) -> Inode:
+    def rmdir(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
@@ -481,6 +495,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
             c.execute("UPDATE inodes SET nlink=0, ctime_ns=? WHERE ino=?", (now, inode.ino))
             self._touch_dir(c, parent, now, -1)
+            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino)
             return replace(inode, nlink=0)
 
         return self._write(body, touch=True)
@@ -499,7 +514,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             ino = int(row[0])
 
     def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool,
+        *, audit: AuditRecord | None = None,
     ) -> Inode | None:
         now = time.time_ns()
 
@@ -509,6 +525,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             src = self._entry(c, old_parent, old_name)
             if src is None:
                 raise NotFound(old_name.decode(errors="replace"))
+            old_path = _name_path(c, old_parent, old_name)() if audit is not None else ""
             dst = self._entry(c, new_parent, new_name)
             if src.is_dir and self._is_ancestor(c, src.ino, new_parent):
                 raise InvalidArgument("cannot move a directory into itself")
@@ -540,6 +557,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             self._touch_dir(c, old_parent, now, -1 if moved_dir else 0)
             if new_parent != old_parent:
                 self._touch_dir(c, new_parent, now, 1 if moved_dir else 0)
+            self._audit_in(c, audit, _name_path(c, new_parent, new_name), ino=src.ino,
+                           src=old_path, replaced=None if replaced is None else replaced.ino)
             return replaced
 
         return self._write(body, touch=True)
@@ -652,6 +671,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
         synced: bool = False,
         uploads: dict[bytes, list[str]] | None = None,
         charge: Charge | None = None,
+        *,
+        audit: AuditRecord | None = None,
     ) -> list[bytes]:
         n_chunks = (size + chunk_size - 1) // chunk_size
         queued = uploads or {}
@@ -696,6 +717,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
                 "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
                 (size, mtime_ns, ctime_ns, ino),
             )
+            self._audit_in(c, audit, lambda: self._path_of(c, ino), ino=ino, size=size,
+                           chunks=sum(r is not None for r in changes.values()), synced=synced)
             return dropped
 
         return self._write(body, synced=synced, touch=True)
@@ -1082,7 +1105,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             ).fetchall()
         return [(bytes(d), str(t), int(n)) for d, t, n in rows]
 
-    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str]) -> bool:
+    def forget_local_replica(self, digest: bytes, tier: str, remote_tiers: Sequence[str], *,
+                             audit: AuditRecord | None = None) -> bool:
         rp = ",".join("?" * len(remote_tiers)) or "NULL"
 
         def body(c: Conn) -> bool:
@@ -1097,6 +1121,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
                 return False
             row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
             _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
+            self._audit_in(c, audit, None, digest=digest.hex(), tier=tier)
             return True
 
         return self._write(body)
@@ -1243,7 +1268,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
         return self._write(body)
 
     def checkpoint_commit(
-        self, root: str, framework: str, step: int | None, t_ns: int, reason: str
+        self, root: str, framework: str, step: int | None, t_ns: int, reason: str, *,
+        audit: AuditRecord | None = None,
     ) -> None:
         def body(c: Conn) -> None:
             c.execute(
@@ -1254,12 +1280,13 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
                 "commit_ns=excluded.commit_ns, reason=excluded.reason",
                 (root, framework, step, CheckpointState.COMMITTED.value, t_ns, t_ns, reason),
             )
+            self._audit_in(c, audit, lambda: root, framework=framework, step=step, reason=reason)
 
         self._write(body, touch=True)
 
     def checkpoint_set_state(
         self, root: str, state: CheckpointState | str, reason: str | None = None, *,
-        only_from: CheckpointState | None = None,
+        only_from: CheckpointState | None = None, audit: AuditRecord | None = None,
     ) -> bool:
         try:
             st = CheckpointState(state)
@@ -1268,15 +1295,19 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
 
         def body(c: Conn) -> bool:
             if only_from is None:
-                return bool(c.execute(
+                done = bool(c.execute(
                     "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
                     (st.value, reason, root),
                 ).rowcount)
-            return bool(c.execute(
-                "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) "
-                "WHERE root=? AND state=?",
-                (st.value, reason, root, CheckpointState(only_from).value),
-            ).rowcount)
+            else:
+                done = bool(c.execute(
+                    "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) "
+                    "WHERE root=? AND state=?",
+                    (st.value, reason, root, CheckpointState(only_from).value),
+                ).rowcount)
+            if done:
+                self._audit_in(c, audit, lambda: root, state=st.value, reason=reason)
+            return done
 
         return self._write(body, touch=True)
 
@@ -1296,13 +1327,14 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql):
             ).fetchall()
         return {str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
 
-    def checkpoint_tag(self, root: str, tag: str) -> bool:
+    def checkpoint_tag(self, root: str, tag: str, *, audit: AuditRecord | None = None) -> bool:
         def body(c: Conn) -> bool:
             row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (root,)).fetchone()
             if row is None:
                 return False
             tags = {t for t in str(row[0]).split(",") if t} | {tag}
             c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), root))
+            self._audit_in(c, audit, lambda: root, tag=tag)
             return True
 
         return self._write(body, touch=True)

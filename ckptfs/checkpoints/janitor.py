@@ -27,6 +27,7 @@ runs on every node: it touches only this node's local tiers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -37,6 +38,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from ..catalog import Catalog, CheckpointState
+from ..catalog.audit import AuditRecord
 from ..catalog.protocols import ExclusiveLock
 from ..errors import CatalogUnavailable, CkptfsError
 from ..tiers.base import Tier
@@ -301,7 +303,9 @@ class Janitor:
             report.busy += 1
             return
         digests = await self.db(self.catalog.digests_under, [root])
-        await self.db(self.catalog.checkpoint_set_state, root, CheckpointState.EXPIRED, why)
+        await self.db(functools.partial(self.catalog.checkpoint_set_state,
+                                        audit=AuditRecord("expire")),
+                      root, CheckpointState.EXPIRED, why)
         report.expired += 1
         log.info("checkpoint %s expired (%s): deleting it", root, why)
         # Remembered before the files go: the chunks to verify gone (or delete again).
@@ -337,7 +341,9 @@ class Janitor:
                      "(queued for deletion, or held by a file being written); looking again "
                      "later", root, len(left))
             return False
-        await self.db(self.catalog.checkpoint_set_state, root, CheckpointState.DELETED, None)
+        await self.db(functools.partial(self.catalog.checkpoint_set_state,
+                                        audit=AuditRecord("checkpoint_deleted")),
+                      root, CheckpointState.DELETED, None)
         log.info("checkpoint %s deleted: verified gone from every tier", root)
         return True
 

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import trio
 
+from ..catalog.audit import AuditRecord
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
 from ..catalog.rows import FINISHED_STATES, CheckpointRow, CheckpointState
 from ..errors import CatalogUnavailable, CkptfsError
@@ -210,7 +211,8 @@ class CheckpointTracker:
         for row in self.catalog.checkpoint_rows(path):
             if row.root == path and row.state not in FINISHED_STATES:
                 self.catalog.checkpoint_set_state(
-                    path, CheckpointState.DELETED, "removed by the application"
+                    path, CheckpointState.DELETED, "removed by the application",
+                    audit=AuditRecord("checkpoint_deleted"),
                 )
                 log.info("checkpoint %s deleted by the application", path)
 
@@ -243,7 +245,8 @@ class CheckpointTracker:
                                              keep_newer_commit=self.shared):
                 log.info("checkpoint %s (%s, step %s): writing", d.root, d.framework, d.step)
         elif d.kind == "commit":
-            self.catalog.checkpoint_commit(d.root, d.framework, d.step, t_ns, d.reason)
+            self.catalog.checkpoint_commit(d.root, d.framework, d.step, t_ns, d.reason,
+                                           audit=AuditRecord("checkpoint_commit"))
             self._new_commits += 1  # published on the trio thread (_publish_commits)
             log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
                      d.reason)
@@ -266,6 +269,7 @@ class CheckpointTracker:
                     root, CheckpointState.PARTIAL,
                     f"no commit, no writer for {self.partial_after_s:.0f} s",
                     only_from=CheckpointState.WRITING,  # another node may have committed it
+                    audit=AuditRecord("checkpoint_partial"),
                 )
                 self._quiet_since.pop(root, None)
                 if marked:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import trio
 
 from ..catalog import ChunkRef
+from ..catalog.audit import AuditRecord
 from ..catalog.quotas import Charge
 from ..errors import CkptfsError
 from .store import ChunkStore
@@ -42,6 +43,7 @@ class FileVersion:
     # The namespace the new size counts against, checked in the commit's transaction
     # (QuotaExceeded: nothing committed); None: outside every namespace.
     charge: Charge | None = None
+    audit: AuditRecord | None = None  # recorded in the commit's transaction (who closed it)
 
 
 async def commit_version(
@@ -82,6 +84,7 @@ async def commit_version(
         changes = {i: None if r is None else store.current(r) for i, r in pending.items()}
         return changes, store.catalog.commit_file(
             v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads, v.charge,
+            audit=v.audit,
         )
 
     changes, dropped = await trio.to_thread.run_sync(commit, limiter=store.db_limiter)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import trio
 
 from ..catalog import Catalog, ChunkRef
+from ..catalog.audit import AuditRecord
 from ..catalog.catalog import Backlog
 from ..codec import frame
 from ..codec.staged import Staged
@@ -62,6 +63,9 @@ def stats_for(tiers: Sequence[Tier]) -> Stats:
     for t in tiers:
         stats.add_tier(t.name, t.kind)
     return stats
+
+# A local copy dropped because a remote holds the chunk (the daemon's own work).
+_EVICT = AuditRecord("evict", "")
 
 log = logging.getLogger("ckptfs.chunks")
 
@@ -572,7 +576,8 @@ class ChunkStore:
                 continue  # a writer is about to commit it here (the deleter would hold it)
             # Only a copy on a remote its residency allows counts (reads skip the others).
             remotes = self._allowed_remotes(digest, remote_names)
-            if remotes and self.catalog.forget_local_replica(digest, tier_name, remotes):
+            if remotes and self.catalog.forget_local_replica(digest, tier_name, remotes,
+                                                                      audit=_EVICT):
                 queued.append((digest, tier_name, length + frame.HEADER_SIZE))
                 total += length + frame.HEADER_SIZE
         return queued
@@ -604,7 +609,7 @@ class ChunkStore:
             remotes = self._allowed_remotes(digest, remote_names)
             for name in self.catalog.replica_tiers(digest):
                 if name in self.local and remotes and self.catalog.forget_local_replica(
-                    digest, name, remotes
+                    digest, name, remotes, audit=_EVICT
                 ):
                     queued += self.catalog.chunk_length(digest) + frame.HEADER_SIZE
         self.evicted_bytes += queued

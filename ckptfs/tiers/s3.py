@@ -690,6 +690,24 @@ class S3Tier:
     def get_meta(self, name: str) -> bytes | None:
         return self._get_object(self._meta_key(name), name)
 
+    def list_meta(self, under: str) -> list[str]:
+        """The names of the metadata objects under ``under/`` (e.g. the audit seals),
+        relative to it, sorted."""
+        base = self._meta_key(under.rstrip("/") + "/")
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base,
+                                      "MaxKeys": self.list_page_size}
+            if token:
+                kwargs["ContinuationToken"] = token
+            with self._errors("list"):
+                resp = self._client.list_objects_v2(**kwargs)
+            names += [str(o["Key"])[len(base):] for o in resp.get("Contents") or ()]
+            token = resp.get("NextContinuationToken")
+            if not resp.get("IsTruncated") or not token:
+                return sorted(n for n in names if n)
+
     # -- the writer lease (ckptfs/upload/lease.py) -------------------------------------------
 
     def get_meta_tagged(self, name: str) -> tuple[bytes, str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from ..catalog import Catalog, CheckpointRow, ChunkRef, Inode
+from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..chunks.store import ChunkStore
@@ -112,6 +114,12 @@ def _owner_rules(
     return mode
 
 
+def _audit(action: str, ctx: RequestContext, **detail: Any) -> AuditRecord:
+    """The audit record of a change ``ctx`` asks for (its path: the catalog's, in the
+    change's transaction)."""
+    return AuditRecord(action, uid=ctx.uid, pid=ctx.pid, detail=detail)
+
+
 def uses_direct_io(flags: int) -> bool:
     """Write-only handles bypass the kernel page cache: a checkpoint save then costs one
     copy less and does not double-cache the checkpoint in RAM, and nothing can mmap a
@@ -125,6 +133,7 @@ class Handle:
     flags: int
     wrote: bool = False
     caller_uid: int = 0  # who opened it: a write by non-root clears setuid/setgid
+    caller_pid: int = 0  # and its process (the audit record of its commit)
     # The file's path for checkpoint events, valid while the namespace generation it was
     # resolved at is current (Filesystem._cached_path): no catalog round trip per event.
     path: str | None = None
@@ -535,7 +544,8 @@ class Filesystem:
                 try:
                     await self._account(f)
                     await f.truncate(size)
-                    await f.commit()
+                    await f.commit(audit=AuditRecord("commit", uid=ctx.uid, pid=ctx.pid,
+                                                     ino=ino, detail={"truncate": size}))
                 finally:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
@@ -584,8 +594,8 @@ class Filesystem:
         await self.access.create(ctx, parent, name, "mkdir")
         with self._naming(parent):
             inode = await self._db_dirs_changed(
-                self.catalog.create, parent, _check_name(name),
-                stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+                functools.partial(self.catalog.create, audit=_audit("mkdir", ctx)), parent,
+                _check_name(name), stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         self._names.added(parent, name, inode.ino)
         self._names.new_dir(inode.ino)
         self.access.learn(parent, name, inode.ino)
@@ -595,8 +605,9 @@ class Filesystem:
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: RequestContext) -> Inode:
         await self.access.create(ctx, parent, name, "symlink")
         with self._naming(parent):
-            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                                stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
+            inode = await self._db_dirs_changed(
+                functools.partial(self.catalog.create, audit=_audit("symlink", ctx)), parent,
+                _check_name(name), stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target)
         self._names.added(parent, name, inode.ino)
         await self._event("symlink", parent, name, target=target.decode(errors="surrogateescape"))
         return inode
@@ -612,8 +623,9 @@ class Filesystem:
             rdev = 0
         mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
         with self._naming(parent):
-            inode = await self._db_dirs_changed(self.catalog.create, parent, _check_name(name),
-                                                mode, ctx.uid, ctx.gid, None, rdev)
+            inode = await self._db_dirs_changed(
+                functools.partial(self.catalog.create, audit=_audit("create", ctx)), parent,
+                _check_name(name), mode, ctx.uid, ctx.gid, None, rdev)
         self._names.added(parent, name, inode.ino)
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
@@ -673,7 +685,7 @@ class Filesystem:
         def work() -> tuple[Inode, dict[bytes, list[str]] | None, str, Inode, int]:
             if not ctx.is_root:
                 self._check_sticky(parent, [name], ctx)
-            inode = self.catalog.unlink(parent, name)
+            inode = self.catalog.unlink(parent, name, audit=_audit("unlink", ctx))
             gone = None
             if inode.nlink <= 0 and inode.ino not in busy:
                 gone = self.store.collect_digests_blocking(self.catalog.delete_inode(inode.ino))
@@ -700,7 +712,8 @@ class Filesystem:
         if not ctx.is_root:
             await self.db(self._check_sticky, parent, [name], ctx)
         with self._changing_paths(), self._naming(parent):
-            inode = await self._db_dirs_changed(self.catalog.rmdir, parent, name)
+            inode = await self._db_dirs_changed(
+                functools.partial(self.catalog.rmdir, audit=_audit("rmdir", ctx)), parent, name)
         self._names.removed(parent, name)
         self._names.forget(inode.ino)
         await self._delete_inode(inode.ino)
@@ -723,7 +736,8 @@ class Filesystem:
             if not ctx.is_root:
                 self._check_sticky(old_parent, [old_name], ctx)
                 self._check_sticky(new_parent, [new_name], ctx)
-            replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace)
+            replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace,
+                                           audit=_audit("rename", ctx))
             moved = self.catalog.lookup(new_parent, new_name)
             if known_old:  # both names of one inode: POSIX leaves both in place
                 with contextlib.suppress(NotFound):
@@ -973,7 +987,7 @@ class Filesystem:
     def _new_handle(self, f: OpenFile, flags: int, ctx: RequestContext = ROOT) -> int:
         fh = self._next_fh
         self._next_fh += 1
-        self.handles[fh] = Handle(f, flags, caller_uid=ctx.uid)
+        self.handles[fh] = Handle(f, flags, caller_uid=ctx.uid, caller_pid=ctx.pid)
         if (flags & os.O_ACCMODE) != os.O_WRONLY:
             self._uncached.discard(f)  # a handle that may read or map: pages may come
         return fh
@@ -998,6 +1012,11 @@ class Filesystem:
         await self.access.inode(ctx, ino, "open")
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY
         f = await self._open_file(ino, writing=writing)
+        if (flags & os.O_ACCMODE) != os.O_WRONLY:
+            # Once per open, not per read: noted in memory, written by the audit flusher.
+            self.catalog.audit_note(AuditRecord(
+                "open", uid=ctx.uid, pid=ctx.pid, ino=ino, time_ns=time.time_ns(),
+                detail={"access": "r" if (flags & os.O_ACCMODE) == os.O_RDONLY else "rw"}))
         try:
             if writing:
                 await self._account(f)
@@ -1025,7 +1044,8 @@ class Filesystem:
         def work() -> tuple[Inode, str, Inode, int]:
             # One catalog call: the new inode, its directory's new attributes (the kernel
             # asks for them next) and, for the event, the directory's path.
-            inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid)
+            inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid,
+                                        audit=_audit("create", ctx))
             created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
             return (inode, self.catalog.path_of(parent) if tracked or counted or bound else "",
@@ -1128,7 +1148,7 @@ class Filesystem:
         if f.failed is not None or (f.is_dirty() and (
             h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
         )):
-            await self._commit(f, synced=False)
+            await self._commit(f, synced=False, h=h)
             await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
@@ -1136,7 +1156,7 @@ class Filesystem:
         if not h.writable:
             await h.file.sync_committed()  # a reader syncs the committed content
             return
-        await self._commit(h.file, synced=True)
+        await self._commit(h.file, synced=True, h=h)
         await self._apply_durability(h.file)
 
     def _has_writer(self, f: OpenFile, besides: int | None = None) -> bool:
@@ -1159,9 +1179,11 @@ class Filesystem:
                       path, policy.timeout_s, policy.path)
             raise CkptfsError(f"{path}: not durable on the remote in time", errno=errno.EIO)
 
-    async def _commit(self, f: OpenFile, synced: bool) -> None:
+    async def _commit(self, f: OpenFile, synced: bool, h: Handle | None = None) -> None:
+        who = None if h is None else AuditRecord("commit", uid=h.caller_uid, pid=h.caller_pid,
+                                                  ino=f.ino)
         try:
-            await f.commit(synced=synced)
+            await f.commit(synced=synced, audit=who)
         except CkptfsError:
             if f.failed is not None:
                 await self._retire(f)
@@ -1306,18 +1328,25 @@ class Filesystem:
         check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
             scope = await self.db(self.catalog.path_of, ino)
+            await self.db(self.catalog.audit_append, AuditRecord(
+                "gc_request", scope, caller.uid, caller.pid))
             report = await self.gc.run_now(scope)
             log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
             return
         if name == XATTR_PREFETCH:
             await self.stage_file(ino)
+            # Once staged (what a prefetch changes is replica rows, many transactions).
+            await self.db(self.catalog.audit_append, AuditRecord(
+                "prefetch", uid=caller.uid, pid=caller.pid, ino=ino))
             return
         assert name == XATTR_TAG
         tag = value.decode(errors="replace").strip()
         if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
             raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")
         path = await self.db(self.catalog.path_of, ino)
-        if not await self.db(self.catalog.checkpoint_tag, path, tag):
+        tagged = functools.partial(self.catalog.checkpoint_tag, audit=AuditRecord(
+            "tag", uid=caller.uid, pid=caller.pid))
+        if not await self.db(tagged, path, tag):
             raise InvalidArgument(f"{path} is not a known checkpoint")
 
     async def stage_file(self, ino: int) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..catalog import ChunkRef, Inode
+from ..catalog.audit import AuditRecord
 from ..chunks.commit import FileVersion, commit_version
 from ..chunks.residency import Locations
 from ..chunks.store import ChunkStore
@@ -387,10 +388,12 @@ class OpenFile:
 
     # -- commit ------------------------------------------------------------------------------
 
-    async def commit(self, synced: bool = False) -> None:
+    async def commit(self, synced: bool = False, audit: AuditRecord | None = None) -> None:
         """Make every write so far part of the file: the remaining partial chunks are
         stored, then the layer below commits the version in one call (chunks/commit.py).
-        With ``synced`` (fsync), the chunk frames and the catalog are fsynced first."""
+        With ``synced`` (fsync), the chunk frames and the catalog are fsynced first.
+        ``audit``: who commits (the closer; None: the daemon's own commit, recorded as
+        uid 0)."""
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
@@ -404,6 +407,7 @@ class OpenFile:
             version = FileVersion(
                 self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
                 dict(self.changes), list(self.written), self.meta_dirty, charge,
+                audit or AuditRecord("commit", ino=self.ino),
             )
             if account is not None:
                 account.tally.begin_commit()
