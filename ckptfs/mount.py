@@ -49,7 +49,7 @@ from .config import (
     TierConfig,
     UploadConfig,
 )
-from .config.model import WriteBehind
+from .config.model import GovernanceConfig, WriteBehind
 from .errors import (
     EXIT_USAGE,
     CatalogUnavailable,
@@ -60,6 +60,7 @@ from .errors import (
     UsageError,
 )
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
+from .keys.ring import NamespaceKeys
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
@@ -358,7 +359,14 @@ def _serve_tiers(
                                   info=f"host {socket.gethostname()}, pid {os.getpid()}")
             session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
-        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session)
+        keys = None
+        if cfg.governance.keys.configured:
+            # Before the loop runs (nothing waits on this thread yet): the KEK is read (a
+            # bad key file refuses the mount, exit 2), missing namespace keys are made and
+            # every live one is unwrapped into memory (keys/ring.py).
+            keys = NamespaceKeys(catalog, cfg.governance)
+            keys.load()
+        daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session, keys)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
             timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
@@ -413,6 +421,7 @@ class Daemon:
     telemetry: Telemetry
     stats_path: Path | None = None
     session: NodeSession | None = None  # this node's, with a shared catalog
+    keys: NamespaceKeys | None = None  # encrypted namespaces' keys, followed in the catalog
 
 
 def build(
@@ -439,6 +448,8 @@ def build(
     shared: bool = False,
     catalog_slots: int = 1,
     session: NodeSession | None = None,
+    governance: GovernanceConfig = GovernanceConfig(),
+    keys: NamespaceKeys | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -491,18 +502,33 @@ def build(
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
+        sealed_namespace=sealed_namespaces(governance),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
                       handles.open_inos, retention.policies, high, max(0.5, high - 0.1))
     telemetry = Telemetry(catalog, db_limiter, store, uploader, budget, mountpoint, Endpoint())
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
-                  fs, telemetry, stats_path, session)
+                  fs, telemetry, stats_path, session, keys)
+
+
+def sealed_namespaces(gov: GovernanceConfig) -> Callable[[str], str | None] | None:
+    """The encrypted namespace of a path inside the mount (None: its chunks are plain);
+    None when no namespace is encrypted (a write asks nothing)."""
+    if not any(ns.encrypt for ns in gov.namespaces):
+        return None
+
+    def of(path: str) -> str | None:
+        ns = gov.namespace_for(path)
+        return ns.path if ns.encrypt else None
+
+    return of
 
 
 def build_for_config(
     cfg: Config, catalog: Catalog, tiers: Sequence[Tier], chunk_size: int,
     mountpoint: Path | None = None, session: NodeSession | None = None,
+    keys: NamespaceKeys | None = None,
 ) -> Daemon:
     """``build`` with a mount's configuration (``session``: this node's, registered)."""
     store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
@@ -516,7 +542,7 @@ def build_for_config(
         partial_after_s=cfg.checkpoints.partial_after_s, retention=cfg.retention,
         mountpoint=None if mountpoint is None else str(mountpoint),
         shared=cfg.catalog.shared,
-        catalog_slots=catalog.concurrency, session=session,
+        catalog_slots=catalog.concurrency, session=session, governance=cfg.governance, keys=keys,
     )
 
 
@@ -617,6 +643,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         producers.start(d.janitor.run)
         if d.stats_path is not None:
             queues.start(d.telemetry.publish, d.stats_path)
+        if d.keys is not None:
+            producers.start(d.keys.run, d.db_limiter, d.store.forget_keys)
         heartbeat = _Services(nursery)
         if d.session is not None:
             heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect,

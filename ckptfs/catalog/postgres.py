@@ -62,6 +62,7 @@ from .sql import (
     newer_schema,
 )
 from .sqlite import catalog_file
+from .keys import KEYS_DDL
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
@@ -121,7 +122,12 @@ def _add_wants(c: Conn) -> None:
 
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants}
+def _add_keys(c: Conn) -> None:
+    """Schema 6: namespace_keys (keys.KEYS_DDL)."""
+    _run_ddl(c, KEYS_DDL)
+
+
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_keys}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 

@@ -31,6 +31,7 @@ from .rows import (
     SessionRow,
     UploadJob,
 )
+from .keys import KeyRow, Wrap
 from .wants import WantListener
 
 
@@ -554,9 +555,32 @@ class WantCatalog(Protocol):
         ...
 
 
+class KeyCatalog(Protocol):
+    """Wrapped namespace keys (catalog/keys.py; docs/governance.md): versions by key id,
+    shredded ones kept as tombstones; ``keys_gen`` counts changes."""
+
+    def namespace_keys(self, namespace: str | None = None) -> list[KeyRow]:
+        ...
+
+    def keys_gen(self) -> int:
+        ...
+
+    def ensure_namespace_key(self, namespace: str, wrap: Wrap) -> KeyRow | None:
+        ...
+
+    def rotate_namespace_key(self, namespace: str, wrap: Wrap) -> KeyRow:
+        ...
+
+    def rewrap_keys(self, rewrap: Callable[[KeyRow], tuple[bytes, str]]) -> int:
+        ...
+
+    def shred_namespace_keys(self, namespace: str) -> list[int]:
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, KeyCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -61,6 +61,7 @@ from .rows import (
     Inode,
     UploadJob,
 )
+from .keys import KEYS_DDL, KeysSql
 from .sessions import SESSIONS_DDL, SessionsSql
 from .wants import WANTS_DDL, WantsSql, held_on
 
@@ -74,8 +75,9 @@ T = TypeVar("T")
 
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
-# (wants.py). Every engine stores this layout (the remote snapshot is a SQLite file of it).
-SCHEMA_VERSION = 5
+# (wants.py); 6: namespace_keys (keys.py). Every engine stores this layout (the remote
+# snapshot is a SQLite file of it).
+SCHEMA_VERSION = 6
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -203,7 +205,7 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL
+""" + SESSIONS_DDL + WANTS_DDL + KEYS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables: a restore from the snapshot is one node, without sessions).
@@ -222,6 +224,10 @@ TABLES: dict[str, tuple[str, ...]] = {
                     "tags", "leftover"),
     "deletions": ("digest", "tier", "length", "enqueued_ns", "attempts", "next_try_ns",
                   "last_error"),
+    # The wrapped keys: a node restored from the snapshot opens its namespaces' chunks
+    # (with the KEK); a shredded version is a tombstone there too.
+    "namespace_keys": ("key_id", "namespace", "version", "wrapped", "kek_id", "created_ns",
+                       "shredded_ns"),
 }
 # The tables whose key comes from a sequence (never reused; the snapshot carries it over).
 SEQUENCES = {"inodes": "ino", "dentries": "id", "checkpoints": "id"}
@@ -272,7 +278,7 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
-class SqlCatalog(SessionsSql, WantsSql):
+class SqlCatalog(SessionsSql, WantsSql, KeysSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 

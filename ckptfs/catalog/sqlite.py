@@ -56,7 +56,8 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
             c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
     if version < 3:
         _add_checkpoint_state_check(c)
-    # 4: the sessions tables, 5: chunk_wants; SCHEMA's CREATE IF NOT EXISTS has made them.
+    # 4: the sessions tables, 5: chunk_wants, 6: namespace_keys; SCHEMA's CREATE IF NOT
+    # EXISTS has made them.
     c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 

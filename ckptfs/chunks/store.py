@@ -28,6 +28,7 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
+from ..codec.seal import KEYRING, KeyUnavailable, Plaintext, SealKey
 from ..codec.staged import Staged
 from ..config.model import WriteBehind
 from ..errors import (
@@ -618,16 +619,20 @@ class ChunkStore:
 
     # -- write -------------------------------------------------------------------------------
 
-    async def write(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
+    async def write(
+        self, data: Sequence[frame.Buffer] | Staged, namespace: str | None = None
+    ) -> ChunkRef:
         """Store one chunk (given as parts, or staged in place: its frame is written from
-        where it lies) and return a verified, pinned reference to it.
+        where it lies) and return a verified, pinned reference to it. ``namespace``: an
+        encrypted namespace's path: the chunk is sealed with its newest key (its id is
+        keyed, codec/seal.py); None: a plain frame, as always.
         When every local tier is full, make room (evict chunks a remote holds, or wait for
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
         waited_since: float | None = None
         while True:
             gen = self.room.gen
             try:
-                ref = await self._write_once(data)
+                ref = await self._write_once(data, namespace)
             except NoSpace as exc:
                 if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
@@ -687,7 +692,14 @@ class ChunkStore:
             del self._behind[digest]
             done.set()
 
-    async def _write_once(self, data: Sequence[frame.Buffer] | Staged) -> ChunkRef:
+    async def _write_once(
+        self, data: Sequence[frame.Buffer] | Staged, namespace: str | None = None
+    ) -> ChunkRef:
+        key = None
+        if namespace is not None:
+            key = KEYRING.current(namespace)
+            if key is None:
+                raise KeyUnavailable(f"no key of encrypted namespace {namespace} is loaded")
 
         def work() -> ChunkRef:
             staged: Staged | None = None
@@ -696,6 +708,8 @@ class ChunkStore:
                 staged, parts = data, (data.body(),)
             else:
                 parts = data
+            if key is not None:
+                return self._write_sealed(parts, key)
             digest = frame.digest_of_parts(parts)
             # Pinned before the put, and never put while a local deletion of the same
             # frame is in flight (it would remove the frame after our put), unless another
@@ -718,6 +732,38 @@ class ChunkStore:
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
+
+    def _write_sealed(self, parts: Sequence[frame.Buffer], key: SealKey) -> ChunkRef:
+        """Blocking: ``_write_once`` of a chunk of an encrypted namespace: its id is keyed,
+        its frame sealed into a reused page-aligned buffer (O_DIRECT writes it as it lies)
+        and placed like any frame (the tier compares what it wrote with that buffer)."""
+        digest = key.chunk_id(parts)
+        shared = self.guard.pin_for_put(digest)
+        if shared is not None:
+            return ChunkRef(digest, shared.length, shared.tiers)
+        n = sum(len(p) for p in parts)
+        buf = self.frames.take(frame.sealed_size(n))
+        try:
+            framed = [frame.seal(parts, digest, key, buf)]
+            size = len(framed[0])
+            tier = self._put_somewhere(digest, framed, size)
+        except BaseException:
+            self.guard.put_done(digest, None, 0)
+            self.unpin([digest])
+            raise
+        finally:
+            framed = []
+            if buf is not None:
+                self.frames.give(buf)
+        self.guard.put_done(digest, tier, n)
+        return ChunkRef(digest, n, (tier,))
+
+    def forget_keys(self, key_ids: set[int]) -> None:
+        """Keys were shredded: cached plaintext they sealed leaves the cache (reads of it
+        go to the tiers, where its frames no longer open)."""
+        for digest, data in list(self._cache.items()):
+            if isinstance(data, Plaintext) and data.key_id in key_ids:
+                self._uncache(digest)
 
     async def sync_catalog(self) -> None:
         """fsync the catalog (after the chunk frames it names)."""
@@ -1240,7 +1286,14 @@ class ChunkStore:
         ``prefer``red ones first (the one whose copy was bad); None if none has room."""
         digest = ref.digest
         self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
-        framed = frame.encode([data], digest)
+        framed: list[frame.Buffer]
+        if isinstance(data, Plaintext):  # an encrypted chunk: sealed anew, never in clear
+            key = KEYRING.get(data.key_id)
+            if key is None:
+                return None
+            framed = [frame.seal([data], digest, key)]
+        else:
+            framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
         for name in prefer:
             tier = self.local[name]

@@ -35,6 +35,7 @@ from ..catalog.recorded import remote_tier_of
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
+from ..keys.ring import load_keyring
 from ..statedir import state_lock
 from ..tiers.local import LocalTier
 
@@ -120,6 +121,8 @@ def run_fsck(
     with state_lock(cfg.state_dir):
         catalog = SqliteCatalog(cfg.catalog_path)
         try:
+            if verify:  # sealed frames open only with their namespace keys (codec/seal.py)
+                load_keyring(catalog, cfg.governance)
             remotes = _RemoteCheck(
                 _recorded_remotes(catalog, cfg), enabled=remote, state_dir=cfg.state_dir
             )
