@@ -84,6 +84,7 @@ def test_encrypted_frames_hold_no_plaintext_and_dedup_stays_inside_a_namespace(
             assert secret not in text and secret.hex().encode() not in text
 
 
+@pytest.mark.allow_log_errors  # "mount refused: keys.kek_file: ..."
 def test_a_kek_file_others_can_read_or_of_the_wrong_size_refuses_the_mount(tmp_path: Path) -> None:
     for name, data, mode, why in (("readable", None, 0o644, "mode 0644"),
                                   ("short", os.urandom(16), 0o600, "16 bytes")):
@@ -100,6 +101,8 @@ def test_a_kek_file_others_can_read_or_of_the_wrong_size_refuses_the_mount(tmp_p
         assert not os.path.ismount(base / "mnt")
 
 
+@pytest.mark.allow_log_errors  # the mount with the old KEK is refused
+@pytest.mark.allow_log_warnings("could not reload the namespace keys")  # the KEK changed under it
 def test_rotation_seals_new_writes_with_the_new_version_and_old_files_stay_readable(
     ckpt_factory: CkptFactory, tmp_path: Path,
 ) -> None:
