@@ -131,11 +131,6 @@ def seal(parts: Sequence[Buffer], digest: bytes, key: SealKey, out: Buffer | Non
     return view
 
 
-def sealed_key_id(raw: Buffer) -> int:
-    """The key id of a frame (0: not sealed); CorruptChunk if the header is bad."""
-    return parse_header(raw).key_id
-
-
 def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     """Decode and verify a whole frame. Raises CorruptChunk; never returns unverified bytes."""
     plain = _verified_plaintext(frame, expected_digest)

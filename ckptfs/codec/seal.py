@@ -66,6 +66,8 @@ class SealKey:
     version: int
     data_key: bytes = field(repr=False)
     id_key: bytes = field(repr=False)  # the same in every version of a namespace
+    _aead: AESGCM = field(init=False, repr=False)
+    _ns: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.data_key) != KEY_SIZE or len(self.id_key) != KEY_SIZE:
@@ -86,11 +88,11 @@ class SealKey:
         2^32 frames per key version keep the collision chance negligible (rotate beyond)."""
         nonce = os.urandom(NONCE_SIZE)
         out[:NONCE_SIZE] = nonce
-        self._aead.encrypt_into(nonce, plain, head + self._ns, out[NONCE_SIZE:])  # type: ignore[attr-defined]
+        self._aead.encrypt_into(nonce, plain, head + self._ns, out[NONCE_SIZE:])
 
     def seal(self, head: bytes, plain: Buffer) -> bytes:
         nonce = os.urandom(NONCE_SIZE)
-        return nonce + self._aead.encrypt(nonce, plain, head + self._ns)  # type: ignore[attr-defined]
+        return nonce + self._aead.encrypt(nonce, plain, head + self._ns)
 
     def open(self, head: Buffer, body: memoryview, plain_len: int) -> Plaintext:
         """The plaintext of a sealed body; CorruptChunk if the tag does not verify (a
@@ -100,7 +102,7 @@ class SealKey:
         out = Plaintext(plain_len)
         out.key_id = self.key_id
         try:
-            self._aead.decrypt_into(  # type: ignore[attr-defined]
+            self._aead.decrypt_into(
                 body[:NONCE_SIZE], body[NONCE_SIZE:], bytes(head) + self._ns, out
             )
         except InvalidTag:
