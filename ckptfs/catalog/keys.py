@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .sql import Conn
@@ -64,11 +64,9 @@ class KeyRow:
         return self.wrapped is None
 
 
-def _row(r: tuple[object, ...]) -> KeyRow:
-    return KeyRow(int(r[0]), str(r[1]), int(r[2]),  # type: ignore[call-overload]
-                  None if r[3] is None else bytes(r[3]),  # type: ignore[call-overload]
-                  str(r[4]), int(r[5]),  # type: ignore[call-overload]
-                  None if r[6] is None else int(r[6]))  # type: ignore[call-overload]
+def _row(r: Any) -> KeyRow:
+    return KeyRow(int(r[0]), str(r[1]), int(r[2]), None if r[3] is None else bytes(r[3]),
+                  str(r[4]), int(r[5]), None if r[6] is None else int(r[6]))
 
 
 class KeysSql:
