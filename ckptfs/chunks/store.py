@@ -28,7 +28,7 @@ import trio
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
-from ..codec.seal import KEYRING, KeyUnavailable, Plaintext, SealKey
+from ..codec.seal import KEYRING, KeyUnavailable, SealKey
 from ..codec.staged import Staged
 from ..config.model import WriteBehind
 from ..errors import (
@@ -762,7 +762,7 @@ class ChunkStore:
         """Keys were shredded: cached plaintext they sealed leaves the cache (reads of it
         go to the tiers, where its frames no longer open)."""
         for digest, data in list(self._cache.items()):
-            if isinstance(data, Plaintext) and data.key_id in key_ids:
+            if frame.opened_key_id(data) in key_ids:
                 self._uncache(digest)
 
     async def sync_catalog(self) -> None:
@@ -1089,7 +1089,8 @@ class ChunkStore:
             self.stats.record_read(name, len(raw), time.perf_counter() - started)
             self.stats.record_ok(name)
             try:
-                data = frame.decode_view(raw, ref.digest)
+                # Sealed frames are decrypted in the receive buffer itself (served from it).
+                data = frame.decode_view(raw, ref.digest, in_place=True)
                 if len(data) != ref.length:
                     raise CorruptChunk(f"length {len(data)} != {ref.length}")
             except CorruptChunk as exc:
@@ -1287,8 +1288,9 @@ class ChunkStore:
         digest = ref.digest
         self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
         framed: list[frame.Buffer]
-        if isinstance(data, Plaintext):  # an encrypted chunk: sealed anew, never in clear
-            key = KEYRING.get(data.key_id)
+        key_id = frame.opened_key_id(data)
+        if key_id:  # an encrypted chunk: sealed anew, never in clear
+            key = KEYRING.get(key_id)
             if key is None:
                 return None
             framed = [frame.seal([data], digest, key)]
