@@ -47,6 +47,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
+from .keys import KEYS_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .sessions import SESSIONS_DDL
@@ -62,7 +63,6 @@ from .sql import (
     newer_schema,
 )
 from .sqlite import catalog_file
-from .keys import KEYS_DDL
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from .keys import KeyRow, Wrap
 from .rows import (
     Backlog,
     CheckpointRow,
@@ -31,7 +32,6 @@ from .rows import (
     SessionRow,
     UploadJob,
 )
-from .keys import KeyRow, Wrap
 from .wants import WantListener
 
 

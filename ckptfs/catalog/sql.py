@@ -49,6 +49,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from .keys import KEYS_DDL, KeysSql
 from .rows import (
     ROOT_INODE,
     Backlog,
@@ -61,7 +62,6 @@ from .rows import (
     Inode,
     UploadJob,
 )
-from .keys import KEYS_DDL, KeysSql
 from .sessions import SESSIONS_DDL, SessionsSql
 from .wants import WANTS_DDL, WantsSql, held_on
 

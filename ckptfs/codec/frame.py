@@ -21,6 +21,7 @@ encrypted chunk is never compressed, its ciphertext would not shrink).
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,7 +117,9 @@ def sealed_size(plain_len: int) -> int:
     return HEADER_SIZE + plain_len + OVERHEAD
 
 
-def seal(parts: Sequence[Buffer], digest: bytes, key: SealKey, out: Buffer | None = None) -> Buffer:
+def seal(
+    parts: Sequence[Buffer], digest: bytes, key: SealKey, out: Buffer | mmap.mmap | None = None
+) -> Buffer:
     """The sealed frame of the plaintext ``parts`` (chunk id ``digest``, from
     ``key.chunk_id``), written into ``out`` (a reused buffer of at least ``sealed_size``
     bytes: the result is a view of it, page-aligned if ``out`` is) or into new bytes."""

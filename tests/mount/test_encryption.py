@@ -218,7 +218,7 @@ def test_a_namespace_past_its_expiry_is_shredded_by_the_daemon(
     ckpt_factory: CkptFactory, tmp_path: Path,
 ) -> None:
     kek_path, _ = enc.kek_file(tmp_path / "keys" / "kek")
-    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=8)
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=8)
     cfg = enc.config(tmp_path / "ckptfs.toml", kek_path, encrypted=("/proj-b",))
     cfg.write_text(cfg.read_text() + f'[[namespace]]\npath = "/proj-a"\nuids = [0]\n'
                    f'encrypt = true\nexpires = "{at.isoformat()}"\n')
