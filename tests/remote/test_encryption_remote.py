@@ -70,7 +70,7 @@ def test_bucket_objects_are_ciphertext_and_a_flipped_byte_is_healed_or_eio(
             assert frame.parse_header(objects[k]).cipher == Cipher.AES256GCM
             assert enc.MARKER not in objects[k]
         # The local copy of f's first chunk gets a flipped byte in its ciphertext.
-        victim = sorted(f_ids)[0]
+        victim = max(sorted(f_ids), key=lambda k: len(objects[k]))  # a whole chunk
         p = enc.frame_path(m.locals, victim)
         good = p.read_bytes()
         bad = bytearray(good)
@@ -98,6 +98,10 @@ def test_bucket_objects_are_ciphertext_and_a_flipped_byte_is_healed_or_eio(
         client = seaweed.client()
         client.put_object(Bucket=seaweed.bucket, Key=f"{prefix}/chunks/{g0}", Body=bytes(broken))
         client.close()
+        # A remount: nothing of g is left in the daemon's chunk cache (the checkpoint
+        # detectors may have read it after its close).
+        m.stop()
+        m.start()
         assert _eio(m.mountpoint / "proj-a/g.bin")
 
 
@@ -163,5 +167,7 @@ def test_a_shred_leaves_the_objects_unreadable_and_the_snapshot_without_the_key(
         rows = restored.namespace_keys("/proj-a")
     finally:
         restored.close()
-    assert rows and all(r.wrapped is None for r in rows)
+    # The versions that sealed its objects are tombstones there too (the daemon's fresh
+    # version for new writes opens none of them).
+    assert enc.key_ids(before, ids) <= {r.key_id for r in rows if r.wrapped is None}
     assert kek not in body
