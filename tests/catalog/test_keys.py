@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -13,22 +14,22 @@ import pytest
 
 from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
-from ckptfs.catalog.keys import KeyRow
+from ckptfs.catalog.keys import KeyRow, Wrap
 
 Catalog = SqliteCatalog | PostgresCatalog
 
 
-def _wrap(tag: bytes):  # noqa: ANN202 - a catalog.keys.Wrap
+def _wrap(tag: bytes) -> Wrap:
     return lambda ns, version: (tag + f"|{ns}|{version}".encode(), "kek-" + tag.decode())
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Catalog:
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
     if request.param == "sqlite":
         c: Catalog = SqliteCatalog(tmp_path / "c.sqlite")
     else:
         c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    yield c  # type: ignore[misc]
+    yield c
     c.close()
 
 

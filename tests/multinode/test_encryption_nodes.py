@@ -12,7 +12,7 @@ import pytest
 
 from tests.multinode.conftest import Cluster, Db, sync
 from tests.support import encryption as enc
-from tests.support.mountutil import run_cli, wait_until
+from tests.support.mountutil import Mount, run_cli, wait_until
 
 pytestmark = pytest.mark.usefixtures("postgres")
 
@@ -39,8 +39,11 @@ def test_two_nodes_share_one_key_and_a_shred_reaches_both(
     res = run_cli("shred", "/proj-a", "--yes", "--config", str(cfg), "--state-dir",
                   str(a.state_dir), "--timeout", "60", timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
-    for m in (a, b):
-        wait_until(lambda m=m: "shredded in the catalog: forgotten" in m.log, 10, "forgotten")
+    for node in (a, b):
+        def forgot(m: Mount = node) -> bool:
+            return "shredded in the catalog: forgotten" in m.log
+
+        wait_until(forgot, 10, "forgotten")
 
     def eio(p: Path) -> bool:
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.config import load_config
+from ckptfs.config import Config, load_config
 from ckptfs.errors import ConfigError
 
 NS = """
@@ -23,7 +23,7 @@ uids = [1]
 """
 
 
-def _load(tmp_path: Path, text: str):  # noqa: ANN202 - a Config
+def _load(tmp_path: Path, text: str) -> Config:
     p = tmp_path / "ckptfs.toml"
     p.write_text(f'state_dir = "{tmp_path}/state"\n' + NS + text)
     return load_config(str(p))
