@@ -163,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the Ed25519 public key the seals must be signed with")
         if name == "seal":
             ap.add_argument("--key", metavar="FILE", help="the Ed25519 signing key")
+    rk = sub.add_parser("rekey", help="rotate a namespace's data key and/or rewrap every key "
+                                      "under a new key-encryption key")
+    _add_config_args(rk)
+    rk.add_argument("--namespace", metavar="PATH",
+                    help="an encrypted namespace: new chunks get a new key version")
+    rk.add_argument("--new-kek-file", metavar="FILE",
+                    help="rewrap every namespace key under the KEK in FILE (32 bytes, 0600)")
+    sr = sub.add_parser("shred", help="destroy every key of a namespace: its data becomes "
+                                      "unreadable on every tier (crypto-shredding)")
+    sr.add_argument("namespace", metavar="NAMESPACE", help="the namespace's path, e.g. /proj-a")
+    _add_config_args(sr)
+    sr.add_argument("--yes", action="store_true", help="confirm: the data is lost for good")
+    sr.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                    help="seconds to wait for the remote catalog snapshot (default 120)")
 
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
@@ -337,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             from .commands.status import cmd_status
 
             return cmd_status(args.path, args.state_dir, as_json=args.json, watch=args.watch)
+        if args.command in ("rekey", "shred"):
+            from .commands import keys
+
+            if args.command == "rekey":
+                return keys.cmd_rekey(_config(args), args.namespace, args.new_kek_file)
+            return keys.cmd_shred(_config(args), args.namespace, args.yes, args.timeout)
         from .commands.fsck import cmd_fsck
 
         return cmd_fsck(_config(args), repair=args.repair, verify=args.verify,

@@ -65,6 +65,7 @@ from .errors import (
     UsageError,
 )
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
+from .keys.ring import NamespaceKeys
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
@@ -401,8 +402,15 @@ def _serve_tiers(
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         count_namespaces(catalog, cfg.governance.namespaces)
         record_mount(catalog, cfg, mountpoint)
+        keys = None
+        if cfg.governance.keys.configured:
+            # Before the loop runs (nothing waits on this thread yet): the KEK is read (a
+            # bad key file refuses the mount, exit 2), missing namespace keys are made and
+            # every live one is unwrapped into memory (keys/ring.py).
+            keys = NamespaceKeys(catalog, cfg.governance)
+            keys.load()
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, mountpoint, session,
-                                  signing_key)
+                                  signing_key, keys)
         options = fuse_options(cfg.fuse, cfg.state_dir)
         try:
             timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
@@ -484,6 +492,7 @@ class Daemon:
     stats_path: Path | None = None
     session: NodeSession | None = None  # this node's, with a shared catalog
     sealer: AuditSealer | None = None  # with audit.signing_key_file
+    keys: NamespaceKeys | None = None  # encrypted namespaces' keys, followed in the catalog
 
 
 def build(
@@ -514,6 +523,7 @@ def build(
     governance: GovernanceConfig | None = None,
     signing_key: Ed25519PrivateKey | None = None,
     seal_interval_s: float = 3600.0,
+    keys: NamespaceKeys | None = None,
 ) -> Daemon:
     """Build the daemon's object graph, each component given what it uses, in an order
     where whatever a component needs exists before it; nothing is wired afterwards. Two
@@ -580,6 +590,7 @@ def build(
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
         quotas=quotas,
         access=Access(governance or GovernanceConfig(), catalog, db_limiter),
+        sealed_namespace=sealed_namespaces(governance or GovernanceConfig()),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -592,13 +603,28 @@ def build(
     sealer = None if signing_key is None else AuditSealer(
         catalog, db_limiter, seal_stores, signing_key, seal_interval_s, auditor)
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
-                  fs, telemetry, auditor, stats_path, session, sealer)
+                  fs, telemetry, auditor, stats_path, session, sealer,
+                  keys)
+
+
+def sealed_namespaces(gov: GovernanceConfig) -> Callable[[str], str | None] | None:
+    """The encrypted namespace of a path inside the mount (None: its chunks are plain);
+    None when no namespace is encrypted (a write asks nothing)."""
+    if not any(ns.encrypt for ns in gov.namespaces):
+        return None
+
+    def of(path: str) -> str | None:
+        ns = gov.namespace_for(path)
+        return ns.path if ns.encrypt else None
+
+    return of
 
 
 def build_for_config(
     cfg: Config, catalog: Catalog, tiers: Sequence[Tier], chunk_size: int,
     mountpoint: Path | None = None, session: NodeSession | None = None,
     signing_key: Ed25519PrivateKey | None = None,
+    keys: NamespaceKeys | None = None,
 ) -> Daemon:
     """``build`` with a mount's configuration (``session``: this node's, registered)."""
     store = cfg.store  # its chunk_size is the config's; the catalog's wins (chunk_size)
@@ -614,7 +640,7 @@ def build_for_config(
         shared=cfg.catalog.shared,
         catalog_slots=catalog.concurrency, session=session,
         namespaces=cfg.governance.namespaces, governance=cfg.governance,
-        signing_key=signing_key, seal_interval_s=cfg.governance.audit.seal_interval_s,
+        signing_key=signing_key, seal_interval_s=cfg.governance.audit.seal_interval_s, keys=keys,
     )
     load_residency(catalog, daemon.store.residency)
     return daemon
@@ -737,6 +763,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         producers.start(d.janitor.run)
         if d.stats_path is not None:
             queues.start(d.telemetry.publish, d.stats_path)
+        if d.keys is not None:
+            producers.start(d.keys.run, d.db_limiter, d.store.forget_keys)
         heartbeat = _Services(nursery)
         if d.session is not None:
             heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect,

@@ -283,8 +283,11 @@ class PlainTarget(Target):
 class CkptfsTarget(Target):
     name = "ckptfs"
 
-    def __init__(self, root: Path, extra: list[str], code: Path | None = None) -> None:
-        """``code``: run the ckptfs of that checkout instead of this one's (target "base")."""
+    def __init__(
+        self, root: Path, extra: list[str], code: Path | None = None, encrypt: bool = False
+    ) -> None:
+        """``code``: run the ckptfs of that checkout instead of this one's (target "base").
+        ``encrypt``: the test files go into an encrypted namespace, /enc (docs/governance.md)."""
         super().__init__(root)
         self.code = code
         if code is not None:
@@ -292,7 +295,8 @@ class CkptfsTarget(Target):
         self.mnt = root / "mnt"
         self.state = root / "state"
         self.tiers = [root / "tier0", root / "tier1"]
-        self.dir = self.mnt
+        self.encrypt = encrypt
+        self.dir = self.mnt / "enc" if encrypt else self.mnt
         self.extra = extra
         self.pid: int | None = None
         self.started: list[int] = []
@@ -322,6 +326,8 @@ class CkptfsTarget(Target):
         for t in self.tiers:
             args += ["--local", str(t)]
         args.append("--allow-shared-device")  # both tiers on one disk, on purpose (see above)
+        if self.encrypt:
+            args += ["--config", str(self._encrypted_config())]
         t0 = time.perf_counter()
         try:
             r = self._cli(*args, *self.extra, timeout=120)
@@ -338,7 +344,19 @@ class CkptfsTarget(Target):
             )
         if not is_mounted(self.mnt):
             raise BenchError(f"ckptfs mount returned 0 but {self.mnt} is not mounted")
+        self.dir.mkdir(exist_ok=True)
         self.events.setdefault("mount_s", []).append(time.perf_counter() - t0)
+
+    def _encrypted_config(self) -> Path:
+        """A KEK file (0600, outside the state dir) and a config whose /enc is encrypted."""
+        kek, cfg = self.root / "kek", self.root / "encrypt.toml"
+        if not kek.exists():
+            fd = os.open(kek, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+        cfg.write_text(f'[keys]\nkek_file = "{kek}"\n[[namespace]]\npath = "/enc"\n'
+                       f"uids = [{os.getuid()}]\nencrypt = true\n")
+        return cfg
 
     def umount(self) -> None:
         t0 = time.perf_counter()
@@ -1024,6 +1042,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (for debugging)")
     ap.add_argument(
+        "--encrypt", action="store_true",
+        help="target ckptfs writes into an encrypted namespace (AES-256-GCM; a KEK file and "
+        "a [[namespace]] config are made in the temp dir)",
+    )
+    ap.add_argument(
         "--remote", action="store_true",
         help="run the remote-tier benchmark instead (scripts/bench_remote.py); every other "
         "argument goes to it (`bench.py --remote --help` lists them)",
@@ -1176,7 +1199,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "plain":
                     tgt = PlainTarget(root)
                 elif name == "ckptfs":
-                    tgt = CkptfsTarget(root, extra_ckptfs)
+                    tgt = CkptfsTarget(root, extra_ckptfs, encrypt=args.encrypt)
                 elif name == "base":
                     tgt = CkptfsTarget(root, extra_ckptfs, code=args.base_code)
                 else:

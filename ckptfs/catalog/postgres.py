@@ -48,6 +48,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
+from .keys import KEYS_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .quotas import QUOTAS_DDL
@@ -124,9 +125,11 @@ def _add_wants(c: Conn) -> None:
 
 def _add_governance(c: Conn) -> None:
     """Schema 6: ns_usage and ns_files (quotas.QUOTAS_DDL; namespaces are counted at the
-    first mount that declares them) and audit_log (audit.AUDIT_DDL)."""
+    first mount that declares them), audit_log (audit.AUDIT_DDL) and namespace_keys
+    (keys.KEYS_DDL)."""
     _run_ddl(c, QUOTAS_DDL)
     _run_ddl(c, AUDIT_DDL)
+    _run_ddl(c, KEYS_DDL)
 
 
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL

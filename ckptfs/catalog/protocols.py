@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .audit import AuditEntry, AuditRecord
+from .keys import KeyRow, Wrap
 from .quotas import Charge, NamespaceUsage
 from .rows import (
     Backlog,
@@ -618,9 +619,33 @@ class AuditCatalog(Protocol):
         ...
 
 
+class KeyCatalog(Protocol):
+    """Wrapped namespace keys (catalog/keys.py; docs/governance.md): versions by key id,
+    shredded ones kept as tombstones; ``keys_gen`` counts changes."""
+
+    def namespace_keys(self, namespace: str | None = None) -> list[KeyRow]:
+        ...
+
+    def keys_gen(self) -> int:
+        ...
+
+    def ensure_namespace_key(self, namespace: str, wrap: Wrap) -> KeyRow | None:
+        ...
+
+    def rotate_namespace_key(self, namespace: str, wrap: Wrap) -> KeyRow:
+        ...
+
+    def rewrap_keys(self, rewrap: Callable[[KeyRow], tuple[bytes, str]]) -> int:
+        ...
+
+    def shred_namespace_keys(self, namespace: str) -> list[int]:
+        ...
+
+
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, AuditCatalog, Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, AuditCatalog, KeyCatalog,
+    Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

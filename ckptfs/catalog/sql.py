@@ -50,6 +50,7 @@ from ..errors import (
     NotPermitted,
 )
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
+from .keys import KEYS_DDL, KeysSql
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
@@ -76,8 +77,8 @@ T = TypeVar("T")
 
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
-# (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py). Every engine
-# stores this layout (the remote snapshot is a SQLite file of it).
+# (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
+# (keys.py). Every engine stores this layout (the remote snapshot is a SQLite file of it).
 SCHEMA_VERSION = 6
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
@@ -206,7 +207,7 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL
+""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables: a restore from the snapshot is one node, without sessions).
@@ -230,6 +231,10 @@ TABLES: dict[str, tuple[str, ...]] = {
     # A node restored from the snapshot keeps the chain (and its seals still match).
     "audit_log": ("seq", "time_ns", "node", "uid", "pid", "action", "path", "detail", "prev",
                   "digest"),
+    # The wrapped keys: a node restored from the snapshot opens its namespaces' chunks
+    # (with the KEK); a shredded version is a tombstone there too.
+    "namespace_keys": ("key_id", "namespace", "version", "wrapped", "kek_id", "created_ns",
+                       "shredded_ns"),
 }
 # The tables whose key comes from a sequence (never reused; the snapshot carries it over).
 SEQUENCES = {"inodes": "ino", "dentries": "id", "checkpoints": "id"}
@@ -286,7 +291,7 @@ def _name_path(c: Conn, parent: int, name: bytes) -> Callable[[], str]:
                     + name.decode(errors="replace"))
 
 
-class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql):
+class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 

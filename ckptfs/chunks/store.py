@@ -29,6 +29,7 @@ from ..catalog import Catalog, ChunkRef
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import Backlog
 from ..codec import frame
+from ..codec.seal import KEYRING, KeyUnavailable, SealKey
 from ..codec.staged import Staged
 from ..config.model import WriteBehind
 from ..errors import (
@@ -670,19 +671,22 @@ class ChunkStore:
     # -- write -------------------------------------------------------------------------------
 
     async def write(
-        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None
+        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None,
+        namespace: str | None = None,
     ) -> ChunkRef:
         """Store one chunk (given as parts, or staged in place: its frame is written from
         where it lies) and return a verified, pinned reference to it. ``allowed``: the
         locations the writer's namespace allows (residency); ResidencyRefused (EIO) if
-        no local tier is in them and those of the chunk's other namespaces.
+        no local tier is in them and those of the chunk's other namespaces. ``namespace``:
+        an encrypted namespace's path: the chunk is sealed with its newest key (its id is
+        keyed, codec/seal.py); None: a plain frame, as always.
         When every local tier is full, make room (evict chunks a remote holds, or wait for
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
         waited_since: float | None = None
         while True:
             gen = self.room.gen
             try:
-                ref = await self._write_once(data, allowed)
+                ref = await self._write_once(data, allowed, namespace)
             except NoSpace as exc:
                 if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
@@ -743,8 +747,14 @@ class ChunkStore:
             done.set()
 
     async def _write_once(
-        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None
+        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None,
+        namespace: str | None = None,
     ) -> ChunkRef:
+        key = None
+        if namespace is not None:
+            key = KEYRING.current(namespace)
+            if key is None:
+                raise KeyUnavailable(f"no key of encrypted namespace {namespace} is loaded")
 
         def work() -> ChunkRef:
             staged: Staged | None = None
@@ -753,7 +763,8 @@ class ChunkStore:
                 staged, parts = data, (data.body(),)
             else:
                 parts = data
-            digest = frame.digest_of_parts(parts)
+            # An encrypted namespace's chunk id is keyed (codec/seal.py).
+            digest = frame.digest_of_parts(parts) if key is None else key.chunk_id(parts)
             # Noted before the put: another file's copy of the same bytes obeys it too.
             # Not a write that is refused (no local tier where the chunk's namespaces all
             # allow): it commits nothing, and must not make the others' copies unreadable.
@@ -770,6 +781,8 @@ class ChunkStore:
             shared = self.guard.pin_for_put(digest, within)
             if shared is not None:
                 return ChunkRef(digest, shared.length, shared.tiers)
+            if key is not None:
+                return self._put_sealed(parts, digest, key, bound)
             try:
                 # A staged chunk's frame is the buffer it lies in (the header goes before
                 # it): the bytes just hashed are the ones the tier writes.
@@ -784,6 +797,36 @@ class ChunkStore:
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
         return await trio.to_thread.run_sync(work, limiter=self.io)
+
+    def _put_sealed(self, parts: Sequence[frame.Buffer], digest: bytes, key: SealKey,
+                    bound: Locations) -> ChunkRef:
+        """Blocking, pinned: the put of ``_write_once`` for a chunk of an encrypted
+        namespace: its frame sealed into a reused page-aligned buffer (O_DIRECT writes it as
+        it lies) and placed like any frame, where its residency allows (the tier compares
+        what it wrote with that buffer)."""
+        n = sum(len(p) for p in parts)
+        buf = self.frames.take(frame.sealed_size(n))
+        try:
+            framed = [frame.seal(parts, digest, key, buf)]
+            size = len(framed[0])
+            tier = self._put_somewhere(digest, framed, size, bound)
+        except BaseException:
+            self.guard.put_done(digest, None, 0)
+            self.unpin([digest])
+            raise
+        finally:
+            framed = []
+            if buf is not None:
+                self.frames.give(buf)
+        self.guard.put_done(digest, tier, n)
+        return ChunkRef(digest, n, (tier,))
+
+    def forget_keys(self, key_ids: set[int]) -> None:
+        """Keys were shredded: cached plaintext they sealed leaves the cache (reads of it
+        go to the tiers, where its frames no longer open)."""
+        for digest, data in list(self._cache.items()):
+            if frame.opened_key_id(data) in key_ids:
+                self._uncache(digest)
 
     async def sync_catalog(self) -> None:
         """fsync the catalog (after the chunk frames it names)."""
@@ -1119,7 +1162,8 @@ class ChunkStore:
             self.stats.record_read(name, len(raw), time.perf_counter() - started)
             self.stats.record_ok(name)
             try:
-                data = frame.decode_view(raw, ref.digest)
+                # Sealed frames are decrypted in the receive buffer itself (served from it).
+                data = frame.decode_view(raw, ref.digest, in_place=True)
                 if len(data) != ref.length:
                     raise CorruptChunk(f"length {len(data)} != {ref.length}")
             except CorruptChunk as exc:
@@ -1323,7 +1367,15 @@ class ChunkStore:
         ``prefer``red ones first (the one whose copy was bad); None if none has room."""
         digest = ref.digest
         self.guard.wait_local_deletion(digest)  # the caller pinned it: see _write_once
-        framed = frame.encode([data], digest)
+        framed: list[frame.Buffer]
+        key_id = frame.opened_key_id(data)
+        if key_id:  # an encrypted chunk: sealed anew, never in clear
+            key = KEYRING.get(key_id)
+            if key is None:
+                return None
+            framed = [frame.seal([data], digest, key)]
+        else:
+            framed = frame.encode([data], digest)
         size = sum(len(p) for p in framed)
         bound = self.residency.allowed(digest)
         for name in prefer:

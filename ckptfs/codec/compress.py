@@ -40,6 +40,7 @@ import lz4.block
 from ..errors import CorruptChunk
 from . import frame
 from .frame import Buffer, Codec
+from .seal import Cipher
 
 log = logging.getLogger("ckptfs.compress")
 
@@ -152,6 +153,8 @@ def remote_frame(
 
     if header.codec != Codec.RAW:
         return as_raw("not a raw frame")
+    if header.cipher != Cipher.NONE:  # ciphertext does not shrink: sealed frames go as they are
+        return as_raw("sealed")
     if mode == "off" or header.plain_len == 0:
         return as_raw("off" if mode == "off" else "empty")
     plain = memoryview(raw)[frame.HEADER_SIZE : frame.HEADER_SIZE + header.plain_len]

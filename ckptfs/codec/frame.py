@@ -8,16 +8,20 @@ Layout (little endian, 64 bytes)::
     magic      4s   b"CKFR"
     version    B    1
     codec      B    0 = raw, 1 = lz4 (block)
-    cipher     B    0 = none (room for encryption at rest)
+    cipher     B    0 = none, 1 = AES-256-GCM (a sealed frame, codec/seal.py)
     flags      B    reserved, 0
-    key_id     I    reserved for the encryption key id, 0
+    key_id     I    0, or the namespace key version that sealed the frame
     plain_len  Q    length of the plaintext
     body_len   Q    length of the stored body after the header
-    digest     32s  blake3(plaintext)
+    digest     32s  blake3(plaintext); a sealed frame: the keyed chunk id (codec/seal.py)
+
+A sealed frame's body is nonce || ciphertext || tag of the plaintext (codec RAW: an
+encrypted chunk is never compressed, its ciphertext would not shrink).
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +30,7 @@ from enum import IntEnum
 import blake3
 
 from ..errors import CorruptChunk
+from .seal import KEYRING, OVERHEAD, Cipher, KeyUnavailable, Plaintext, SealKey
 
 MAGIC = b"CKFR"
 VERSION = 1
@@ -47,6 +52,8 @@ class FrameHeader:
     plain_len: int
     body_len: int
     digest: bytes
+    cipher: Cipher = Cipher.NONE
+    key_id: int = 0
 
 
 def digest_of(data: Buffer) -> bytes:
@@ -89,7 +96,7 @@ def parse_header(raw: Buffer) -> FrameHeader:
         raise CorruptChunk(f"bad frame magic {magic!r}")
     if version != VERSION:
         raise CorruptChunk(f"unsupported frame version {version}")
-    if cipher != 0 or key_id != 0:
+    if cipher not in (Cipher.NONE, Cipher.AES256GCM) or (cipher == Cipher.NONE) != (key_id == 0):
         raise CorruptChunk(f"unsupported cipher {cipher} (key id {key_id})")
     if flags != 0:
         raise CorruptChunk(f"unknown frame flags {flags:#x}")
@@ -97,7 +104,34 @@ def parse_header(raw: Buffer) -> FrameHeader:
         codec_ = Codec(codec)
     except ValueError:
         raise CorruptChunk(f"unknown codec {codec}") from None
-    return FrameHeader(codec_, plain_len, body_len, digest)
+    return FrameHeader(codec_, plain_len, body_len, digest, Cipher(cipher), key_id)
+
+
+def sealed_header(plain_len: int, digest: bytes, key_id: int) -> bytes:
+    """The header of a sealed frame (``digest``: the keyed chunk id)."""
+    return _HEADER.pack(MAGIC, VERSION, Codec.RAW, Cipher.AES256GCM, 0, key_id, plain_len,
+                        plain_len + OVERHEAD, digest)
+
+
+def sealed_size(plain_len: int) -> int:
+    return HEADER_SIZE + plain_len + OVERHEAD
+
+
+def seal(
+    parts: Sequence[Buffer], digest: bytes, key: SealKey, out: Buffer | mmap.mmap | None = None
+) -> Buffer:
+    """The sealed frame of the plaintext ``parts`` (chunk id ``digest``, from
+    ``key.chunk_id``), written into ``out`` (a reused buffer of at least ``sealed_size``
+    bytes: the result is a view of it, page-aligned if ``out`` is) or into new bytes."""
+    n = sum(len(p) for p in parts)
+    head = sealed_header(n, digest, key.key_id)
+    plain = parts[0] if len(parts) == 1 else b"".join(parts)
+    if out is None:
+        return head + key.seal(head, plain)
+    view = memoryview(out)[: sealed_size(n)]
+    view[:HEADER_SIZE] = head
+    key.seal_into(head, plain, view[HEADER_SIZE:])
+    return view
 
 
 def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
@@ -106,9 +140,30 @@ def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     return plain if isinstance(plain, bytes) else bytes(plain)
 
 
-def decode_view(frame: Buffer, expected_digest: bytes | None = None) -> Buffer:
-    """Like decode, but a raw body comes back as a view into ``frame`` (no copy)."""
-    return _verified_plaintext(frame, expected_digest)
+def decode_view(
+    frame: Buffer, expected_digest: bytes | None = None, in_place: bool = False
+) -> Buffer:
+    """Like decode, but a raw body comes back as a view into ``frame`` (no copy). With
+    ``in_place`` a sealed frame in a writable buffer is decrypted where it lies (the view
+    is its plaintext; the frame is no longer a frame: only for a buffer the caller owns and
+    serves reads from, never one it uploads or checks); ``opened_key_id`` tells its key."""
+    return _verified_plaintext(frame, expected_digest, in_place)
+
+
+def opened_key_id(plain: Buffer) -> int:
+    """The key id that sealed a plaintext ``decode_view`` returned (0: a plain chunk). A
+    copy of it written again (a heal, a copy-back) must be sealed under that key."""
+    if isinstance(plain, memoryview) and isinstance(plain.obj, Plaintext):
+        return plain.obj.key_id
+    if isinstance(plain, Plaintext):
+        return plain.key_id
+    if isinstance(plain, memoryview):
+        try:  # decrypted in place: the frame's header is still at the buffer's start
+            head = parse_header(memoryview(plain.obj).cast("B")[:HEADER_SIZE])
+        except (CorruptChunk, TypeError, ValueError):
+            return 0
+        return head.key_id
+    return 0
 
 
 def verify(frame: Buffer, expected_digest: bytes) -> None:
@@ -116,13 +171,17 @@ def verify(frame: Buffer, expected_digest: bytes) -> None:
     _verified_plaintext(frame, expected_digest)
 
 
-def _verified_plaintext(frame: Buffer, expected_digest: bytes | None) -> Buffer:
+def _verified_plaintext(
+    frame: Buffer, expected_digest: bytes | None, in_place: bool = False
+) -> Buffer:
     header = parse_header(frame)
     if expected_digest is not None and header.digest != expected_digest:
         raise CorruptChunk("frame digest does not match the requested chunk")
     body = memoryview(frame)[HEADER_SIZE:]
     if len(body) != header.body_len:
         raise CorruptChunk(f"frame body is {len(body)} bytes, header says {header.body_len}")
+    if header.cipher != Cipher.NONE:
+        return _opened(frame, header, body, in_place)
     if header.codec == Codec.LZ4:
         import lz4.block
 
@@ -136,4 +195,24 @@ def _verified_plaintext(frame: Buffer, expected_digest: bytes | None) -> Buffer:
         raise CorruptChunk(f"plaintext is {len(plain)} bytes, header says {header.plain_len}")
     if digest_of(plain) != header.digest:
         raise CorruptChunk("plaintext digest mismatch")
+    return plain
+
+
+def _opened(frame: Buffer, header: FrameHeader, body: memoryview, in_place: bool) -> Buffer:
+    """The verified plaintext of a sealed frame: authenticated by the AEAD tag (header and
+    namespace bound in), then checked against the keyed chunk id."""
+    key = KEYRING.get(header.key_id)
+    if key is None:
+        raise KeyUnavailable(f"sealed with key {header.key_id}, which this node does not hold "
+                             f"(shredded, or its namespace key was not loaded)")
+    if header.codec != Codec.RAW:
+        raise CorruptChunk(f"sealed frame with codec {header.codec}")
+    head = memoryview(frame)[:HEADER_SIZE]
+    plain: Buffer
+    if in_place and not body.readonly:
+        plain = key.open_in_place(head, body, header.plain_len)
+    else:
+        plain = key.open(head, body, header.plain_len)
+    if key.chunk_id([plain]) != header.digest:
+        raise CorruptChunk("plaintext does not match the chunk id")
     return plain

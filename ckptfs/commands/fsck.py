@@ -36,6 +36,7 @@ from ..chunks.residency import Residency
 from ..codec import frame
 from ..config import Config, S3TierConfig, TierConfig
 from ..errors import CkptfsError, CorruptChunk, ObjectUnreadable, TierError, TransientTierError
+from ..keys.ring import load_keyring
 from ..statedir import state_lock
 from ..tiers.local import LocalTier
 
@@ -122,6 +123,8 @@ def run_fsck(
     with state_lock(cfg.state_dir):
         catalog = SqliteCatalog(cfg.catalog_path)
         try:
+            if verify:  # sealed frames open only with their namespace keys (codec/seal.py)
+                load_keyring(catalog, cfg.governance)
             configs = _recorded_remotes(catalog, cfg)
             tiers = _recorded_tiers(catalog, cfg)
             residency = Residency(cfg.governance, {

@@ -6,6 +6,7 @@ dir). Every error names its key."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from .model import (
 )
 from .parse import array_of_tables, parse_size, seconds, take_bool
 
-NAMESPACE_KEYS = {"path", "uids", "gids", "allowed_locations", "encrypt", "quota", "retention"}
+NAMESPACE_KEYS = {"path", "uids", "gids", "allowed_locations", "encrypt", "quota", "retention",
+                  "expires"}
 _KEYS_KEYS = {"kek_file", "kek_command"}
 _AUDIT_KEYS = {"signing_key_file", "seal_interval"}
 _ACCESS_KEYS = {"admin_gids"}
@@ -67,6 +69,20 @@ def _namespace_path(value: object, key: str) -> str:
     return "/" + "/".join(parts)
 
 
+def _instant(value: object, key: str) -> int:
+    """A TOML offset date-time, or an ISO 8601 string with its offset, as ns since the epoch."""
+    if isinstance(value, str):
+        try:
+            value = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected a date and time with its offset, e.g. "
+                              f"2027-06-30T00:00:00Z, got {value!r}") from None
+    if not isinstance(value, datetime.datetime) or value.tzinfo is None:
+        raise ConfigError(f"{key}: expected a date and time with its offset, e.g. "
+                          f"2027-06-30T00:00:00Z, got {value!r}")
+    return round(value.timestamp() * 1e6) * 1000
+
+
 def namespaces_from_config(raw: object) -> tuple[NamespaceConfig, ...]:
     out: list[NamespaceConfig] = []
     for where, table in array_of_tables(raw, "namespace", NAMESPACE_KEYS, ("path",)):
@@ -103,10 +119,17 @@ def namespaces_from_config(raw: object) -> tuple[NamespaceConfig, ...]:
         if retention is not None and (not isinstance(retention, str) or not retention):
             raise ConfigError(f"{where}.retention: expected the name of a [[retention]] table, "
                               f"got {retention!r}")
+        encrypt = take_bool(table.get("encrypt", False), f"{where}.encrypt")
+        expires_ns = None
+        if "expires" in table:
+            expires_ns = _instant(table["expires"], f"{where}.expires")
+            if not encrypt:
+                raise ConfigError(f"{where}.expires: only an encrypted namespace expires (its "
+                                  f"keys are shredded); set encrypt = true")
         out.append(NamespaceConfig(
             path=path, uids=uids, gids=gids, allowed_locations=locations,
-            encrypt=take_bool(table.get("encrypt", False), f"{where}.encrypt"),
-            quota=quota, retention=retention, origin=where,
+            encrypt=encrypt, quota=quota, retention=retention, expires_ns=expires_ns,
+            origin=where,
         ))
     return tuple(out)
 

@@ -307,6 +307,9 @@ class NamespaceConfig:
     encrypt: bool = False
     quota: int | None = None
     retention: str | None = None
+    # An encrypted namespace's end (ns since the epoch, ``expires``): its keys are shredded
+    # then, which makes all its data unreadable on every tier (docs/governance.md).
+    expires_ns: int | None = None
     origin: str = field(default="", compare=False)  # "namespace[2]", for messages
 
     def covers(self, path: str) -> bool:

@@ -217,6 +217,7 @@ class Filesystem:
         session: SessionId | None = None,
         quotas: Quotas | None = None,
         access: Access | None = None,
+        sealed_namespace: Callable[[str], str | None] | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
@@ -235,6 +236,8 @@ class Filesystem:
         self.quotas = quotas
         self.access = access if access is not None else Access(GovernanceConfig())
         self.invalidate = invalidate
+        # The encrypted namespace of a path (docs/governance.md), None: none is encrypted.
+        self.sealed_namespace = sealed_namespace
         self.chunk_size = chunk_size
         self.db_limiter = db_limiter
         self.store = store
@@ -488,10 +491,16 @@ class Filesystem:
             store=self.store, budget=self.budget, nursery=self._nursery,
             chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
             readahead=self.readahead, copy_back=self.copy_back, stages=self.stages,
+            namespace_of=None if self.sealed_namespace is None else self._namespace_of,
         )
 
     async def _path_of(self, ino: int) -> str:
         return await self.db(self.catalog.path_of, ino)
+
+    async def _namespace_of(self, ino: int) -> str | None:
+        """The encrypted namespace whose key seals this inode's new chunks (None: plain)."""
+        assert self.sealed_namespace is not None
+        return self.sealed_namespace(await self._path_of(ino))
 
     # -- attributes --------------------------------------------------------------------------
 

@@ -103,6 +103,9 @@ class Services:
     # Reused buffers that a save's chunks are assembled in (codec/staged.py); None: the
     # chunks keep pyfuse3's bytes as parts.
     stages: StagePool | None = None
+    # The encrypted namespace of an inode, whose key seals its chunks (None: plain); None
+    # when no namespace is encrypted: a write asks nothing.
+    namespace_of: Callable[[int], Awaitable[str | None]] | None = None
 
 
 class OpenFile:
@@ -148,6 +151,9 @@ class OpenFile:
         # Where this file's chunks may be (its namespace's allowed_locations), looked up
         # at its first chunk write; "?" until then.
         self._allowed: Locations | str = "?"
+        # The encrypted namespace its chunks are sealed for, looked up at its first chunk
+        # write (False: not yet). A file keeps it while open (a rename does not re-seal).
+        self._sealed_ns: str | None | bool = False
 
     @property
     def ino(self) -> int:
@@ -279,10 +285,19 @@ class OpenFile:
             self._allowed = allowed
         return allowed
 
+    async def _namespace(self) -> str | None:
+        if self.svc.namespace_of is None:
+            return None
+        if self._sealed_ns is False:
+            self._sealed_ns = await self.svc.namespace_of(self.ino)
+        assert not isinstance(self._sealed_ns, bool)
+        return self._sealed_ns
+
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
             allowed = await self._residency()
-            ref = await self.svc.store.write(pending.data.content(), allowed)
+            ref = await self.svc.store.write(pending.data.content(), allowed,
+                                             await self._namespace())
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
