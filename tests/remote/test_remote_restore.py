@@ -363,7 +363,7 @@ async def test_chunks_read_to_their_end_leave_the_cache_beyond_the_keep_and_thei
     """A restore reads each chunk to its end once: beyond CONSUMED_KEEP bytes of such
     chunks the oldest leave the cache at once and their receive buffers are reused by the
     next reads (before, the whole cache filled with them first and every read until then
-    faulted in a fresh buffer); a chunk read again is kept like any other."""
+    faulted in a fresh buffer); a chunk read again stays among them, as the newest."""
     monkeypatch.setattr(store_mod, "CONSUMED_KEEP", 2 * MiB)
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
@@ -381,11 +381,15 @@ async def test_chunks_read_to_their_end_leave_the_cache_beyond_the_keep_and_thei
         assert not store.cached(digests[0])
         assert all(store.cached(d) for d in digests[1:])
         assert store.frames.take(MiB) is bufs[0]  # its buffer at once, not a fresh one
-        # Read again (a late request for a piece of it): no longer done with.
+        # Read again (a late request for a piece of it): still done with, now the newest
+        # of them, so it goes after the keep's worth of chunks consumed after it, not at
+        # the LRU limit (which held its buffer and made the next reads fault fresh ones).
         await store.read(ChunkRef(digests[1], MiB, ("l",)))
         store.consumed(digests[3])
-        store.consumed(digests[4])
         assert store.cached(digests[1]) and not store.cached(digests[2])
-        assert store._cache_bytes == 3 * MiB
+        store.consumed(digests[4])
+        assert not store.cached(digests[1])
+        assert all(store.cached(d) for d in digests[3:])
+        assert store._cache_bytes == 2 * MiB
     finally:
         cat.close()
