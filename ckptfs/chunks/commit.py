@@ -16,8 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import trio
-
+from .. import threads
 from ..catalog import ChunkRef
 from ..errors import CkptfsError
 from .store import ChunkStore
@@ -80,7 +79,7 @@ async def commit_version(
             v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads,
         )
 
-    changes, dropped = await trio.to_thread.run_sync(commit, limiter=store.db_limiter)
+    changes, dropped = await threads.run_sync(commit, limiter=store.db_limiter)
     if uploads and store.on_requeue is not None:
         store.on_requeue()  # new upload jobs
     committed = dict(v.committed)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .. import threads
 from ..catalog import Catalog, ChunkRef
 from ..catalog.catalog import Backlog
 from ..codec import frame
@@ -717,7 +718,9 @@ class ChunkStore:
             self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
-        return await trio.to_thread.run_sync(work, limiter=self.io)
+        # The lighter thread call (ckptfs/threads.py): a small file's close makes this one
+        # and its commit, each a thread hop.
+        return await threads.run_sync(work, limiter=self.io)
 
     async def sync_catalog(self) -> None:
         """fsync the catalog (after the chunk frames it names)."""
