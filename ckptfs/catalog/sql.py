@@ -1361,11 +1361,15 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         ]
 
     def rename_checkpoints(self, old: str, new: str) -> None:
+        under = "SELECT id, root FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ?"
+        # Most renames (a file's, in a save or a rotation) move no checkpoint: a read
+        # answers that, without a write transaction per renamed file. A row recorded
+        # after this read is as late as one recorded after the transaction would be.
+        if not self._query(under, (old, len(old) + 1, old + "/")):
+            return
+
         def body(c: Conn) -> None:
-            for cid, root in c.execute(
-                "SELECT id, root FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ?",
-                (old, len(old) + 1, old + "/"),
-            ).fetchall():
+            for cid, root in c.execute(under, (old, len(old) + 1, old + "/")).fetchall():
                 c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (new + str(root)[len(old):], cid))
                 c.execute("UPDATE checkpoints SET root=? WHERE id=?", (new + str(root)[len(old):], cid))
 

@@ -16,8 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import trio
-
+from .. import threads
 from ..catalog import ChunkRef
 from ..catalog.audit import AuditRecord
 from ..catalog.quotas import Charge
@@ -87,7 +86,7 @@ async def commit_version(
             audit=v.audit,
         )
 
-    changes, dropped = await trio.to_thread.run_sync(commit, limiter=store.db_limiter)
+    changes, dropped = await threads.run_sync(commit, limiter=store.db_limiter)
     if uploads and store.on_requeue is not None:
         store.on_requeue()  # new upload jobs
     committed = dict(v.committed)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .. import threads
 from ..catalog import Catalog, ChunkRef
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import Backlog
@@ -796,7 +797,9 @@ class ChunkStore:
             self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
 
-        return await trio.to_thread.run_sync(work, limiter=self.io)
+        # The lighter thread call (ckptfs/threads.py): a small file's close makes this one
+        # and its commit, each a thread hop.
+        return await threads.run_sync(work, limiter=self.io)
 
     def _put_sealed(self, parts: Sequence[frame.Buffer], digest: bytes, key: SealKey,
                     bound: Locations) -> ChunkRef:

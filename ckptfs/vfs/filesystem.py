@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from .. import threads
 from ..catalog import Catalog, CheckpointRow, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
@@ -425,7 +426,8 @@ class Filesystem:
         return bytes(out)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.db_limiter)
+        # The lighter thread call (ckptfs/threads.py): most requests make one of these.
+        return await threads.run_sync(fn, *args, limiter=self.db_limiter)
 
     async def _db_dirs_changed(self, fn: Callable[..., T], *args: Any) -> T:
         """``db`` for a catalog call that may change directory rows (attributes, link

@@ -423,6 +423,26 @@ class CatalogConformance:
         assert (row.root, row.state, row.tags) == ("/new/step-1", CheckpointState.EXPIRED, "best,milestone")
         assert catalog.checkpoint_rows("/run") == []
 
+    def test_a_rename_that_moves_no_checkpoint_writes_nothing(
+        self, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The tracker asks this for every renamed file; only a checkpoint's move writes.
+        catalog.checkpoint_commit("/run/step-1", "torch", 1, 1, "x")
+        writes: list[object] = []
+        real = catalog._transaction  # type: ignore[attr-defined]
+
+        def counted(*args: object, **kw: object) -> object:
+            writes.append(args)
+            return real(*args, **kw)
+
+        monkeypatch.setattr(catalog, "_transaction", counted)
+        catalog.rename_checkpoints("/run/step-1.tmp", "/run/step-2")
+        catalog.rename_checkpoints("/ru", "/x")  # a prefix of a name is not "under"
+        assert writes == []
+        catalog.rename_checkpoints("/run", "/new")
+        assert len(writes) == 1
+        assert [r.root for r in catalog.checkpoint_rows("/")] == ["/new/step-1"]
+
     # -- meta --------------------------------------------------------------------------------
 
     def test_meta_and_recorded_tiers(self, catalog: Catalog) -> None:

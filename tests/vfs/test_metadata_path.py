@@ -13,6 +13,7 @@ import trio.testing
 
 from tests.vfs.test_vfs import make_daemon, make_fs
 
+from ckptfs import threads
 from ckptfs.catalog import Inode, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints import tracker as tracker_mod
@@ -32,15 +33,19 @@ DATA = os.urandom(4096)
 def count_db_hops(monkeypatch: pytest.MonkeyPatch, d: Daemon) -> list[str]:
     """Names of the catalog thread calls made by requests (not by the background tasks)."""
     calls: list[str] = []
-    real = trio.to_thread.run_sync
     background = (d.tracker, d.deleter, d.uploader, d.telemetry, d.janitor)
 
-    async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        if kw.get("limiter") is d.db_limiter and getattr(fn, "__self__", None) not in background:
-            calls.append(getattr(fn, "__qualname__", repr(fn)))
-        return await real(fn, *args, **kw)
+    def counter(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+            if (kw.get("limiter") is d.db_limiter
+                    and getattr(fn, "__self__", None) not in background):
+                calls.append(getattr(fn, "__qualname__", repr(fn)))
+            return await real(fn, *args, **kw)
+        return counting
 
-    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    # Both ways into a worker thread: trio's, and the lighter one of the hot calls.
+    monkeypatch.setattr(trio.to_thread, "run_sync", counter(trio.to_thread.run_sync))
+    monkeypatch.setattr(threads, "run_sync", counter(threads.run_sync))
     return calls
 
 
