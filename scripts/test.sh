@@ -26,7 +26,9 @@ echo "== lint-imports"
 
 echo "== pytest"
 rc=0
-.venv/bin/python -m pytest -q --durations=30 tests "$@" || rc=$?
+# Two test processes (pytest-xdist): most tests wait on mounts, servers and fsyncs, so two
+# overlap well on 2 cores. CKPTFS_TEST_WORKERS=0 runs them in this process, one at a time.
+.venv/bin/python -m pytest -q -n "${CKPTFS_TEST_WORKERS:-2}" --durations=30 tests "$@" || rc=$?
 
 if [ "$rc" -eq 5 ]; then
     echo "test.sh: pytest collected no tests: failing" >&2

@@ -100,8 +100,8 @@ def test_a_hand_edited_table_is_found(cat: SqlCatalog, tmp_path: Path) -> None:
             conn.commit()
             conn.close()
         else:
-            with psycopg.connect(cat._url, autocommit=True) as conn:  # type: ignore[attr-defined]
-                conn.execute(stmt)  # type: ignore[arg-type]
+            with psycopg.connect(cat._url, autocommit=True) as pconn:  # type: ignore[attr-defined]
+                pconn.execute(stmt)
 
     sql("UPDATE audit_log SET uid=0 WHERE seq=2")
     sql("DELETE FROM audit_log WHERE seq=4")

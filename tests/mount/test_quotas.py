@@ -282,7 +282,10 @@ def test_a_namespace_retention_class_expires_only_its_checkpoints(
         for p, run in runs.items():
             hf_save(run, step, os.urandom(300 * KiB))
             root = f"/{p}/run/checkpoint-{step}"
-            wait_until(lambda r=root, d=run: states(d).get(r) == "committed", what=root)
+            def committed(r: str = root, d: Path = run) -> bool:
+                return states(d).get(r) == "committed"
+
+            wait_until(committed, what=root)
     res = run_cli("gc", str(m.mountpoint))
     assert res.returncode == 0, res.stderr
     a, b = states(runs["proj-a"]), states(runs["proj-b"])

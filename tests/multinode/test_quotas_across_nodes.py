@@ -50,7 +50,7 @@ def test_two_nodes_cannot_together_exceed_a_quota(cluster: Cluster, db: Db, tmp_
                     os.close(fd)
                     closes[name] = 0
                 except OSError as exc:
-                    closes[name] = exc.errno
+                    closes[name] = exc.errno if exc.errno is not None else -1
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
@@ -64,8 +64,10 @@ def test_two_nodes_cannot_together_exceed_a_quota(cluster: Cluster, db: Db, tmp_
     won = next(n for n, e in closes.items() if e == 0)
     lost = "b" if won == "a" else "a"
     for m in (a, b):
-        wait_until(lambda m=m: os.stat(m.mountpoint / "proj-a" / won).st_size == 3 * MiB, 5,
-                   "the committed version")
+        def committed(m: Mount = m) -> bool:
+            return os.stat(m.mountpoint / "proj-a" / won).st_size == 3 * MiB
+
+        wait_until(committed, 5, "the committed version")
         assert os.stat(m.mountpoint / "proj-a" / lost).st_size == 0
     assert (b.mountpoint / "proj-a" / won).read_bytes() == data[won]
     usage = {u.ns: u for u in db().namespace_usage()}

@@ -19,6 +19,7 @@ from ckptfs.codec import frame
 from ckptfs.config.model import GovernanceConfig, NamespaceConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.tiers.base import Tier
 from ckptfs.vfs.context import ROOT
 from ckptfs.vfs.filesystem import Filesystem
 
@@ -61,7 +62,8 @@ async def test_an_upload_made_before_its_chunk_was_bound_is_dropped(tmp_path: Pa
     run; reu (eu) holds the chunk; both files read back."""
     rus = FaultyTier(MemoryTier("rus", kind="remote", location="us"))
     reu = MemoryTier("reu", kind="remote", location="eu")
-    tiers = [MemoryTier("eu0", location="eu"), MemoryTier("us0", location="us"), reu, rus]
+    tiers: list[Tier] = [MemoryTier("eu0", location="eu"), MemoryTier("us0", location="us"), reu,
+                         rus]
     data = chunk_striped_to(1, 2)  # remotes in name order: reu, rus
     digest = frame.digest_of(data)
     key = digest.hex()
@@ -95,7 +97,8 @@ async def test_a_write_no_local_tier_may_hold_fails_with_eio_and_commits_nothing
 ) -> None:
     """/a (eu) and /b (us) write the same bytes: the chunk may be only where both allow,
     nowhere. The second write fails with EIO and its file stays empty; /a is intact."""
-    tiers = [MemoryTier("eu0", location="eu"), MemoryTier("us0", location="us")]
+    us0 = MemoryTier("us0", location="us")
+    tiers: list[Tier] = [MemoryTier("eu0", location="eu"), us0]
     gov = GovernanceConfig(namespaces=(ns("/a", "eu"), ns("/b", "us")))
     data = os.urandom(2 * CS)
     async with make_daemon(tmp_path, tiers, governance=gov) as d:
@@ -108,7 +111,7 @@ async def test_a_write_no_local_tier_may_hold_fails_with_eio_and_commits_nothing
         assert info.value.errno == errno.EIO
         assert await load(fs, b, b"y") == b""
         assert await load(fs, a, b"x") == data
-        assert not tiers[1].frames, "a copy landed on the us tier"
+        assert not us0.frames, "a copy landed on the us tier"
         assert d.store.stats.get("residency_refused_write") >= 1
 
 
