@@ -14,7 +14,10 @@
 #   checkpoint saved on a is listed and loaded bit-identical on b, an O_EXCL create race
 #   between the nodes (one wins) and a rename on a seen on b -> one DCP-layout checkpoint
 #   written from both nodes, committed only once every shard is closed, `ckptfs latest`
-#   the same on both -> unmount both.
+#   the same on both -> unmount both -> governance: a mount with two namespaces owned by
+#   uids 1001 and 1002, one encrypted, bound to a location and under a quota: the other
+#   uid gets EACCES, the frames are ciphertext on the allowed tier only, a write past the
+#   quota gets EDQUOT, the audit log verifies and a hand edit of it is found.
 #
 # Whatever happens, every mount is unmounted, the S3 server and PostgreSQL stopped (by PID)
 # and the temporary directory removed on exit (KEEP=1 keeps the directory for a look
@@ -48,7 +51,7 @@ mounted() { mounted_at "$MNT"; }
 cleanup() {
     local rc=$?
     set +e
-    for m in "$MNT" "$NODE_A/mnt" "$NODE_B/mnt"; do
+    for m in "$MNT" "$NODE_A/mnt" "$NODE_B/mnt" "$WORK/gov/mnt"; do
         if mounted_at "$m"; then
             echo "demo: cleaning up: unmounting $m"
             ckptfs umount "$m" || fusermount3 -u -z "$m"
@@ -71,13 +74,15 @@ cleanup() {
         fi
     done
     if [ "$rc" -ne 0 ]; then
-        for log in "$STATE/ckptfs.log" "$NODE_A/state/ckptfs.log" "$NODE_B/state/ckptfs.log"; do
+        for log in "$STATE/ckptfs.log" "$NODE_A/state/ckptfs.log" "$NODE_B/state/ckptfs.log" \
+               "$WORK/gov/state/ckptfs.log"; do
             [ -f "$log" ] || continue
             echo "demo: FAILED (exit $rc); last lines of $log:" >&2
             tail -n 30 "$log" >&2
         done
     fi
-    if [ "${KEEP:-0}" = 1 ] || mounted || mounted_at "$NODE_A/mnt" || mounted_at "$NODE_B/mnt"; then
+    if [ "${KEEP:-0}" = 1 ] || mounted || mounted_at "$NODE_A/mnt" || mounted_at "$NODE_B/mnt" \
+            || mounted_at "$WORK/gov/mnt"; then
         echo "demo: leaving $WORK in place"
     else
         rm -rf "$WORK"
@@ -454,5 +459,155 @@ kill "$PG_PID"
 wait "$PG_PID"
 PG_PID=""
 echo "PostgreSQL stopped"
+
+step "17. governance: two projects on one mount (namespaces owned by uid 1001 and 1002), /proj-a encrypted, bound to eu-west, with a quota; an audit log"
+GOV="$WORK/gov"
+mkdir -p "$GOV/mnt" "$GOV/keys" "$GOV/eu-west" "$GOV/us-east"
+chmod 700 "$GOV/keys"
+chmod 711 "$WORK" "$GOV"   # the projects' users must reach the mount point (mktemp made 0700)
+"$PY" - "$GOV/keys" <<'EOF2'
+import os, sys
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+keys = sys.argv[1]
+with open(os.open(f"{keys}/kek", os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+    f.write(os.urandom(32))  # the key-encryption key: 32 random bytes, mode 0600
+pem = Ed25519PrivateKey.generate().private_bytes(
+    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+with open(os.open(f"{keys}/audit.pem", os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+    f.write(pem)  # signs the head of the audit chain
+EOF2
+cat > "$GOV/ckptfs.toml" <<EOF2
+state_dir = "$GOV/state"
+[keys]
+kek_file = "$GOV/keys/kek"
+[access]
+admin_gids = [0]   # root may cross namespaces (ckptfs status below); logged as admin overrides
+[audit]
+signing_key_file = "$GOV/keys/audit.pem"
+[[tier]]
+name = "eu0"
+kind = "local"
+path = "$GOV/eu-west"
+location = "eu-west"
+allow_shared_device = true
+[[tier]]
+name = "us0"
+kind = "local"
+path = "$GOV/us-east"
+location = "us-east"
+allow_shared_device = true
+[[tier]]
+name = "bucket"
+kind = "s3"
+bucket = "$S3_BUCKET"
+prefix = "demo-gov"
+endpoint_url = "$S3_ENDPOINT"
+location = "eu-west"
+[[namespace]]
+path = "/proj-a"
+uids = [1001]
+allowed_locations = ["eu-west"]
+encrypt = true
+quota = "8MiB"
+[[namespace]]
+path = "/proj-b"
+uids = [1002]
+EOF2
+sed -n '2,99p' "$GOV/ckptfs.toml" | sed 's/^/  /'
+ckptfs mount "$GOV/mnt" --config "$GOV/ckptfs.toml"
+DAEMONS+=("$(cat "$GOV/state/daemon.pid")")
+"$PY" - "$GOV" <<'EOF2'
+import errno, json, os, subprocess, sys
+from pathlib import Path
+
+gov = Path(sys.argv[1])
+mnt = gov / "mnt"
+marker = b"PROJECT-A-WEIGHTS!" * 58254  # ~1 MiB of text that must not appear on disk
+
+
+# The children need only the standard library; the venv's interpreter may live where other
+# users cannot reach it (under /root), so they run the system's python3 where there is one.
+PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
+
+def as_user(uid: int, code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a child process as ``uid`` (gid = uid); it prints what it saw."""
+    return subprocess.run([PYTHON, "-c", code], user=uid, group=uid, extra_groups=[],
+                          capture_output=True, text=True, cwd="/", check=False)
+
+
+res = as_user(1001, f"""
+import os
+os.mkdir({str(mnt / 'proj-a')!r}, 0o777)
+with open({str(mnt / 'proj-a' / 'model.bin')!r}, "wb") as f:
+    f.write({marker!r} * 4)
+print("uid 1001 saved /proj-a/model.bin,", os.stat({str(mnt / 'proj-a' / 'model.bin')!r}).st_size, "bytes")
+""")
+assert res.returncode == 0, res.stderr
+print(res.stdout.strip())
+res = as_user(1002, f"""
+import errno, os
+os.mkdir({str(mnt / 'proj-b')!r}, 0o777)
+for what, call in (("open", lambda: open({str(mnt / 'proj-a' / 'model.bin')!r}, "rb")),
+                   ("listdir", lambda: os.listdir({str(mnt / 'proj-a')!r}))):
+    try:
+        call()
+        print(what, "of /proj-a by uid 1002: allowed (WRONG)")
+    except PermissionError as exc:
+        print(what, "of /proj-a by uid 1002:", errno.errorcode[exc.errno], "(the dir is mode 0777)")
+""")
+assert res.returncode == 0 and "WRONG" not in res.stdout and "EACCES" in res.stdout, res
+print(res.stdout.strip())
+# Residency and encryption: every frame of /proj-a lies on the eu-west tier, sealed.
+eu = [p for p in (gov / "eu-west").rglob("*") if p.is_file() and "chunks" in p.parts]
+us = [p for p in (gov / "us-east").rglob("*") if p.is_file() and "chunks" in p.parts]
+raw = b"".join(p.read_bytes() for p in eu)
+assert eu and not us, (len(eu), len(us))
+assert marker[:64] not in raw, "plaintext on the tier"
+ciphers = {p.read_bytes()[6] for p in eu}  # the frame header's cipher byte
+print(f"frames: {len(eu)} on eu-west, {len(us)} on us-east; cipher byte {sorted(ciphers)} "
+      f"(1 = AES-256-GCM); the plaintext appears in none of them")
+assert ciphers == {1}
+res = as_user(1001, f"""
+import errno, os
+try:
+    with open({str(mnt / 'proj-a' / 'more.bin')!r}, "wb") as f:
+        f.write(os.urandom(6 * 1024 * 1024))
+    print("a write past the quota: allowed (WRONG)")
+except OSError as exc:
+    print("6 MiB more in /proj-a (quota 8 MiB):", errno.errorcode[exc.errno])
+""")
+assert res.returncode == 0 and "EDQUOT" in res.stdout, res
+print(res.stdout.strip())
+EOF2
+ckptfs status --state-dir "$GOV/state" --json > "$WORK/status-gov.json"
+"$PY" - "$WORK/status-gov.json" <<'EOF2'
+import json, sys
+
+for n in json.load(open(sys.argv[1]))["namespaces"]:
+    print(f"  namespace {n['path']:<8} used {n['used_bytes']:>8} bytes of {n['quota_bytes']}, "
+          f"{n['files']} file(s)")
+EOF2
+ckptfs sync "$GOV/mnt"
+ckptfs audit tail -n 6 --state-dir "$GOV/state"
+ckptfs umount "$GOV/mnt"
+echo "unmounted $GOV/mnt (the daemon sealed the head of the audit chain)"
+ckptfs audit verify --state-dir "$GOV/state"
+"$PY" - "$GOV/state/catalog.sqlite" <<'EOF2'
+import sqlite3, sys
+
+db = sqlite3.connect(sys.argv[1])
+seq = db.execute("SELECT min(seq) FROM audit_log WHERE action='open' OR action='create'").fetchone()[0]
+db.execute("UPDATE audit_log SET uid=4242 WHERE seq=?", (seq,))
+db.commit()
+print(f"edited audit record {seq} by hand (uid -> 4242)")
+EOF2
+if ckptfs audit verify --state-dir "$GOV/state"; then
+    echo "demo: audit verify missed a hand edit" >&2
+    exit 1
+fi
+echo "audit verify found the edit (exit 1)"
 
 step "demo finished: every step passed"
