@@ -15,10 +15,12 @@ the catalog within a second (keys/ring.py), on every node sharing it.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
+from ..catalog.audit import AuditRecord
 from ..catalog.durability import snapshot_covers
 from ..catalog.engines import open_state_dir_catalog
 from ..config import Config
@@ -45,6 +47,9 @@ def cmd_rekey(cfg: Config, namespace: str | None, new_kek_file: str | None) -> i
                 raise UsageError(f"rekey --namespace: {namespace} is not an encrypted "
                                  f"namespace of the config")
             row = rotate(catalog, kek, namespace)
+            catalog.audit_append(AuditRecord(
+                "key_rotate", namespace, os.getuid(), os.getpid(),
+                detail={"version": row.version, "key_id": row.key_id}))
             log.info("namespace %s: key rotated to version %d (key id %d)", namespace,
                      row.version, row.key_id)
             print(f"ckptfs rekey: namespace {namespace} now seals new chunks with key "
@@ -52,6 +57,9 @@ def cmd_rekey(cfg: Config, namespace: str | None, new_kek_file: str | None) -> i
         if new_kek_file is not None:
             new_kek = load_kek(KeysConfig(kek_file=Path(new_kek_file).absolute()))
             n = rewrap_all(catalog, kek, new_kek)
+            catalog.audit_append(AuditRecord(
+                "key_rewrap", "/", os.getuid(), os.getpid(),
+                detail={"keys": n, "kek": kek_id(new_kek), "was": kek_id(kek)}))
             log.info("every live namespace key (%d) rewrapped under KEK %s (was %s)", n,
                      kek_id(new_kek), kek_id(kek))
             print(f"ckptfs rekey: {n} key version(s) rewrapped under the new KEK "
@@ -72,6 +80,8 @@ def cmd_shred(cfg: Config, namespace: str, yes: bool, timeout: float) -> int:
             raise UsageError(f"shred: namespace {namespace} has no keys in the catalog")
         at = time.time_ns()
         ids = catalog.shred_namespace_keys(namespace)
+        catalog.audit_append(AuditRecord("shred", namespace, os.getuid(), os.getpid(),
+                                         detail={"key_ids": ids}))
         log.info("namespace %s: shredded key ids %s", namespace, ", ".join(map(str, ids)) or "none")
         print(f"ckptfs shred: namespace {namespace}: {len(ids)} key version(s) destroyed; "
               f"its chunks can no longer be read on any tier")

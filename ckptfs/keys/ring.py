@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from ..catalog import Catalog
+from ..catalog.audit import AuditRecord
 from ..catalog.keys import KeyRow
 from ..codec.seal import KEYRING, SealKey
 from ..config.model import GovernanceConfig
@@ -113,6 +114,8 @@ class NamespaceKeys:
                 continue  # done already (here or by another node): change nothing
             ids = self.catalog.shred_namespace_keys(ns)
             if ids:
+                self.catalog.audit_append(AuditRecord(
+                    "shred", ns, 0, 0, detail={"key_ids": ids, "reason": "expires"}))
                 log.info("namespace %s expired: its key ids %s shredded (all its data is "
                          "unreadable from now on)", ns, ", ".join(map(str, ids)))
             gone += ids
@@ -129,6 +132,9 @@ class NamespaceKeys:
                 continue  # no new key: writes there fail (EIO) from now on
             made = self.catalog.ensure_namespace_key(ns, fresh_wrap(self._kek))
             if made is not None:
+                self.catalog.audit_append(AuditRecord(
+                    "key_create", ns, 0, 0, detail={"version": made.version,
+                                                     "key_id": made.key_id}))
                 log.info("namespace %s: key version %d created (key id %d)", ns, made.version,
                          made.key_id)
         gen = self.catalog.keys_gen()

@@ -1138,6 +1138,7 @@ class Filesystem:
             h.file.bypassed_cache = True
         if h.caller_uid != 0 and h.file.inode.mode & SETID:
             await self._kill_setid(h.file)
+        h.file.writer = (h.caller_uid, h.caller_pid)
         n = await h.file.write(off, data)
         if not h.wrote:
             h.wrote = True  # one event per handle, not per write

@@ -154,6 +154,9 @@ class OpenFile:
         # The encrypted namespace its chunks are sealed for, looked up at its first chunk
         # write (False: not yet). A file keeps it while open (a rename does not re-seal).
         self._sealed_ns: str | None | bool = False
+        # Who wrote to it last (uid, pid of the handle; the filesystem sets it): the audit
+        # record of a quota refusal names them.
+        self.writer: tuple[int, int] = (0, 0)
 
     @property
     def ino(self) -> int:
@@ -461,6 +464,12 @@ class OpenFile:
         except CkptfsError:
             path = f"inode {self.ino}"
         refused(path, what, exc)
+        # The refusal changes nothing, so its audit record is noted (no transaction to
+        # join) and written with the next batch; who: the handle that wrote last.
+        uid, pid = self.writer
+        self.svc.store.catalog.audit_note(AuditRecord(
+            "quota_refused", path, uid, pid, time_ns=time.time_ns(),
+            detail={"call": what, "error": str(exc)}))
 
     def _sync_failed(self, exc: CkptfsError) -> None:
         # Reported by this fsync; the handles keep failing until they close and commit
