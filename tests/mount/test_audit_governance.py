@@ -23,10 +23,11 @@ pytestmark = needs_root
 OWNER, ADMIN_GID = 4242, 4343
 
 
-def child(uid: int, code: str, extra_groups: tuple[int, ...] = ()) -> tuple[int, str]:
-    """Run ``code`` as ``uid`` (gid = uid, plus ``extra_groups``); (exit code, stdout)."""
+def child(uid: int, code: str, cwd: Path, extra_groups: tuple[int, ...] = ()) -> tuple[int, str]:
+    """Run ``code`` as ``uid`` (gid = uid, plus ``extra_groups``) in ``cwd`` (entered before
+    the uid changes: the test's tmp dir is root's only); (exit code, stdout)."""
     res = subprocess.run([CHILD_PYTHON, "-c", code], user=uid, group=uid,
-                         extra_groups=list(extra_groups), cwd="/", capture_output=True,
+                         extra_groups=list(extra_groups), cwd=cwd, capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
     return res.returncode, res.stdout
@@ -44,31 +45,31 @@ def test_admin_crossing_and_quota_refusal_are_recorded_with_who(
     cfg.write_text(f'[access]\nadmin_gids = [{ADMIN_GID}]\n'
                    f'[[namespace]]\npath = "/proj"\nuids = [{OWNER}]\nquota = "1MiB"\n')
     m = ckpt_factory.mount(extra_args=("--config", str(cfg)))
-    proj = m.mountpoint / "proj"
-    _, out = child(OWNER, f"""
+    os.chmod(m.mountpoint, 0o777)  # the owner creates its namespace's root itself
+    _, out = child(OWNER, """
 import errno, os
-os.mkdir({str(proj)!r}, 0o777)
+os.mkdir('proj', 0o777)
 try:
-    with open({str(proj / 'big.bin')!r}, "wb") as f:
+    with open('proj/big.bin', "wb") as f:
         f.write(os.urandom(2 * 1024 * 1024))
     print("written")
 except OSError as exc:
     print(errno.errorcode[exc.errno], os.getpid())
-""")
+""", m.mountpoint)
     words = out.split()
     assert words[0] == "EDQUOT", out
     owner_pid = int(words[1])
     # Root (uid 0, no admin gid) is refused; with the admin gid it may read, and is recorded.
-    _, out = child(0, f"""
+    _, out = child(0, """
 import os
 try:
-    os.listdir({str(proj)!r}); print("listed")
+    os.listdir('proj'); print("listed")
 except PermissionError:
     print("EACCES")
-""")
+""", m.mountpoint)
     assert out.strip() == "EACCES"
-    _, out = child(0, f"import os\nprint(sorted(os.listdir({str(proj)!r})), os.getpid())",
-                   extra_groups=(ADMIN_GID,))
+    _, out = child(0, "import os\nprint(sorted(os.listdir('proj')), os.getpid())",
+                   m.mountpoint, extra_groups=(ADMIN_GID,))
     admin_pid = int(out.split()[-1])
 
     def both() -> bool:
