@@ -3,7 +3,7 @@
 A frame can be checked without the catalog: the header names the codec, the plaintext
 length and the blake3 digest of the plaintext, so a tier can be scrubbed on its own.
 
-Layout (little endian, 64 bytes)::
+Layout (little endian, 60 bytes)::
 
     magic      4s   b"CKFR"
     version    B    1

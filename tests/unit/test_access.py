@@ -11,6 +11,7 @@ import logging
 import pytest
 import trio
 
+from ckptfs.catalog.audit import AuditRecord
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.config import GovernanceConfig, NamespaceConfig
 from ckptfs.errors import CkptfsError
@@ -31,14 +32,19 @@ PATHS = {2: "/proj-a", 3: "/proj-a/run", 4: "/proj-a/run/f", 5: "/teams", 6: "/t
 
 
 class FakeCatalog:
-    """Only ``path_of``, counting its calls (a cached place must not ask again)."""
+    """Only ``path_of``, counting its calls (a cached place must not ask again), and
+    ``audit_note``, keeping the records an admin's crossing notes."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.noted: list[AuditRecord] = []
 
     def path_of(self, ino: int) -> str:
         self.calls += 1
         return PATHS[ino]
+
+    def audit_note(self, record: AuditRecord) -> None:
+        self.noted.append(record)
 
 
 def make(groups: dict[int, tuple[int, ...]] | None = None) -> tuple[Access, FakeCatalog, list[int]]:
@@ -99,10 +105,12 @@ async def test_group_owners_need_their_supplementary_groups_read_only_then() -> 
 
 
 async def test_admins_cross_and_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    a, _, _ = make({400: (ADMIN_GID,)})
+    a, cat, _ = make({400: (ADMIN_GID,)})
     with caplog.at_level(logging.INFO, logger="ckptfs.access"):
         assert await errno_of(a.inode(who(0, pid=400), 4, "open")) == 0
     assert "admin override: uid 0 pid 400 open /proj-a/run/f (namespace /proj-a)" in caplog.text
+    assert [(r.action, r.path, r.uid, r.pid, dict(r.detail)) for r in cat.noted] == [
+        ("admin_override", "/proj-a/run/f", 0, 400, {"op": "open", "namespace": "/proj-a"})]
 
 
 async def test_the_daemons_own_work_is_exempt() -> None:
