@@ -518,6 +518,7 @@ EOF2
 sed -n '2,99p' "$GOV/ckptfs.toml" | sed 's/^/  /'
 ckptfs mount "$GOV/mnt" --config "$GOV/ckptfs.toml"
 DAEMONS+=("$(cat "$GOV/state/daemon.pid")")
+chmod 1777 "$GOV/mnt"   # each project makes its namespace's root itself (like /tmp: sticky)
 "$PY" - "$GOV" <<'EOF2'
 import errno, json, os, subprocess, sys
 from pathlib import Path
@@ -542,7 +543,7 @@ res = as_user(1001, f"""
 import os
 os.mkdir({str(mnt / 'proj-a')!r}, 0o777)
 with open({str(mnt / 'proj-a' / 'model.bin')!r}, "wb") as f:
-    f.write({marker!r} * 4)
+    f.write(b"PROJECT-A-WEIGHTS!" * 58254 * 4)  # the marker, 4 MiB
 print("uid 1001 saved /proj-a/model.bin,", os.stat({str(mnt / 'proj-a' / 'model.bin')!r}).st_size, "bytes")
 """)
 assert res.returncode == 0, res.stderr
@@ -594,7 +595,7 @@ ckptfs sync "$GOV/mnt"
 ckptfs audit tail -n 6 --state-dir "$GOV/state"
 ckptfs umount "$GOV/mnt"
 echo "unmounted $GOV/mnt (the daemon sealed the head of the audit chain)"
-ckptfs audit verify --state-dir "$GOV/state"
+ckptfs audit verify --state-dir "$GOV/state" --config "$GOV/ckptfs.toml"  # seals' signatures too
 "$PY" - "$GOV/state/catalog.sqlite" <<'EOF2'
 import sqlite3, sys
 
