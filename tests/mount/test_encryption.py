@@ -144,15 +144,6 @@ def test_rotation_seals_new_writes_with_the_new_version_and_old_files_stay_reada
     assert kek != new_kek
 
 
-def _eio(path: Path) -> bool:
-    try:
-        path.read_bytes()
-    except OSError as exc:
-        assert exc.errno == errno.EIO, exc
-        return True
-    return False
-
-
 @pytest.mark.allow_log_errors
 def test_shredding_makes_every_frame_unreadable_while_the_frames_stay(
     ckpt_factory: CkptFactory, tmp_path: Path,
@@ -184,7 +175,7 @@ def test_shredding_makes_every_frame_unreadable_while_the_frames_stay(
     for name in ("read-before.bin", "never-read.bin"):
         with open(m.mountpoint / "proj-a" / name, "rb") as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        assert _eio(m.mountpoint / "proj-a" / name), name
+        assert enc.read_is_eio(m.mountpoint / "proj-a" / name), name
     assert (m.mountpoint / "proj-b/kept.bin").read_bytes() == other
     assert (m.mountpoint / "open/plain.bin").read_bytes() == other
     after = enc.frames(m.locals)
@@ -207,7 +198,7 @@ def test_shredding_makes_every_frame_unreadable_while_the_frames_stay(
     finally:
         KEYRING.replace([])
     ckpt_factory.remount(m)
-    assert _eio(m.mountpoint / "proj-a/never-read.bin")
+    assert enc.read_is_eio(m.mountpoint / "proj-a/never-read.bin")
     assert (m.mountpoint / "proj-b/kept.bin").read_bytes() == other
     # The namespace gets a fresh key for new data.
     enc.write(m.mountpoint / "proj-a/after.bin", data)
@@ -232,7 +223,7 @@ def test_a_namespace_past_its_expiry_is_shredded_by_the_daemon(
     enc.write(m.mountpoint / "proj-b/f.bin", data)
     wait_until(lambda: "namespace /proj-a expired" in m.log, 20, "the expiry")
     wait_until(lambda: "shredded in the catalog: forgotten" in m.log, 10, "forgotten")
-    assert _eio(m.mountpoint / "proj-a/f.bin")
+    assert enc.read_is_eio(m.mountpoint / "proj-a/f.bin")
     assert (m.mountpoint / "proj-b/f.bin").read_bytes() == data
     with pytest.raises(OSError) as info:  # no new key for an expired namespace
         enc.write(m.mountpoint / "proj-a/g.bin", data)

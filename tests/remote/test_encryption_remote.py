@@ -5,7 +5,6 @@ and a shred leaves the objects there, unreadable, with a snapshot that holds no 
 
 from __future__ import annotations
 
-import errno
 import shutil
 from pathlib import Path
 
@@ -31,15 +30,6 @@ def _sync(path: Path) -> None:
 
 def _args(cfg: Path, url: str) -> tuple[str, ...]:
     return ("--chunk-size", "1MiB", "--remote", url, "--config", str(cfg))
-
-
-def _eio(path: Path) -> bool:
-    try:
-        path.read_bytes()
-    except OSError as exc:
-        assert exc.errno == errno.EIO, exc
-        return True
-    return False
 
 
 @pytest.mark.allow_log_errors("is corrupt", "no valid copy", "unreadable")
@@ -102,7 +92,7 @@ def test_bucket_objects_are_ciphertext_and_a_flipped_byte_is_healed_or_eio(
         # detectors may have read it after its close).
         m.stop()
         m.start()
-        assert _eio(m.mountpoint / "proj-a/g.bin")
+        assert enc.read_is_eio(m.mountpoint / "proj-a/g.bin")
 
 
 @pytest.mark.slow
@@ -155,7 +145,7 @@ def test_a_shred_leaves_the_objects_unreadable_and_the_snapshot_without_the_key(
         for p in (m.locals[0] / "chunks").glob("*/*"):
             if p.name in ids:
                 p.unlink()
-        wait_until(lambda: _eio(m.mountpoint / "proj-a/f.bin"), 10, "EIO after the shred")
+        wait_until(lambda: enc.read_is_eio(m.mountpoint / "proj-a/f.bin"), 10, "EIO after the shred")
         client = seaweed.client()
         snap = client.get_object(Bucket=seaweed.bucket, Key=f"{prefix}/meta/catalog.snapshot")
         body = snap["Body"].read()

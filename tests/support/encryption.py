@@ -4,6 +4,7 @@ them (unwrapped here, so a test can look for key bytes where none must be)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,3 +78,14 @@ def keys_of(catalog: Catalog, kek: bytes) -> list[SealKey]:
 
 def key_ids(raw: dict[str, bytes], ids: set[str]) -> set[int]:
     return {frame.parse_header(raw[k]).key_id for k in ids}
+
+
+def read_is_eio(path: Path) -> bool:
+    """Reading ``path`` fails with EIO (True) or succeeds (False); any other error fails
+    the test."""
+    try:
+        path.read_bytes()
+    except OSError as exc:
+        assert exc.errno == errno.EIO, exc
+        return True
+    return False
