@@ -121,7 +121,7 @@ def perf_start(pid: int | None, out: Path) -> subprocess.Popen[bytes] | None:
 
 
 COUNTERS = ("frame_buffers_made", "frame_buffers_reused", "copy_backs", "copy_backs_skipped",
-            "heals", "ranged_gets", "ranged_get_retries")
+            "heals")
 
 
 def main(argv: list[str] | None = None) -> int:
