@@ -11,7 +11,8 @@ Each pass (3 by default, 1 with --quick) measures, in this order:
    snapshot stored); the save alone is the stall with a remote tier. Measured twice: with
    the default ``upload_during_save = "auto"`` (on 2 cores it defers uploads while a save
    buffers data) and on a node configured ``"overlap"`` (uploads run during the save);
-3. the baseline: a hand-written boto3 multipart upload of the same bytes from memory,
+3. the baseline (2. and 3. run in this order in odd passes, reversed in even ones): a
+   hand-written boto3 multipart upload of the same bytes from memory,
    ``--workers`` (8) threads, one object per file, 16 MiB parts with SHA-256 checksums (as
    ckptfs sends its objects), timed from its first call to the last CompleteMultipartUpload;
    same server, right after 2. (both are timed from their own start, the moment the data is
@@ -41,10 +42,12 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -319,6 +322,69 @@ def py_spy_stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(10)
 
 
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all cpus from /proc/stat (idle + iowait count as idle)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+class Timeline:
+    """``--timeline``: every ``period`` s during a step, the machine's busy cores, the CPU
+    (cores) of the daemon and of SeaweedFS, and the daemon's upload jobs left (read from
+    its catalog, read-only): where a step's time goes (an idle link, a wait)."""
+
+    def __init__(self, daemon: int | None, seaweed: int | None, catalog: Path | None,
+                 period: float = 0.25) -> None:
+        self.pids = (daemon, seaweed)
+        self.catalog = catalog
+        self.period = period
+        self.rows: list[tuple[float, float, float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _jobs(self) -> int:
+        if self.catalog is None:
+            return -1
+        try:
+            db = sqlite3.connect(f"file:{self.catalog}?mode=ro", uri=True, timeout=0.05)
+            try:
+                return int(db.execute("SELECT count(*) FROM upload_jobs").fetchone()[0])
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return -1
+
+    def _run(self) -> None:
+        cores = os.cpu_count() or 1
+        t0 = time.perf_counter()
+        last = (t0, _busy_jiffies(), [cpu_seconds(p) for p in self.pids])
+        while not self._stop.wait(self.period):
+            now = time.perf_counter()
+            jif = _busy_jiffies()
+            cpu = [cpu_seconds(p) for p in self.pids]
+            dt = now - last[0]
+            busy = cores * (jif[0] - last[1][0]) / max(1, jif[1] - last[1][1])
+            rates = [0.0 if a is None or b is None else (a - b) / dt
+                     for a, b in zip(cpu, last[2], strict=True)]
+            self.rows.append((now - t0, busy, rates[0], rates[1], self._jobs()))
+            last = (now, jif, cpu)
+
+    def __enter__(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def show(self, label: str) -> None:
+        print(f"  timeline of {label}: t s | machine busy cores | daemon cores | SeaweedFS "
+              "cores | upload jobs left")
+        for t, busy, d, w, jobs in self.rows:
+            print(f"    {t:6.2f} | {busy:4.2f} | {d:4.2f} | {w:4.2f} | {jobs}")
+
+
 class Steps:
     """Times steps and the CPU the daemon, SeaweedFS and this script used in them."""
 
@@ -466,12 +532,20 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
             if res.returncode:
                 raise BenchError(f"ckptfs sync failed: {res.stderr.strip()}")
 
-        steps.run(key, label, save_and_sync, on)
+        spy = (py_spy_start(on.pid, Path(f"{args.py_spy_durable}.{key}"))
+               if args.py_spy_durable and n == 1 else None)
+        timeline = (Timeline(on.pid, server.pid, on.state / "catalog.sqlite")
+                    if args.timeline else contextlib.nullcontext())
+        try:
+            with timeline:
+                steps.run(key, label, save_and_sync, on)
+        finally:
+            py_spy_stop(spy)
+        if isinstance(timeline, Timeline):
+            timeline.show(label)
         steps.passes[-1][stall_key] = {"seconds": stall[0], "cpu_daemon_s": None,
                                        "cpu_seaweed_s": None, "cpu_script_s": None}
         print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
-
-    durable("durable_ckptfs", "stall_remote", "save + ckptfs sync (time to durable)", node)
 
     # The same on a node whose uploads overlap the save (upload_during_save = "overlap").
     overlap_cfg = base / "overlap.toml"
@@ -481,14 +555,31 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
                  [*extra, f"--config={overlap_cfg}"])
     nodes.append(onode)
     onode.mount()
-    durable("durable_overlap", "stall_overlap",
-            "save + ckptfs sync, uploads overlapping the save", onode)
+    b3 = f"b3-{prefix}"
+
+    def boto3_step() -> None:
+        timeline = (Timeline(None, server.pid, None) if args.timeline
+                    else contextlib.nullcontext())
+        with timeline:
+            steps.run("durable_boto3", "boto3 multipart upload from memory",
+                      lambda: boto3_upload(client, server.bucket, b3, files, workers))
+        if isinstance(timeline, Timeline):
+            timeline.show("the boto3 upload")
+
+    uploads: list[Callable[[], None]] = [
+        lambda: durable("durable_ckptfs", "stall_remote",
+                        "save + ckptfs sync (time to durable)", node),
+        lambda: durable("durable_overlap", "stall_overlap",
+                        "save + ckptfs sync, uploads overlapping the save", onode),
+        boto3_step,
+    ]
+    # Odd passes in this order, even ones reversed: the first upload of a pass finds fewer
+    # SeaweedFS volumes grown (its CPU per GB varied by 20 % between the steps of a pass).
+    for step in uploads if n % 2 else uploads[::-1]:
+        step()
     onode.umount()
     nodes.remove(onode)
     shutil.rmtree(onode.base, ignore_errors=True)
-    b3 = f"b3-{prefix}"
-    steps.run("durable_boto3", "boto3 multipart upload from memory",
-              lambda: boto3_upload(client, server.bucket, b3, files, workers))
     if args.no_restore:
         return
 
@@ -560,6 +651,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--py-spy", metavar="FILE",
                     help="record the daemon with py-spy during the first restore into memory "
                          "(raw collapsed stacks; costs CPU, so not for the measured run)")
+    ap.add_argument("--py-spy-durable", metavar="FILE",
+                    help="record the daemon with py-spy from the save's open until `ckptfs "
+                         "sync` returns, in the first pass (FILE.durable_ckptfs, "
+                         "FILE.durable_overlap; raw collapsed stacks)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print, every 0.25 s of each save + sync, the busy cores, the "
+                         "daemon's and SeaweedFS's CPU and the upload jobs left")
     args = ap.parse_args(argv)
     file_mib = args.file_mib if args.file_mib is not None else (4 if args.quick else 128)
     passes = args.repeat if args.repeat is not None else (1 if args.quick else 3)

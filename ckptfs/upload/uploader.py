@@ -630,37 +630,52 @@ class Uploader:
         remote = self.tiers.get(job.tier)
         if remote is None:
             raise PermanentTierError(f"tier {job.tier} is not configured")
-        key = job.digest.hex()
-        problems = []
-        for name in job.sources:
-            tier = self.local.get(name)
-            if tier is None:
-                continue
-            if not self.residency.permits(job.digest, name):
-                problems.append(f"{name}: outside the chunk's allowed locations")
-                continue  # as reads: a copy out of residency is no source
-            # Into a reused buffer where the tier can (no fresh pages per chunk).
-            get_into = getattr(tier, "get_into", None)
-            raw = tier.get(key) if get_into is None else get_into(key, self.frames.take)
-            if raw is None:
-                problems.append(f"{name}: missing")
-                continue
+        sources = [t for name in job.sources if (t := self.local.get(name)) is not None]
+        copy_frame(job.digest, sources, remote, self.compressor, self.frames,
+                   permitted=lambda name: self.residency.permits(job.digest, name))
+
+
+def copy_frame(
+    digest: bytes,
+    sources: Sequence[Tier],
+    remote: Tier,
+    compressor: RemoteCompressor,
+    frames: FramePool,
+    permitted: Callable[[str], bool] = lambda name: True,
+) -> None:
+    """Blocking: put chunk ``digest`` on ``remote`` from the first of the local ``sources``
+    holding a valid copy (and ``permitted`` to serve it: residency). The frame is read into
+    a buffer of ``frames``, blake3-checked, maybe sent as lz4 (``compressor``), with the
+    SHA-256 the server checks the body against. ChunkMissing if no source has it."""
+    key = digest.hex()
+    problems = []
+    for tier in sources:
+        name = tier.name
+        if not permitted(name):
+            problems.append(f"{name}: outside the chunk's allowed locations")
+            continue  # as reads: a copy out of residency is no source
+        # Into a reused buffer where the tier can (no fresh pages per chunk).
+        get_into = getattr(tier, "get_into", None)
+        raw = tier.get(key) if get_into is None else get_into(key, frames.take)
+        if raw is None:
+            problems.append(f"{name}: missing")
+            continue
+        try:
             try:
-                try:
-                    frame.verify(raw, job.digest)  # never upload bytes we cannot vouch for
-                except CorruptChunk as exc:
-                    problems.append(f"{name}: {exc}")
-                    continue
-                # The raw frame, or a verified LZ4 frame of it when that pays
-                # (codec/compress.py).
-                body, choice = self.compressor.frame_for(raw, job.digest)
-                # The server checks what arrives against the checksum of the bytes we send.
-                sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
-                started = time.monotonic()
-                remote.put(key, [body], expected_sha256=sha)
-                self.compressor.sent(choice, time.monotonic() - started)
-                return
-            finally:
-                if isinstance(raw, memoryview):
-                    self.frames.give(raw.obj)  # reused once no view of it is left
-        raise ChunkMissing("; ".join(problems) or "no local replica recorded")
+                frame.verify(raw, digest)  # never upload bytes we cannot vouch for
+            except CorruptChunk as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            # The raw frame, or a verified LZ4 frame of it when that pays
+            # (codec/compress.py).
+            body, choice = compressor.frame_for(raw, digest)
+            # The server checks what arrives against the checksum of the bytes we send.
+            sha = base64.b64encode(hashlib.sha256(body).digest()).decode()
+            started = time.monotonic()
+            remote.put(key, [body], expected_sha256=sha)
+            compressor.sent(choice, time.monotonic() - started)
+            return
+        finally:
+            if isinstance(raw, memoryview):
+                frames.give(raw.obj)  # reused once no view of it is left
+    raise ChunkMissing("; ".join(problems) or "no local replica recorded")
