@@ -71,7 +71,6 @@ from .metrics.exporter import serve as serve_metrics
 from .metrics.telemetry import FsCollector, Telemetry
 from .session import NodeSession
 from .stats import STATS_FILE
-from .threads import CatalogSlot
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.auditing import AuditFlusher, AuditSealer
@@ -535,10 +534,7 @@ def build(
     """
     # Catalog calls run in worker threads, this many at once: one for the embedded SQLite
     # file (one connection); a shared catalog's connection pool size.
-    # One slot: a CatalogSlot, which a chunk's I/O worker may also take when it is idle
-    # (a small file's commit, chunks/commit.py fold_commit); typed as what it stands for.
-    db_limiter = (cast(trio.CapacityLimiter, CatalogSlot()) if catalog_slots == 1
-                  else trio.CapacityLimiter(catalog_slots))
+    db_limiter = trio.CapacityLimiter(catalog_slots)
     # State shared by the store, the uploader and the deleter.
     guard = ChunkGuard(t.name for t in tiers if t.kind == "local")
     stats = stats_for(tiers)

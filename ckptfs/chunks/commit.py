@@ -7,30 +7,20 @@ will name; commit size, times, extents and the upload jobs of new chunks in one 
 transaction (an atomic replacement of the file's content: a crash before it leaves the
 previous one); wake the uploader; release the pins of the chunks written; collect the
 chunks nothing names any more.
-
-``fold_commit``: a close whose one unstored chunk is small (a small file) commits in the
-I/O worker that stored that chunk, right after the put and its read-back, when the catalog
-is idle then (threads.CatalogSlot): one thread hop instead of two. The worker never waits
-for the catalog and holds it only for the one transaction, never during tier I/O; when the
-catalog is busy, the commit takes the usual hop.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import outcome
 
 from .. import threads
 from ..catalog import ChunkRef
 from ..catalog.audit import AuditRecord
 from ..catalog.quotas import Charge
 from ..errors import CkptfsError
-from ..threads import CatalogSlot
 from .store import ChunkStore
 
 log = logging.getLogger("ckptfs.store")
@@ -55,71 +45,13 @@ class FileVersion:
     audit: AuditRecord | None = None  # recorded in the commit's transaction (who closed it)
 
 
-# A last chunk up to this size is committed by the worker that stored it (fold_commit).
-FOLD_MAX = 64 * 1024
-
-Done = tuple[dict[int, ChunkRef | None], list[bytes]]  # the transaction's changes, dropped
-
-
-@dataclass(frozen=True)
-class Folded:
-    """A commit made by the I/O worker that stored the version's last chunk: the version
-    as committed, and the transaction's outcome (its error, raised by commit_version)."""
-
-    version: FileVersion
-    result: outcome.Outcome[Done]
-    uploads: bool  # the transaction queued upload jobs
-
-
-def fold_commit(store: ChunkStore, v: FileVersion, idx: int) -> Callable[[ChunkRef], Folded | None] | None:
-    """For a close (not synced) whose only unstored data is chunk ``idx`` of ``v``: the
-    ``then`` of ``ChunkStore.write_then``, run in the I/O worker once the chunk is stored
-    and verified: if the catalog slot is free and no task waits for it, take it, commit
-    ``v`` with the chunk in one transaction, give it back. None (nothing folded) when the
-    catalog is busy; no ``then`` at all where the catalog is not the embedded one
-    (threads.CatalogSlot) or where an upload target depends on residency rules."""
-    slot = store.db_limiter
-    if not isinstance(slot, CatalogSlot) or store.residency.enabled:
-        return None
-
-    def then(ref: ChunkRef) -> Folded | None:
-        borrower = object()
-        if not slot.try_take_in_thread(borrower):
-            return None
-        try:
-            version = dataclasses.replace(v, changes={**v.changes, idx: ref},
-                                          written=[*v.written, ref])
-            uploads = {r.digest: store.remote_targets(r.digest, store.remote_copies)
-                       for r in version.changes.values() if r is not None} if store.remotes else None
-            return Folded(version, outcome.capture(_transaction, store, version, False, uploads),
-                          bool(uploads))
-        finally:
-            slot.give_back_in_thread(borrower)
-
-    return then
-
-
-def _transaction(store: ChunkStore, v: FileVersion, synced: bool,
-                 uploads: dict[bytes, list[str]] | None) -> Done:
-    """The commit's one catalog transaction (under the catalog's slot). The store's tiers
-    of each chunk are read here, under the same slot: a chunk a full local tier moved to a
-    remote (under that slot) is recorded there, and gets no upload job."""
-    changes = {i: None if r is None else store.current(r) for i, r in v.changes.items()}
-    return changes, store.catalog.commit_file(
-        v.ino, v.size, v.mtime_ns, v.ctime_ns, v.chunk_size, changes, synced, uploads, v.charge,
-        audit=v.audit,
-    )
-
-
 async def commit_version(
     store: ChunkStore, v: FileVersion, synced: bool,
     sync_failed: Callable[[CkptfsError], None] | None = None,
-    folded: Folded | None = None,
 ) -> dict[int, ChunkRef] | None:
     """Commit ``v``; returns the file's extents as committed (None: nothing to commit, the
     pins stay with the caller). A failed fsync calls ``sync_failed`` and raises: nothing
-    is committed. ``folded``: the transaction already ran (``fold_commit``; ``v`` is its
-    version): its error is raised here, as the catalog call's would be."""
+    is committed."""
     cs = v.chunk_size
     n_chunks = math.ceil(v.size / cs)
     if synced:
@@ -137,19 +69,25 @@ async def commit_version(
         if synced:
             await store.sync_catalog()
         return None
-    if folded is not None:
-        changes, dropped = folded.result.unwrap()
-        queued = folded.uploads
-    else:
-        uploads = {
-            r.digest: store.remote_targets(r.digest, store.remote_copies)
-            for r in v.changes.values()
-            if r is not None
-        } if store.remotes else None
-        changes, dropped = await threads.run_sync(_transaction, store, v, synced, uploads,
-                                                  limiter=store.db_limiter)
-        queued = bool(uploads)
-    if queued and store.on_requeue is not None:
+    uploads = {
+        r.digest: store.remote_targets(r.digest, store.remote_copies)
+        for r in v.changes.values()
+        if r is not None
+    } if store.remotes else None
+    pending = dict(v.changes)
+
+    def commit() -> tuple[dict[int, ChunkRef | None], list[bytes]]:
+        # The store's tiers of each chunk, read under the catalog limiter: a chunk a full
+        # local tier moved to a remote (under the same limiter) is recorded there, and gets
+        # no upload job.
+        changes = {i: None if r is None else store.current(r) for i, r in pending.items()}
+        return changes, store.catalog.commit_file(
+            v.ino, v.size, v.mtime_ns, v.ctime_ns, cs, changes, synced, uploads, v.charge,
+            audit=v.audit,
+        )
+
+    changes, dropped = await threads.run_sync(commit, limiter=store.db_limiter)
+    if uploads and store.on_requeue is not None:
         store.on_requeue()  # new upload jobs
     committed = dict(v.committed)
     for idx, ref in changes.items():

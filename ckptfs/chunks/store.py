@@ -21,7 +21,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import trio
 
@@ -70,7 +70,6 @@ def stats_for(tiers: Sequence[Tier]) -> Stats:
 _EVICT = AuditRecord("evict", "")
 
 log = logging.getLogger("ckptfs.chunks")
-T = TypeVar("T")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
@@ -684,22 +683,11 @@ class ChunkStore:
         keyed, codec/seal.py); None: a plain frame, as always.
         When every local tier is full, make room (evict chunks a remote holds, or wait for
         uploads per ``on_local_full``) and try again; NoSpace when that fails."""
-        return (await self.write_then(data, allowed, namespace))[0]
-
-    async def write_then(
-        self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None,
-        namespace: str | None = None, then: Callable[[ChunkRef], T] | None = None,
-    ) -> tuple[ChunkRef, T | None]:
-        """``write``, and ``then(ref)`` in the same worker thread right after the chunk is
-        stored and verified (None if not called: no ``then``, or the chunk was stored by
-        a later try after making room). ``then`` must not raise and must not wait (it runs
-        under the I/O slot): chunks/commit.py ``fold_commit``."""
         waited_since: float | None = None
         while True:
             gen = self.room.gen
             try:
-                ref, after = await self._write_once(data, allowed, namespace,
-                                                    then if waited_since is None else None)
+                ref = await self._write_once(data, allowed, namespace)
             except NoSpace as exc:
                 if self.room.gen != gen:
                     continue  # room was freed meanwhile (another writer evicted): try again
@@ -711,7 +699,7 @@ class ChunkStore:
                             time.monotonic() - waited_since)
             if self._write_behind_now():
                 self._start_sync_behind(ref)
-            return ref, after
+            return ref
 
     # -- write-behind fsync ------------------------------------------------------------------
 
@@ -761,25 +749,15 @@ class ChunkStore:
 
     async def _write_once(
         self, data: Sequence[frame.Buffer] | Staged, allowed: Locations = None,
-        namespace: str | None = None, then: Callable[[ChunkRef], T] | None = None,
-    ) -> tuple[ChunkRef, T | None]:
+        namespace: str | None = None,
+    ) -> ChunkRef:
         key = None
         if namespace is not None:
             key = KEYRING.current(namespace)
             if key is None:
                 raise KeyUnavailable(f"no key of encrypted namespace {namespace} is loaded")
 
-        def work() -> tuple[ChunkRef, T | None]:
-            ref = put()
-            if then is None:
-                return ref, None
-            try:
-                return ref, then(ref)
-            except Exception:  # a bug in ``then``: the stored, pinned chunk is not lost
-                log.exception("after storing chunk %s", ref.digest.hex()[:16])
-                return ref, None
-
-        def put() -> ChunkRef:
+        def work() -> ChunkRef:
             staged: Staged | None = None
             parts: Sequence[frame.Buffer]
             if isinstance(data, Staged):

@@ -24,8 +24,7 @@ import trio
 
 from ..catalog import ChunkRef, Inode
 from ..catalog.audit import AuditRecord
-from ..catalog.quotas import Charge
-from ..chunks.commit import FOLD_MAX, FileVersion, Folded, commit_version, fold_commit
+from ..chunks.commit import FileVersion, commit_version
 from ..chunks.residency import Locations
 from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
@@ -267,16 +266,12 @@ class OpenFile:
             self._dispatch(idx)
 
     def _dispatch(self, idx: int) -> None:
-        self.svc.nursery.start_soon(self._store_chunk, idx, self._in_flight(idx))
-
-    def _in_flight(self, idx: int) -> _Pending:
-        """Chunk ``idx`` leaves the dirty buffers for the store (reads find it in flight)."""
         data = self.dirty.pop(idx)
         pending = _Pending(data)
         self.inflight[idx] = pending
         self._running.add(pending)
         self.svc.budget.in_flight += 1
-        return pending
+        self.svc.nursery.start_soon(self._store_chunk, idx, pending)
 
     def placed_in(self, path: str) -> None:
         """The file's path as it was created (its namespace, for residency)."""
@@ -301,15 +296,11 @@ class OpenFile:
         assert not isinstance(self._sealed_ns, bool)
         return self._sealed_ns
 
-    async def _store_chunk(
-        self, idx: int, pending: _Pending, then: Callable[[ChunkRef], Folded | None] | None = None,
-    ) -> Folded | None:
-        """Store chunk ``idx``; with ``then`` (a close's fold_commit), what it did."""
-        folded = None
+    async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
             allowed = await self._residency()
-            ref, folded = await self.svc.store.write_then(pending.data.content(), allowed,
-                                                          await self._namespace(), then)
+            ref = await self.svc.store.write(pending.data.content(), allowed,
+                                             await self._namespace())
         except CkptfsError as exc:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
@@ -329,7 +320,6 @@ class OpenFile:
             self.svc.budget.release(self.cs)
             self._drop(pending.data)
             pending.done.set()
-        return folded
 
     def _drop(self, buf: ChunkBuffer) -> None:
         """``buf`` is done with (stored or discarded): a staged chunk's buffer is reused."""
@@ -425,27 +415,23 @@ class OpenFile:
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
-            account = self.account
-            folded = None
-            last = self._foldable(synced)
-            if last is not None:
-                # One unstored small chunk: its I/O worker commits too, if the catalog is
-                # idle then (chunks/commit.py fold_commit). The version is the file as it
-                # is now (the lock keeps writes out until the commit is done).
-                then = fold_commit(self.svc.store, self._version(None, audit), last)
-                folded = await self._store_chunk(last, self._in_flight(last), then)
             for idx in list(self.dirty):
                 self._dispatch(idx)
             await self._wait_inflight()
             if self.failed is not None:
                 raise self.failed
+            account = self.account
             charge = None if account is None else account.charge()
-            version = self._version(charge, audit) if folded is None else folded.version
+            version = FileVersion(
+                self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
+                dict(self.changes), list(self.written), self.meta_dirty, charge,
+                audit or AuditRecord("commit", ino=self.ino),
+            )
             if account is not None:
                 account.tally.begin_commit()
             try:
                 committed = await commit_version(
-                    self.svc.store, version, synced, sync_failed=self._sync_failed, folded=folded,
+                    self.svc.store, version, synced, sync_failed=self._sync_failed
                 )
             except QuotaExceeded as exc:
                 # The catalog's check (other nodes' commits took the room): the version is
@@ -471,22 +457,6 @@ class OpenFile:
             if self.bypassed_cache and self.svc.invalidate is not None:
                 self.bypassed_cache = False
                 await trio.to_thread.run_sync(self.svc.invalidate, self.ino)
-
-    def _version(self, charge: Charge | None, audit: AuditRecord | None) -> FileVersion:
-        return FileVersion(
-            self.ino, self.size, self.mtime_ns, self.ctime_ns, self.cs, dict(self.committed),
-            dict(self.changes), list(self.written), self.meta_dirty, charge,
-            audit or AuditRecord("commit", ino=self.ino),
-        )
-
-    def _foldable(self, synced: bool) -> int | None:
-        """The chunk whose store may also commit (fold_commit): a close (not an fsync) of
-        a file outside every namespace quota whose only unstored data is one chunk of at
-        most FOLD_MAX bytes, with no other chunk write running; None otherwise."""
-        if synced or self.account is not None or self._running or len(self.dirty) != 1:
-            return None
-        idx, buf = next(iter(self.dirty.items()))
-        return idx if buf.length <= FOLD_MAX else None
 
     async def _refused(self, what: str, exc: QuotaExceeded) -> None:
         try:

@@ -3,7 +3,6 @@ callers rely on: results and errors delivered, cancellation checked before the c
 started call waited for (never abandoned), the limiter slot held until it returned."""
 
 import threading
-from typing import cast
 
 import pytest
 import trio
@@ -68,57 +67,3 @@ async def test_a_started_call_is_waited_for_and_holds_its_slot() -> None:
         gate.set()
     assert got == [7, "second"] and scopes[0].cancelled_caught
     assert lim.borrowed_tokens == 0
-
-
-async def test_catalog_slot_is_one_slot_for_tasks_and_threads() -> None:
-    """CatalogSlot: trio tasks hold it as a one-token limiter (also through
-    trio.to_thread.run_sync); a worker thread takes it only when it is free and no task
-    waits, never waiting itself; a task that waited gets it when the thread gives it back."""
-    slot = threads.CatalogSlot()
-    lim = cast(trio.CapacityLimiter, slot)
-    assert await threads.run_sync(lambda: slot.borrowed_tokens, limiter=lim) == 1
-    assert await trio.to_thread.run_sync(lambda: slot.borrowed_tokens, limiter=lim) == 1
-    assert slot.borrowed_tokens == 0
-
-    t = object()
-    assert await trio.to_thread.run_sync(slot.try_take_in_thread, t)
-    assert not await trio.to_thread.run_sync(slot.try_take_in_thread, object())  # held
-    got: list[str] = []
-
-    async def task() -> None:
-        async with slot:
-            got.append("task")
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(task)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got == [] and slot._waiting == 1
-        # Free, but a task waits for it: a thread does not take it.
-        slot._holder = None
-        assert not await trio.to_thread.run_sync(slot.try_take_in_thread, object())
-        slot._holder = t
-        await trio.to_thread.run_sync(slot.give_back_in_thread, t)
-    assert got == ["task"] and slot.borrowed_tokens == 0
-    assert await trio.to_thread.run_sync(slot.try_take_in_thread, t)
-    await trio.to_thread.run_sync(slot.give_back_in_thread, t)
-
-
-async def test_catalog_slot_waiter_cancelled_passes_the_wakeup_on() -> None:
-    slot = threads.CatalogSlot()
-    holder = object()
-    slot.acquire_on_behalf_of_nowait(holder)
-    got: list[int] = []
-
-    async def waiter(n: int) -> None:
-        await slot.acquire_on_behalf_of(n)
-        got.append(n)
-        slot.release_on_behalf_of(n)
-
-    async with trio.open_nursery() as nursery:
-        with trio.CancelScope() as first:
-            nursery.start_soon(waiter, 1)
-        nursery.start_soon(waiter, 2)
-        await trio.testing.wait_all_tasks_blocked()
-        first.cancel()
-        slot.release_on_behalf_of(holder)
-    assert 2 in got and slot.borrowed_tokens == 0

@@ -78,9 +78,7 @@ async def test_one_catalog_round_trip_per_create_close_rename_unlink(
         fh, _ = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
         assert len(calls) == 1, calls  # create: the inode and the event's path
         assert len(await hops(calls, fs.write(fh, 0, DATA))) == 0  # the path is cached
-        # The commit: in the chunk's I/O worker when the catalog is idle then (no catalog
-        # hop: chunks/commit.py fold_commit), else one hop.
-        assert len(await hops(calls, fs.flush(fh))) <= 1
+        assert len(await hops(calls, fs.flush(fh))) == 1  # the commit
         assert len(await hops(calls, fs.release(fh))) == 0  # the event: from the clean file
         assert len(await hops(calls, fs.rename(d.ino, b"f", d.ino, b"g", 0, ROOT))) == 1
         assert len(await hops(calls, fs.unlink(d.ino, b"g", ROOT))) == 1
