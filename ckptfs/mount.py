@@ -94,18 +94,12 @@ class MountError(CkptfsError):
 
 
 READ_AHEAD_KB = 8192
-# Asynchronous requests the kernel keeps in flight for the mount (its read-ahead): the
-# kernel's default is 12, with read-ahead skipped from 9 on (congestion_threshold).
-MAX_BACKGROUND = 12
-FUSECTL = Path("/sys/fs/fuse/connections")
 
 
-def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB,
-                    background: int = MAX_BACKGROUND) -> None:
+def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB) -> None:
     """Raise the kernel read-ahead of our FUSE mount (128 KiB by default) so sequential
-    reads arrive as 1 MiB requests, and the requests the kernel keeps in flight for it
-    (``background``, see MAX_BACKGROUND). Best effort: needs root; found via mountinfo,
-    because a stat() of our own mountpoint here would wait for the loop that serves it."""
+    reads arrive as 1 MiB requests. Best effort: needs root; found via mountinfo, because
+    a stat() of our own mountpoint here would wait for the loop that serves it."""
     real = statedir.real_mountpoint(mountpoint)
     try:
         with open("/proc/self/mountinfo") as f:
@@ -114,22 +108,6 @@ def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB,
             Path(f"/sys/class/bdi/{devs[-1]}/read_ahead_kb").write_text(f"{kb}\n")
     except OSError as exc:
         log.info("could not raise read-ahead for %s: %s", mountpoint, exc.strerror)
-        return
-    if devs and background > 0:
-        tune_background(devs[-1], background)
-
-
-def tune_background(dev: str, background: int) -> None:
-    """Let the kernel keep ``background`` asynchronous requests (read-ahead) of the FUSE
-    connection of device ``dev`` ("0:43") in flight, and start skipping read-ahead at 3/4
-    of that (its congestion threshold), through fusectl (/sys/fs/fuse/connections).
-    Best effort: needs root and fusectl mounted."""
-    conn = FUSECTL / dev.split(":")[-1]
-    try:
-        (conn / "max_background").write_text(f"{background}\n")
-        (conn / "congestion_threshold").write_text(f"{background * 3 // 4}\n")
-    except OSError as exc:
-        log.info("could not raise the FUSE background requests of %s: %s", conn, exc.strerror)
 
 
 def detach(mountpoint: Path) -> None:
