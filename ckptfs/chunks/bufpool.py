@@ -57,9 +57,18 @@ class FramePool:
     """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread;
     the lock is held for list operations only."""
 
-    def __init__(self, keep: int, count: Callable[[str], None] | None = None) -> None:
-        self.keep = keep  # buffers given back and held for reuse, at most
+    def __init__(
+        self, keep: int, count: Callable[[str], None] | None = None,
+        room: Callable[[], int] | None = None,
+    ) -> None:
+        """``keep``: idle buffers held for reuse, at least (if given back); ``room``: bytes
+        more idle buffers may hold beyond those (the read cache's unused room: a chunk
+        leaving the cache makes room for its buffer, so the cache and the idle buffers
+        together stay within the cache's limit)."""
+        self.keep = keep
+        self._room = room
         self._idle: list[FrameBuffer] = []  # oldest first; some may still be viewed
+        self._idle_bytes = 0
         self._lock = threading.Lock()
         self._count = count  # statistics: frame_buffers_made, frame_buffers_reused
         self.made = 0
@@ -74,6 +83,7 @@ class FramePool:
             for i, buf in enumerate(self._idle):
                 if n <= len(buf) <= 2 * n and unviewed(buf):
                     del self._idle[i]
+                    self._idle_bytes -= len(buf)
                     self.reused += 1
                     if self._count is not None:
                         self._count("frame_buffers_reused")
@@ -85,17 +95,26 @@ class FramePool:
 
     def give(self, buf: object) -> None:
         """``buf`` (a FrameBuffer; anything else is ignored) is no longer needed by its
-        owner; it is reused once its last view is gone."""
+        owner; it is reused once its last view is gone. Beyond ``keep`` idle buffers and
+        the ``room`` the oldest ones go."""
         if not isinstance(buf, FrameBuffer):
             return
+        room = 0 if self._room is None else self._room()  # outside the lock: the caller's
         with self._lock:
             if any(b is buf for b in self._idle):
                 return
             self._idle.append(buf)
-            if len(self._idle) > self.keep:
-                del self._idle[0]  # freed when its last view goes
+            self._idle_bytes += len(buf)
+            while len(self._idle) > self.keep and self._idle_bytes > room:
+                self._idle_bytes -= len(self._idle.pop(0))  # freed when its last view goes
+
+    @property
+    def idle(self) -> int:
+        """Idle buffers held now."""
+        return len(self._idle)
 
     def clear(self) -> None:
         """Let the idle buffers go (their memory returns to the system)."""
         with self._lock:
             self._idle.clear()
+            self._idle_bytes = 0

@@ -226,8 +226,13 @@ class ChunkStore:
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
         # Receive buffers of remote GETs and of local O_DIRECT reads, reused when their
-        # chunks leave the cache (chunks/bufpool.py); as many idle as GETs run at once.
-        self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count)
+        # chunks leave the cache (chunks/bufpool.py); as many idle as GETs run at once,
+        # and more while the cache has room for them: when several readers' files end
+        # together, 9-10 chunks left the cache at once, and the buffers beyond 8 were
+        # unmapped and made again a moment later (performance.md, "Cold reads on a quiet
+        # VM (session 22)").
+        self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count,
+                                room=self._cache_room)
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
@@ -874,6 +879,10 @@ class ChunkStore:
         self._synced.update(todo)
 
     # -- read --------------------------------------------------------------------------------
+
+    def _cache_room(self) -> int:
+        """Bytes the read cache could still take: what idle receive buffers may hold."""
+        return max(0, self._cache_limit - self._cache_bytes)
 
     def _cache_put(self, digest: bytes, data: frame.Buffer) -> None:
         if len(data) > self._cache_limit:

@@ -38,3 +38,33 @@ def test_new_buffers_are_private_anonymous_memory() -> None:
     assert perms.endswith("p"), f"shared mapping ({perms}): shmem pages"
     assert "AnonHugePages" in fields and "ShmemPmdMapped" in fields  # smaps was read
     assert int(fields["Anonymous"].split()[0]) >= 16 * 1024  # kB: private anonymous pages
+
+
+def test_idle_buffers_beyond_keep_are_held_while_the_cache_has_room() -> None:
+    """Several chunks leaving the read cache at once (files of several readers ending
+    together) give back more buffers than ``keep``: they are held while the cache's unused
+    room covers them, so the next reads reuse them instead of mapping new ones."""
+    room = [64 * MiB]
+    pool = FramePool(keep=1, room=lambda: room[0])
+    bufs = [pool.take(16 * MiB) for _ in range(5)]
+    assert pool.made == 5
+    for b in bufs:
+        pool.give(b)
+    assert pool.idle == 4  # 4 x 16 MiB fit the room; the oldest went
+    del bufs, b
+    again = [pool.take(16 * MiB) for _ in range(4)]
+    assert pool.made == 5 and pool.reused == 4
+    room[0] = 0  # the cache is full again: back to ``keep``
+    for b in again:
+        pool.give(b)
+    assert pool.idle == 1
+
+
+def test_without_room_the_pool_keeps_keep_buffers() -> None:
+    pool = FramePool(keep=2)
+    bufs = [pool.take(2 * MiB) for _ in range(4)]
+    for b in bufs:
+        pool.give(b)
+    assert pool.idle == 2
+    pool.clear()
+    assert pool.idle == 0
