@@ -80,6 +80,7 @@ from benchio import (  # noqa: E402
     drop_caches,
     fsync_dir,
     prefault,
+    read_calls,
     read_into,
     run_forked,
     same_bytes,
@@ -653,12 +654,18 @@ def run_target(
             if now is not None and key in out.results:
                 out.results[key]["cpu_after_s"] = now - c_end
 
-    def record(key: str, unit: str, amount: int, secs: float, cpu: float | None) -> None:
+    def record(
+        key: str, unit: str, amount: int, secs: float, cpu: float | None, calls: int | None = None
+    ) -> None:
         r: dict[str, Any] = {"unit": unit, "amount": amount, "seconds": secs, "cpu_s": cpu}
         if unit == "bytes":
             r["mb_per_s"] = amount / secs / 1e6
             rate = f"{r['mb_per_s']:10.1f} MB/s"
             per = f"; daemon {cpu / (amount / 1e9):.2f} CPU s/GB" if cpu is not None else ""
+            if calls is not None:
+                # read(2) calls of the daemon per MiB: about its FUSE requests per MiB
+                r["reads_per_mib"] = calls / (amount / MiB)
+                per += f", {r['reads_per_mib']:.2f} reads/MiB"
         else:
             r["ops_per_s"] = amount / secs
             rate = f"{r['ops_per_s']:10.0f} op/s"
@@ -685,11 +692,13 @@ def run_target(
         flush_trailing()
         pid = t.daemon_pid()
         c0 = cpu_seconds(pid)
+        r0 = read_calls(pid)
         try:
             t0 = time.perf_counter()
             got = fn()
             secs = got if got is not None else time.perf_counter() - t0
             c1 = cpu_seconds(pid) if t.daemon_pid() == pid else None
+            r1 = read_calls(pid) if t.daemon_pid() == pid else None
             if check is not None:
                 check()
         except (BenchError, OSError) as e:
@@ -698,7 +707,8 @@ def run_target(
             print(f"  {key:<20} FAILED: {msg}", flush=True)
             return
         cpu = c1 - c0 if c0 is not None and c1 is not None else None
-        record(key, unit, amount, secs, cpu)
+        calls = r1 - r0 if r0 is not None and r1 is not None else None
+        record(key, unit, amount, secs, cpu, calls)
         # "After" starts when the check is done: its reads are the benchmark's, not the step's.
         c2 = cpu_seconds(pid) if t.daemon_pid() == pid else None
         if pid is not None and c2 is not None:

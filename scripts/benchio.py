@@ -142,6 +142,22 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def read_calls(pid: int | None) -> int | None:
+    """read(2)-family calls of a process so far (/proc/PID/io ``syscr``); None if unknown.
+    A FUSE daemon reads /dev/fuse once per request, so during a save (no tier reads) the
+    difference is about the number of FUSE requests it received."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("syscr:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def drop_caches() -> None:
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
