@@ -42,6 +42,7 @@ from .chunks.residency import Residency
 from .chunks.room import Room
 from .chunks.store import ChunkStore, stats_for
 from .codec import frame
+from .codec.frame import Buffer
 from .config import (
     CheckpointConfig,
     Config,
@@ -80,6 +81,7 @@ from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.access import Access
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
+from .vfs.pagepush import PagePush, StorePages
 from .vfs.quota import Quotas
 from .wakeup import Wakeup
 
@@ -504,6 +506,7 @@ def build(
     io_threads: int,
     invalidate: Callable[[int], None] | None = None,
     invalidate_entry: Callable[[int, bytes], None] | None = None,
+    store_pages: StorePages | None = None,
     remote_copies: int = 1,
     on_local_full: str = "block",
     local_full_timeout_s: float = 600.0,
@@ -591,6 +594,8 @@ def build(
         quotas=quotas,
         access=Access(governance or GovernanceConfig(), catalog, db_limiter),
         sealed_namespace=sealed_namespaces(governance or GovernanceConfig()),
+        page_push=None if store_pages is None or not reads.page_cache_push
+        else PagePush.make(store_pages, stats.count),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -631,7 +636,8 @@ def build_for_config(
     daemon = build(
         catalog, tiers, chunk_size=chunk_size, memory_budget=store.memory_budget,
         io_threads=store.io_threads, invalidate=_invalidate_inode,
-        invalidate_entry=_invalidate_entry, remote_copies=store.remote_copies,
+        invalidate_entry=_invalidate_entry, store_pages=_store_pages,
+        remote_copies=store.remote_copies,
         on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
         write_behind=store.write_behind, upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
         stats_path=cfg.state_dir / STATS_FILE, detectors=detectors_for(cfg.checkpoints),
@@ -823,6 +829,12 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
     pyfuse3.invalidate_entry_async(
         pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
     )
+
+
+def _store_pages(ino: int, offset: int, data: Buffer) -> None:
+    # FUSE_NOTIFY_STORE (vfs/pagepush.py); pyfuse3 releases the GIL around it.
+    # Its stub says bytes; it takes any contiguous buffer (PyObject_GetBuffer).
+    pyfuse3.notify_store(pyfuse3.InodeT(ino), offset, data)  # type: ignore[arg-type]
 
 
 def _invalidate_inode(ino: int) -> None:

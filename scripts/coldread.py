@@ -86,8 +86,11 @@ def _counters(t: Target) -> str:
         return ""
     time.sleep(1.2)
     with contextlib.suppress(OSError, ValueError):
-        c = json.loads((state / "stats.json").read_text()).get("counters", {})
-        return " ".join(f"{k}={c[k]}" for k in sorted(c) if k.startswith("frame_buffers"))
+        facts = json.loads((state / "stats.json").read_text())
+        c = facts.get("counters", {})
+        c["replied_mib"] = facts.get("app", {}).get("read_bytes", 0) // MiB
+        return " ".join(f"{k}={c[k]}" for k in sorted(c)
+                        if k.startswith(("frame_buffers", "page_cache", "replied")))
     return ""
 
 

@@ -84,7 +84,7 @@ _TOP_KEYS = {
     "default_permissions", "tier",
     "remote_copies", "upload_concurrency", "upload_during_save", "on_local_full",
     "local_full_timeout", "policy",
-    "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "checkpoints", "checkpoint_partial_after",
+    "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "page_cache_push", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
     "write_behind", "namespace", "access", "keys", "audit",
@@ -185,6 +185,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     if readahead > 4 * GiB:
         raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
     copy_back = choice(data.get("copy_back", "sequential"), "copy_back", COPY_BACK)
+    page_cache_push = take_bool(data.get("page_cache_push", True), "page_cache_push")
     remote_reads = int_key(data, "remote_read_concurrency", DEFAULT_REMOTE_READ_CONCURRENCY,
                            1, 256)
     peer_wait = seconds(data.get("peer_chunk_wait", DEFAULT_PEER_CHUNK_WAIT_S), "peer_chunk_wait",
@@ -244,7 +245,8 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
                             compression=remote_compression),
         reads=ReadConfig(readahead=readahead, copy_back=copy_back,
-                         remote_concurrency=remote_reads, peer_wait_s=peer_wait),
+                         remote_concurrency=remote_reads, peer_wait_s=peer_wait,
+                         page_cache_push=page_cache_push),
         checkpoints=CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
                                      patterns=patterns),
         retention=RetentionConfig(policies=retention, local_high_watermark=float(hwm)),

@@ -223,6 +223,9 @@ class ReadConfig:
     # A shared catalog: how long a read of a chunk that only another node's local tiers
     # hold waits for that node to upload it, before EIO (peer_chunk_wait).
     peer_wait_s: float = DEFAULT_PEER_CHUNK_WAIT_S
+    # Chunks fetched ahead of a reader are written into the kernel's page cache from a
+    # worker thread (vfs/pagepush.py; page_cache_push; never with a shared catalog).
+    page_cache_push: bool = True
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from .dirattrs import DirAttrs
 from .listing import listing, page_after
 from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
+from .pagepush import PagePush
 from .quota import Quotas
 
 log = logging.getLogger("ckptfs.vfs")
@@ -219,6 +220,7 @@ class Filesystem:
         quotas: Quotas | None = None,
         access: Access | None = None,
         sealed_namespace: Callable[[str], str | None] | None = None,
+        page_push: PagePush | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
@@ -232,7 +234,8 @@ class Filesystem:
         is dropped by the last closer on any node). ``access``: the namespace rules (vfs/
         access.py), asked at each operation that reaches a name or an inode (None: none);
         ``quotas``: the namespaces, whose files are charged to them (vfs/quota.py; None: no
-        namespace)."""
+        namespace). ``page_push``: hands chunks fetched ahead of a reader to the kernel's
+        page cache (vfs/pagepush.py; None, and always with a shared catalog: off)."""
         self.catalog = catalog
         self.quotas = quotas
         self.access = access if access is not None else Access(GovernanceConfig())
@@ -268,6 +271,7 @@ class Filesystem:
         # writes need no invalidation of its page cache at commit (a round trip to it).
         self._uncached: set[OpenFile] = set()
         self.shared = shared
+        self.page_push = None if shared else page_push
         self.session = session if shared else None
         # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
         self._noted: dict[int, bool] = {}
@@ -494,6 +498,7 @@ class Filesystem:
             chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
             readahead=self.readahead, copy_back=self.copy_back, stages=self.stages,
             namespace_of=None if self.sealed_namespace is None else self._namespace_of,
+            page_push=self.page_push,
         )
 
     async def _path_of(self, ino: int) -> str:
@@ -553,10 +558,14 @@ class Filesystem:
                 # Nobody open for writing would commit it: apply and commit at once.
                 f = await self._open_file(ino)
                 try:
-                    await self._account(f)
-                    await f.truncate(size)
-                    await f.commit(audit=AuditRecord("commit", uid=ctx.uid, pid=ctx.pid,
-                                                     ino=ino, detail={"truncate": size}))
+                    await f.hold_pushes()  # a reader's page-cache pushes end first
+                    try:
+                        await self._account(f)
+                        await f.truncate(size)
+                        await f.commit(audit=AuditRecord("commit", uid=ctx.uid, pid=ctx.pid,
+                                                         ino=ino, detail={"truncate": size}))
+                    finally:
+                        f.allow_pushes()
                 finally:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
@@ -1030,9 +1039,16 @@ class Filesystem:
                 detail={"access": "r" if (flags & os.O_ACCMODE) == os.O_RDONLY else "rw"}))
         try:
             if writing:
-                await self._account(f)
-            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
-                await f.truncate(0)
+                # Until this handle closes no page-cache push starts; those in flight end
+                # before the caller may write (vfs/pagepush.py).
+                await f.hold_pushes()
+                try:
+                    await self._account(f)
+                    if flags & os.O_TRUNC:
+                        await f.truncate(0)
+                except BaseException:
+                    f.allow_pushes()
+                    raise
         except BaseException:
             await self._drop_handle_ref(f)
             raise
@@ -1084,6 +1100,8 @@ class Filesystem:
         if bound:
             f.placed_in(base.rstrip("/") + "/" + name.decode(errors="surrogateescape"))
         f.handles = 1
+        if (flags & os.O_ACCMODE) != os.O_RDONLY:
+            await f.hold_pushes()  # new: nothing in flight; none starts while it is open
         self.open_files[inode.ino] = f
         self._uncached.add(f)
         fh = self._new_handle(f, flags, ctx)
@@ -1128,7 +1146,8 @@ class Filesystem:
             await self.setattr(f.ino, mode=mode)
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:
-        return await self._handle(fh).file.read(off, size)
+        h = self._handle(fh)
+        return await h.file.read(off, size, cached=not h.direct_io)
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
         h = self._handle(fh)
@@ -1219,6 +1238,8 @@ class Filesystem:
             o.file is h.file and o.writable for o in self.handles.values()
         )
         known = self._committed_state(h) if self.tracker is not None and h.writable else None
+        if h.writable:
+            h.file.allow_pushes()
         await self._drop_handle_ref(h.file)
         if self.tracker is not None and h.writable:
             await self._release_event(h, last, known)

@@ -31,6 +31,7 @@ from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError, QuotaExceeded
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
+from .pagepush import PagePush
 from .quota import FileAccount, refused
 
 log = logging.getLogger("ckptfs.vfs")
@@ -106,6 +107,8 @@ class Services:
     # The encrypted namespace of an inode, whose key seals its chunks (None: plain); None
     # when no namespace is encrypted: a write asks nothing.
     namespace_of: Callable[[int], Awaitable[str | None]] | None = None
+    # Hands chunks fetched ahead to the kernel's page cache (vfs/pagepush.py); None: off.
+    page_push: PagePush | None = None
 
 
 class OpenFile:
@@ -136,6 +139,11 @@ class OpenFile:
         self._ahead: dict[int, trio.CancelScope] = {}
         self._ahead_digests: set[bytes] = set()  # chunks this file had fetched ahead
         self._ahead_ended = trio.Event()  # set (and replaced) whenever one ends
+        # Page-cache pushes (vfs/pagepush.py): none starts while ``_no_push`` (handles open
+        # for writing, a truncate) is above 0; ``hold_pushes`` waits for those in flight.
+        self._no_push = 0
+        self._pushing = 0
+        self._pushes_ended = trio.Event()
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
         # A close reports a file's tail (and a small file's content) to the checkpoint
         # detectors from here, instead of reading the chunk back from its tier.
@@ -499,10 +507,12 @@ class OpenFile:
 
     # -- read --------------------------------------------------------------------------------
 
-    async def read(self, off: int, size: int) -> Buffer:
+    async def read(self, off: int, size: int, cached: bool = True) -> Buffer:
         """Bytes [off, off + size) as the handles see them. A piece of one stored chunk
         comes back as a view into the verified chunk (pyfuse3 replies from any buffer),
-        so the trio thread makes no copy of it."""
+        so the trio thread makes no copy of it. ``cached``: the reading handle goes
+        through the kernel's page cache (not direct I/O), so the chunks its readahead
+        fetches may be pushed there."""
         end = min(off + size, self.size)
         if off >= end:
             return b""
@@ -521,7 +531,7 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    sequential = self._readahead(idx)
+                    sequential = self._readahead(idx, cached)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
@@ -543,9 +553,10 @@ class OpenFile:
         path = await self.svc.path_of(self.ino)
         log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
 
-    def _readahead(self, idx: int) -> bool:
+    def _readahead(self, idx: int, push: bool = False) -> bool:
         """On a sequential pattern (the first chunk counts), fetch the next chunks in
-        parallel into the cache. Returns whether the read is sequential."""
+        parallel into the cache (and with ``push`` into the kernel's page cache). Returns
+        whether the read is sequential."""
         sequential = idx in (self._last_read_idx, self._last_read_idx + 1) or (
             idx == 0 and self._last_read_idx == -2
         )
@@ -565,22 +576,57 @@ class OpenFile:
             self._ahead[nxt] = scope
             # In the mount's nursery (a read request must not wait for it), in this
             # file's scope: ``stop_readahead`` ends it.
-            self.svc.nursery.start_soon(self._prefetch, nxt, ref, scope)
+            self.svc.nursery.start_soon(self._prefetch, nxt, ref, scope, push)
         return sequential
 
-    async def _prefetch(self, idx: int, ref: ChunkRef, scope: trio.CancelScope) -> None:
+    async def _prefetch(
+        self, idx: int, ref: ChunkRef, scope: trio.CancelScope, push: bool
+    ) -> None:
         try:
             with scope, contextlib.suppress(CkptfsError):
                 # The reader that needs this chunk will see (and log) any error itself.
                 # Cancelled, it leaves a hung remote GET behind rather than wait for it.
-                await self.svc.store.read(
+                data = await self.svc.store.read(
                     ref, self._copy_back(True), abandon_on_cancel=True, ahead=True
                 )
+                if push:
+                    await self._push(idx, ref, data)
         finally:
             if self._ahead.get(idx) is scope:
                 del self._ahead[idx]
             self._ahead_ended.set()
             self._ahead_ended = trio.Event()
+
+    async def _push(self, idx: int, ref: ChunkRef, data: Buffer) -> None:
+        """Hand the verified chunk to the kernel's page cache (vfs/pagepush.py), if the
+        file is exactly its committed version and nobody may change it meanwhile."""
+        pp = self.svc.page_push
+        if pp is None or self._no_push or self.is_dirty() or self._ref(idx) != ref:
+            return
+        base = idx * self.cs
+        n = pp.span(base, len(data), self.size)
+        if n <= 0:
+            return
+        self._pushing += 1
+        try:
+            await pp.push(self.ino, base, memoryview(data)[:n])
+        finally:
+            self._pushing -= 1
+            if not self._pushing:
+                self._pushes_ended.set()
+                self._pushes_ended = trio.Event()
+
+    async def hold_pushes(self) -> None:
+        """Before the file may change (an open for writing, a truncate): no page-cache
+        push starts until ``allow_pushes``, and those in flight have ended on return (a
+        push of the old bytes landing after a write would leave them in the cache)."""
+        self._no_push += 1
+        while self._pushing:
+            await self._pushes_ended.wait()
+
+    def allow_pushes(self) -> None:
+        """The change ``hold_pushes`` was for is over (its handle closed)."""
+        self._no_push -= 1
 
     @property
     def readahead_running(self) -> int:

@@ -1,0 +1,131 @@
+"""Chunks fetched ahead of a reader, pushed into the kernel's page cache (vfs/pagepush.py),
+without a kernel: the daemon as mount.py builds it, with a recording ``store_pages``."""
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from tests.vfs.test_vfs import CS, make_fs, write_file
+
+from ckptfs.codec.frame import Buffer
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.vfs.filesystem import Filesystem
+from ckptfs.vfs.pagepush import PAGE, PagePush
+
+Pushed = list[tuple[int, int, bytes]]
+
+
+def recorder(pushed: Pushed, before: Callable[[], None] = lambda: None
+             ) -> Callable[[int, int, Buffer], None]:
+    def store_pages(ino: int, off: int, data: Buffer) -> None:
+        before()
+        pushed.append((ino, off, bytes(data)))
+    return store_pages
+
+
+async def read_through(fs: Filesystem, fh: int, size: int, step: int = CS // 2) -> bytes:
+    out = bytearray()
+    for off in range(0, size, step):
+        out += await fs.read(fh, off, step)
+    return bytes(out)
+
+
+def test_span_leaves_the_tail_and_stays_in_the_file() -> None:
+    cs = 16 << 20
+    assert PagePush.span(0, cs, 10 * cs) == cs - 256 * 1024
+    assert PagePush.span(cs, 5 * PAGE + 7, cs + 5 * PAGE + 7) == 4 * PAGE  # the last chunk
+    assert PagePush.span(cs, cs, cs + 5 * PAGE + 7) == 0  # never past the size
+    assert PagePush.span(0, 64 * 1024, 1 << 30) == 48 * 1024  # a small chunk: a quarter left
+    assert PagePush.span(0, 3000, 3000) == 0  # less than a page: nothing
+
+
+async def test_chunks_read_ahead_are_pushed_with_exactly_the_files_bytes(tmp_path: Path) -> None:
+    data = os.urandom(12 * CS + 5000)
+    tiers = [MemoryTier("a"), MemoryTier("b")]
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    pushed: Pushed = []
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed)) as fs:
+        fh = await fs.open(ino, os.O_RDONLY)
+        assert await read_through(fs, fh, len(data) + CS) == data
+        await fs.release(fh)  # waits for the readahead, and so for every push
+        assert fs.store.stats.get("page_cache_pushes") == len(pushed)
+    assert pushed, "a sequential read pushed nothing"
+    for i, off, got in pushed:
+        assert i == ino and off % CS == 0 and off > 0  # chunk 0 is read, not read ahead
+        assert len(got) == PagePush.span(off, min(CS, len(data) - off), len(data)) > 0
+        assert got == data[off:off + len(got)]
+
+
+async def test_a_direct_io_reader_gets_no_pushes(tmp_path: Path) -> None:
+    data = os.urandom(8 * CS)
+    tiers = [MemoryTier("a")]
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    pushed: Pushed = []
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed)) as fs:
+        fh = await fs.open(ino, os.O_RDONLY | os.O_DIRECT)
+        assert await read_through(fs, fh, len(data)) == data
+        await fs.release(fh)
+    assert pushed == []
+
+
+@pytest.mark.parametrize("change", ["open for writing", "truncate"])
+async def test_a_change_waits_for_the_pushes_in_flight_and_none_start_during_it(
+    tmp_path: Path, change: str
+) -> None:
+    """A push of the committed bytes must not land after a write changed them: the open
+    for writing (or a truncate) returns only once the pushes in flight have ended, and
+    none starts while a handle open for writing exists."""
+    data = os.urandom(12 * CS)
+    tiers = [MemoryTier("a"), MemoryTier("b")]
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    entered, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        go.wait(30)
+
+    pushed: Pushed = []
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed, hold)) as fs:
+        fh = await fs.open(ino, os.O_RDONLY)
+        assert bytes(await fs.read(fh, 0, CS // 2)) == data[:CS // 2]  # starts the readahead
+        await trio.to_thread.run_sync(entered.wait, 30)  # a push is in flight, held
+        done = trio.Event()
+        writer: list[int] = []
+
+        async def make_change() -> None:
+            if change == "truncate":
+                await fs.setattr(ino, size=len(data))  # same size: still a change
+            else:
+                writer.append(await fs.open(ino, os.O_RDWR))
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(make_change)
+            await trio.testing.wait_all_tasks_blocked()
+            # The change may pass through catalog threads first: give it a bounded while
+            # to finish (it must not; with the push held it would wait forever).
+            with trio.move_on_after(1.5):
+                await done.wait()
+            assert not done.is_set(), f"the {change} did not wait for the push in flight"
+            go.set()
+            with trio.fail_after(30):
+                await done.wait()
+        in_flight_before = len(pushed)
+        assert in_flight_before >= 1
+        if writer:  # while it is open, no push starts
+            assert await read_through(fs, fh, len(data)) == data
+            await fs.release(writer[0])
+            await fs.release(fh)
+            assert len(pushed) == in_flight_before
+        else:
+            await fs.release(fh)
+    for _, off, got in pushed:
+        assert got == data[off:off + len(got)]
