@@ -96,6 +96,9 @@ class MountError(CkptfsError):
 
 
 READ_AHEAD_KB = 8192
+# With page-cache pushes (vfs/pagepush.py): the kernel's own read-ahead asks for pages the
+# push is about to fill (the push stops where the requests are), so keep it short.
+READ_AHEAD_PUSH_KB = 1024
 
 
 def tune_read_ahead(mountpoint: Path, kb: int = READ_AHEAD_KB) -> None:
@@ -853,13 +856,16 @@ async def _serve(
         if leases is not None:
             nursery.start_soon(leases.run)  # the heartbeat, cancelled after the uploader
         nursery.start_soon(_watch_signals)
-        nursery.start_soon(_after_init, mountpoint, on_ready)
+        ra_kb = READ_AHEAD_KB if daemon.fs.page_push is None else READ_AHEAD_PUSH_KB
+        nursery.start_soon(_after_init, mountpoint, on_ready, ra_kb)
         nursery.start_soon(service.watchdog)
         await pyfuse3.main(min_tasks=4, max_tasks=64)  # FUSE stops first: the unmount
         service.notify("STOPPING=1", f"STATUS=unmounted from {mountpoint}; committing open files")
 
 
-async def _after_init(mountpoint: Path, on_ready: Callable[[str | None], None]) -> None:
+async def _after_init(
+    mountpoint: Path, on_ready: Callable[[str | None], None], ra_kb: int = READ_AHEAD_KB
+) -> None:
     """Once the kernel's INIT is answered (a statvfs of our own mount waits for it), raise
     the read-ahead (INIT caps it at the kernel's default) and report the mount ready."""
     try:
@@ -870,7 +876,7 @@ async def _after_init(mountpoint: Path, on_ready: Callable[[str | None], None]) 
     else:
         # systemd (Type=notify): the mount answers now, so units ordered after us may start.
         service.notify("READY=1", f"STATUS=serving {mountpoint}")
-    tune_read_ahead(mountpoint)
+    tune_read_ahead(mountpoint, ra_kb)
     on_ready(None)
 
 

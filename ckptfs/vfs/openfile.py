@@ -144,6 +144,7 @@ class OpenFile:
         self._no_push = 0
         self._pushing = 0
         self._pushes_ended = trio.Event()
+        self.read_hi = 0  # the end of the highest read request so far (pushes stop there)
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
         # A close reports a file's tail (and a small file's content) to the checkpoint
         # detectors from here, instead of reading the chunk back from its tier.
@@ -516,6 +517,7 @@ class OpenFile:
         end = min(off + size, self.size)
         if off >= end:
             return b""
+        self.read_hi = max(self.read_hi, end)
         first, last = off // self.cs, (end - 1) // self.cs
         out: list[Buffer] = []
         for idx in range(first, last + 1):
@@ -609,12 +611,15 @@ class OpenFile:
             return
         self._pushing += 1
         try:
-            await pp.push(self.ino, base, memoryview(data)[:n])
+            await pp.push(self.ino, base, memoryview(data)[:n], self._read_up_to)
         finally:
             self._pushing -= 1
             if not self._pushing:
                 self._pushes_ended.set()
                 self._pushes_ended = trio.Event()
+
+    def _read_up_to(self) -> int:
+        return self.read_hi
 
     async def hold_pushes(self) -> None:
         """Before the file may change (an open for writing, a truncate): no page-cache

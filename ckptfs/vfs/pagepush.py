@@ -41,6 +41,10 @@ PAGE = 4096
 KiB = 1024
 # A chunk's tail left for the kernel to ask for (see above): one small request per chunk.
 TRIPWIRE = 256 * KiB
+# Pushed in pieces of this size, from a chunk's end backwards, until one that the reader's
+# requests have reached: the reader's kernel asks for the front of a chunk while the push
+# fills its back, and no page is copied twice.
+PIECE = 1024 * KiB
 # Pushes in flight at once: each is a memory copy in the kernel, so about one per core the
 # reply thread does not need.
 PUSH_THREADS = 2
@@ -72,26 +76,39 @@ class PagePush:
         end -= max(PAGE, min(TRIPWIRE, length // 4 // PAGE * PAGE))
         return max(0, end // PAGE * PAGE)
 
-    async def push(self, ino: int, base: int, data: Buffer) -> None:
-        """Store ``data`` at ``base`` in the inode's page cache, in a worker thread. A
-        refusal costs only the push (the reader's requests fetch the bytes as before).
-        The memoryview held by the thread keeps a reused receive buffer from being handed
-        out again until the store has read it (chunks/bufpool.py).
-
-        The whole chunk goes in one store, also when the reader has caught up with it
-        (its kernel then asks for some of the same pages, and both copy them): leaving
-        out what the reader had asked for already (piece by piece, forwards or from the
-        end) was slower (measured, docs/performance.md): the kernel's readahead then kept
-        asking for the rest on the reply thread."""
+    async def push(self, ino: int, base: int, data: Buffer, read_up_to: Callable[[], int]
+                   ) -> None:
+        """Store ``data`` at ``base`` in the inode's page cache, in a worker thread, piece
+        by piece from its end, until a piece below ``read_up_to()`` (the end of the
+        file's highest read request so far: those pages were asked for). A refusal costs
+        only the push (the reader's requests fetch the bytes as before). The memoryview
+        held by the thread keeps a reused receive buffer from being handed out again
+        until the store has read it (chunks/bufpool.py)."""
         view = memoryview(data)
         try:
-            await trio.to_thread.run_sync(self.store_pages, ino, base, view,
-                                          limiter=self.limiter)
+            pushed = await trio.to_thread.run_sync(self._store, ino, base, view, read_up_to,
+                                                   limiter=self.limiter)
         except OSError as exc:
             self.count("page_cache_push_errors", 1)
             log.debug("page cache push of inode %d at %d refused: %s", ino, base, exc)
             return
         finally:
             view.release()
-        self.count("page_cache_pushes", 1)
-        self.count("page_cache_pushed_bytes", len(data))
+        if pushed:  # (nothing, if the reader's requests had got there first)
+            self.count("page_cache_pushes", 1)
+            self.count("page_cache_pushed_bytes", pushed)
+
+    def _store(self, ino: int, base: int, view: memoryview, read_up_to: Callable[[], int]
+               ) -> int:
+        """Blocking: the pieces the reader has not asked for yet, from the end; returns
+        the bytes pushed. ``read_up_to`` is read without a lock (an int the trio thread
+        replaces: at worst a piece is pushed that a request also answers)."""
+        pushed = 0
+        for lo in reversed(range(0, len(view), PIECE)):
+            hi = min(lo + PIECE, len(view))
+            if base + hi <= read_up_to():
+                break
+            with view[lo:hi] as piece:
+                self.store_pages(ino, base + lo, piece)
+            pushed += hi - lo
+        return pushed
