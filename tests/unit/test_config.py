@@ -88,6 +88,8 @@ def test_defaults_from_empty_dict() -> None:
     assert cfg.store.memory_budget == DEFAULT_MEMORY_BUDGET
     assert cfg.store.io_threads == DEFAULT_IO_THREADS
     assert cfg.reads.remote_concurrency == DEFAULT_REMOTE_READ_CONCURRENCY
+    assert cfg.reads.page_cache_push is True
+    assert config_from_dict({"page_cache_push": False}).reads.page_cache_push is False
     assert cfg.fuse.allow_other is (os.geteuid() == 0)  # a root daemon serves every user
     assert cfg.fuse.default_permissions is True
     assert cfg.tiers == ()
@@ -238,6 +240,8 @@ TOP_LEVEL_ERRORS = [
     ({"remote_read_concurrency": 0}, "remote_read_concurrency"),
     ({"remote_read_concurrency": 257}, "remote_read_concurrency"),
     ({"remote_read_concurrency": "8"}, "remote_read_concurrency"),
+    ({"page_cache_push": "yes"}, "page_cache_push"),
+    ({"page_cache_push": 1}, "page_cache_push"),
     ({"allow_other": "yes"}, "allow_other"),
     ({"allow_other": 1}, "allow_other"),
     ({"default_permissions": "no"}, "default_permissions"),

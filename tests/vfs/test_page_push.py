@@ -13,6 +13,7 @@ import trio.testing
 from tests.vfs.test_vfs import CS, make_fs, write_file
 
 from ckptfs.codec.frame import Buffer
+from ckptfs.config import ReadConfig
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.filesystem import Filesystem
 from ckptfs.vfs.pagepush import PAGE, PagePush
@@ -137,3 +138,18 @@ async def test_a_change_waits_for_the_pushes_in_flight_and_none_start_during_it(
             await fs.release(fh)
     for _, off, got in pushed:
         assert got == data[off:off + len(got)]
+
+
+async def test_page_cache_push_false_pushes_nothing(tmp_path: Path) -> None:
+    data = os.urandom(8 * CS)
+    tiers = [MemoryTier("a")]
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    pushed: Pushed = []
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed),
+                       reads=ReadConfig(page_cache_push=False)) as fs:
+        assert fs.page_push is None
+        fh = await fs.open(ino, os.O_RDONLY)
+        assert await read_through(fs, fh, len(data)) == data
+        await fs.release(fh)
+    assert pushed == []
