@@ -974,6 +974,7 @@ class Filesystem:
         clean = not f.is_dirty() and f.failed is None and not f.written
         await f.release_all()
         if f.handles > 0:
+            f.allow_pushes()  # release_all held them
             return  # reopened while we waited
         self._uncached.discard(f)
         if self.open_files.get(f.ino) is f:
@@ -1225,7 +1226,11 @@ class Filesystem:
         failing until they close, but new opens must see the last committed content now,
         not when the kernel gets round to RELEASE: give them a fresh OpenFile."""
         if self.open_files.get(f.ino) is f:
-            del self.open_files[f.ino]
+            # Its readers may go on reading, but never push again: a new OpenFile of the
+            # inode may be written meanwhile, which this one would not know of.
+            await f.hold_pushes()
+            if self.open_files.get(f.ino) is f:
+                del self.open_files[f.ino]
             self._dirs.forget(self._dirs.stamp(), f.ino)  # its earlier commits changed the row
             if self.invalidate is not None:
                 await trio.to_thread.run_sync(self.invalidate, f.ino)

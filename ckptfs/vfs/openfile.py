@@ -494,8 +494,11 @@ class OpenFile:
             await self.svc.store.sync_catalog()
 
     async def release_all(self) -> None:
-        """The last handle closed: end the readahead, drop uncommitted state (a failed
-        write stays uncommitted)."""
+        """The last handle closed: end the readahead and the page-cache pushes, drop
+        uncommitted state (a failed write stays uncommitted). Pushes stay held (a push of
+        a file nobody holds open could land after a new OpenFile of it was written);
+        a reopen while this ran allows them again (Filesystem._drop_handle_ref)."""
+        await self.hold_pushes()
         await self.stop_readahead()
         # What it fetched ahead and nobody read no longer holds back other files' readahead.
         self.svc.store.forget_ahead(self._ahead_digests)
@@ -540,6 +543,12 @@ class OpenFile:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
                     piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
+                    if (sequential and cached and lo == 0 and self.svc.page_push is not None
+                            and ref.digest not in self._ahead_digests):
+                        # A chunk the reader entered before any readahead fetched it (the
+                        # first of a file): the push fills its back while requests take
+                        # the front. Counted in _pushing once it starts (_push).
+                        self.svc.nursery.start_soon(self._push, idx, ref, data)
                     if sequential and hi >= len(data):
                         self.svc.store.consumed(ref.digest)
             if len(piece) < hi - lo:

@@ -106,9 +106,13 @@ class PagePush:
         pushed = 0
         for lo in reversed(range(0, len(view), PIECE)):
             hi = min(lo + PIECE, len(view))
-            if base + hi <= read_up_to():
+            asked = -(-(read_up_to() - base) // PAGE) * PAGE  # requests reached here
+            start = max(lo, asked)
+            if start >= hi:
                 break
-            with view[lo:hi] as piece:
-                self.store_pages(ino, base + lo, piece)
-            pushed += hi - lo
+            with view[start:hi] as piece:
+                self.store_pages(ino, base + start, piece)
+            pushed += hi - start
+            if start > lo:
+                break
         return pushed

@@ -153,3 +153,27 @@ async def test_page_cache_push_false_pushes_nothing(tmp_path: Path) -> None:
         assert await read_through(fs, fh, len(data)) == data
         await fs.release(fh)
     assert pushed == []
+
+
+async def test_the_first_chunk_is_pushed_beyond_what_the_reader_asked_for(
+    tmp_path: Path,
+) -> None:
+    """A chunk the reader entered before any readahead fetched it (the first of a file):
+    its back is pushed, from the end of what the reader had asked for."""
+    data = os.urandom(4 * CS)
+    tiers = [MemoryTier("a")]
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    pushed: Pushed = []
+    one = threading.Event()
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed, one.set)) as fs:
+        fh = await fs.open(ino, os.O_RDONLY)
+        assert bytes(await fs.read(fh, 0, 4 * PAGE)) == data[:4 * PAGE]
+        await trio.to_thread.run_sync(one.wait, 30)
+        await fs.release(fh)  # waits for the pushes in flight
+    first = [(off, got) for _, off, got in pushed if off < CS]
+    assert first, pushed
+    for off, got in first:
+        assert off >= 4 * PAGE and off % PAGE == 0  # not what the reader had asked for
+        assert off + len(got) <= PagePush.span(0, CS, len(data))
+        assert got == data[off:off + len(got)]
