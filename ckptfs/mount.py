@@ -69,6 +69,7 @@ from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
 from .metrics.exporter import Endpoint
 from .metrics.exporter import serve as serve_metrics
+from .metrics.requests import APP
 from .metrics.telemetry import FsCollector, Telemetry
 from .session import NodeSession
 from .stats import STATS_FILE
@@ -598,7 +599,7 @@ def build(
         access=Access(governance or GovernanceConfig(), catalog, db_limiter),
         sealed_namespace=sealed_namespaces(governance or GovernanceConfig()),
         page_push=None if store_pages is None or not reads.page_cache_push
-        else PagePush.make(store_pages, stats.count),
+        else PagePush.make(store_pages, stats.count, _delivered),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,
@@ -832,6 +833,10 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
     pyfuse3.invalidate_entry_async(
         pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
     )
+
+
+def _delivered(n: int) -> None:
+    APP.read += n  # pages pushed for readers count as read, as replies do (trio thread)
 
 
 def _store_pages(ino: int, offset: int, data: Buffer) -> None:

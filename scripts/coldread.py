@@ -88,7 +88,9 @@ def _counters(t: Target) -> str:
     with contextlib.suppress(OSError, ValueError):
         facts = json.loads((state / "stats.json").read_text())
         c = facts.get("counters", {})
-        c["replied_mib"] = facts.get("app", {}).get("read_bytes", 0) // MiB
+        # Bytes sent as replies: read bytes count pushed pages too (vfs/pagepush.py).
+        read = facts.get("app", {}).get("read_bytes", 0)
+        c["replied_mib"] = (read - c.get("page_cache_pushed_bytes", 0)) // MiB
         return " ".join(f"{k}={c[k]}" for k in sorted(c)
                         if k.startswith(("frame_buffers", "page_cache", "replied")))
     return ""

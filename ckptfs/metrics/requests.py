@@ -31,8 +31,9 @@ FUSE_OP_ERRORS = Counter(
 
 
 class AppBytes:
-    """Bytes applications wrote and read through the mount. Only the trio thread adds to
-    them (FUSE handlers), so plain ints do; the scrape thread reads them."""
+    """Bytes applications wrote and read through the mount (read: replies, and pages
+    pushed into the page cache for readers, vfs/pagepush.py). Only the trio thread adds
+    to them, so plain ints do; the scrape thread reads them."""
 
     written = 0
     read = 0

@@ -419,7 +419,8 @@ class FsCollector(Collector):
                                   "Bytes applications wrote through the mount", value=APP.written)
         yield CounterMetricFamily(
             "ckptfs_app_read_bytes",
-            "Bytes applications read through the mount (restore throughput: its rate)",
+            "Bytes applications read through the mount, as replies or as pages ckptfs put "
+            "in the kernel's page cache for them (restore throughput: its rate)",
             value=APP.read)
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)

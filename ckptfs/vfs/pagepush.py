@@ -57,15 +57,19 @@ StorePages = Callable[[int, int, Buffer], None]
 @dataclass
 class PagePush:
     """Pushes verified chunks into the kernel's page cache, at most ``PUSH_THREADS`` at
-    once, counting what it did in ``count`` (the store's statistics)."""
+    once, counting what it did in ``count`` (the store's statistics) and the bytes it
+    delivered in ``delivered`` (on the trio thread: the bytes applications read, which
+    otherwise only replies add to)."""
 
     store_pages: StorePages
     count: Callable[[str, int], None]
+    delivered: Callable[[int], None]
     limiter: trio.CapacityLimiter
 
     @classmethod
-    def make(cls, store_pages: StorePages, count: Callable[[str, int], None]) -> PagePush:
-        return cls(store_pages, count, trio.CapacityLimiter(PUSH_THREADS))
+    def make(cls, store_pages: StorePages, count: Callable[[str, int], None],
+             delivered: Callable[[int], None]) -> PagePush:
+        return cls(store_pages, count, delivered, trio.CapacityLimiter(PUSH_THREADS))
 
     @staticmethod
     def span(base: int, length: int, size: int) -> int:
@@ -97,6 +101,7 @@ class PagePush:
         if pushed:  # (nothing, if the reader's requests had got there first)
             self.count("page_cache_pushes", 1)
             self.count("page_cache_pushed_bytes", pushed)
+            self.delivered(pushed)
 
     def _store(self, ino: int, base: int, view: memoryview, read_up_to: Callable[[], int]
                ) -> int:

@@ -57,8 +57,10 @@ async def test_a_corrupt_remote_copy_is_uploaded_again(tmp_path: Path) -> None:
         assert await read_file(fs, b"f") == data
         await wait_for(lambda: fs.store.stats.get("integrity_failures") >= 1)
         await wait_for(lambda: key in local.frames)
-        await wait_backlog_empty(fs)  # the heal queued the upload to r1 again, from local
-        await wait_for(lambda: fs.store.stats.get("heals") >= 1)
+        # Two heals: the local copy written, then the upload to r1 queued again (the
+        # backlog was empty until then: waiting for it before the second raced).
+        await wait_for(lambda: fs.store.stats.get("heals") >= 2)
+        await wait_backlog_empty(fs)
         frame.verify(r1.frames[key], bytes.fromhex(key))
 
 
