@@ -7,7 +7,8 @@
 #   and the tier directory holding the chunks -> ckptfs sync (durable on the remote) and
 #   status -> a missing tier directory refused (exit 2), the private state dir -> rm of a
 #   file, its chunks removed by the deletion queue -> unmount, mount again, load both files
-#   and check they are bit-identical (warm restore) -> "lose the node": delete the state dir
+#   and check they are bit-identical (warm restore; the counters show the chunks the
+#   readahead pushed into the kernel's page cache) -> "lose the node": delete the state dir
 #   and every local chunk, mount on an empty state dir, load again from the bucket alone
 #   (cold restore) -> unmount -> ckptfs fsck -> two nodes, one namespace: a throwaway
 #   PostgreSQL as the shared catalog, nodes a and b mounted on it with the bucket, a
@@ -277,6 +278,10 @@ step "6. unmount, mount again (nothing cached in the daemon), load and compare b
 do_umount
 do_mount
 "$PY" "$WORK/compare.py" "$MNT/run1/checkpoint-100" "$REF"
+echo "what the readahead fetched went into the kernel's page cache from worker threads"
+echo "(page_cache_pushes: the reader found those pages without a read request):"
+sleep 1.2  # the daemon's statistics file is rewritten every second
+ckptfs status "$MNT" | grep -E "^counters" || echo "counters: (none yet)"
 
 step "7. lose the node: unmount, delete the state dir and every local chunk"
 do_umount
