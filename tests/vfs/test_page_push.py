@@ -177,3 +177,14 @@ async def test_the_first_chunk_is_pushed_beyond_what_the_reader_asked_for(
         assert off >= 4 * PAGE and off % PAGE == 0  # not what the reader had asked for
         assert off + len(got) <= PagePush.span(0, CS, len(data))
         assert got == data[off:off + len(got)]
+
+
+async def test_a_shared_catalog_turns_pushes_off(tmp_path: Path) -> None:
+    """With several nodes another node's commit is only seen at the next open here; a
+    push in flight for a reader of the old version could land after that open dropped
+    the cached pages, so there are none (vfs/pagepush.py)."""
+    store_pages = recorder([])
+    async with make_fs(tmp_path, [MemoryTier("a")], shared=True, store_pages=store_pages) as fs:
+        assert fs.page_push is None
+    async with make_fs(tmp_path, [MemoryTier("a")], store_pages=store_pages) as fs:
+        assert fs.page_push is not None
