@@ -558,14 +558,11 @@ class Filesystem:
                 # Nobody open for writing would commit it: apply and commit at once.
                 f = await self._open_file(ino)
                 try:
-                    await f.hold_pushes()  # a reader's page-cache pushes end first
-                    try:
+                    async with f.pushes_held():  # a reader's page-cache pushes end first
                         await self._account(f)
                         await f.truncate(size)
                         await f.commit(audit=AuditRecord("commit", uid=ctx.uid, pid=ctx.pid,
                                                          ino=ino, detail={"truncate": size}))
-                    finally:
-                        f.allow_pushes()
                 finally:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
@@ -1038,19 +1035,19 @@ class Filesystem:
             self.catalog.audit_note(AuditRecord(
                 "open", uid=ctx.uid, pid=ctx.pid, ino=ino, time_ns=time.time_ns(),
                 detail={"access": "r" if (flags & os.O_ACCMODE) == os.O_RDONLY else "rw"}))
+        held = False
         try:
             if writing:
                 # Until this handle closes no page-cache push starts; those in flight end
                 # before the caller may write (vfs/pagepush.py).
                 await f.hold_pushes()
-                try:
-                    await self._account(f)
-                    if flags & os.O_TRUNC:
-                        await f.truncate(0)
-                except BaseException:
-                    f.allow_pushes()
-                    raise
+                held = True
+                await self._account(f)
+                if flags & os.O_TRUNC:
+                    await f.truncate(0)
         except BaseException:
+            if held:
+                f.allow_pushes()
             await self._drop_handle_ref(f)
             raise
         return self._new_handle(f, flags, ctx)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -633,14 +633,28 @@ class OpenFile:
     async def hold_pushes(self) -> None:
         """Before the file may change (an open for writing, a truncate): no page-cache
         push starts until ``allow_pushes``, and those in flight have ended on return (a
-        push of the old bytes landing after a write would leave them in the cache)."""
+        push of the old bytes landing after a write would leave them in the cache).
+        Cancelled while it waits, it holds nothing."""
         self._no_push += 1
-        while self._pushing:
-            await self._pushes_ended.wait()
+        try:
+            while self._pushing:
+                await self._pushes_ended.wait()
+        except BaseException:
+            self._no_push -= 1
+            raise
 
     def allow_pushes(self) -> None:
         """The change ``hold_pushes`` was for is over (its handle closed)."""
         self._no_push -= 1
+
+    @contextlib.asynccontextmanager
+    async def pushes_held(self) -> AsyncIterator[None]:
+        """``hold_pushes`` for the length of a block (a truncate without a writer)."""
+        await self.hold_pushes()
+        try:
+            yield
+        finally:
+            self.allow_pushes()
 
     @property
     def readahead_running(self) -> int:

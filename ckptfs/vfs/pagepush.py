@@ -9,7 +9,8 @@ a verified chunk's bytes into the file's page cache from a worker thread instead
 ``notify_store`` releases the GIL around the write to /dev/fuse); the reader then finds the
 pages cached and the kernel sends no read request for them.
 
-What is pushed: only chunks the readahead fetched (a sequential reader is coming), only
+What is pushed: chunks the readahead fetched (a sequential reader is coming), and the rest
+of a chunk the reader entered before any readahead fetched it (a file's first); only
 their verified plaintext (the same view a reply would send), only bytes below the file's
 size (a store past the end would grow the kernel's idea of the size), in whole pages, and
 never a chunk's last ``TRIPWIRE`` bytes (a quarter of a smaller chunk): the reader's
@@ -19,7 +20,8 @@ read requests) and marks the chunk read to its end (the read cache lets it go).
 Never wrong bytes (the OpenFile enforces it, ``OpenFile.hold_pushes``): a push writes the
 committed version into the cache, so it must not land after a write changed those pages.
 No push starts while the file has a handle open for writing or uncommitted changes, and
-an open for writing or a truncate first waits until the pushes in flight have ended. With
+an open for writing, a truncate, the last close and the retirement of a failed OpenFile
+first wait until the pushes in flight have ended (a retired one never pushes again). With
 a shared catalog (several nodes) there is no push at all: another node's commit is only
 seen at the next open, which drops the cached pages, and a push still in flight from a
 reader of the old version could land after that drop.
