@@ -15,6 +15,7 @@ from tests.vfs.test_vfs import CS, make_fs, write_file
 from ckptfs.codec.frame import Buffer
 from ckptfs.config import ReadConfig
 from ckptfs.testing.tiers import MemoryTier
+from ckptfs.tiers.base import Tier
 from ckptfs.vfs.filesystem import Filesystem
 from ckptfs.vfs.pagepush import PAGE, PagePush
 
@@ -37,6 +38,26 @@ async def read_through(fs: Filesystem, fh: int, size: int, step: int = CS // 2, 
     return bytes(out)
 
 
+async def stored(tmp_path: Path, size: int, n_tiers: int = 1) -> tuple[list[Tier], int, bytes]:
+    """A file of ``size`` random bytes written by one daemon (stopped again): its tiers,
+    its inode and its bytes. The next daemon on them has nothing of it cached."""
+    tiers: list[Tier] = [MemoryTier(n) for n in "ab"[:n_tiers]]
+    data = os.urandom(size)
+    async with make_fs(tmp_path, list(tiers)) as fs:
+        ino = await write_file(fs, b"f", data)
+    return tiers, ino, data
+
+
+async def peek(fs: Filesystem, ino: int, data: bytes, flags: int) -> None:
+    """Open with ``flags``, read the first pages and let every task run (a push of the
+    rest of that first chunk, if one is allowed, starts now and the release waits for
+    it), then close."""
+    fh = await fs.open(ino, flags)
+    assert bytes(await fs.read(fh, 0, 4 * PAGE)) == data[:4 * PAGE]
+    await trio.testing.wait_all_tasks_blocked()
+    await fs.release(fh)
+
+
 def test_span_leaves_the_tail_and_stays_in_the_file() -> None:
     cs = 16 << 20
     assert PagePush.span(0, cs, 10 * cs) == cs - 256 * 1024
@@ -47,10 +68,7 @@ def test_span_leaves_the_tail_and_stays_in_the_file() -> None:
 
 
 async def test_chunks_read_ahead_are_pushed_with_exactly_the_files_bytes(tmp_path: Path) -> None:
-    data = os.urandom(12 * CS + 5000)
-    tiers = [MemoryTier("a"), MemoryTier("b")]
-    async with make_fs(tmp_path, list(tiers)) as fs:
-        ino = await write_file(fs, b"f", data)
+    tiers, ino, data = await stored(tmp_path, 12 * CS + 5000, n_tiers=2)
     pushed: Pushed = []
     one = threading.Event()
     async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed, one.set)) as fs:
@@ -64,7 +82,7 @@ async def test_chunks_read_ahead_are_pushed_with_exactly_the_files_bytes(tmp_pat
     assert pushed, "a sequential read pushed nothing"
     for i, off, got in pushed:
         base = off // CS * CS
-        assert i == ino and base > 0  # chunk 0 is read, not read ahead
+        assert i == ino and base > 0  # chunk 0 was read whole: nothing of it left to push
         assert off % PAGE == 0 and len(got) % PAGE == 0 and got
         # Within the chunk's span: below the file's size, its tail left to the kernel.
         assert off + len(got) <= base + PagePush.span(base, min(CS, len(data) - base), len(data))
@@ -72,16 +90,16 @@ async def test_chunks_read_ahead_are_pushed_with_exactly_the_files_bytes(tmp_pat
 
 
 async def test_a_direct_io_reader_gets_no_pushes(tmp_path: Path) -> None:
-    data = os.urandom(8 * CS)
-    tiers = [MemoryTier("a")]
-    async with make_fs(tmp_path, list(tiers)) as fs:
-        ino = await write_file(fs, b"f", data)
+    tiers, ino, data = await stored(tmp_path, 8 * CS)
     pushed: Pushed = []
     async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed)) as fs:
-        fh = await fs.open(ino, os.O_RDONLY | os.O_DIRECT)
-        assert await read_through(fs, fh, len(data)) == data
-        await fs.release(fh)
-    assert pushed == []
+        await peek(fs, ino, data, os.O_RDONLY | os.O_DIRECT)
+        await peek(fs, ino, data, os.O_RDONLY)  # the same through the cache: pushed
+    assert pushed and all(off > 0 for _, off, _ in pushed), pushed
+    n = len(pushed)
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed)) as fs:
+        await peek(fs, ino, data, os.O_RDONLY | os.O_DIRECT)
+    assert len(pushed) == n
 
 
 @pytest.mark.parametrize("change", ["open for writing", "truncate"])
@@ -91,10 +109,7 @@ async def test_a_change_waits_for_the_pushes_in_flight_and_none_start_during_it(
     """A push of the committed bytes must not land after a write changed them: the open
     for writing (or a truncate) returns only once the pushes in flight have ended, and
     none starts while a handle open for writing exists."""
-    data = os.urandom(12 * CS)
-    tiers = [MemoryTier("a"), MemoryTier("b")]
-    async with make_fs(tmp_path, list(tiers)) as fs:
-        ino = await write_file(fs, b"f", data)
+    tiers, ino, data = await stored(tmp_path, 12 * CS, n_tiers=2)
     entered, go = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -141,14 +156,12 @@ async def test_a_change_waits_for_the_pushes_in_flight_and_none_start_during_it(
 
 
 async def test_page_cache_push_false_pushes_nothing(tmp_path: Path) -> None:
-    data = os.urandom(8 * CS)
-    tiers = [MemoryTier("a")]
-    async with make_fs(tmp_path, list(tiers)) as fs:
-        ino = await write_file(fs, b"f", data)
+    tiers, ino, data = await stored(tmp_path, 8 * CS)
     pushed: Pushed = []
     async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed),
                        reads=ReadConfig(page_cache_push=False)) as fs:
         assert fs.page_push is None
+        await peek(fs, ino, data, os.O_RDONLY)
         fh = await fs.open(ino, os.O_RDONLY)
         assert await read_through(fs, fh, len(data)) == data
         await fs.release(fh)
@@ -160,10 +173,7 @@ async def test_the_first_chunk_is_pushed_beyond_what_the_reader_asked_for(
 ) -> None:
     """A chunk the reader entered before any readahead fetched it (the first of a file):
     its back is pushed, from the end of what the reader had asked for."""
-    data = os.urandom(4 * CS)
-    tiers = [MemoryTier("a")]
-    async with make_fs(tmp_path, list(tiers)) as fs:
-        ino = await write_file(fs, b"f", data)
+    tiers, ino, data = await stored(tmp_path, 4 * CS)
     pushed: Pushed = []
     one = threading.Event()
     async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed, one.set)) as fs:
