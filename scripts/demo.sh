@@ -280,7 +280,14 @@ do_mount
 "$PY" "$WORK/compare.py" "$MNT/run1/checkpoint-100" "$REF"
 echo "what the readahead fetched went into the kernel's page cache from worker threads"
 echo "(page_cache_pushes: the reader found those pages without a read request):"
-sleep 1.2  # the daemon's statistics file is rewritten every second
+# The status reads the daemon's statistics file, rewritten every second: wait for one
+# written after the reads.
+"$PY" - "$STATE/stats.json" <<'EOF'
+import os, sys, time
+since, path = time.time(), sys.argv[1]
+while time.time() < since + 10 and (not os.path.exists(path) or os.stat(path).st_mtime <= since):
+    time.sleep(0.05)
+EOF
 ckptfs status "$MNT" | grep -E "^counters" || echo "counters: (none yet)"
 
 step "7. lose the node: unmount, delete the state dir and every local chunk"
