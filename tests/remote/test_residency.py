@@ -116,7 +116,10 @@ def test_a_bound_namespace_lands_only_on_its_location_and_others_use_every_tier(
     other = {f"other/step{i}.pt": os.urandom(6 * CHUNK + 5 * i + 3) for i in range(3)}
     with mounted(tmp_path, 0, ("--config", str(cfg))) as m:
         make_dirs(m)
-        save(m, {**eu, **other})
+        # The other files first: placement balances bytes per tier (stride scheduling), so
+        # after the eu files filled eu0 alone, the same amount of other data would all go to
+        # us0 to even the tiers out, and nothing would show that they stripe.
+        save(m, {**other, **eu})
         sync(m)
         eu_keys, other_keys = chunk_keys(eu.values()), chunk_keys(other.values())
         eu0, us0 = local_keys(tmp_path / "eu0"), local_keys(tmp_path / "us0")
