@@ -76,6 +76,7 @@ from .stats import STATS_FILE
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.auditing import AuditFlusher, AuditSealer
+from .upload.commits import CommitStream
 from .upload.deleter import SHARED_POLL_S, Deleter
 from .upload.seal import SealStore, load_signing_key
 from .upload.uploader import SNAPSHOT_NAME, Uploader
@@ -550,6 +551,7 @@ def build(
     residency = Residency(governance or GovernanceConfig(), {t.name: t.location for t in tiers},
                           stats)
     upload_wake, delete_wake = Wakeup(), Wakeup()
+    commits = CommitStream()  # new upload jobs, one after another: a save of small files
     room = Room(on_wait=upload_wake.set)  # uploads deferred to a save go ahead for a writer
     synced: set[bytes] = set()  # frames known fsynced (the deleter forgets deleted ones)
     # The VFS's tables, shared with the memory budget, the tracker and the janitor.
@@ -563,7 +565,7 @@ def build(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,
         saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
-        save_over=budget.wait_empty, residency=residency,
+        save_over=budget.wait_empty, residency=residency, commits=commits,
     )
     store = ChunkStore(
         tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
@@ -572,7 +574,7 @@ def build(
         synced=synced, deleter=deleter,
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         spill_copy=uploader.copy_uncommitted,
-        on_requeue=upload_wake.set, on_deletions=delete_wake.set, remote_copies=remote_copies,
+        on_requeue=commits.queued, on_deletions=delete_wake.set, remote_copies=remote_copies,
         remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
         write_behind=write_behind, node="" if session is None else session.node,
         residency=residency,

@@ -303,6 +303,10 @@ class ReplicaCatalog(Protocol):
         remote snapshot must know the chunk is there."""
         ...
 
+    def finish_uploads(self, done: Sequence[tuple[bytes, str]]) -> dict[tuple[bytes, str], bool]:
+        """``finish_upload`` of each (digest, tier) in one transaction: which were kept."""
+        ...
+
     def postpone_upload(
         self, digest: bytes, tier: str, next_try_ns: int, error: str, blocked: bool
     ) -> None:

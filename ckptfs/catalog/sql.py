@@ -972,16 +972,23 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         return None
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:
-        def body(c: Conn) -> bool:
-            gone = c.execute(
-                "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
-            ).rowcount == 0
-            if gone:
-                # The copy just made is garbage: the deletion queue removes it.
-                _queue_deletion(c, digest, tier, 0, time.time_ns())
-                return False
-            c.execute(_VALID_REPLICA, (digest, tier))
-            return True
+        return self.finish_uploads([(digest, tier)])[(digest, tier)]
+
+    def finish_uploads(self, done: Sequence[tuple[bytes, str]]) -> dict[tuple[bytes, str], bool]:
+        def body(c: Conn) -> dict[tuple[bytes, str], bool]:
+            kept: dict[tuple[bytes, str], bool] = {}
+            now = time.time_ns()
+            for digest, tier in done:
+                gone = c.execute(
+                    "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
+                ).rowcount == 0
+                if gone:
+                    # The copy just made is garbage: the deletion queue removes it.
+                    _queue_deletion(c, digest, tier, 0, now)
+                else:
+                    c.execute(_VALID_REPLICA, (digest, tier))
+                kept[(digest, tier)] = not gone
+            return kept
 
         return self._write(body, touch=True)
 

@@ -44,6 +44,7 @@ from ..stats import Stats
 from ..tiers.base import Tier
 from ..tiers.health import state_of
 from ..wakeup import Wakeup
+from .commits import CommitStream
 from .cpuidle import IdleCores
 
 log = logging.getLogger("ckptfs.upload")
@@ -121,11 +122,13 @@ class Uploader:
         save_over: Callable[[], Awaitable[None]] | None = None,
         idle_cores: Callable[[], float | None] | None = None,
         residency: Residency | None = None,
+        commits: CommitStream | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
         ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
-        ``saving``: a save is running; ``save_over``: returns when none runs (an event);
+        ``saving``: a save is buffering data; ``save_over``: returns when none does (an
+        event); ``commits``: new jobs (commits, heals), whose stream counts as a save too;
         ``residency``: which remote tiers may hold each chunk, and the catalog snapshot."""
         self.residency = residency if residency is not None else no_residency()
         self.catalog = catalog
@@ -146,8 +149,14 @@ class Uploader:
         self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
         self._snapshot_failures = 0
         self._rate_mark: tuple[float, int] | None = None
-        self.saving = saving  # a save is running: defer uploads (see _limit)
-        self.save_over = save_over
+        self._buffering = saving  # a save holds chunk buffers: defer uploads (_limit)
+        self._buffers_freed = save_over
+        self.commits = commits if commits is not None else CommitStream()
+        # Uploads that finished and wait for their catalog record: the first to take the
+        # lock records every one queued (one transaction for all), the others find theirs.
+        self._to_finish: list[tuple[UploadJob, tuple[float, float] | None]] = []
+        self._finished: dict[tuple[bytes, str], bool | Exception] = {}
+        self._finish_lock = trio.Lock()
         self._sleeping = False  # between passes, waiting for an event or a deadline
         # When a catalog change that queues no upload was first seen since the last look
         # (trio clock; None: none). Set from Catalog.on_touch, any thread, via the loop.
@@ -189,6 +198,20 @@ class Uploader:
             self._dirty_since = trio.current_time()
             self._dirty.set()  # the wait takes the new deadline
             self._dirty = trio.Event()
+
+    def saving(self) -> bool:
+        """A save runs: one buffering data, or a stream of commits (commits.py)."""
+        return self._buffering() or self.commits.running()
+
+    async def _save_over(self) -> None:
+        """Return when no save runs: the buffers freed (an event) and the stream of
+        commits quiet (a deadline that each commit moves)."""
+        while True:
+            if self._buffers_freed is not None:
+                await self._buffers_freed()
+            await self.commits.wait_quiet()
+            if not self.saving():
+                return
 
     def _limit(self) -> int:
         """How many uploads may run now. While a save runs: with "defer" none (one once it
@@ -234,6 +257,7 @@ class Uploader:
                     nursery.start_soon(self._hear_wants)
                 while True:
                     self._wake.clear()
+                    self.commits.clear()
                     deadline, deferred = await self._pass(nursery)
                     await self._sleep(deadline, deferred)
         finally:
@@ -291,7 +315,8 @@ class Uploader:
         elif delay == 0.0:
             delay = math.inf if self.running else delay
         deadline = min(deadline, now + delay)
-        deferred = free <= 0 and self.saving() and self._limit() < self.concurrency
+        # The limit as computed above: a save that ended since is seen by the sleep.
+        deferred = free <= 0 and limit < self.concurrency
         if deferred:
             deadline = min(deadline, self._deferral_ends(now))
         return deadline, deferred
@@ -300,7 +325,7 @@ class Uploader:
         """Uploads wait for a save: when the limit rises without an event. The save's end
         is an event (``save_over``), a writer waiting for room or a durability wait
         kicks; the save's age is a deadline; idle cores ("auto") are sampled."""
-        if self.save_over is None:
+        if self._buffers_freed is None:
             return now + SAVE_RECHECK_S  # nobody tells us when the save ends: look again
         ends = math.inf
         if self._saving_since is not None and now - self._saving_since < MAX_DEFER_S:
@@ -310,8 +335,8 @@ class Uploader:
         return ends
 
     async def _sleep(self, deadline: float, deferred: bool) -> None:
-        """Until a kick, ``deadline``, the snapshot deadline of a catalog change, or (when
-        uploads are ``deferred``) the end of the save."""
+        """Until a kick, ``deadline``, the snapshot deadline of a catalog change, new jobs,
+        or (when uploads are ``deferred``) the end of the save: then new jobs wait for it."""
         self._sleeping = True
         try:
             await self._sleep_until(deadline, deferred)
@@ -326,13 +351,18 @@ class Uploader:
                 at = min(at, self._dirty_since + SNAPSHOT_RECHECK_S)
             else:
                 waits.append(self._dirty.wait)  # a first change brings a deadline
-            saving = deferred and self.save_over is not None and self.saving()
-            if saving and self.save_over is not None:
-                waits.append(self.save_over)
+            if deferred and not self.saving():
+                return  # the save ended since the pass looked: look again
+            saving = deferred and self._buffers_freed is not None
+            if saving:
+                waits.append(self._save_over)
+            elif not deferred:
+                waits.append(self.commits.wait_queued)
             with trio.move_on_at(at) as timer:
                 await _first(*waits)
-            if timer.cancelled_caught or self._wake.is_set() or (saving and not self.saving()):
-                return  # a deadline, a kick, or the save's end
+            if (timer.cancelled_caught or self._wake.is_set() or (saving and not self.saving())
+                    or (not deferred and self.commits.woken())):
+                return  # a deadline, a kick, the save's end, or new jobs
             # Only a catalog change: its deadline is part of the next wait.
 
     def _due_jobs(
@@ -481,7 +511,7 @@ class Uploader:
             if self.deleter is not None:
                 self.deleter.tier_works(job.tier)  # postponed deletions: retry now
             rate = self._rate_due(job.length)
-            kept = await trio.to_thread.run_sync(self._finish, job, rate, limiter=self.db_limiter)
+            kept = await self._recorded(job, rate)
             if kept:
                 self.uploaded_bytes += job.length
                 if rate is not None:
@@ -611,12 +641,37 @@ class Uploader:
             return None
         return now, (self.uploaded_bytes + length - b0) / (now - t0)
 
-    def _finish(self, job: UploadJob, rate: tuple[float, float] | None) -> bool:
-        """Blocking: record the remote copy and, in the same step, the upload rate
+    async def _recorded(self, job: UploadJob, rate: tuple[float, float] | None) -> bool:
+        """Record the remote copy of ``job`` in the catalog; False if its job was
+        cancelled meanwhile (the copy is queued for deletion). Uploads that finish while
+        another one's record is being written are recorded together, in one transaction,
+        by the next to take the lock (small chunks finish many at a time). A failed
+        transaction fails every upload of it, as each one's own would have."""
+        key = (job.digest, job.tier)
+        self._to_finish.append((job, rate))
+        async with self._finish_lock:
+            if key not in self._finished:
+                todo, self._to_finish = self._to_finish, []
+                try:
+                    done: dict[tuple[bytes, str], bool | Exception] = dict(
+                        await trio.to_thread.run_sync(self._finish, todo,
+                                                      limiter=self.db_limiter))
+                except Exception as exc:
+                    done = {(j.digest, j.tier): exc for j, _ in todo}
+                self._finished.update(done)
+        got = self._finished.pop(key)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _finish(self, todo: list[tuple[UploadJob, tuple[float, float] | None]],
+                ) -> dict[tuple[bytes, str], bool]:
+        """Blocking: record the remote copies (one transaction) and the upload rate
         `ckptfs status` shows (rate and ETA), so a backlog that shrank has its rate."""
-        kept = self.catalog.finish_upload(job.digest, job.tier)
-        if kept and rate is not None:
-            self.catalog.set_meta("upload_rate", f"{rate[1]:.0f} {time.time_ns()}")
+        kept = self.catalog.finish_uploads([(j.digest, j.tier) for j, _ in todo])
+        rates = [r for (j, r) in todo if r is not None and kept[(j.digest, j.tier)]]
+        if rates:
+            self.catalog.set_meta("upload_rate", f"{rates[-1][1]:.0f} {time.time_ns()}")
         return kept
 
     async def _postpone(self, job: UploadJob, delay_s: float, error: str, blocked: bool) -> None:

@@ -25,6 +25,7 @@ from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload import deleter as deleter_module
 from ckptfs.upload import uploader as uploader_module
+from ckptfs.upload.commits import QUIET_S
 from ckptfs.upload.deleter import Deleter
 from ckptfs.upload.uploader import SNAPSHOT_MIN_SPACING_S, SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
@@ -168,6 +169,9 @@ async def test_deferred_uploads_start_when_the_save_ends(
         await until_real(lambda: up._sleeping and not up.running)
         assert not remote.frames  # deferred while the save runs
         await fs.release(fh)  # the save ends without a commit (nothing kicks the uploader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not remote.frames  # the commit's stream is not over yet
+        mock_clock.jump(1.5 * QUIET_S)  # ... now it is (a deadline, not a look every 0.2 s)
         await until_real(lambda: len(remote.frames) == 2)
 
 
@@ -195,9 +199,11 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
             while True:
                 await trio.testing.wait_all_tasks_blocked()
                 if up._sleeping and not up.running and up._dirty_since is None:
-                    if await fs.db(fs.catalog.snapshot_is_current) and up._sleeping:
+                    if (await fs.db(fs.catalog.snapshot_is_current)
+                            and not (await fs.db(fs.catalog.backlog)).chunks and up._sleeping):
                         return
-                    # A snapshot right after the last one waits SNAPSHOT_MIN_SPACING_S.
+                    # A snapshot right after the last one waits SNAPSHOT_MIN_SPACING_S,
+                    # uploads wait for the stream of commits to pause (QUIET_S).
                     mock_clock.jump(SNAPSHOT_MIN_SPACING_S)
                 assert time.monotonic() < deadline, "the uploader did not settle"
                 await trio.to_thread.run_sync(time.sleep, 0.005)
@@ -233,6 +239,7 @@ async def test_a_stream_of_small_files_is_snapshotted_once_per_spacing(
         await until_real(lambda: remote.snapshots == 1)
         for i in range(5):
             await _write(fs, b"f%d" % i, os.urandom(1000))
+            mock_clock.jump(2 * QUIET_S)  # a pause in the stream of commits: uploads go
             await until_real(lambda: not fs.catalog.backlog().chunks)  # uploaded
             await trio.testing.wait_all_tasks_blocked()
         assert remote.snapshots == 1  # none of the five within the spacing

@@ -260,6 +260,8 @@ async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_pat
         fs.store.waiting_for_room -= 1
         await fs.flush(fh)
         await fs.release(fh)
+        assert uploader_of(fs).saving()  # its commit queued jobs: a stream until quiet
+        await uploader_of(fs).commits.wait_quiet()
         assert not uploader_of(fs).saving()
         await wait_backlog_empty(fs)  # once the save committed, everything goes up
         assert len(remote.frames) == 3

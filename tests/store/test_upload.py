@@ -1,6 +1,7 @@
 """The upload queue against in-memory remote tiers (fault injection by wrapper tiers)."""
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from tests.vfs.test_vfs import CS, RW, deletions_done, make_fs, read_file, uploa
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame
 from ckptfs.config import UPLOAD_DURING_SAVE, UploadConfig
+from ckptfs.errors import CatalogUnavailable
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
+from ckptfs.upload.commits import QUIET_S
 from ckptfs.upload.cpuidle import IdleCores
 from ckptfs.upload.uploader import MAX_DEFER_S, backoff_s
 from ckptfs.vfs.context import ROOT
@@ -216,6 +219,8 @@ async def test_a_long_save_lets_one_upload_through_after_max_defer(
         assert up._limit() == 1  # a save older than MAX_DEFER_S: one upload at a time
         await fs.flush(fh)
         await fs.release(fh)
+        assert up.saving()  # its commit: a stream of commits until QUIET_S without one
+        mock_clock.jump(2 * QUIET_S)
         assert not up.saving()
         assert up._limit() == up.concurrency
 
@@ -249,3 +254,121 @@ async def test_uploads_deferred_to_a_save_wait_for_an_event_not_in_a_loop(tmp_pa
         await fs.release(fh)
         await wait_backlog_empty(fs)  # the save's end wakes it
         assert len(remote.frames) == 3
+
+
+@pytest.mark.parametrize("mode", ["defer", "auto-busy", "overlap"])
+async def test_a_stream_of_small_files_is_a_save_for_the_uploads(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, mode: str
+) -> None:
+    """Small files closed one after another hold no chunk buffer between them, but their
+    commits are a stream (upload/commits.py): with "defer" and a busy "auto" no upload
+    starts until no commit came for QUIET_S (trio's clock stands still meanwhile); with
+    "overlap" they go at once. A durability wait does not wait for the stream's end."""
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    during = next(m for m in UPLOAD_DURING_SAVE if mode.split("-")[0] == m)
+    async with make_fs(tmp_path, [local, remote], upload=UploadConfig(during_save=during)) as fs:
+        up = uploader_of(fs)
+        up.idle_cores = lambda: 0.6  # "auto": no idle core beyond the save's own
+        for i in range(4):
+            await write_file(fs, b"small%d" % i, os.urandom(4096))
+        assert fs.budget.used == 0 and up.saving()  # no buffer held, yet a save runs
+        if mode == "overlap":
+            await until_real(lambda: len(remote.frames) == 4)
+            return
+        await until_real(lambda: up._sleeping and not up.running)
+        assert not remote.frames and (await fs.db(fs.catalog.backlog)).chunks == 4
+        # A durability wait (a policy, `ckptfs sync`) takes every slot during the stream.
+        digest = frame.digest_of(await read_file(fs, b"small0"))
+        with trio.fail_after(10):
+            assert await up.wait_durable({digest}, 10)
+        assert digest.hex() in remote.frames
+        mock_clock.jump(2 * QUIET_S)  # the stream pauses: its end is a deadline, not a look
+        await until_real(lambda: len(remote.frames) == 4 and not fs.catalog.backlog().chunks)
+
+
+async def until_real(cond, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
+    """Wait for ``cond`` in real time (trio's clock may stand still: MockClock)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await trio.to_thread.run_sync(time.sleep, 0.005)
+
+
+async def test_uploads_finishing_together_are_recorded_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    """Each finished upload's replica row is written by whichever upload takes the record
+    lock first, for every upload finished by then: four uploads held until they all
+    finish are recorded in two transactions (the first alone, then the three that
+    finished while it ran), and every one learns its own result."""
+    local, remote = MemoryTier("l"), FaultyTier(MemoryTier("r", kind="remote"))
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        up = uploader_of(fs)
+        await write_file(fs, b"first", os.urandom(1000))  # and the first (overdue) snapshot
+        await wait_backlog_empty(fs)
+        await until_real(lambda: up.snapshot_of_ns > 0)
+        gate = remote.put_gate = threading.Event()  # the next snapshot waits for the backlog
+        batches: list[int] = []
+        real = up.catalog.finish_uploads
+
+        def counted(done):  # type: ignore[no-untyped-def]
+            batches.append(len(done))
+            if len(batches) == 1:  # hold the first until the other three wait behind it
+                deadline = time.monotonic() + 10
+                while len(up._to_finish) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.002)
+            return real(done)
+
+        up.catalog.finish_uploads = counted  # type: ignore[method-assign]
+        for i in range(4):
+            await write_file(fs, b"f%d" % i, os.urandom(CS // 4))
+        await until_real(lambda: len(up.running) == 4)  # all four in their puts
+        gate.set()
+        await wait_backlog_empty(fs)
+        assert batches == [1, 3]
+        for i in range(4):
+            digest = frame.digest_of(await read_file(fs, b"f%d" % i))
+            assert "r" in await fs.db(fs.catalog.replica_tiers, digest)
+        assert not up._finished and not up._to_finish
+
+
+async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Path) -> None:
+    """The uploads recorded together share their transaction's fate: when it fails, each
+    one's record call raises the error (as its own transaction's would have), and the
+    jobs stay queued for a later upload."""
+    local, remote = MemoryTier("l"), MemoryTier("r", kind="remote")
+    async with make_fs(tmp_path, [local, remote], upload=UploadConfig(during_save="defer")) as fs:
+        up = uploader_of(fs)
+        fh = await _open_save(fs, b"saving")  # uploads wait: we record the jobs ourselves
+        for i in range(3):
+            await write_file(fs, b"f%d" % i, os.urandom(1000))
+        jobs = await fs.db(fs.catalog.due_uploads, skip_backoff(), 10, set())
+        assert len(jobs) == 3
+        entered, release = threading.Event(), threading.Event()
+
+        def failing(done):  # type: ignore[no-untyped-def]
+            entered.set()
+            release.wait(10)
+            raise CatalogUnavailable("catalog down")
+
+        up.catalog.finish_uploads = failing  # type: ignore[method-assign]
+        errors: list[BaseException] = []
+
+        async def record(job):  # type: ignore[no-untyped-def]
+            try:
+                await up._recorded(job, None)
+            except CatalogUnavailable as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(record, jobs[0])
+            await trio.to_thread.run_sync(entered.wait, 10)
+            n.start_soon(record, jobs[1])
+            n.start_soon(record, jobs[2])
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()  # the first batch fails; then the batch of the other two
+        assert len(errors) == 3
+        assert not up._finished and not up._to_finish
+        assert (await fs.db(fs.catalog.backlog)).chunks == 3  # nothing recorded
+        await fs.flush(fh)
+        await fs.release(fh)

@@ -307,6 +307,19 @@ class CatalogConformance:
         assert catalog.deletion_keys("s3") == {A}
         assert catalog.replica_tiers(A) == ("l",)
 
+    def test_uploads_finished_together_are_recorded_in_one_call(self, catalog: Catalog) -> None:
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        one_chunk_file(catalog, b"g", B, uploads={B: ["s3"]})
+        one_chunk_file(catalog, b"h", C, uploads={C: ["s3"]})
+        assert catalog.drop_upload_jobs([B]) == 1  # B's job was cancelled meanwhile
+        assert catalog.finish_uploads([(A, "s3"), (B, "s3"), (C, "s3")]) == {
+            (A, "s3"): True, (B, "s3"): False, (C, "s3"): True}
+        assert catalog.replica_tiers(A) == catalog.replica_tiers(C) == ("l", "s3")
+        assert catalog.replica_tiers(B) == ("l",)
+        assert catalog.deletion_keys("s3") == {B}  # its copy is garbage
+        assert catalog.upload_job_pairs() == set()
+        assert not catalog.snapshot_is_current()  # a change the next snapshot must hold
+
     def test_requeue_and_queue_upload(self, catalog: Catalog) -> None:
         one_chunk_file(catalog, b"f", A, ("l", "s3"))
         assert catalog.queue_upload(A, "s3")  # replica rows are left alone

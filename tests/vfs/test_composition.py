@@ -134,7 +134,7 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         assert cat.get_inode(inode.ino).size == CS
         assert not store.guard.pinned(first.digest)  # pins released
         assert [j.tier for j in cat.due_uploads(2**62, 10, set())] == ["r"]  # same transaction
-        assert d.uploader._wake.is_set()  # the uploader was told
+        assert d.uploader.commits.running()  # the uploader was told: a stream of commits
         second = await store.write([os.urandom(CS // 2)])
         v2 = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {0: second}, [second])
         committed = await commit_version(store, v2, synced=False)
