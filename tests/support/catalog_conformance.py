@@ -133,6 +133,20 @@ class CatalogConformance:
         assert catalog.lookup(catalog.lookup(catalog.lookup(R, b"e").ino, b"sub").ino, b"f").ino
         assert c.ino != d.ino
 
+    def test_path_of_the_root_nested_entries_links_and_unlinked_inodes(self, catalog: Catalog) -> None:
+        a = catalog.create(R, b"a", D, 0, 0)
+        b = catalog.create(a.ino, b"b", D, 0, 0)
+        f = catalog.create(b.ino, b"f\xff", F, 0, 0)
+        assert catalog.path_of(R) == "/"
+        assert catalog.path_of(a.ino) == "/a"
+        assert catalog.path_of(f.ino) == "/a/b/f\ufffd"  # a name that is not UTF-8
+        catalog.link(f.ino, R, b"g")
+        assert catalog.path_of(f.ino) in {"/a/b/f\ufffd", "/g"}  # either of its names
+        catalog.unlink(b.ino, b"f\xff")
+        assert catalog.path_of(f.ino) == "/g"
+        catalog.unlink(R, b"g")
+        assert catalog.path_of(f.ino) == "<unlinked>/"  # open, with no name left
+
     def test_rename_of_a_non_empty_directory_moves_its_subtree(self, catalog: Catalog) -> None:
         src = catalog.create(R, b"tmp-ckpt", D, 0, 0)
         shard = catalog.create(src.ino, b"shard-0", F, 0, 0)
