@@ -20,6 +20,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
@@ -104,6 +105,15 @@ class DeletionQueue(Protocol):
     def tier_works(self, tier: str) -> None: ...  # postponed deletions there: retry now
 
 
+@dataclass
+class _Records:
+    """Finished uploads whose replica rows one transaction writes (Uploader._recorded)."""
+
+    jobs: list[tuple[UploadJob, tuple[float, float] | None]] = field(default_factory=list)
+    kept: dict[tuple[bytes, str], bool] | None = None  # written: which jobs were still queued
+    error: Exception | None = None  # the transaction failed
+
+
 class Uploader:
     def __init__(
         self,
@@ -152,10 +162,9 @@ class Uploader:
         self._buffering = saving  # a save holds chunk buffers: defer uploads (_limit)
         self._buffers_freed = save_over
         self.commits = commits if commits is not None else CommitStream()
-        # Uploads that finished and wait for their catalog record: the first to take the
-        # lock records every one queued (one transaction for all), the others find theirs.
-        self._to_finish: list[tuple[UploadJob, tuple[float, float] | None]] = []
-        self._finished: dict[tuple[bytes, str], bool | Exception] = {}
+        # Finished uploads join the open batch of records; the first of a batch to take
+        # the lock writes the whole batch (one transaction), the others find it written.
+        self._records = _Records()
         self._finish_lock = trio.Lock()
         self._sleeping = False  # between passes, waiting for an event or a deadline
         # When a catalog change that queues no upload was first seen since the last look
@@ -647,22 +656,20 @@ class Uploader:
         another one's record is being written are recorded together, in one transaction,
         by the next to take the lock (small chunks finish many at a time). A failed
         transaction fails every upload of it, as each one's own would have."""
-        key = (job.digest, job.tier)
-        self._to_finish.append((job, rate))
+        batch = self._records
+        batch.jobs.append((job, rate))
         async with self._finish_lock:
-            if key not in self._finished:
-                todo, self._to_finish = self._to_finish, []
+            if batch.kept is None and batch.error is None:  # nobody wrote it yet
+                self._records = _Records()  # uploads finishing from now on: the next one
                 try:
-                    done: dict[tuple[bytes, str], bool | Exception] = dict(
-                        await trio.to_thread.run_sync(self._finish, todo,
-                                                      limiter=self.db_limiter))
+                    batch.kept = await trio.to_thread.run_sync(
+                        self._finish, batch.jobs, limiter=self.db_limiter)
                 except Exception as exc:
-                    done = {(j.digest, j.tier): exc for j, _ in todo}
-                self._finished.update(done)
-        got = self._finished.pop(key)
-        if isinstance(got, Exception):
-            raise got
-        return got
+                    batch.error = exc
+        if batch.error is not None:
+            raise batch.error
+        assert batch.kept is not None
+        return batch.kept[(job.digest, job.tier)]
 
     def _finish(self, todo: list[tuple[UploadJob, tuple[float, float] | None]],
                 ) -> dict[tuple[bytes, str], bool]:

@@ -316,7 +316,7 @@ async def test_uploads_finishing_together_are_recorded_in_one_transaction(
             batches.append(len(done))
             if len(batches) == 1:  # hold the first until all four are finished
                 deadline = time.monotonic() + 10
-                while len(done) + len(up._to_finish) < 4 and time.monotonic() < deadline:
+                while len(done) + len(up._records.jobs) < 4 and time.monotonic() < deadline:
                     time.sleep(0.002)
             return real(done)
 
@@ -330,7 +330,7 @@ async def test_uploads_finishing_together_are_recorded_in_one_transaction(
         for i in range(4):
             digest = frame.digest_of(await read_file(fs, b"f%d" % i))
             assert "r" in await fs.db(fs.catalog.replica_tiers, digest)
-        assert not up._finished and not up._to_finish
+        assert not up._records.jobs
 
 
 async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Path) -> None:
@@ -369,7 +369,7 @@ async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Pa
             await trio.testing.wait_all_tasks_blocked()
             release.set()  # the first batch fails; then the batch of the other two
         assert len(errors) == 3
-        assert not up._finished and not up._to_finish
+        assert not up._records.jobs
         assert (await fs.db(fs.catalog.backlog)).chunks == 3  # nothing recorded
         await fs.flush(fh)
         await fs.release(fh)
