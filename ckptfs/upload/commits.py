@@ -23,17 +23,18 @@ QUIET_S = 0.1
 
 
 class CommitStream:
-    """When upload jobs were last queued, and a wake for the upload queue. Trio thread."""
+    """When upload jobs were last queued, and ``wake``, set at each queueing for the
+    upload queue (which clears it before each look). Trio thread."""
 
     def __init__(self, quiet_s: float = QUIET_S) -> None:
         self.quiet_s = quiet_s
         self._last = -math.inf  # trio time of the last queueing
-        self._wake = Wakeup()
+        self.wake = Wakeup()
 
     def queued(self) -> None:
         """New upload jobs (a commit, a heal): the stream goes on; wakes the queue."""
         self._last = trio.current_time()
-        self._wake.set()
+        self.wake.set()
 
     def running(self) -> bool:
         return trio.current_time() < self._last + self.quiet_s  # as wait_quiet compares
@@ -42,14 +43,3 @@ class CommitStream:
         """Return once no job was queued for ``quiet_s`` (at once if none was)."""
         while self.running():
             await trio.sleep_until(self._last + self.quiet_s)  # moves with each queueing
-
-    async def wait_queued(self) -> None:
-        """Return when jobs were queued since the last ``clear``."""
-        await self._wake.wait()
-
-    def woken(self) -> bool:
-        """Jobs were queued since the last ``clear``."""
-        return self._wake.is_set()
-
-    def clear(self) -> None:
-        self._wake.clear()

@@ -266,7 +266,7 @@ class Uploader:
                     nursery.start_soon(self._hear_wants)
                 while True:
                     self._wake.clear()
-                    self.commits.clear()
+                    self.commits.wake.clear()
                     deadline, deferred = await self._pass(nursery)
                     await self._sleep(deadline, deferred)
         finally:
@@ -366,11 +366,11 @@ class Uploader:
             if saving:
                 waits.append(self._save_over)
             elif not deferred:
-                waits.append(self.commits.wait_queued)
+                waits.append(self.commits.wake.wait)
             with trio.move_on_at(at) as timer:
                 await _first(*waits)
             if (timer.cancelled_caught or self._wake.is_set() or (saving and not self.saving())
-                    or (not deferred and self.commits.woken())):
+                    or (not deferred and self.commits.wake.is_set())):
                 return  # a deadline, a kick, the save's end, or new jobs
             # Only a catalog change: its deadline is part of the next wait.
 

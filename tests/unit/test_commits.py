@@ -11,18 +11,18 @@ async def test_a_stream_runs_until_quiet_s_without_a_queueing(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     s = CommitStream()
-    assert not s.running() and not s.woken()
+    assert not s.running() and not s.wake.is_set()
     s.queued()
-    assert s.running() and s.woken()
+    assert s.running() and s.wake.is_set()
     mock_clock.jump(QUIET_S / 2)
     s.queued()  # the stream goes on: its end moves
     mock_clock.jump(QUIET_S * 0.75)
     assert s.running()  # 1.25 QUIET_S after the first, 0.75 after the last
     mock_clock.jump(QUIET_S * 0.5)
     assert not s.running()
-    assert s.woken()  # the wake stays until its owner clears it
-    s.clear()
-    assert not s.woken()
+    assert s.wake.is_set()  # the wake stays until its owner clears it
+    s.wake.clear()
+    assert not s.wake.is_set()
 
 
 async def test_wait_quiet_returns_at_the_deadline_the_last_queueing_set(
@@ -51,11 +51,11 @@ async def test_wait_quiet_returns_at_the_deadline_the_last_queueing_set(
     assert returned and returned[0] >= 1.6 * QUIET_S and not s.running()
 
 
-async def test_wait_queued_returns_once_jobs_were_queued() -> None:
+async def test_the_wake_is_set_once_jobs_were_queued() -> None:
     s = CommitStream()
     async with trio.open_nursery() as n:
-        n.start_soon(s.wait_queued)
+        n.start_soon(s.wake.wait)
         await trio.testing.wait_all_tasks_blocked()
         s.queued()
     with trio.fail_after(1):
-        await s.wait_queued()  # still set until cleared
+        await s.wake.wait()  # still set until cleared
