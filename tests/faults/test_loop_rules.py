@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.vfs.test_vfs import CS, make_daemon
+from tests.vfs.test_vfs import CS, make_daemon, until_real
 
 from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -119,14 +119,6 @@ async def test_readahead_ends_with_its_file(
         assert bytes(await fs.read(fh, 0, 4 * CS)) == data
         await fs.release(fh)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-
-
-async def until_real(cond: Any, timeout: float = 10) -> None:
-    """``until`` for tests that freeze trio's clock (MockClock): waits in a thread."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        await trio.to_thread.run_sync(time.sleep, 0.005)
 
 
 class CountingTier(MemoryTier):

@@ -9,7 +9,16 @@ import pytest
 import trio
 import trio.testing
 
-from tests.vfs.test_vfs import CS, RW, deletions_done, make_fs, read_file, uploader_of, write_file
+from tests.vfs.test_vfs import (
+    CS,
+    RW,
+    deletions_done,
+    make_fs,
+    read_file,
+    until_real,
+    uploader_of,
+    write_file,
+)
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.codec import frame
@@ -284,14 +293,6 @@ async def test_a_stream_of_small_files_is_a_save_for_the_uploads(
         assert digest.hex() in remote.frames
         mock_clock.jump(2 * QUIET_S)  # the stream pauses: its end is a deadline, not a look
         await until_real(lambda: len(remote.frames) == 4 and not fs.catalog.backlog().chunks)
-
-
-async def until_real(cond, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
-    """Wait for ``cond`` in real time (trio's clock may stand still: MockClock)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        await trio.to_thread.run_sync(time.sleep, 0.005)
 
 
 async def test_uploads_finishing_together_are_recorded_in_one_transaction(

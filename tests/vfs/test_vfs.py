@@ -3,6 +3,7 @@
 import errno
 import os
 import stat
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -59,6 +60,15 @@ async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
     with trio.fail_after(timeout):
         while await fs.db(fs.catalog.deletion_backlog):
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
+
+
+async def until_real(cond: Any, timeout: float = 10) -> None:
+    """Until ``cond`` holds, in real time: for tests that freeze trio's clock (MockClock),
+    the wait is in a thread."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await trio.to_thread.run_sync(time.sleep, 0.005)
 
 
 async def write_file(fs: Filesystem, name: bytes, data: bytes, step: int = 10_000) -> int:
