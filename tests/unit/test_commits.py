@@ -53,9 +53,10 @@ async def test_wait_quiet_returns_at_the_deadline_the_last_queueing_set(
 
 async def test_the_wake_is_set_once_jobs_were_queued() -> None:
     s = CommitStream()
-    async with trio.open_nursery() as n:
-        n.start_soon(s.wake.wait)
-        await trio.testing.wait_all_tasks_blocked()
-        s.queued()
+    with trio.fail_after(1):  # a wake that never came fails, not hangs
+        async with trio.open_nursery() as n:
+            n.start_soon(s.wake.wait)
+            await trio.testing.wait_all_tasks_blocked()
+            s.queued()
     with trio.fail_after(1):
         await s.wake.wait()  # still set until cleared
