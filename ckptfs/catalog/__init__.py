@@ -25,7 +25,7 @@ from .catalog import (
 )
 from .engines import postgres_engine
 from .recorded import recorded_tiers
-from .rows import ROOT_INODE, CheckpointRow, CheckpointState, ChunkRef, Inode
+from .rows import ROOT_INODE, Around, CheckpointRow, CheckpointState, ChunkRef, Inode
 
 if TYPE_CHECKING:
     from .postgres import PostgresCatalog
@@ -43,7 +43,7 @@ else:
 
 
 __all__ = [
-    "ROOT_INODE", "Catalog", "CheckpointRow", "CheckpointState", "ChunkRef", "Inode",
+    "ROOT_INODE", "Around", "Catalog", "CheckpointRow", "CheckpointState", "ChunkRef", "Inode",
     "PostgresCatalog", "SqlCatalog", "SqliteCatalog", "is_database_url", "open_catalog",
     "protocols", "read_recorded_tiers", "recorded_tiers",
 ]

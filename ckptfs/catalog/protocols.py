@@ -21,6 +21,7 @@ from .audit import AuditEntry, AuditRecord
 from .keys import KeyRow, Wrap
 from .quotas import Charge, NamespaceUsage
 from .rows import (
+    Around,
     Backlog,
     CheckpointRow,
     CheckpointState,
@@ -49,17 +50,19 @@ class NamespaceCatalog(Protocol):
 
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
-        rdev: int = 0, *, audit: AuditRecord | None = None,
+        rdev: int = 0, *, audit: AuditRecord | None = None, around: Around | None = None,
     ) -> Inode:
         """Create a file, directory, symlink or special file (FIFO, socket, device with
         ``rdev``) entry. EEXIST if the name is taken. ``audit``: recorded in the same
-        transaction (AuditCatalog), as on every write method that takes it."""
+        transaction (AuditCatalog), as on every write method that takes it. ``around``
+        (rows.Around): filled with the directory after the change (and its path)."""
         ...
 
     def link(self, ino: int, parent: int, name: bytes) -> Inode:
         ...
 
-    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
+    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None,
+               around: Around | None = None) -> Inode:
         """Remove a non-directory entry; returns the inode with its new link count."""
         ...
 
@@ -68,7 +71,7 @@ class NamespaceCatalog(Protocol):
 
     def rename(
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool,
-        *, audit: AuditRecord | None = None,
+        *, audit: AuditRecord | None = None, around: Around | None = None,
     ) -> Inode | None:
         """Atomic rename. Returns the replaced inode (with its new link count), if any."""
         ...

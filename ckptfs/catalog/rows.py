@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -73,6 +73,21 @@ class Inode:
     @property
     def is_reg(self) -> bool:
         return stat.S_ISREG(self.mode)
+
+
+@dataclass
+class Around:
+    """What a namespace change (create, unlink, rename) tells its caller besides its
+    result, read in the change's own transaction instead of further catalog calls: the
+    attributes of each directory it changed as they are after it (``dirs``), the renamed
+    inode after a rename (``moved``), and with ``paths`` the path of every directory the
+    change named (``dir_paths``). Filled by the change's transaction (again by each rerun
+    of it): what it holds means something only once the call returned."""
+
+    paths: bool = False
+    dirs: dict[int, Inode] = field(default_factory=dict)
+    dir_paths: dict[int, str] = field(default_factory=dict)
+    moved: Inode | None = None
 
 
 @dataclass(frozen=True)

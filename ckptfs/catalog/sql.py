@@ -54,6 +54,7 @@ from .keys import KEYS_DDL, KeysSql
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
+    Around,
     Backlog,
     CheckpointRow,
     CheckpointState,
@@ -244,6 +245,22 @@ _SQL_VARS = 900
 
 INODE_COLS = "ino, mode, uid, gid, size, nlink, atime_ns, mtime_ns, ctime_ns, target, rdev"
 _INODE_COLS_I = ", ".join("i." + x.strip() for x in INODE_COLS.split(","))
+# A path from an inode up to the root: one row (parent, name, depth) per level, the
+# inode's own name first. A directory has one name; a file with several links takes one.
+_MAX_DEPTH = 4096
+_PATH_UP = (
+    "WITH RECURSIVE up(parent, name, depth) AS ("
+    "SELECT * FROM (SELECT parent, name, 1 FROM dentries WHERE ino=? LIMIT 1) AS leaf "
+    "UNION ALL SELECT d.parent, d.name, up.depth + 1 FROM up JOIN dentries d ON d.ino = up.parent "
+    "WHERE up.parent != ? AND up.depth < ?) "
+    "SELECT parent, name FROM up ORDER BY depth"
+)
+
+# Extent indexes per statement (well below every engine's limit of bound parameters).
+_IN_BATCH = 500
+
+_INODE_COLS_P = ", ".join("p." + x.strip() for x in INODE_COLS.split(","))
+_N_INODE_COLS = len(INODE_COLS.split(","))
 
 _SET_META = "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value"
 # A change of the namespace or of file contents, at a time (str(time.time_ns())).
@@ -285,10 +302,41 @@ def newer_schema(where: str, version: int) -> InvalidArgument:
     )
 
 
-def _name_path(c: Conn, parent: int, name: bytes) -> Callable[[], str]:
-    """The path of entry ``name`` of ``parent`` in the transaction (for an audit record)."""
-    return lambda: (SqlCatalog._path_of(c, parent).rstrip("/") + "/"
-                    + name.decode(errors="replace"))
+class _Paths:
+    """Directory paths read in one transaction, each at most once (an audit record and
+    the caller's ``Around`` need the same ones)."""
+
+    __slots__ = ("c", "got")
+
+    def __init__(self, c: Conn) -> None:
+        self.c = c
+        self.got: dict[int, str] = {}
+
+    def of(self, ino: int) -> str:
+        path = self.got.get(ino)
+        if path is None:
+            path = self.got[ino] = SqlCatalog._path_of(self.c, ino)
+        return path
+
+    def entry(self, parent: int, name: bytes) -> Callable[[], str]:
+        """The path of entry ``name`` of ``parent``, when asked (for an audit record)."""
+        return lambda: self.of(parent).rstrip("/") + "/" + name.decode(errors="replace")
+
+
+def _tell(around: Around | None, paths: _Paths, dirs: dict[int, Inode],
+          named: tuple[int, ...], moved: Inode | None = None) -> None:
+    """Fill ``around`` (if any) with a change's directories after it and the paths of
+    the directories it ``named``."""
+    if around is None:
+        return
+    around.dirs = dirs
+    around.moved = moved
+    around.dir_paths = {d: paths.of(d) for d in named} if around.paths else {}
+
+
+def _touched(pdir: Inode, now: int, nlink_delta: int = 0) -> Inode:
+    """``pdir`` as ``_touch_dir`` leaves it (in the transaction that read it)."""
+    return replace(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink + nlink_delta)
 
 
 class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
@@ -394,13 +442,29 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         ).fetchone()
         return None if row is None else _inode(row)
 
-    def _named(self, c: Conn, parent: int, name: bytes) -> Inode:
-        """The inode the entry ``name`` of directory ``parent`` names; NotFound if none."""
-        self._dir(c, parent)
-        inode = self._entry(c, parent, name)
+    def _named(self, c: Conn, parent: int, name: bytes) -> tuple[Inode, Inode]:
+        """Directory ``parent`` and the inode its entry ``name`` names; NotFound if none."""
+        pdir, inode = self._dir_entry(c, parent, name)
         if inode is None:
             raise NotFound(name.decode(errors="replace"))
-        return inode
+        return pdir, inode
+
+    @staticmethod
+    def _dir_entry(c: Conn, parent: int, name: bytes) -> tuple[Inode, Inode | None]:
+        """Directory ``parent`` and the inode of its entry ``name`` (None: no such entry),
+        in one statement; NotFound / NotADirectory for a parent that is none."""
+        row = c.execute(
+            f"SELECT {_INODE_COLS_P}, {_INODE_COLS_I} FROM inodes p LEFT JOIN dentries d "
+            "ON d.parent = p.ino AND d.name = ? LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?",
+            (name, parent),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"inode {parent}")
+        pdir = _inode(row[:_N_INODE_COLS])
+        if not pdir.is_dir:
+            raise NotADirectory(f"inode {parent}")
+        entry = row[_N_INODE_COLS:]
+        return pdir, None if entry[0] is None else _inode(entry)
 
     def lookup(self, parent: int, name: bytes) -> Inode:
         # One statement: the parent's mode, and the entry's inode if there is one.
@@ -426,15 +490,16 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
-        rdev: int = 0, *, audit: AuditRecord | None = None,
+        rdev: int = 0, *, audit: AuditRecord | None = None, around: Around | None = None,
     ) -> Inode:
         now = time.time_ns()
         is_dir = stat.S_ISDIR(mode)
         size = len(target) if target is not None else 0
 
         def body(c: Conn) -> Inode:
-            pdir = self._dir(c, parent)
-            if self._entry(c, parent, name) is not None:
+            paths = _Paths(c)
+            pdir, taken = self._dir_entry(c, parent, name)
+            if taken is not None:
                 raise AlreadyExists(name.decode(errors="replace"))
             m, g = mode, gid
             if pdir.mode & stat.S_ISGID:
@@ -450,7 +515,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             inode = _inode(row)
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, inode.ino))
             self._touch_dir(c, parent, now, 1 if is_dir else 0)
-            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino, mode=m)
+            self._audit_in(c, audit, paths.entry(parent, name), ino=inode.ino, mode=m)
+            _tell(around, paths, {parent: _touched(pdir, now, 1 if is_dir else 0)}, (parent,))
             return inode
 
         return self._write(body, touch=True)
@@ -472,18 +538,21 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
         return self._write(body, touch=True)
 
-    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None) -> Inode:
+    def unlink(self, parent: int, name: bytes, *, audit: AuditRecord | None = None,
+               around: Around | None = None) -> Inode:
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            inode = self._named(c, parent, name)
+            paths = _Paths(c)
+            pdir, inode = self._named(c, parent, name)
             if inode.is_dir:
                 raise IsADirectory(name.decode(errors="replace"))
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
             c.execute("UPDATE inodes SET nlink=nlink-1, ctime_ns=? WHERE ino=?", (now, inode.ino))
             self._touch_dir(c, parent, now)
-            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino,
+            self._audit_in(c, audit, paths.entry(parent, name), ino=inode.ino,
                            nlink=inode.nlink - 1)
+            _tell(around, paths, {parent: _touched(pdir, now)}, (parent,))
             return replace(inode, nlink=inode.nlink - 1, ctime_ns=now)
 
         return self._write(body, touch=True)
@@ -492,7 +561,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
-            inode = self._named(c, parent, name)
+            paths = _Paths(c)
+            _, inode = self._named(c, parent, name)
             if not inode.is_dir:
                 raise NotADirectory(name.decode(errors="replace"))
             if c.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (inode.ino,)).fetchone():
@@ -500,7 +570,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             c.execute("DELETE FROM dentries WHERE parent=? AND name=?", (parent, name))
             c.execute("UPDATE inodes SET nlink=0, ctime_ns=? WHERE ino=?", (now, inode.ino))
             self._touch_dir(c, parent, now, -1)
-            self._audit_in(c, audit, _name_path(c, parent, name), ino=inode.ino)
+            self._audit_in(c, audit, paths.entry(parent, name), ino=inode.ino)
             return replace(inode, nlink=0)
 
         return self._write(body, touch=True)
@@ -520,26 +590,31 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
     def rename(
         self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, noreplace: bool,
-        *, audit: AuditRecord | None = None,
+        *, audit: AuditRecord | None = None, around: Around | None = None,
     ) -> Inode | None:
+        """``around``: the directories after the rename (none if a directory moved or was
+        replaced: their own rows changed too), the renamed inode after it, and with
+        ``paths`` the paths of both directories."""
         now = time.time_ns()
 
         def body(c: Conn) -> Inode | None:
-            self._dir(c, old_parent)
-            self._dir(c, new_parent)
-            src = self._entry(c, old_parent, old_name)
+            paths = _Paths(c)
+            old_dir, src = self._dir_entry(c, old_parent, old_name)
+            new_dir, dst = self._dir_entry(c, new_parent, new_name)
             if src is None:
                 raise NotFound(old_name.decode(errors="replace"))
-            old_path = _name_path(c, old_parent, old_name)() if audit is not None else ""
-            dst = self._entry(c, new_parent, new_name)
+            old_path = paths.entry(old_parent, old_name)() if audit is not None else ""
             if src.is_dir and self._is_ancestor(c, src.ino, new_parent):
                 raise InvalidArgument("cannot move a directory into itself")
             replaced: Inode | None = None
+            named = (old_parent, new_parent)
             if dst is not None:
                 if noreplace:
                     raise AlreadyExists(new_name.decode(errors="replace"))
                 if dst.ino == src.ino:
-                    return None  # both names link the same inode: POSIX says do nothing
+                    # Both names link the same inode: POSIX says do nothing.
+                    _tell(around, paths, {old_parent: old_dir, new_parent: new_dir}, named, src)
+                    return None
                 if src.is_dir:
                     if not dst.is_dir:
                         raise NotADirectory(new_name.decode(errors="replace"))
@@ -562,8 +637,11 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             self._touch_dir(c, old_parent, now, -1 if moved_dir else 0)
             if new_parent != old_parent:
                 self._touch_dir(c, new_parent, now, 1 if moved_dir else 0)
-            self._audit_in(c, audit, _name_path(c, new_parent, new_name), ino=src.ino,
+            self._audit_in(c, audit, paths.entry(new_parent, new_name), ino=src.ino,
                            src=old_path, replaced=None if replaced is None else replaced.ino)
+            dirs = {} if src.is_dir or (replaced is not None and replaced.is_dir) else {
+                old_parent: _touched(old_dir, now), new_parent: _touched(new_dir, now)}
+            _tell(around, paths, dirs, named, replace(src, ctime_ns=now))
             return replaced
 
         return self._write(body, touch=True)
@@ -685,23 +763,20 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         def body(c: Conn) -> list[bytes]:
             if charge is not None:  # first: a refusal leaves nothing of the version
                 charge_commit(c, ino, size, charge)
-            dropped = [
-                bytes(r[0])
-                for r in c.execute(
-                    "SELECT digest FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks)
-                ).fetchall()
-            ]
-            c.execute("DELETE FROM extents WHERE ino=? AND idx>=?", (ino, n_chunks))
+            # The extents this version drops (beyond its end) or replaces, deleted and
+            # returned in one statement per _IN_BATCH of them (not a read and a delete each).
+            kept = [idx for idx in changes if idx < n_chunks]
+            dropped: list[bytes] = []
+            for at in range(0, max(len(kept), 1), _IN_BATCH):
+                part = kept[at:at + _IN_BATCH]
+                where = ["idx>=?"] if at == 0 else []  # the first also drops the tail
+                if part:
+                    where.append(f"idx IN ({','.join('?' * len(part))})")
+                dropped += [bytes(r[0]) for r in c.execute(
+                    f"DELETE FROM extents WHERE ino=? AND ({' OR '.join(where)}) RETURNING digest",
+                    (ino, *([n_chunks] if at == 0 else []), *part)).fetchall()]
             for idx, ref in changes.items():
-                if idx >= n_chunks:
-                    continue
-                old = c.execute(
-                    "SELECT digest FROM extents WHERE ino=? AND idx=?", (ino, idx)
-                ).fetchone()
-                if old is not None:
-                    dropped.append(bytes(old[0]))
-                if ref is None:
-                    c.execute("DELETE FROM extents WHERE ino=? AND idx=?", (ino, idx))
+                if idx >= n_chunks or ref is None:
                     continue
                 c.execute(_KNOWN_CHUNK, (ref.digest, ref.length))
                 for tier in ref.tiers:
@@ -1470,16 +1545,15 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
     @staticmethod
     def _path_of(c: Conn, ino: int) -> str:
-        parts: list[str] = []
-        seen = 0
-        while ino != ROOT_INODE and seen < 4096:
-            row = c.execute("SELECT parent, name FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
-            if row is None:
-                return "<unlinked>/" + "/".join(reversed(parts))
-            parts.append(bytes(row[1]).decode(errors="replace"))
-            ino = int(row[0])
-            seen += 1
-        return "/" + "/".join(reversed(parts))
+        """The path of ``ino`` (one of its names if it has several), in one statement
+        whatever its depth; ``<unlinked>/...`` from where the chain of names ends."""
+        if ino == ROOT_INODE:
+            return "/"
+        rows = c.execute(_PATH_UP, (ino, ROOT_INODE, _MAX_DEPTH)).fetchall()
+        parts = [bytes(r[1]).decode(errors="replace") for r in reversed(rows)]
+        if (not rows or int(rows[-1][0]) != ROOT_INODE) and len(rows) < _MAX_DEPTH:
+            return "<unlinked>/" + "/".join(parts)
+        return "/" + "/".join(parts)
 
     def path_of(self, ino: int) -> str:
         with self._reading() as c:

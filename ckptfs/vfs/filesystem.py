@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from .. import threads
-from ..catalog import Catalog, CheckpointRow, ChunkRef, Inode
+from ..catalog import Around, Catalog, CheckpointRow, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
@@ -702,12 +702,13 @@ class Filesystem:
         def work() -> tuple[Inode, dict[bytes, list[str]] | None, str, Inode, int]:
             if not ctx.is_root:
                 self._check_sticky(parent, [name], ctx)
-            inode = self.catalog.unlink(parent, name, audit=_audit("unlink", ctx))
+            around = Around(paths=tracked)
+            inode = self.catalog.unlink(parent, name, audit=_audit("unlink", ctx), around=around)
             gone = None
             if inode.nlink <= 0 and inode.ino not in busy:
                 gone = self.store.collect_digests_blocking(self.catalog.delete_inode(inode.ino))
-            return (inode, gone, self.catalog.path_of(parent) if tracked else "",
-                    self.catalog.get_inode(parent), self._dirs.stamp())
+            return (inode, gone, around.dir_paths.get(parent, ""), around.dirs[parent],
+                    self._dirs.stamp())
 
         with self._changing_paths(), self._naming(parent):
             inode, gone, base, pdir, seq = await self._db_refreshing(work)
@@ -753,18 +754,20 @@ class Filesystem:
             if not ctx.is_root:
                 self._check_sticky(old_parent, [old_name], ctx)
                 self._check_sticky(new_parent, [new_name], ctx)
+            # The directories' new attributes (none if a directory moved or went: its own
+            # row changed too), the moved inode and the event's paths come with the rename.
+            around = Around(paths=tracked)
             replaced = self.catalog.rename(old_parent, old_name, new_parent, new_name, noreplace,
-                                           audit=_audit("rename", ctx))
-            moved = self.catalog.lookup(new_parent, new_name)
+                                           audit=_audit("rename", ctx), around=around)
+            moved = around.moved
+            assert moved is not None
             if known_old:  # both names of one inode: POSIX leaves both in place
                 with contextlib.suppress(NotFound):
                     self.catalog.lookup(old_parent, old_name)
                     kept.append(True)
-            dirs = [self.catalog.get_inode(p) for p in {old_parent, new_parent}]
-            if moved.is_dir or (replaced is not None and replaced.is_dir):
-                dirs = []  # a directory moved or went: its own row changed too
+            dirs = list(around.dirs.values())
             seen = None if not tracked else (
-                self.catalog.path_of(old_parent), self.catalog.path_of(new_parent), moved)
+                around.dir_paths[old_parent], around.dir_paths[new_parent], moved)
             return replaced, seen, dirs, moved, self._dirs.stamp()
 
         # Whether the old name stays (both names link one inode: POSIX does nothing) matters
@@ -1067,14 +1070,15 @@ class Filesystem:
         created: list[int] = []
 
         def work() -> tuple[Inode, str, Inode, int]:
-            # One catalog call: the new inode, its directory's new attributes (the kernel
-            # asks for them next) and, for the event, the directory's path.
+            # One catalog transaction: the new inode, its directory's new attributes (the
+            # kernel asks for them next) and, for the event, the directory's path.
+            around = Around(paths=tracked or counted or bound)
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid,
-                                        audit=_audit("create", ctx))
+                                        audit=_audit("create", ctx), around=around)
             created.append(inode.ino)
             self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
-            return (inode, self.catalog.path_of(parent) if tracked or counted or bound else "",
-                    self.catalog.get_inode(parent), self._dirs.stamp())
+            return (inode, around.dir_paths.get(parent, ""), around.dirs[parent],
+                    self._dirs.stamp())
 
         token = self._path_token()
         try:

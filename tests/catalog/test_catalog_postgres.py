@@ -88,8 +88,8 @@ def test_one_name_created_at_once_by_two_nodes_exists_once(
     """Both creates have looked the name up (missing) before either inserts it: the loser's
     insert conflicts with the winner's row, its rerun sees the name and raises EEXIST."""
     a, b = nodes
-    monkeypatch.setattr(PostgresCatalog, "_entry",
-                        staticmethod(once_per_thread(threading.Barrier(2), PostgresCatalog._entry)))
+    monkeypatch.setattr(PostgresCatalog, "_dir_entry", staticmethod(
+        once_per_thread(threading.Barrier(2), PostgresCatalog._dir_entry)))
     got = run_both(lambda: a.create(R, b"same", F, 1, 1), lambda: b.create(R, b"same", F, 2, 2))
     monkeypatch.undo()
     won = [g for g in got if isinstance(g, Inode)]
@@ -108,16 +108,17 @@ def test_a_unique_violation_of_a_name_runs_the_transaction_again(
     fails on the dentries key; the rerun sees the name: EEXIST, not an IntegrityError."""
     a, _ = nodes
     a.create(R, b"taken", F, 0, 0)
-    real = PostgresCatalog._entry
+    real = PostgresCatalog._dir_entry
     missed: list[bytes] = []
 
-    def miss_once(c: Conn, parent: int, name: bytes) -> Inode | None:
+    def miss_once(c: Conn, parent: int, name: bytes) -> tuple[Inode, Inode | None]:
+        pdir, entry = real(c, parent, name)
         if not missed:
             missed.append(name)
-            return None
-        return real(c, parent, name)
+            return pdir, None
+        return pdir, entry
 
-    monkeypatch.setattr(PostgresCatalog, "_entry", staticmethod(miss_once))
+    monkeypatch.setattr(PostgresCatalog, "_dir_entry", staticmethod(miss_once))
     before = a.conflicts
     with pytest.raises(AlreadyExists):
         a.create(R, b"taken", F, 0, 0)

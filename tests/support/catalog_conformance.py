@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ckptfs.catalog.protocols import Catalog
-from ckptfs.catalog.rows import ROOT_INODE, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.catalog.rows import ROOT_INODE, Around, CheckpointRow, CheckpointState, ChunkRef
 from ckptfs.errors import CkptfsError
 
 R = ROOT_INODE
@@ -147,6 +147,63 @@ class CatalogConformance:
         catalog.unlink(R, b"g")
         assert catalog.path_of(f.ino) == "<unlinked>/"  # open, with no name left
 
+    def test_a_change_tells_its_directories_as_the_catalog_has_them_after_it(
+            self, catalog: Catalog) -> None:
+        """``Around``: what the VFS caches instead of asking again (the directories' new
+        attributes, their paths, the moved inode) equals what the catalog then answers."""
+        a = catalog.create(R, b"a", D, 0, 0)
+        b = catalog.create(a.ino, b"b", D, 0, 0)
+
+        def told(around: Around, dirs: set[int]) -> None:
+            assert set(around.dirs) == dirs
+            for ino, attrs in around.dirs.items():
+                assert attrs == catalog.get_inode(ino), ino
+            assert around.dir_paths == {d: catalog.path_of(d) for d in around.dir_paths}
+
+        around = Around(paths=True)
+        f = catalog.create(b.ino, b"f", F, 0, 0, around=around)
+        told(around, {b.ino})
+        assert around.dir_paths == {b.ino: "/a/b"}
+        around = Around(paths=True)
+        sub = catalog.create(b.ino, b"sub", D, 0, 0, around=around)  # a directory: nlink + 1
+        told(around, {b.ino})
+        around = Around()
+        catalog.create(R, b"g", F, 0, 0, around=around)
+        told(around, {R})
+        assert around.dir_paths == {}  # not asked for
+        around = Around(paths=True)
+        assert catalog.rename(b.ino, b"f", a.ino, b"f2", False, around=around) is None
+        told(around, {a.ino, b.ino})
+        assert around.dir_paths == {a.ino: "/a", b.ino: "/a/b"}
+        assert around.moved == catalog.get_inode(f.ino)
+        around = Around(paths=True)
+        replaced = catalog.rename(R, b"g", a.ino, b"f2", False, around=around)  # replaces f2
+        assert replaced is not None and replaced.ino == f.ino
+        told(around, {R, a.ino})
+        around = Around(paths=True)
+        catalog.rename(b.ino, b"sub", R, b"sub", False, around=around)  # a directory moved
+        assert around.dirs == {} and around.moved == catalog.get_inode(sub.ino)
+        assert around.dir_paths == {b.ino: "/a/b", R: "/"}
+        h = catalog.create(R, b"h", F, 0, 0)
+        catalog.link(h.ino, R, b"h2")
+        around = Around(paths=True)
+        assert catalog.rename(R, b"h", R, b"h2", False, around=around) is None  # the no-op
+        told(around, {R})
+        assert around.moved == catalog.get_inode(h.ino)
+        around = Around(paths=True)
+        gone = catalog.unlink(a.ino, b"f2", around=around)
+        told(around, {a.ino})
+        assert around.dir_paths == {a.ino: "/a"} and gone.nlink == 0
+
+    def test_path_of_a_deep_tree_is_one_statement_s_answer(self, catalog: Catalog) -> None:
+        parent, names = R, []
+        for i in range(40):
+            names.append(f"d{i}")
+            parent = catalog.create(parent, names[-1].encode(), D, 0, 0).ino
+        leaf = catalog.create(parent, b"leaf", F, 0, 0)
+        assert catalog.path_of(leaf.ino) == "/" + "/".join([*names, "leaf"])
+        assert catalog.path_of(parent) == "/" + "/".join(names)
+
     def test_rename_of_a_non_empty_directory_moves_its_subtree(self, catalog: Catalog) -> None:
         src = catalog.create(R, b"tmp-ckpt", D, 0, 0)
         shard = catalog.create(src.ino, b"shard-0", F, 0, 0)
@@ -225,6 +282,24 @@ class CatalogConformance:
         assert catalog.delete_inode(f.ino) == [r0.digest]
         assert catalog.drop_unreferenced([r0.digest]) == {r0.digest: ["t0"]}
         assert errno_of(catalog.get_inode, f.ino) == errno.ENOENT
+
+    def test_a_commit_of_many_chunks_drops_exactly_what_it_replaces(self, catalog: Catalog) -> None:
+        """More extents than one statement takes (sql.py _IN_BATCH): every replaced and
+        every truncated digest comes back once, and the extents are the new version's."""
+        f = catalog.create(R, b"big", F, 0, 0)
+        n = 1234
+        old = {i: ChunkRef(i.to_bytes(32, "big"), 10, ("l",)) for i in range(n)}
+        assert catalog.commit_file(f.ino, 10 * n, 1, 1, 10, dict(old)) == []
+        # Rewrite every third chunk, punch chunk 5, and truncate the last 100.
+        new = {i: ChunkRef((i + 10_000).to_bytes(32, "big"), 10, ("l",))
+               for i in range(0, n - 100, 3)}
+        changes: dict[int, ChunkRef | None] = {**new, 5: None}
+        dropped = catalog.commit_file(f.ino, 10 * (n - 100), 2, 2, 10, changes)
+        want = [old[i].digest for i in (*new, 5, *range(n - 100, n))]
+        assert sorted(dropped) == sorted(want)
+        ext = catalog.extents(f.ino)
+        assert set(ext) == set(range(n - 100)) - {5}
+        assert all(ext[i].digest == (new[i] if i in new else old[i]).digest for i in ext)
 
     def test_commit_file_replaces_an_extent_and_keeps_shared_chunks(self, catalog: Catalog) -> None:
         f = one_chunk_file(catalog, b"f", A)
