@@ -529,6 +529,10 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             inode = self._get_inode(c, ino)
             if inode.is_dir:
                 raise NotPermitted("hard links to directories are not allowed")
+            if inode.nlink <= 0:
+                # As Linux: no new name for a file whose last one went (another node's
+                # kernel may still think it has one); its drop may be under way.
+                raise NotFound(f"inode {ino} has no name left")
             if self._entry(c, parent, name) is not None:
                 raise AlreadyExists(name.decode(errors="replace"))
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
@@ -807,15 +811,16 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         def body(c: Conn) -> list[bytes]:
             if c.execute("SELECT 1 FROM open_handles WHERE ino=? LIMIT 1", (ino,)).fetchone():
                 return []
-            digests = [
-                bytes(r[0])
-                for r in c.execute("SELECT digest FROM extents WHERE ino=?", (ino,)).fetchall()
-            ]
-            c.execute("DELETE FROM extents WHERE ino=?", (ino,))
+            # The inode first: one linked again meanwhile (another node's link by its
+            # number) keeps its name and its extents. Extents of an inode whose row is
+            # gone already (a leftover) go too.
             if c.execute("DELETE FROM inodes WHERE ino=? AND nlink<=0", (ino,)).rowcount:
                 c.execute("DELETE FROM xattrs WHERE ino=?", (ino,))
                 uncharge_inode(c, ino)
-            return digests
+            elif c.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone():
+                return []
+            return [bytes(r[0]) for r in c.execute(
+                "DELETE FROM extents WHERE ino=? RETURNING digest", (ino,)).fetchall()]
 
         return self._write(body)
 
@@ -834,15 +839,15 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             for d in todo:
                 if c.execute("SELECT 1 FROM extents WHERE digest=? LIMIT 1", (d,)).fetchone():
                     continue
-                row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
-                tiers = {str(r[0]) for r in c.execute("SELECT tier FROM replicas WHERE digest=?", (d,))}
-                jobs = {str(r[0]) for r in c.execute("SELECT tier FROM upload_jobs WHERE digest=?", (d,))}
+                # Each row deleted and read in one statement (not a read and a delete).
+                row = c.execute("DELETE FROM chunks WHERE digest=? RETURNING length", (d,)).fetchone()
+                tiers = {str(r[0]) for r in c.execute(
+                    "DELETE FROM replicas WHERE digest=? RETURNING tier", (d,)).fetchall()}
                 extra = (extra_tiers or {}).get(d, set())
                 if row is None and not tiers and not extra:
                     continue  # dropped already (by another collect)
-                c.execute("DELETE FROM replicas WHERE digest=?", (d,))
-                c.execute("DELETE FROM chunks WHERE digest=?", (d,))
-                c.execute("DELETE FROM upload_jobs WHERE digest=?", (d,))
+                jobs = {str(r[0]) for r in c.execute(
+                    "DELETE FROM upload_jobs WHERE digest=? RETURNING tier", (d,)).fetchall()}
                 length = 0 if row is None else int(row[0])
                 for tier in tiers | jobs | extra:
                     _queue_deletion(c, d, tier, length, now)

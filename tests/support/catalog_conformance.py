@@ -301,6 +301,17 @@ class CatalogConformance:
         assert set(ext) == set(range(n - 100)) - {5}
         assert all(ext[i].digest == (new[i] if i in new else old[i]).digest for i in ext)
 
+    def test_a_file_whose_last_name_went_takes_no_new_one(self, catalog: Catalog) -> None:
+        """As Linux (ENOENT): another node's kernel may still think the file has a name and
+        link it by its number while this node drops it; the drop then takes its extents."""
+        f = one_chunk_file(catalog, b"f", A)
+        catalog.link(f, R, b"g")
+        assert catalog.unlink(R, b"f").nlink == 1 and catalog.unlink(R, b"g").nlink == 0
+        assert errno_of(catalog.link, f, R, b"again") == errno.ENOENT
+        assert errno_of(catalog.lookup, R, b"again") == errno.ENOENT
+        assert catalog.delete_inode(f) == [A]
+        assert catalog.extents(f) == {} and errno_of(catalog.get_inode, f) == errno.ENOENT
+
     def test_commit_file_replaces_an_extent_and_keeps_shared_chunks(self, catalog: Catalog) -> None:
         f = one_chunk_file(catalog, b"f", A)
         g = one_chunk_file(catalog, b"g", A)  # the same content: one chunk, two extents
