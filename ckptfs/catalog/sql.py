@@ -256,6 +256,14 @@ _PATH_UP = (
     "SELECT parent, name FROM up ORDER BY depth"
 )
 
+def _path_from(rows: Sequence[Any]) -> str:
+    """The path _PATH_UP's rows spell (``<unlinked>/...`` if they do not reach the root)."""
+    parts = [bytes(r[1]).decode(errors="replace") for r in reversed(rows)]
+    if (not rows or int(rows[-1][0]) != ROOT_INODE) and len(rows) < _MAX_DEPTH:
+        return "<unlinked>/" + "/".join(parts)
+    return "/" + "/".join(parts)
+
+
 # Extent indexes per statement (well below every engine's limit of bound parameters).
 _IN_BATCH = 500
 
@@ -700,8 +708,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         return [bytes(r[0]) for r in self._query("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
 
     def xattr_inodes(self) -> set[int]:
-        with self._reading() as c:
-            return {int(r[0]) for r in c.execute("SELECT DISTINCT ino FROM xattrs")}
+        return {int(r[0]) for r in self._query("SELECT DISTINCT ino FROM xattrs")}
 
     def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
                   replace_only: bool = False) -> Inode:
@@ -825,8 +832,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         return self._write(body)
 
     def unlinked_inodes(self) -> list[int]:
-        with self._reading() as c:
-            return [int(r[0]) for r in c.execute("SELECT ino FROM inodes WHERE nlink<=0")]
+        return [int(r[0]) for r in self._query("SELECT ino FROM inodes WHERE nlink<=0")]
 
     def drop_unreferenced(
         self, digests: Iterable[bytes], extra_tiers: dict[bytes, set[str]] | None = None
@@ -876,11 +882,10 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         if not tiers:
             return []
         tp = ",".join("?" * len(tiers))
-        with self._reading() as c:
-            rows = c.execute(
-                f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
-                f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
-            ).fetchall()
+        rows = self._query(
+            f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
+            f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
+        )
         out = [Deletion(bytes(d), str(t), int(n), int(a)) for d, t, n, a in rows]
         return [r for r in out if (r.digest, r.tier) not in skip][:limit]
 
@@ -888,11 +893,10 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         if not tiers:
             return None
         tp = ",".join("?" * len(tiers))
-        with self._reading() as c:
-            rows = c.execute(
-                f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
-                "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
-            ).fetchall()
+        rows = self._query(
+            f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
+            "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
+        )
         for d, t, n in rows:
             if (bytes(d), str(t)) not in skip:
                 return int(n)
@@ -963,8 +967,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         return out
 
     def deletion_keys(self, tier: str) -> set[bytes]:
-        with self._reading() as c:
-            return {bytes(r[0]) for r in c.execute("SELECT digest FROM deletions WHERE tier=?", (tier,))}
+        return {bytes(r[0]) for r in self._query("SELECT digest FROM deletions WHERE tier=?", (tier,))}
 
     def deletion_backlog(self) -> list[DeletionBacklog]:
         out = []
@@ -992,14 +995,13 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         sources: Sequence[str] | None = None,
     ) -> list[UploadJob]:
         held, args = held_on(sources)
-        with self._reading() as c:
-            rows = c.execute(
-                "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
-                "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
-                f"WHERE u.next_try_ns<=?{held} GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns "
-                "LIMIT ?",
-                (now_ns, *args, limit + len(skip)),
-            ).fetchall()
+        rows = self._query(
+            "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
+            "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
+            f"WHERE u.next_try_ns<=?{held} GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns "
+            "LIMIT ?",
+            (now_ns, *args, limit + len(skip)),
+        )
         jobs = [
             UploadJob(bytes(d), str(t), int(n), int(e), int(a), tuple(s.split(",")) if s else ())
             for d, t, n, e, a, s in rows
@@ -1040,12 +1042,11 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
     ) -> int | None:
         held, args = held_on(sources)
-        with self._reading() as c:
-            rows = c.execute(
-                f"SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u WHERE 1=1{held} "
-                "ORDER BY u.next_try_ns LIMIT ?",
-                (*args, len(skip) + 1),
-            ).fetchall()
+        rows = self._query(
+            f"SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u WHERE 1=1{held} "
+            "ORDER BY u.next_try_ns LIMIT ?",
+            (*args, len(skip) + 1),
+        )
         for d, t, n in rows:
             if (bytes(d), str(t)) not in skip:
                 return int(n)
@@ -1433,12 +1434,11 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
         prefix = under.rstrip("/")
-        with self._reading() as c:
-            rows = c.execute(
-                "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
-                "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
-                (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
-            ).fetchall()
+        rows = self._query(
+            "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
+            "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
+            (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
+        )
         return [
             CheckpointRow(int(i), str(root), str(fw), None if step is None else int(step),
                           CheckpointState(state), None if b is None else int(b),
@@ -1554,12 +1554,10 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         whatever its depth; ``<unlinked>/...`` from where the chain of names ends."""
         if ino == ROOT_INODE:
             return "/"
-        rows = c.execute(_PATH_UP, (ino, ROOT_INODE, _MAX_DEPTH)).fetchall()
-        parts = [bytes(r[1]).decode(errors="replace") for r in reversed(rows)]
-        if (not rows or int(rows[-1][0]) != ROOT_INODE) and len(rows) < _MAX_DEPTH:
-            return "<unlinked>/" + "/".join(parts)
-        return "/" + "/".join(parts)
+        return _path_from(c.execute(_PATH_UP, (ino, ROOT_INODE, _MAX_DEPTH)).fetchall())
 
     def path_of(self, ino: int) -> str:
-        with self._reading() as c:
-            return self._path_of(c, ino)
+        # One statement, so one snapshot without a read transaction around it.
+        if ino == ROOT_INODE:
+            return "/"
+        return _path_from(self._query(_PATH_UP, (ino, ROOT_INODE, _MAX_DEPTH)))
