@@ -24,8 +24,10 @@ Tests:
         fsynced, then the directory renamed to ``checkpoint-N/`` and its parent fsynced
         (as DCP / HF do);
   (c')  the same without any fsync;
-  (c'') the same as (c) by 4 processes (forked after the data was built; the clock starts
-        when all of them are waiting);
+  (c'') the same as (c) by 4 processes (forked after the data was built; each first writes
+        its own buffers' pages once, so they are its own as a rank's tensors are, not shared
+        copy-on-write with the parent (--shared-pages: as before); the clock starts when all
+        of them are waiting);
   (d)   reads of (a) and (c): cold (sync + drop_caches; ckptfs is also unmounted and mounted
         again so its own caches are cold) and warm (read again at once); (c) with 4 threads;
   (m)   metadata, 2000 files of 4 KiB in ONE directory: create + write 4 KiB + close, stat,
@@ -79,6 +81,7 @@ from benchio import (  # noqa: E402
     cpu_seconds,
     drop_caches,
     fsync_dir,
+    own_pages,
     prefault,
     read_calls,
     read_into,
@@ -472,6 +475,7 @@ class Params:
     threads: int
     procs: int
     meta_files: int
+    shared_pages: bool = False  # (c'') children write pages shared copy-on-write (--shared-pages)
 
     @property
     def ckpt_bytes(self) -> int:
@@ -582,10 +586,16 @@ def save_ckpt(
         for i in range(k, p.ckpt_files, n):
             one(i)
 
+    def own(k: int, n: int) -> None:
+        for i in range(k, p.ckpt_files, n):
+            own_pages(b.ckpt[i].view)
+
     if procs:
         tmp.mkdir()  # before the fork: the children write into it
         t_write = run_forked(
-            [functools.partial(worker, k, p.procs) for k in range(p.procs)]
+            [functools.partial(worker, k, p.procs) for k in range(p.procs)],
+            prepare=None if p.shared_pages
+            else [functools.partial(own, k, p.procs) for k in range(p.procs)],
         )
         t0 = time.perf_counter()
     else:
@@ -1028,6 +1038,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="writer/reader threads in (c), (d)")
     ap.add_argument("--procs", type=int, default=4, help="processes in (c'') and (m)")
     ap.add_argument(
+        "--shared-pages", action="store_true",
+        help="(c''): the children write their buffers as forked, shared copy-on-write with "
+        "the parent (before 2026-12-03 always so); by default each child first writes its "
+        "pages once, owning them as a rank owns its tensors",
+    )
+    ap.add_argument(
         "--meta-files", type=int, default=None,
         help="files in the metadata tests (m), default 2000 (400 with --quick)",
     )
@@ -1079,7 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--procs must be at least 1 and at most --meta-files")
     meta_files -= meta_files % args.procs  # an equal share per process
     p = Params(
-        single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads, args.procs, meta_files
+        single_bytes, args.ckpt_files, ckpt_file_bytes, args.threads, args.procs, meta_files,
+        shared_pages=args.shared_pages,
     )
     targets = [t.strip() for t in (args.only or "plain,ckptfs,nullfs").split(",") if t.strip()]
     if args.base_code is not None:
@@ -1261,6 +1278,7 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": p.threads,
                     "procs": p.procs,
                     "meta_files": p.meta_files,
+                    "shared_pages": p.shared_pages,
                     "block": BLOCK,
                     "quick": args.quick,
                     "chunk_size": args.chunk_size,
