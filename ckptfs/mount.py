@@ -779,8 +779,7 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
             producers.start(d.keys.run, d.db_limiter, d.store.forget_keys)
         heartbeat = _Services(nursery)
         if d.session is not None:
-            heartbeat.start(d.session.run, d.db_limiter, d.fs.held_inodes, collect,
-                            d.fs.retry_releases)
+            heartbeat.start(d.session.run, d.db_limiter, collect, d.fs.sync_open_rows)
         await d.fs.recover()
         yield nursery
         if drain:

@@ -10,9 +10,11 @@ last commit. The SQL runs in worker threads under the catalog limiter, never on 
 * The database unreachable: the heartbeat logs once and keeps trying each period; if the
   outage outlasts the timeout, another node may clean up after this one (below).
 * The session gone (this node was paused or cut off longer than the timeout, and a live
-  node cleaned up after it): logged as an error; the heartbeat registers again and notes
-  the inodes this node holds open anew. Meanwhile another node may have dropped an
-  unlinked inode this node still reads.
+  node cleaned up after it): logged as an error; the heartbeat registers again, and its
+  ``after_beat`` (the VFS's sync_open_rows) notes the inodes this node holds open anew
+  under the new session id, ordered with the opens and closes running meanwhile (the VFS
+  owns that order: vfs/rowlocks.py). Meanwhile another node may have dropped an unlinked
+  inode this node still reads.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ log = logging.getLogger("ckptfs.session")
 
 T = TypeVar("T")
 
-# The inodes this node holds open, (ino, open for writing) (the VFS's held_inodes).
-Held = Callable[[], Sequence[tuple[int, bool]]]
 # Collect the chunks of dropped inodes (the store's collect of these digests).
 Collect = Callable[[Sequence[bytes]], Awaitable[None]]
 
@@ -84,12 +84,12 @@ class NodeSession:
 
     # -- the heartbeat ---------------------------------------------------------------------
 
-    async def run(self, limiter: trio.CapacityLimiter, held: Held, collect: Collect,
+    async def run(self, limiter: trio.CapacityLimiter, collect: Collect,
                   after_beat: Callable[[], Awaitable[None]] | None = None) -> None:
         """The heartbeat, until cancelled: a true period (deadlines on trio's clock, not
         sleeps after each beat), one heartbeat and one cleanup attempt per period;
-        ``after_beat`` runs after each that reached the catalog (the VFS notes the closes
-        an outage kept from it)."""
+        ``after_beat`` runs after each that reached the catalog (the VFS notes what it
+        holds open under a new session id, and the closes an outage kept from it)."""
         if self._pending:
             pending, self._pending = self._pending, []
             await collect(pending)
@@ -102,7 +102,7 @@ class NodeSession:
                 if await self._db(limiter, self.catalog.heartbeat_session, self.sid, self.timeout_s):
                     self.beats += 1
                 else:
-                    await self._register_again(limiter, held, collect)
+                    await self._register_again(limiter)
                 ended = await self._db(limiter, self.catalog.cleanup_expired_sessions)
             except CkptfsError as exc:
                 if not down:
@@ -127,21 +127,14 @@ class NodeSession:
                 except CkptfsError as exc:  # the next beat tries again
                     log.debug("node %s: after the heartbeat: %s", self.node, exc)
 
-    async def _register_again(self, limiter: trio.CapacityLimiter, held: Held,
-                              collect: Collect) -> None:
+    async def _register_again(self, limiter: trio.CapacityLimiter) -> None:
         log.error("node %s: its session was gone (this node was paused or cut off from the "
                   "catalog longer than session_timeout = %.0f s, and another node cleaned up "
                   "after it): registering again; unlinked files it had open may be gone",
                   self.node, self.timeout_s)
+        # The open inodes are noted anew by after_beat (not here: a note here would race
+        # the VFS's opens and closes of the same inodes on other pooled connections).
         await self._db(limiter, self.register)
-        noted = list(held())
-        await self._db(limiter, self.catalog.note_open_many, self.sid, noted)
-        # A last close meanwhile may have released its inode before these notes went in:
-        # release what is no longer held (again; a release that came after is a no-op).
-        for ino in sorted({i for i, _ in noted} - {i for i, _ in held()}):
-            digests = await self._db(limiter, self.catalog.release_inode, self.sid, ino)
-            if digests:
-                await collect(digests)
 
     async def close(self, limiter: trio.CapacityLimiter, collect: Collect) -> None:
         """End the session at unmount (after the last commit): its handles are released,

@@ -56,6 +56,7 @@ from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 from .pagepush import PagePush
 from .quota import Quotas
+from .rowlocks import RowLocks
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -275,8 +276,17 @@ class Filesystem:
         self.session = session if shared else None
         # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
         self._noted: dict[int, bool] = {}
+        # One note or release of an inode's open-handle row at a time, in the order they
+        # were decided (vfs/rowlocks.py): else a note could commit after the release of the
+        # close that followed it (a stale row), or a release after the next open's note.
+        self._rows = RowLocks()
+        # Inodes of _noted whose note went to a session that has ended (this node registered
+        # again): noted anew under the new one after the next heartbeat (sync_open_rows);
+        # _rows_sid is the session id the rest of _noted is noted under.
+        self._stale: set[int] = set()
+        self._rows_sid = self.session.sid if self.session is not None else ""
         # Last closes the catalog did not take (it was unreachable): released again after
-        # the next heartbeat (``retry_releases``), else the rows would keep them "open" on
+        # the next heartbeat (``sync_open_rows``), else the rows would keep them "open" on
         # this node for retention and the last-closer drop until the session ends.
         self._unreleased: set[int] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
@@ -870,24 +880,25 @@ class Filesystem:
 
     # -- open files --------------------------------------------------------------------------
 
-    def held_inodes(self) -> list[tuple[int, bool]]:
-        """The inodes noted open under this node's session, (ino, for writing): what a
-        re-registered session notes again."""
-        return list(self._noted.items())
-
     def _needs_note(self, ino: int, writing: bool) -> bool:
         return self.session is not None and (ino not in self._noted or writing > self._noted[ino])
 
-    def _note(self, ino: int, writing: bool) -> None:
+    def _note(self, ino: int, writing: bool) -> str:
         """In the worker thread of an open's catalog call: note ``ino`` open under the
-        session (NotFound if another node dropped it meanwhile). The caller records it in
-        ``_noted`` on the trio thread, after the call."""
-        if self.session is not None:
-            self.catalog.note_open(self.session.sid, ino, writing)
+        session (NotFound if another node dropped it meanwhile); the session id it went
+        under. The caller records it (``_noted_now``) on the trio thread after the call,
+        still under the inode's row lock."""
+        if self.session is None:
+            return ""
+        sid = self.session.sid  # read once: a re-registration may change it meanwhile
+        self.catalog.note_open(sid, ino, writing)
+        return sid
 
-    def _noted_now(self, ino: int, writing: bool) -> None:
+    def _noted_now(self, ino: int, writing: bool, sid: str) -> None:
         if self.session is not None:
             self._noted[ino] = self._noted.get(ino, False) or writing
+            if sid != self.session.sid:  # under the session that ended: noted anew later
+                self._stale.add(ino)
 
     def _held_here(self, ino: int) -> bool:
         return (ino in self.open_files or ino in self._opening
@@ -900,22 +911,36 @@ class Filesystem:
         if self.session is None or ino not in self._noted or self._held_here(ino):
             return
         del self._noted[ino]
+        self._stale.discard(ino)
         try:
-            digests = await self._db_dirs_changed(self.catalog.release_inode, self.session.sid, ino)
+            # After the notes decided before (an open meanwhile notes after this release).
+            async with self._rows.hold(ino):
+                digests = await self._db_dirs_changed(self.catalog.release_inode,
+                                                      self.session.sid, ino)
         except CatalogUnavailable as exc:
             if not self._unreleased:
                 log.warning("the catalog did not take the close of inode %d (%s): closes are "
                             "noted again after the next heartbeat", ino, exc)
             self._unreleased.add(ino)
             return
+        except BaseException:  # cancelled, maybe before the call: after the next heartbeat
+            self._unreleased.add(ino)
+            raise
         if digests is not None:
             await self._collect_dropped(ino, digests)
-        elif ino in self._noted:  # opened again meanwhile: its note may have gone first
-            with contextlib.suppress(NotFound):
-                await self.db(self._note, ino, self._noted[ino])
 
-    async def retry_releases(self) -> None:
-        """After a heartbeat (the catalog answers again): note the closes it missed."""
+    async def sync_open_rows(self) -> None:
+        """After a heartbeat (the catalog answers again): the open-handle rows made to match
+        what this node holds open. A session registered again has none: every inode held
+        is noted anew; then the closes the catalog missed (and the notes of opens that
+        failed half-way) are released."""
+        if self.session is None:
+            return
+        if self.session.sid != self._rows_sid:
+            self._rows_sid = self.session.sid
+            self._stale.update(self._noted)
+        if self._stale:
+            await self._note_stale()
         pending, self._unreleased = self._unreleased, set()
         for ino in sorted(pending):
             if ino in self._noted or self._held_here(ino):
@@ -923,36 +948,67 @@ class Filesystem:
             self._noted[ino] = False
             await self._release_noted(ino)  # back in the set if it fails again
 
+    async def _note_stale(self) -> None:
+        """Note the inodes of _stale under the current session, in one catalog call under
+        their row locks (a close meanwhile has taken its inode out of _noted: not noted)."""
+        assert self.session is not None
+        stale = sorted(self._stale)
+        async with self._rows.hold_all(stale):
+            notes = [(ino, self._noted[ino]) for ino in stale
+                     if ino in self._stale and ino in self._noted]
+            # An inode another node dropped meanwhile (unlinked) is skipped: it reads on here.
+            await self.db(self.catalog.note_open_many, self.session.sid, notes)
+            self._stale.difference_update(ino for ino, _ in notes)
+
+    def _done_opening(self, ino: int) -> None:
+        left = self._opening.pop(ino) - 1
+        if left:
+            self._opening[ino] = left
+
+    async def _open_failed(self, ino: int) -> None:
+        """An open of ``ino`` failed: a last close meanwhile left the inode's row to it (it
+        was held here, in _opening); released now if nothing else holds it."""
+        self._done_opening(ino)
+        await self._release_noted(ino)
+
     async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)
         if f is not None and self._needs_note(ino, writing):
-            await self.db(self._note, ino, writing)
-            self._noted_now(ino, writing)
+            # Held meanwhile: a last close of the other handles leaves the row to this one.
+            self._opening[ino] = self._opening.get(ino, 0) + 1
+            try:
+                async with self._rows.hold(ino):  # after a release decided before
+                    sid = await self.db(self._note, ino, writing)
+                    self._noted_now(ino, writing, sid)
+            except BaseException:
+                await self._open_failed(ino)
+                raise
+            self._done_opening(ino)
         if f is None:
             note = self._needs_note(ino, writing)
 
-            def read() -> tuple[Inode, dict[int, ChunkRef]]:
+            def read() -> tuple[Inode, dict[int, ChunkRef], str]:
                 inode = self.catalog.get_inode(ino)
                 if inode.is_dir:
                     raise IsADirectory("is a directory")
-                if note:  # before its extents are read: an unlink on another node keeps it
-                    self._note(ino, writing)
-                return inode, self.catalog.extents(ino)
+                # Before its extents are read: an unlink on another node keeps it.
+                sid = self._note(ino, writing) if note else ""
+                return inode, self.catalog.extents(ino), sid
 
             self._opening[ino] = self._opening.get(ino, 0) + 1
             token = self._path_token()
             try:
-                inode, extents = await self.db(read)
-                if note:
-                    self._noted_now(ino, writing)
-            except CatalogUnavailable:
-                if note:  # the note may have gone in before the read that failed
-                    self._unreleased.add(ino)
+                # The note after a release decided before (a close of this inode meanwhile).
+                async with self._rows.hold(ino) if note else contextlib.nullcontext():
+                    inode, extents, sid = await self.db(read)
+                    if note:
+                        self._noted_now(ino, writing, sid)
+            except BaseException as exc:
+                if note and isinstance(exc, CatalogUnavailable):
+                    self._unreleased.add(ino)  # the note may have gone in before the failure
+                await self._open_failed(ino)
                 raise
-            finally:
-                left = self._opening.pop(ino) - 1
-                if left:
-                    self._opening[ino] = left
+            self._done_opening(ino)
             f = self.open_files.get(ino)  # another open may have raced us during the await
             if f is None:
                 if self.shared and self._cached_versions.pop(ino, None) != (
@@ -1069,28 +1125,30 @@ class Filesystem:
 
         created: list[int] = []
 
-        def work() -> tuple[Inode, str, Inode, int]:
+        def work() -> tuple[Inode, str, Inode, int, str]:
             # One catalog transaction: the new inode, its directory's new attributes (the
             # kernel asks for them next) and, for the event, the directory's path.
             around = Around(paths=tracked or counted or bound)
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid,
                                         audit=_audit("create", ctx), around=around)
             created.append(inode.ino)
-            self._note(inode.ino, True)  # another node's unlink keeps it while it is open here
+            # Another node's unlink keeps it while it is open here. No row lock: nothing
+            # else notes or releases a new inode before this create returns.
+            sid = self._note(inode.ino, True)
             return (inode, around.dir_paths.get(parent, ""), around.dirs[parent],
-                    self._dirs.stamp())
+                    self._dirs.stamp(), sid)
 
         token = self._path_token()
         try:
             with self._naming(parent):
-                inode, base, pdir, seq = await self._db_refreshing(work)
+                inode, base, pdir, seq, sid = await self._db_refreshing(work)
         except CatalogUnavailable:
             if created and self.session is not None:  # created, maybe noted: released later
                 self._unreleased.add(created[0])
             raise
         self._names.added(parent, name, inode.ino)
         self.access.learn(parent, name, inode.ino)
-        self._noted_now(inode.ino, True)
+        self._noted_now(inode.ino, True, sid)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
