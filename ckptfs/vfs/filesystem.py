@@ -1010,16 +1010,28 @@ class Filesystem:
                 raise
             self._done_opening(ino)
             f = self.open_files.get(ino)  # another open may have raced us during the await
+            stale = False
             if f is None:
                 if self.shared and self._cached_versions.pop(ino, None) != (
                     inode.size, inode.mtime_ns
                 ):
                     self._drop_cache.add(ino)  # another node's version, or not known
+                    stale = True
                 f = OpenFile(inode, extents, self._services())
                 f.ns_gen = -1 if token is None else token
                 self.open_files[ino] = f
                 # Its commits change the row: the attributes come from f until it closes.
                 self._dirs.forget(self._dirs.stamp(), ino)
+            f.handles += 1
+            if stale and self.invalidate is not None:
+                # The kernel may hold attributes of an older version (a lookup or stat up
+                # to the attribute timeout ago, e.g. of the file while another node was
+                # still writing it), and its cached size bounds this open's reads: dropped
+                # before the open returns, so the first read asks for the new ones
+                # (close-to-open). Shielded: the handle is counted already.
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.invalidate, ino)
+            return f
         f.handles += 1
         return f
 

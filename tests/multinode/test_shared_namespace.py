@@ -54,6 +54,29 @@ def test_a_file_rewritten_on_one_node_is_seen_new_at_the_next_open_on_another(
     assert (b.mountpoint / p).read_bytes() == b"step 2 and longer\n"  # not the cached pages
 
 
+def test_an_open_after_another_node_closed_reads_what_it_wrote_even_with_old_attributes_cached(
+    cluster: Cluster,
+) -> None:
+    """Node b's kernel caches the file's attributes while node a is still writing it
+    (size 0: a lookup, as the O_EXCL race of the demo makes one); a closes; b's open at
+    once (inside b's attribute timeout) must read what a wrote, not the cached size's
+    nothing (close-to-open, docs/multinode.md)."""
+    a, b = cluster.node("a"), cluster.node("b")
+    data = b"held by node a\n"
+    for i in range(3):  # each round has its own file: a fresh kernel entry on b
+        name = f"LOCK{i}"
+        fd = os.open(a.mountpoint / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            assert os.stat(b.mountpoint / name).st_size == 0  # b's kernel caches size 0
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        sync(a, a.mountpoint / name)
+        with open(b.mountpoint / name, "rb") as f:
+            assert f.read() == data, name
+        assert os.stat(b.mountpoint / name).st_size == len(data)
+
+
 def test_an_exclusive_create_of_one_name_on_two_nodes_succeeds_once(cluster: Cluster) -> None:
     a, b = cluster.node("a"), cluster.node("b")
     barrier = threading.Barrier(2)
