@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import stat
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+import trio
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
+from ckptfs.chunks.guard import ChunkGuard
+from ckptfs.chunks.room import Room
+from ckptfs.chunks.store import stats_for
+from ckptfs.testing.tiers import FaultyTier
 from ckptfs.tiers.s3 import S3Tier
+from ckptfs.upload.deleter import Deleter
 
 R = ROOT_INODE
 F = stat.S_IFREG | 0o644
@@ -42,11 +49,11 @@ def bucket(s3_tier_factory: Callable[..., S3Tier]) -> S3Tier:
     return s3_tier_factory(name="remote0")
 
 
-def put(tier: S3Tier) -> None:
+def put(tier: S3Tier | FaultyTier) -> None:
     tier.put(X.hex(), [BODY])
 
 
-def a_drops_x(a: PostgresCatalog, bucket: S3Tier) -> None:
+def a_drops_x(a: PostgresCatalog, bucket: S3Tier | FaultyTier) -> None:
     """Node a wrote X (uploaded: a valid remote replica), then unlinked the only file."""
     f = a.create(R, b"a0.bin", F, 0, 0)
     put(bucket)
@@ -70,7 +77,7 @@ def b_uploads(b: PostgresCatalog, bucket: S3Tier) -> bool:
     if not jobs:
         return False
     put(bucket)
-    return b.finish_uploads([(X, "remote0")])[(X, "remote0")]
+    return b.finish_uploads([(X, "remote0")], {(X, "remote0"): jobs[0].enqueued_ns})[(X, "remote0")]
 
 
 def assert_readable(b: PostgresCatalog, bucket: S3Tier, ino: int) -> None:
@@ -89,7 +96,7 @@ def test_a_deletion_claimed_before_the_commit_runs_before_the_upload(
     wait for the deletion that was claimed first, and run after it."""
     a, b = nodes
     a_drops_x(a, bucket)
-    assert a.claim_deletions([(X, "remote0")]) == [(X, "remote0")]  # a's deleter, step 2
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]  # a's deleter, step 2
     ino = b_commits_x(b)
     b_uploads(b, bucket)  # b's uploader while a's delete is in flight
     bucket.delete(X.hex())  # a's DELETE lands after b's PUT
@@ -108,7 +115,7 @@ def test_an_upload_finishing_while_a_deletion_is_claimed_is_not_recorded(
     in flight when b records: no valid row, the job stays and runs after the deletion."""
     a, b = nodes
     a_drops_x(a, bucket)
-    assert a.claim_deletions([(X, "remote0")]) == [(X, "remote0")]
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
     ino = b_commits_x(b)
     put(bucket)  # b's upload, started before it could see the claim
     assert b.finish_uploads([(X, "remote0")]) == {(X, "remote0"): False}
@@ -128,7 +135,7 @@ def test_a_commit_before_the_claim_cancels_the_deletion(
     a, b = nodes
     a_drops_x(a, bucket)
     ino = b_commits_x(b)
-    assert a.claim_deletions([(X, "remote0")]) == []
+    assert a.claim_deletions([(X, "remote0")], True) == []
     assert not a.deletion_keys("remote0")
     assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
@@ -141,6 +148,62 @@ def test_an_upload_recorded_before_the_claim_cancels_the_deletion(
     a_drops_x(a, bucket)
     ino = b_commits_x(b)
     assert b_uploads(b, bucket)
-    assert a.claim_deletions([(X, "remote0")]) == []
+    assert a.claim_deletions([(X, "remote0")], True) == []
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+def test_an_upload_of_a_dropped_job_does_not_finish_the_job_queued_after_the_deletion(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """b's upload of X runs; meanwhile its file goes (the job with it, a deletion row
+    queued), a claims and deletes the object, and b commits X again (a new job, held by
+    the claim). b's PUT landed before a's DELETE: when the old upload finishes after the
+    deletion, it must not record the new job's replica; the new job runs."""
+    a, b = nodes
+    f = b.create(R, b"b0-1.bin", F, 0, 0)
+    b.commit_file(f.ino, len(BODY), 2, 2, CHUNK, {0: ChunkRef(X, len(BODY), ("b-local",))},
+                  uploads={X: ["remote0"]})
+    [old] = [j for j in b.due_uploads(2**62, 10, set()) if j.digest == X]
+    put(bucket)  # b's upload of the first job is in flight
+    b.unlink(R, b"b0-1.bin")
+    assert b.delete_inode(f.ino) == [X]
+    b.drop_unreferenced([X])
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
+    ino = b_commits_x(b)  # a new job of X, held by a's claim
+    bucket.delete(X.hex())
+    a.finish_deletions([(X, "remote0")])
+    assert b.finish_uploads([(X, "remote0")], {(X, "remote0"): old.enqueued_ns}) == {
+        (X, "remote0"): False}
+    assert_readable(b, bucket, ino)
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+async def test_node_a_deleter_holding_its_delete_holds_node_b_upload(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """The same race with node a's real Deleter: its DELETE of X is held (a slow object
+    store) after its claim; node b commits X meanwhile. b's upload is not due until the
+    DELETE returned and the row is done, and then it runs and is recorded."""
+    a, b = nodes
+    remote = FaultyTier(bucket)
+    remote.hold_deletes = gate = threading.Event()
+    a_drops_x(a, remote)
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room())
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        gate.set()
+        while deleter.deleted < 1:
+            await deleter._progress.wait()
+        n.cancel_scope.cancel()
+    assert not bucket.has(X.hex())
+    assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")
