@@ -1092,8 +1092,10 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         rows = self._query(
             f"SELECT * FROM (SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u "
             f"WHERE 1=1{held}{_CLAIMED} ORDER BY u.next_try_ns LIMIT ?) AS due UNION ALL "
-            f"SELECT * FROM (SELECT u.digest, u.tier, ? FROM upload_jobs u WHERE "
-            f"1=1{held}{_CLAIMED.replace(' NOT EXISTS', ' EXISTS')} LIMIT ?) AS waiting",
+            # Jobs held by a claim, found from the (few) claimed rows.
+            f"SELECT * FROM (SELECT u.digest, u.tier, ? FROM deletions d JOIN upload_jobs u "
+            f"ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0{held} "
+            "LIMIT ?) AS waiting",
             (*args, len(skip) + 1, time.time_ns() + HELD_POLL_NS, *args, len(skip) + 1),
         )
         due = [int(n) for d, t, n in rows if (bytes(d), str(t)) not in skip]
