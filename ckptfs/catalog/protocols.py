@@ -13,7 +13,7 @@ tests/support/catalog_conformance.py: sqlite.py (SqliteCatalog) and postgres.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -306,8 +306,14 @@ class ReplicaCatalog(Protocol):
         remote snapshot must know the chunk is there."""
         ...
 
-    def finish_uploads(self, done: Sequence[tuple[bytes, str]]) -> dict[tuple[bytes, str], bool]:
-        """``finish_upload`` of each (digest, tier) in one transaction: which were kept."""
+    def finish_uploads(
+        self, done: Sequence[tuple[bytes, str]], jobs: Mapping[tuple[bytes, str], int] | None = None
+    ) -> dict[tuple[bytes, str], bool]:
+        """``finish_upload`` of each (digest, tier) in one transaction: which were kept.
+        One whose deletion is claimed (its DELETE may land after this PUT) is not recorded:
+        False, and its job stays, to run again once the deletion is done. ``jobs``: the
+        ``enqueued_ns`` of the job each upload ran for; a pair whose job is another one now
+        (queued again after its chunk was dropped and deleted) is not recorded either."""
         ...
 
     def postpone_upload(
@@ -347,10 +353,15 @@ class DeletionQueue(Protocol):
         """Earliest retry time among rows of these tiers not running now."""
         ...
 
-    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+    def claim_deletions(
+        self, pairs: Sequence[tuple[bytes, str]], lease: bool = False
+    ) -> list[tuple[bytes, str]]:
         """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
         its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
-        a row that is gone (done by someone else) is skipped."""
+        a row that is gone (done by someone else) or leased by another deleter is skipped.
+        ``lease``: mark the rows returned as claimed (remote tiers: another node could
+        upload the same object meanwhile) until finished, postponed or the lease ends;
+        no upload of a claimed pair is due or recorded."""
         ...
 
     def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:

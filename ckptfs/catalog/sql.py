@@ -32,7 +32,7 @@ import json
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
@@ -284,12 +284,35 @@ def _inode(row: tuple[object, ...]) -> Inode:
     return Inode(*row)  # type: ignore[arg-type]
 
 
+# A deletion row of a remote tier being deleted has a negative next_try_ns: claimed by a
+# deleter until -next_try_ns (a lease; a node that died mid-delete leaves it due again
+# then). Chunk objects are keyed by digest and any node may upload one, so while a row is
+# claimed no upload of its pair starts or is recorded: the DELETE may land after the PUT.
+CLAIM_LEASE_NS = 600 * 10**9
+# A job held by another node's claim: no event crosses nodes, so look again this often.
+HELD_POLL_NS = 2 * 10**9
+_CLAIMED = (" AND NOT EXISTS (SELECT 1 FROM deletions d WHERE d.digest = u.digest "
+            "AND d.tier = u.tier AND d.next_try_ns < 0)")
+
+
 def _queue_deletion(c: Conn, digest: bytes, tier: str, length: int, now: int) -> None:
+    # Due at once again, unless claimed: that deleter's delete does what this row asks.
     c.execute(
         "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=0",
+        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=CASE WHEN "
+        "deletions.next_try_ns < 0 THEN deletions.next_try_ns ELSE 0 END",
         (digest, tier, length, now),
     )
+
+
+def _wanted_on(c: Conn, tier: str, digests: Sequence[bytes]) -> None:
+    """These chunks are to be uploaded to ``tier``: cancel their deletion rows there that
+    no deleter claimed yet (nothing was deleted). A claimed row stays: the job waits for
+    it. Reading the rows makes this transaction conflict with a concurrent claim."""
+    for at in range(0, len(digests), _IN_BATCH):
+        part = digests[at:at + _IN_BATCH]
+        c.execute(f"DELETE FROM deletions WHERE tier=? AND next_try_ns>=0 "
+                  f"AND digest IN ({','.join('?' * len(part))})", (tier, *part))
 
 
 def init_rows(c: Conn) -> None:
@@ -778,6 +801,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             # returned in one statement per _IN_BATCH of them (not a read and a delete each).
             kept = [idx for idx in changes if idx < n_chunks]
             dropped: list[bytes] = []
+            wanted: dict[str, list[bytes]] = {}  # tier -> chunks given an upload job there
             for at in range(0, max(len(kept), 1), _IN_BATCH):
                 part = kept[at:at + _IN_BATCH]
                 where = ["idx>=?"] if at == 0 else []  # the first also drops the tail
@@ -798,12 +822,15 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                     (ino, idx, ref.digest, ref.length),
                 )
                 for tier in queued.get(ref.digest, ()):
-                    c.execute(
+                    if c.execute(
                         "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
                         "SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM replicas "
                         "WHERE digest=? AND tier=? AND state='valid') ON CONFLICT DO NOTHING",
                         (ref.digest, tier, ref.length, mtime_ns, ref.digest, tier),
-                    )
+                    ).rowcount:
+                        wanted.setdefault(tier, []).append(ref.digest)
+            for tier, digests in wanted.items():
+                _wanted_on(c, tier, digests)
             c.execute(
                 "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
                 (size, mtime_ns, ctime_ns, ino),
@@ -883,8 +910,9 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             return []
         tp = ",".join("?" * len(tiers))
         rows = self._query(
-            f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns<=? "
-            f"AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?", (now_ns, *tiers, limit + len(skip)),
+            f"SELECT digest, tier, length, attempts FROM deletions WHERE next_try_ns BETWEEN ? "
+            f"AND ? AND tier IN ({tp}) ORDER BY enqueued_ns LIMIT ?",
+            (-now_ns, now_ns, *tiers, limit + len(skip)),
         )
         out = [Deletion(bytes(d), str(t), int(n), int(a)) for d, t, n, a in rows]
         return [r for r in out if (r.digest, r.tier) not in skip][:limit]
@@ -893,23 +921,31 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         if not tiers:
             return None
         tp = ",".join("?" * len(tiers))
+        # Unclaimed rows by their retry time, claimed ones by their lease's end.
         rows = self._query(
-            f"SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
-            "ORDER BY next_try_ns LIMIT ?", (*tiers, len(skip) + 1),
+            f"SELECT * FROM (SELECT digest, tier, next_try_ns FROM deletions WHERE tier IN ({tp}) "
+            "AND next_try_ns>=0 ORDER BY next_try_ns LIMIT ?) AS due UNION ALL "
+            f"SELECT * FROM (SELECT digest, tier, -next_try_ns FROM deletions WHERE tier IN ({tp}) "
+            "AND next_try_ns<0 ORDER BY next_try_ns DESC LIMIT ?) AS leased",
+            (*tiers, len(skip) + 1, *tiers, len(skip) + 1),
         )
-        for d, t, n in rows:
-            if (bytes(d), str(t)) not in skip:
-                return int(n)
-        return None
+        due = [int(n) for d, t, n in rows if (bytes(d), str(t)) not in skip]
+        return min(due, default=None)
 
-    def claim_deletions(self, pairs: Sequence[tuple[bytes, str]]) -> list[tuple[bytes, str]]:
+    def claim_deletions(
+        self, pairs: Sequence[tuple[bytes, str]], lease: bool = False
+    ) -> list[tuple[bytes, str]]:
         todo = list(pairs)
 
         def body(c: Conn) -> list[tuple[bytes, str]]:
             ok = []
+            now = time.time_ns()
             for d, tier in todo:
-                if not c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=?", (d, tier)).fetchone():
-                    continue
+                row = c.execute(
+                    "SELECT next_try_ns FROM deletions WHERE digest=? AND tier=?", (d, tier)
+                ).fetchone()
+                if row is None or -int(row[0]) > now:
+                    continue  # done, or being deleted by another deleter (its lease runs)
                 wanted = c.execute(
                     "SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid' UNION ALL "
                     "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? LIMIT 1",
@@ -918,6 +954,9 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 if wanted:
                     c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
                     continue
+                if lease:
+                    c.execute("UPDATE deletions SET next_try_ns=? WHERE digest=? AND tier=?",
+                              (-(now + CLAIM_LEASE_NS), d, tier))
                 ok.append((d, tier))
             return ok
 
@@ -927,8 +966,15 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         todo = list(pairs)
 
         def body(c: Conn) -> None:
+            now = time.time_ns()
             for d, tier in todo:
-                c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+                row = c.execute("DELETE FROM deletions WHERE digest=? AND tier=? "
+                                "RETURNING next_try_ns", (d, tier)).fetchone()
+                if row is not None and int(row[0]) < 0:
+                    # A job queued while this claim ran waited for it. Restamped: an upload
+                    # that started before the claim (of a job dropped since) cannot finish it.
+                    c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?",
+                              (now, d, tier))
 
         self._write(body)
 
@@ -998,7 +1044,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         rows = self._query(
             "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
             "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
-            f"WHERE u.next_try_ns<=?{held} GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns "
+            f"WHERE u.next_try_ns<=?{held}{_CLAIMED} GROUP BY u.digest, u.tier ORDER BY u.enqueued_ns "
             "LIMIT ?",
             (now_ns, *args, limit + len(skip)),
         )
@@ -1021,7 +1067,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 rows = c.execute(
                     "SELECT u.digest, u.tier, u.length, u.enqueued_ns, u.attempts, group_concat(r.tier) "
                     "FROM upload_jobs u LEFT JOIN replicas r ON r.digest = u.digest AND r.state = 'valid' "
-                    f"WHERE u.digest=? AND u.next_try_ns<=?{held} GROUP BY u.digest, u.tier",
+                    f"WHERE u.digest=? AND u.next_try_ns<=?{held}{_CLAIMED} "
+                    "GROUP BY u.digest, u.tier",
                     (d, now_ns, *args),
                 ).fetchall()
                 jobs += [
@@ -1043,23 +1090,44 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
     ) -> int | None:
         held, args = held_on(sources)
         rows = self._query(
-            f"SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u WHERE 1=1{held} "
-            "ORDER BY u.next_try_ns LIMIT ?",
-            (*args, len(skip) + 1),
+            f"SELECT * FROM (SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u "
+            f"WHERE 1=1{held}{_CLAIMED} ORDER BY u.next_try_ns LIMIT ?) AS due UNION ALL "
+            # Jobs held by a claim, found from the (few) claimed rows.
+            f"SELECT * FROM (SELECT u.digest, u.tier, ? FROM deletions d JOIN upload_jobs u "
+            f"ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0{held} "
+            "LIMIT ?) AS waiting",
+            (*args, len(skip) + 1, time.time_ns() + HELD_POLL_NS, *args, len(skip) + 1),
         )
-        for d, t, n in rows:
-            if (bytes(d), str(t)) not in skip:
-                return int(n)
-        return None
+        due = [int(n) for d, t, n in rows if (bytes(d), str(t)) not in skip]
+        return min(due, default=None)
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:
         return self.finish_uploads([(digest, tier)])[(digest, tier)]
 
-    def finish_uploads(self, done: Sequence[tuple[bytes, str]]) -> dict[tuple[bytes, str], bool]:
+    def finish_uploads(
+        self, done: Sequence[tuple[bytes, str]], jobs: Mapping[tuple[bytes, str], int] | None = None
+    ) -> dict[tuple[bytes, str], bool]:
         def body(c: Conn) -> dict[tuple[bytes, str], bool]:
             kept: dict[tuple[bytes, str], bool] = {}
             now = time.time_ns()
             for digest, tier in done:
+                ran = (jobs or {}).get((digest, tier))
+                if ran is not None and c.execute(
+                    "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? AND enqueued_ns!=?",
+                    (digest, tier, ran),
+                ).fetchone():
+                    # This upload ran for an older job (its chunk was dropped, its object
+                    # deleted, perhaps after this PUT): the newer job uploads it again.
+                    kept[(digest, tier)] = False
+                    continue
+                if c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=? AND "
+                             "next_try_ns<0", (digest, tier)).fetchone():
+                    # A deletion of this object is claimed: its DELETE may land after this
+                    # PUT. The job stays and runs again once that deletion is done.
+                    c.execute("UPDATE upload_jobs SET next_try_ns=0 WHERE digest=? AND tier=?",
+                              (digest, tier))
+                    kept[(digest, tier)] = False
+                    continue
                 gone = c.execute(
                     "DELETE FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
                 ).rowcount == 0
@@ -1269,6 +1337,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (digest, tier, int(row[0]), time.time_ns()),
             )
+            _wanted_on(c, tier, [digest])
             return True
 
         return self._write(body)
@@ -1279,11 +1348,14 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
 
     def queue_upload(self, digest: bytes, tier: str) -> bool:
         def body(c: Conn) -> bool:
-            return c.execute(
+            if not c.execute(
                 "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
                 "SELECT digest, ?, length, ? FROM chunks WHERE digest=? ON CONFLICT DO NOTHING",
                 (tier, time.time_ns(), digest),
-            ).rowcount > 0
+            ).rowcount:
+                return False
+            _wanted_on(c, tier, [digest])
+            return True
 
         return self._write(body)
 

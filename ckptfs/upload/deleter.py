@@ -12,6 +12,9 @@ Safety against content addressing (chunks/guard.py, docs/concurrency.md): a row 
 digest is held back until the pin goes; otherwise the pair is marked as being deleted, one
 catalog transaction cancels it if the chunk is wanted on that tier again (a valid replica
 row or an upload job for the pair), and only then is the frame deleted, outside every lock.
+A remote row is also claimed in the catalog (a lease, sql.CLAIM_LEASE_NS): another node
+may commit and upload the same bytes meanwhile, and no node starts or records an upload of
+a claimed pair, so no DELETE lands after a PUT that was recorded.
 
 With a shared catalog another node may queue rows for this node's local tiers (its
 retention expired a checkpoint this node had copies of; it unlinked a file whose chunks
@@ -256,8 +259,10 @@ class Deleter:
             if not marked:
                 return
             try:
+                # Leased in the catalog: other nodes start or record no upload of the
+                # pair until this row is done (they may hold the same bytes).
                 ok = await trio.to_thread.run_sync(
-                    self.catalog.claim_deletions, marked, limiter=self.db_limiter
+                    self.catalog.claim_deletions, marked, True, limiter=self.db_limiter
                 )
                 if not ok:
                     return
@@ -318,4 +323,6 @@ class Deleter:
                 if not pending - held:
                     return
                 self.kick()
-                await progress.wait()
+                # A row another node claimed ends there: no event crosses nodes.
+                with trio.move_on_after(math.inf if self.poll_s is None else self.poll_s):
+                    await progress.wait()

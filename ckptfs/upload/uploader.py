@@ -675,7 +675,8 @@ class Uploader:
                 ) -> dict[tuple[bytes, str], bool]:
         """Blocking: record the remote copies (one transaction) and the upload rate
         `ckptfs status` shows (rate and ETA), so a backlog that shrank has its rate."""
-        kept = self.catalog.finish_uploads([(j.digest, j.tier) for j, _ in todo])
+        kept = self.catalog.finish_uploads([(j.digest, j.tier) for j, _ in todo],
+                                           {(j.digest, j.tier): j.enqueued_ns for j, _ in todo})
         rates = [r for (j, r) in todo if r is not None and kept[(j.digest, j.tier)]]
         if rates:
             self.catalog.set_meta("upload_rate", f"{rates[-1][1]:.0f} {time.time_ns()}")

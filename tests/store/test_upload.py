@@ -313,13 +313,13 @@ async def test_uploads_finishing_together_are_recorded_in_one_transaction(
         batches: list[int] = []
         real = up.catalog.finish_uploads
 
-        def counted(done):  # type: ignore[no-untyped-def]
+        def counted(done, jobs=None):  # type: ignore[no-untyped-def]
             batches.append(len(done))
             if len(batches) == 1:  # hold the first until all four are finished
                 deadline = time.monotonic() + 10
                 while len(done) + len(up._records.jobs) < 4 and time.monotonic() < deadline:
                     time.sleep(0.002)
-            return real(done)
+            return real(done, jobs)
 
         up.catalog.finish_uploads = counted  # type: ignore[method-assign]
         for i in range(4):
@@ -348,7 +348,7 @@ async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Pa
         assert len(jobs) == 3
         entered, release = threading.Event(), threading.Event()
 
-        def failing(done):  # type: ignore[no-untyped-def]
+        def failing(done, jobs=None):  # type: ignore[no-untyped-def]
             entered.set()
             release.wait(10)
             raise CatalogUnavailable("catalog down")

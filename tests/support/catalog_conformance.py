@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -485,6 +486,48 @@ class CatalogConformance:
         catalog.finish_deletions([(C, "l")])  # C is done by someone else
         assert catalog.claim_deletions([(A, "l"), (B, "l"), (C, "l")]) == []
         assert catalog.deletion_keys("l") == set()
+
+    def test_a_claimed_remote_deletion_holds_the_uploads_of_its_pair(
+        self, catalog: Catalog
+    ) -> None:
+        """Objects are keyed by digest: while a deleter deletes (A, s3), an upload of the
+        same bytes (another node's commit) must not run or be recorded before it is done."""
+        assert catalog.queue_deletions([(A, "s3"), (B, "s3")]) == 2
+        assert catalog.claim_deletions([(A, "s3")], True) == [(A, "s3")]
+        now = time.time_ns()
+        assert [d.digest for d in catalog.due_deletions(now, 10, set(), ["s3"])] == [B]
+        assert catalog.claim_deletions([(A, "s3")], True) == []  # leased: not twice
+        lease = catalog.next_deletion_due_ns({(B, "s3")}, ["s3"])
+        assert lease is not None and lease > now
+        catalog.queue_deletions([(A, "s3")])  # queued again: still claimed
+        assert catalog.retry_deletions_now() == 0  # a claim is no postponed row
+        assert [d.digest for d in catalog.due_deletions(now, 10, set(), ["s3"])] == [B]
+        f = one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})  # the same bytes again
+        one_chunk_file(catalog, b"g", B, uploads={B: ["s3"]})
+        assert catalog.deletion_keys("s3") == {A}  # B's unclaimed row cancelled, A's kept
+        assert [j.digest for j in catalog.due_uploads(2**62, 10, set())] == [B]
+        assert catalog.due_uploads_of([A], 2**62, 10, set()) == []
+        assert catalog.finish_uploads([(A, "s3"), (B, "s3")]) == {(A, "s3"): False, (B, "s3"): True}
+        assert catalog.upload_job_pairs() == {(A, "s3")}  # A's job stays
+        due = catalog.next_upload_due_ns(set())  # held by the claim: look again soon
+        assert due is not None and now < due < lease
+        catalog.finish_deletions([(A, "s3")])
+        [job] = catalog.due_uploads(2**62, 10, set())
+        assert job.digest == A and job.enqueued_ns > 1  # restamped by the deletion's end
+        assert not catalog.finish_uploads([(A, "s3")], {(A, "s3"): 1})[(A, "s3")]  # an older job's
+        assert catalog.finish_uploads([(A, "s3")], {(A, "s3"): job.enqueued_ns})[(A, "s3")]
+        assert catalog.extents(f)[0].tiers == ("l", "s3")
+
+    def test_a_postponed_claim_is_due_again_and_cancelled_by_a_new_upload(
+        self, catalog: Catalog
+    ) -> None:
+        catalog.queue_deletions([(A, "s3")])
+        assert catalog.claim_deletions([(A, "s3")], True) == [(A, "s3")]
+        catalog.postpone_deletion(A, "s3", next_try_ns=50, error="timeout")  # claim ends
+        assert [d.digest for d in catalog.due_deletions(50, 10, set(), ["s3"])] == [A]
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        assert catalog.deletion_keys("s3") == set()
+        assert [j.digest for j in catalog.due_uploads(2**62, 10, set())] == [A]
 
     # -- checkpoints -------------------------------------------------------------------------
 

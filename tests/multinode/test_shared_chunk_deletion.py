@@ -1,0 +1,209 @@
+"""Two nodes, one chunk: node a deletes the last copy's object of a digest while node b
+commits the same bytes again and uploads them. Two real catalogs on one PostgreSQL and a
+real S3 tier on SeaweedFS; the deleter's and the uploader's steps (their catalog calls and
+tier calls, in the order Deleter._remote_one and Uploader._upload make them) are driven
+by hand in the bad orders, so each interleaving runs exactly, with no sleep.
+
+The end state every order must reach: each chunk an extent names has, for every replica
+row marked valid, its object in the bucket, bit-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import stat
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import trio
+
+from ckptfs.catalog import PostgresCatalog
+from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
+from ckptfs.chunks.guard import ChunkGuard
+from ckptfs.chunks.room import Room
+from ckptfs.chunks.store import stats_for
+from ckptfs.testing.tiers import FaultyTier
+from ckptfs.tiers.s3 import S3Tier
+from ckptfs.upload.deleter import Deleter
+
+R = ROOT_INODE
+F = stat.S_IFREG | 0o644
+BODY = b"the same bytes on two nodes" * 100
+X = hashlib.sha256(BODY).digest()
+CHUNK = 1 << 20
+
+
+@pytest.fixture
+def nodes(pg_url: str) -> Iterator[tuple[PostgresCatalog, PostgresCatalog]]:
+    a = PostgresCatalog(pg_url)
+    b = PostgresCatalog(pg_url)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.fixture
+def bucket(s3_tier_factory: Callable[..., S3Tier]) -> S3Tier:
+    return s3_tier_factory(name="remote0")
+
+
+def put(tier: S3Tier | FaultyTier) -> None:
+    tier.put(X.hex(), [BODY])
+
+
+def a_drops_x(a: PostgresCatalog, bucket: S3Tier | FaultyTier) -> None:
+    """Node a wrote X (uploaded: a valid remote replica), then unlinked the only file."""
+    f = a.create(R, b"a0.bin", F, 0, 0)
+    put(bucket)
+    a.commit_file(f.ino, len(BODY), 1, 1, CHUNK, {0: ChunkRef(X, len(BODY), ("remote0",))})
+    a.unlink(R, b"a0.bin")
+    assert a.delete_inode(f.ino) == [X]
+    assert a.drop_unreferenced([X]) == {X: ["remote0"]}
+
+
+def b_commits_x(b: PostgresCatalog) -> int:
+    """Node b commits a file of the same bytes: its local replica, an upload job."""
+    f = b.create(R, b"b0-3.bin", F, 0, 0)
+    b.commit_file(f.ino, len(BODY), 2, 2, CHUNK, {0: ChunkRef(X, len(BODY), ("b-local",))},
+                  uploads={X: ["remote0"]})
+    return f.ino
+
+
+def b_uploads(b: PostgresCatalog, bucket: S3Tier) -> bool:
+    """Node b's uploader, one pass: the due job of X (if any), its PUT and its record."""
+    jobs = [j for j in b.due_uploads(2**62, 10, set()) if (j.digest, j.tier) == (X, "remote0")]
+    if not jobs:
+        return False
+    put(bucket)
+    return b.finish_uploads([(X, "remote0")], {(X, "remote0"): jobs[0].enqueued_ns})[(X, "remote0")]
+
+
+def assert_readable(b: PostgresCatalog, bucket: S3Tier, ino: int) -> None:
+    ref = b.extents(ino)[0]
+    assert ref.digest == X
+    for tier in ref.tiers:
+        if tier == "remote0":
+            assert bucket.get(X.hex()) == BODY, "valid replica row, object missing"
+
+
+def test_a_deletion_claimed_before_the_commit_runs_before_the_upload(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """The failure seen under load: a claims (X, remote0); b commits X (no valid remote
+    row: an upload job), PUTs it and records it; then a's DELETE lands. The upload must
+    wait for the deletion that was claimed first, and run after it."""
+    a, b = nodes
+    a_drops_x(a, bucket)
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]  # a's deleter, step 2
+    ino = b_commits_x(b)
+    b_uploads(b, bucket)  # b's uploader while a's delete is in flight
+    bucket.delete(X.hex())  # a's DELETE lands after b's PUT
+    a.finish_deletions([(X, "remote0")])
+    assert_readable(b, bucket, ino)
+    assert b_uploads(b, bucket)  # the job ran after the deletion
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+    assert_readable(b, bucket, ino)
+    assert not a.deletion_keys("remote0")
+
+
+def test_an_upload_finishing_while_a_deletion_is_claimed_is_not_recorded(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """b's PUT ran (its due read came before a's claim was visible); a's DELETE is still
+    in flight when b records: no valid row, the job stays and runs after the deletion."""
+    a, b = nodes
+    a_drops_x(a, bucket)
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
+    ino = b_commits_x(b)
+    put(bucket)  # b's upload, started before it could see the claim
+    assert b.finish_uploads([(X, "remote0")]) == {(X, "remote0"): False}
+    bucket.delete(X.hex())
+    a.finish_deletions([(X, "remote0")])
+    assert_readable(b, bucket, ino)
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+def test_a_commit_before_the_claim_cancels_the_deletion(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """The other order: b commits X while a's row is still queued (unclaimed): a's claim
+    finds the chunk wanted again and deletes nothing; b's upload is recorded."""
+    a, b = nodes
+    a_drops_x(a, bucket)
+    ino = b_commits_x(b)
+    assert a.claim_deletions([(X, "remote0")], True) == []
+    assert not a.deletion_keys("remote0")
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+
+
+def test_an_upload_recorded_before_the_claim_cancels_the_deletion(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    a, b = nodes
+    a_drops_x(a, bucket)
+    ino = b_commits_x(b)
+    assert b_uploads(b, bucket)
+    assert a.claim_deletions([(X, "remote0")], True) == []
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+def test_an_upload_of_a_dropped_job_does_not_finish_the_job_queued_after_the_deletion(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """b's upload of X runs; meanwhile its file goes (the job with it, a deletion row
+    queued), a claims and deletes the object, and b commits X again (a new job, held by
+    the claim). b's PUT landed before a's DELETE: when the old upload finishes after the
+    deletion, it must not record the new job's replica; the new job runs."""
+    a, b = nodes
+    f = b.create(R, b"b0-1.bin", F, 0, 0)
+    b.commit_file(f.ino, len(BODY), 2, 2, CHUNK, {0: ChunkRef(X, len(BODY), ("b-local",))},
+                  uploads={X: ["remote0"]})
+    [old] = [j for j in b.due_uploads(2**62, 10, set()) if j.digest == X]
+    put(bucket)  # b's upload of the first job is in flight
+    b.unlink(R, b"b0-1.bin")
+    assert b.delete_inode(f.ino) == [X]
+    b.drop_unreferenced([X])
+    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
+    ino = b_commits_x(b)  # a new job of X, held by a's claim
+    bucket.delete(X.hex())
+    a.finish_deletions([(X, "remote0")])
+    assert b.finish_uploads([(X, "remote0")], {(X, "remote0"): old.enqueued_ns}) == {
+        (X, "remote0"): False}
+    assert_readable(b, bucket, ino)
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+async def test_node_a_deleter_holding_its_delete_holds_node_b_upload(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """The same race with node a's real Deleter: its DELETE of X is held (a slow object
+    store) after its claim; node b commits X meanwhile. b's upload is not due until the
+    DELETE returned and the row is done, and then it runs and is recorded."""
+    a, b = nodes
+    remote = FaultyTier(bucket)
+    remote.hold_deletes = gate = threading.Event()
+    a_drops_x(a, remote)
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room())
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        gate.set()
+        while deleter.deleted < 1:
+            await deleter._progress.wait()
+        n.cancel_scope.cancel()
+    assert not bucket.has(X.hex())
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
