@@ -19,21 +19,25 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import trio
+from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, os.getcwd())  # the build's ckptfs
+
+from tests.vfs.test_vfs import daemon_on  # noqa: E402
 
 from ckptfs.catalog import PostgresCatalog, SqliteCatalog  # noqa: E402
 from ckptfs.catalog.catalog import ROOT_INODE  # noqa: E402
 from ckptfs.checkpoints.detectors import DetectorSet  # noqa: E402
 from ckptfs.config import TierConfig  # noqa: E402
-from ckptfs.mount import Daemon, build, running  # noqa: E402
 from ckptfs.tiers.base import Tier  # noqa: E402
 from ckptfs.tiers.local import LocalTier  # noqa: E402
 from ckptfs.vfs.context import ROOT  # noqa: E402
@@ -50,8 +54,6 @@ class Counter:
         self.tracing = False  # print each statement (--trace)
 
     def install(self) -> None:
-        import psycopg
-
         counter = self
         execute = psycopg.Cursor.execute
 
@@ -60,13 +62,12 @@ class Counter:
             if counter.tracing:
                 print("   SQL", " ".join(str(a[0]).split())[:150], file=sys.stderr)
                 if os.environ.get("TRACE_STACK"):
-                    import traceback
                     fr = [f for f in traceback.extract_stack() if "/ckptfs/" in f.filename]
                     print("      at", " < ".join(f"{f.filename.split('/ckptfs/')[1]}:{f.name}"
                                                  for f in reversed(fr[-6:])), file=sys.stderr)
             return execute(cur, *a, **k)
 
-        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+        psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign,assignment]
         # A round trip is a wait for the server's answer: psycopg's generators yield
         # "wait for readable" only when no complete answer has arrived yet.
         wait = psycopg.Connection.wait
@@ -85,7 +86,7 @@ class Counter:
         def counted_wait(conn: Any, gen: Any, *a: Any, **k: Any) -> Any:
             return wait(conn, counting(gen), *a, **k)
 
-        psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
+        psycopg.Connection.wait = counted_wait  # type: ignore[method-assign,assignment]
 
 
 @contextmanager
@@ -94,29 +95,14 @@ def fresh_db(server: str | None) -> Iterator[str | None]:
     if server is None:
         yield None
         return
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
     name = f"bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {name}")
     try:
-        yield make_conninfo(**{**conninfo_to_dict(server), "dbname": name})
+        yield make_conninfo(server, dbname=name)
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
-@asynccontextmanager
-async def daemon_on(cat: Any, tiers: list[Tier]) -> AsyncIterator[Daemon]:
-    options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2,
-               "detectors": DetectorSet.default()}
-    try:
-        d = build(cat, tiers, **options)
-        async with running(d, drain=False):
-            yield d
-    finally:
-        cat.close()
 
 
 async def main(files: int, root: Path, pg: str | None, counter: Counter | None,
@@ -128,7 +114,7 @@ async def main(files: int, root: Path, pg: str | None, counter: Counter | None,
         tiers.append(t)
     data = os.urandom(files * 4096)
     cat = PostgresCatalog(pg) if pg else SqliteCatalog(root / "catalog.sqlite")
-    async with daemon_on(cat, tiers) as d:
+    async with daemon_on(cat, tiers, chunk_size=CS, detectors=DetectorSet.default()) as d:
         fs = d.fs
         dino = (await fs.mkdir(ROOT_INODE, b"meta", 0o755, ROOT)).ino
         names = [f"p0-{i:05d}.bin".encode() for i in range(files)]

@@ -28,7 +28,7 @@ from tests.support import mountutil
 from tests.support.mountutil import Mount
 
 # The real PostgreSQL fixtures, likewise one server for the session.
-from tests.support.pgfixtures import pg_url, postgres  # noqa: F401
+from tests.support.pgfixtures import nodes, pg_url, postgres  # noqa: F401
 
 # The real S3 server fixtures, here so that one SeaweedFS serves the whole session.
 from tests.support.s3fixtures import (  # noqa: F401

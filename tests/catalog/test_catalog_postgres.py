@@ -9,7 +9,7 @@ import errno
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,18 +33,6 @@ from ckptfs.upload.uploader import SNAPSHOT_NAME
 R = ROOT_INODE
 F = stat.S_IFREG | 0o644
 D = stat.S_IFDIR | 0o755
-
-
-@pytest.fixture
-def nodes(pg_url: str) -> Iterator[tuple[PostgresCatalog, PostgresCatalog]]:
-    """Two catalogs on one database, as two daemons on two nodes have them."""
-    a = PostgresCatalog(pg_url)
-    b = PostgresCatalog(pg_url)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
 
 
 def once_per_thread(barrier: threading.Barrier, fn: Callable[..., Any], *, before: bool = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -31,17 +31,6 @@ F = stat.S_IFREG | 0o644
 BODY = b"the same bytes on two nodes" * 100
 X = hashlib.sha256(BODY).digest()
 CHUNK = 1 << 20
-
-
-@pytest.fixture
-def nodes(pg_url: str) -> Iterator[tuple[PostgresCatalog, PostgresCatalog]]:
-    a = PostgresCatalog(pg_url)
-    b = PostgresCatalog(pg_url)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
 
 
 @pytest.fixture

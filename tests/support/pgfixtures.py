@@ -7,6 +7,7 @@ tests/conftest.py imports these, so one server serves the whole session:
               ``finally``)
 ``pg_url``    the libpq URI of a fresh, empty database on that server (started again if
               it was down)
+``nodes``     two catalogs on one such database, as two daemons on two nodes have them
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.pgserver import PgServer, find_pg_bin, running_postgres
+
+from ckptfs.catalog import PostgresCatalog
 
 SKIP_REASON = "PostgreSQL server binaries not found (apt install postgresql, or set CKPTFS_PG_BIN)"
 
@@ -33,3 +36,15 @@ def pg_url(postgres: PgServer) -> str:
     postgres.resume()
     postgres.start()
     return postgres.new_database()
+
+
+@pytest.fixture
+def nodes(pg_url: str) -> Iterator[tuple[PostgresCatalog, PostgresCatalog]]:
+    """Two catalogs on one database, as two daemons on two nodes have them."""
+    a = PostgresCatalog(pg_url)
+    b = PostgresCatalog(pg_url)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()

@@ -14,6 +14,7 @@ import trio
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.catalog.protocols import Catalog
 from ckptfs.config import ReadConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.mount import Daemon, build, running
@@ -31,7 +32,13 @@ RW = os.O_RDWR
 async def make_daemon(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
     """The daemon's object graph as mount.py builds and runs it (without FUSE). Leaving
     the block stops it as a crash would: open files are not committed (drain=False)."""
-    cat = SqliteCatalog(path / "catalog.sqlite")
+    async with daemon_on(SqliteCatalog(path / "catalog.sqlite"), tiers, **options) as daemon:
+        yield daemon
+
+
+@asynccontextmanager
+async def daemon_on(cat: Catalog, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
+    """``make_daemon`` on a catalog of the caller's (closed when the block ends)."""
     options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
     try:
         daemon = build(cat, tiers, **options)
