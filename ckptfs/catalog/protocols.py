@@ -354,20 +354,39 @@ class DeletionQueue(Protocol):
         ...
 
     def claim_deletions(
-        self, pairs: Sequence[tuple[bytes, str]], lease: bool = False
+        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None
     ) -> list[tuple[bytes, str]]:
         """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
         its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
         a row that is gone (done by someone else) or leased by another deleter is skipped.
-        ``lease``: mark the rows returned as claimed (remote tiers: another node could
-        upload the same object meanwhile) until finished, postponed or the lease ends;
-        no upload of a claimed pair is due or recorded."""
+        ``lease_until_ns`` (wall clock): mark the rows returned as claimed until then
+        (remote tiers: another node could upload the same object meanwhile), or until
+        finished, postponed or released with that value; no upload of a claimed pair is
+        due or recorded. The value names the claim: a caller that could not learn whether
+        its claim committed (the database went away) releases exactly that claim."""
         ...
 
-    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+    def finish_deletions(
+        self, pairs: Iterable[tuple[bytes, str]], lease_until_ns: int | None = None
+    ) -> None:
+        """The frames of these pairs are deleted: drop their rows (with ``lease_until_ns``,
+        only rows still claimed with that value)."""
         ...
 
-    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+    def release_deletion_claims(
+        self, pairs: Iterable[tuple[bytes, str]], lease_until_ns: int
+    ) -> int:
+        """End the claims made with ``lease_until_ns`` without deleting (nothing was sent
+        to the tier): those rows are due again. Rows claimed otherwise are left. Returns
+        how many were released."""
+        ...
+
+    def postpone_deletion(
+        self, digest: bytes, tier: str, next_try_ns: int, error: str,
+        lease_until_ns: int | None = None,
+    ) -> None:
+        """The deletion failed: retry at ``next_try_ns`` (with ``lease_until_ns``, only if
+        the row is still claimed with that value)."""
         ...
 
     def retry_deletions_now(self, tier: str | None = None) -> int:

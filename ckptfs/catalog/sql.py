@@ -295,6 +295,12 @@ _CLAIMED = (" AND NOT EXISTS (SELECT 1 FROM deletions d WHERE d.digest = u.diges
             "AND d.tier = u.tier AND d.next_try_ns < 0)")
 
 
+def _restamp_jobs(c: Conn, digest: bytes, tier: str, now: int) -> None:
+    # A claim ended: a job queued while it ran waited for it. Restamped, so an upload that
+    # started before the claim (of a job dropped since) cannot finish it.
+    c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?", (now, digest, tier))
+
+
 def _queue_deletion(c: Conn, digest: bytes, tier: str, length: int, now: int) -> None:
     # Due at once again, unless claimed: that deleter's delete does what this row asks.
     c.execute(
@@ -933,7 +939,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         return min(due, default=None)
 
     def claim_deletions(
-        self, pairs: Sequence[tuple[bytes, str]], lease: bool = False
+        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None
     ) -> list[tuple[bytes, str]]:
         todo = list(pairs)
 
@@ -954,35 +960,62 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 if wanted:
                     c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
                     continue
-                if lease:
+                if lease_until_ns is not None:
                     c.execute("UPDATE deletions SET next_try_ns=? WHERE digest=? AND tier=?",
-                              (-(now + CLAIM_LEASE_NS), d, tier))
+                              (-lease_until_ns, d, tier))
                 ok.append((d, tier))
             return ok
 
         return self._write(body)
 
-    def finish_deletions(self, pairs: Iterable[tuple[bytes, str]]) -> None:
+    def finish_deletions(
+        self, pairs: Iterable[tuple[bytes, str]], lease_until_ns: int | None = None
+    ) -> None:
         todo = list(pairs)
+        # With the lease: only this claim's rows (one whose lease ran out may be another's).
+        only = "" if lease_until_ns is None else " AND next_try_ns=?"
+        tail = () if lease_until_ns is None else (-lease_until_ns,)
 
         def body(c: Conn) -> None:
             now = time.time_ns()
             for d, tier in todo:
-                row = c.execute("DELETE FROM deletions WHERE digest=? AND tier=? "
-                                "RETURNING next_try_ns", (d, tier)).fetchone()
+                row = c.execute("DELETE FROM deletions WHERE digest=? AND tier=?" + only +
+                                " RETURNING next_try_ns", (d, tier, *tail)).fetchone()
                 if row is not None and int(row[0]) < 0:
-                    # A job queued while this claim ran waited for it. Restamped: an upload
-                    # that started before the claim (of a job dropped since) cannot finish it.
-                    c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?",
-                              (now, d, tier))
+                    _restamp_jobs(c, d, tier, now)
 
         self._write(body)
 
-    def postpone_deletion(self, digest: bytes, tier: str, next_try_ns: int, error: str) -> None:
+    def release_deletion_claims(
+        self, pairs: Iterable[tuple[bytes, str]], lease_until_ns: int
+    ) -> int:
+        todo = list(pairs)
+
+        def body(c: Conn) -> int:
+            now = time.time_ns()
+            n = 0
+            for d, tier in todo:
+                row = c.execute(
+                    "UPDATE deletions SET next_try_ns=0 WHERE digest=? AND tier=? AND next_try_ns=? "
+                    "RETURNING 1", (d, tier, -lease_until_ns)).fetchone()
+                if row is not None:
+                    _restamp_jobs(c, d, tier, now)
+                    n += 1
+            return n
+
+        return self._write(body)
+
+    def postpone_deletion(
+        self, digest: bytes, tier: str, next_try_ns: int, error: str,
+        lease_until_ns: int | None = None,
+    ) -> None:
+        only = "" if lease_until_ns is None else " AND next_try_ns=?"
+        tail = () if lease_until_ns is None else (-lease_until_ns,)
+
         def body(c: Conn) -> None:
             c.execute(
                 "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
-                "WHERE digest=? AND tier=?", (next_try_ns, error, digest, tier),
+                "WHERE digest=? AND tier=?" + only, (next_try_ns, error, digest, tier, *tail),
             )
 
         self._write(body)

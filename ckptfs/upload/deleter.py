@@ -16,6 +16,12 @@ A remote row is also claimed in the catalog (a lease, sql.CLAIM_LEASE_NS): anoth
 may commit and upload the same bytes meanwhile, and no node starts or records an upload of
 a claimed pair, so no DELETE lands after a PUT that was recorded.
 
+A database outage (a shared catalog) does not end this task: a pass that cannot reach
+the catalog waits and tries again, so the remote DELETEs in flight finish in their
+threads, never abandoned. A claim whose end (done, failed, or not known to have been
+made) could not be written is kept here and written first once the catalog answers:
+otherwise the lease would hold every node's uploads of the pair for its whole length.
+
 With a shared catalog another node may queue rows for this node's local tiers (its
 retention expired a checkpoint this node had copies of; it unlinked a file whose chunks
 this node holds): no event crosses nodes, so the queue also looks every ``poll_s``.
@@ -33,9 +39,10 @@ import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import Deletion
+from ..catalog.sql import CLAIM_LEASE_NS
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
-from ..errors import CkptfsError
+from ..errors import CatalogUnavailable, CkptfsError
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..wakeup import Wakeup
@@ -49,8 +56,13 @@ LOCAL_BATCH = 256  # local rows claimed and deleted per catalog transaction
 BATCH_S = 0.02
 REMOTE_CONCURRENCY = 4
 SHARED_POLL_S = 2.0  # with a shared catalog: how often to look for rows other nodes queued
+OUTAGE_RETRY_MIN_S = 0.5  # the catalog is unreachable: look again after this, doubling
+OUTAGE_RETRY_MAX_S = 10.0
 
 Pair = tuple[bytes, str]
+# A claim's end not yet written: ("finish",) the DELETE succeeded; ("postpone", next try,
+# error) it failed; ("release",) the claim itself may or may not have committed.
+Ending = tuple[str, int, str]
 
 
 class Deleter:
@@ -87,6 +99,10 @@ class Deleter:
         self._remote_running = 0
         self._failing: set[str] = set()  # tiers whose last deletion failed
         self._recovered: set[str] = set()  # tiers that work again: retry their rows now
+        # Remote claims whose end could not be written (the catalog was unreachable):
+        # pair -> (its lease value, how it ended). Written first at the next pass.
+        self._unwritten: dict[Pair, tuple[int, Ending]] = {}
+        self._outage_logged = False
         self._wake = wake if wake is not None else Wakeup()
         self._progress = trio.Event()  # set (and replaced) after each batch or row
         self.deleted = 0
@@ -127,22 +143,36 @@ class Deleter:
         self.guard.on_release = released
         local, remote = self.local, self.remote
         known = local + remote
+        outage_wait = OUTAGE_RETRY_MIN_S
         async with trio.open_nursery() as nursery:
             while True:
                 self._wake.clear()
-                if self._recovered:
-                    tiers, self._recovered = self._recovered, set()
-                    for name in sorted(tiers):
-                        await trio.to_thread.run_sync(
-                            self.catalog.retry_deletions_now, name, limiter=self.db_limiter
-                        )
-                skip = self.running | self._held
-                now = self.clock()
-                rows, remote_rows, due_ns = await trio.to_thread.run_sync(
-                    self._plan, now, skip, not self._local_busy,
-                    self.concurrency - self._remote_running if remote else 0, local, remote, known,
-                    limiter=self.db_limiter,
-                )
+                try:
+                    await self._write_endings()
+                    if self._recovered:
+                        tiers, self._recovered = self._recovered, set()
+                        for name in sorted(tiers):
+                            await trio.to_thread.run_sync(
+                                self.catalog.retry_deletions_now, name, limiter=self.db_limiter
+                            )
+                    skip = self.running | self._held | set(self._unwritten)
+                    now = self.clock()
+                    rows, remote_rows, due_ns = await trio.to_thread.run_sync(
+                        self._plan, now, skip, not self._local_busy,
+                        self.concurrency - self._remote_running if remote else 0, local, remote,
+                        known, limiter=self.db_limiter,
+                    )
+                except CatalogUnavailable as exc:
+                    # No database event tells it came back: look again with backoff. The
+                    # deletions in flight go on meanwhile (their ends are kept).
+                    self._outage(exc)
+                    await trio.sleep(outage_wait)
+                    outage_wait = min(2 * outage_wait, OUTAGE_RETRY_MAX_S)
+                    continue
+                if self._outage_logged:
+                    log.info("deletion queue: the catalog answers again")
+                    self._outage_logged = False
+                outage_wait = OUTAGE_RETRY_MIN_S
                 if rows:
                     self._local_busy = True
                     nursery.start_soon(self._local_task, rows)
@@ -160,6 +190,33 @@ class Deleter:
                     await self._wake.wait()
                 if self._wake.is_set():
                     await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
+
+    def _outage(self, exc: CatalogUnavailable) -> None:
+        if not self._outage_logged:
+            log.warning("deletion queue paused, the catalog is unreachable: %s", exc)
+            self._outage_logged = True
+
+    async def _write_endings(self) -> None:
+        """Write the claims' ends kept during an outage (CatalogUnavailable if it lasts)."""
+        for pair, (until, (how, next_try, error)) in list(self._unwritten.items()):
+            if how == "finish":
+                await trio.to_thread.run_sync(
+                    self.catalog.finish_deletions, [pair], until, limiter=self.db_limiter
+                )
+            elif how == "postpone":
+                await trio.to_thread.run_sync(
+                    self.catalog.postpone_deletion, *pair, next_try, error, until,
+                    limiter=self.db_limiter,
+                )
+            else:
+                await trio.to_thread.run_sync(
+                    self.catalog.release_deletion_claims, [pair], until, limiter=self.db_limiter
+                )
+            del self._unwritten[pair]
+            if how == "finish":
+                self.deleted += 1
+                self.stats.count("deletions")
+            self._finished()
 
     def _plan(
         self, now: int, skip: set[Pair], take_local: bool, free: int, local: list[str],
@@ -186,6 +243,10 @@ class Deleter:
             await self.delete_local(
                 [(r.digest, r.tier) for r in rows], {(r.digest, r.tier): r.attempts for r in rows}
             )
+        except CatalogUnavailable as exc:
+            # Local rows are not leased: one whose end was not written is due again, and
+            # deleting a frame twice is harmless.
+            self._outage(exc)
         finally:
             self._local_busy = False
 
@@ -259,32 +320,7 @@ class Deleter:
             if not marked:
                 return
             try:
-                # Leased in the catalog: other nodes start or record no upload of the
-                # pair until this row is done (they may hold the same bytes).
-                ok = await trio.to_thread.run_sync(
-                    self.catalog.claim_deletions, marked, True, limiter=self.db_limiter
-                )
-                if not ok:
-                    return
-                tier = self.tiers[row.tier]
-                try:
-                    # A hung server holds only this thread; at unmount it is abandoned
-                    # (the row stays and is retried at the next mount).
-                    await trio.to_thread.run_sync(
-                        tier.delete, row.digest.hex(), limiter=self.remote_limiter,
-                        abandon_on_cancel=True,
-                    )
-                except CkptfsError as exc:
-                    await self._postpone(row.digest, row.tier, row.attempts, str(exc))
-                    return
-                await trio.to_thread.run_sync(
-                    self.catalog.finish_deletions, ok, limiter=self.db_limiter
-                )
-                self.deleted += 1
-                self.stats.count("deletions")
-                if row.tier in self._failing:
-                    log.info("deletions on tier %s work again", row.tier)
-                    self.tier_works(row.tier)
+                await self._remote_claimed(row, marked)
             finally:
                 self.guard.end_delete(marked)
         finally:
@@ -292,17 +328,64 @@ class Deleter:
             self._remote_running -= 1
             self._finished()
 
-    async def _postpone(self, digest: bytes, tier: str, attempts: int, error: str) -> None:
-        delay = backoff_s(attempts)
+    async def _remote_claimed(self, row: Deletion, marked: list[Pair]) -> None:
+        pair = (row.digest, row.tier)
+        # Leased in the catalog: other nodes start or record no upload of the pair until
+        # this row is done (they may hold the same bytes). The lease value names this claim.
+        until = time.time_ns() + CLAIM_LEASE_NS
+        ending: Ending = ("release", 0, "")
+        try:
+            ok = await trio.to_thread.run_sync(
+                self.catalog.claim_deletions, marked, until, limiter=self.db_limiter
+            )
+            if not ok:
+                return
+            tier = self.tiers[row.tier]
+            try:
+                # A hung server holds only this thread; at unmount it is abandoned
+                # (the row stays and is retried at the next mount).
+                await trio.to_thread.run_sync(
+                    tier.delete, row.digest.hex(), limiter=self.remote_limiter,
+                    abandon_on_cancel=True,
+                )
+            except CkptfsError as exc:
+                ending = ("postpone", self._count_failure(row.tier, str(exc), row.attempts),
+                          str(exc)[:500])
+                await trio.to_thread.run_sync(
+                    self.catalog.postpone_deletion, *pair, ending[1], ending[2], until,
+                    limiter=self.db_limiter,
+                )
+                return
+            ending = ("finish", 0, "")
+            await trio.to_thread.run_sync(
+                self.catalog.finish_deletions, ok, until, limiter=self.db_limiter
+            )
+        except CatalogUnavailable as exc:
+            # The end is written once the catalog answers (run's next pass).
+            self._outage(exc)
+            self._unwritten[pair] = (until, ending)
+            return
+        self.deleted += 1
+        self.stats.count("deletions")
+        if row.tier in self._failing:
+            log.info("deletions on tier %s work again", row.tier)
+            self.tier_works(row.tier)
+
+    def _count_failure(self, tier: str, error: str, attempts: int) -> int:
+        """A deletion failed: count and log it; the time of its retry."""
         self.failures += 1
         self.stats.count("deletion_failures")
         if tier not in self._failing:
             log.warning("deleting chunks on tier %s failed, will retry with backoff: %s",
                         tier, error)
             self._failing.add(tier)
+        return self.clock() + int(backoff_s(attempts) * 1e9)
+
+    async def _postpone(self, digest: bytes, tier: str, attempts: int, error: str) -> None:
+        next_try = self._count_failure(tier, error, attempts)
         await trio.to_thread.run_sync(
-            self.catalog.postpone_deletion, digest, tier, self.clock() + int(delay * 1e9),
-            error[:500], limiter=self.db_limiter,
+            self.catalog.postpone_deletion, digest, tier, next_try, error[:500],
+            limiter=self.db_limiter,
         )
 
     # -- waiting ------------------------------------------------------------------------------

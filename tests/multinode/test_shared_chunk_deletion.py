@@ -17,6 +17,9 @@ from collections.abc import Callable
 import pytest
 import trio
 
+from tests.support.catalog_conformance import lease_end
+from tests.support.pgserver import PgServer
+
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
 from ckptfs.chunks.guard import ChunkGuard
@@ -85,7 +88,7 @@ def test_a_deletion_claimed_before_the_commit_runs_before_the_upload(
     wait for the deletion that was claimed first, and run after it."""
     a, b = nodes
     a_drops_x(a, bucket)
-    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]  # a's deleter, step 2
+    assert a.claim_deletions([(X, "remote0")], lease_end()) == [(X, "remote0")]  # a's deleter, step 2
     ino = b_commits_x(b)
     b_uploads(b, bucket)  # b's uploader while a's delete is in flight
     bucket.delete(X.hex())  # a's DELETE lands after b's PUT
@@ -104,7 +107,7 @@ def test_an_upload_finishing_while_a_deletion_is_claimed_is_not_recorded(
     in flight when b records: no valid row, the job stays and runs after the deletion."""
     a, b = nodes
     a_drops_x(a, bucket)
-    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
+    assert a.claim_deletions([(X, "remote0")], lease_end()) == [(X, "remote0")]
     ino = b_commits_x(b)
     put(bucket)  # b's upload, started before it could see the claim
     assert b.finish_uploads([(X, "remote0")]) == {(X, "remote0"): False}
@@ -124,7 +127,7 @@ def test_a_commit_before_the_claim_cancels_the_deletion(
     a, b = nodes
     a_drops_x(a, bucket)
     ino = b_commits_x(b)
-    assert a.claim_deletions([(X, "remote0")], True) == []
+    assert a.claim_deletions([(X, "remote0")], lease_end()) == []
     assert not a.deletion_keys("remote0")
     assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
@@ -137,7 +140,7 @@ def test_an_upload_recorded_before_the_claim_cancels_the_deletion(
     a_drops_x(a, bucket)
     ino = b_commits_x(b)
     assert b_uploads(b, bucket)
-    assert a.claim_deletions([(X, "remote0")], True) == []
+    assert a.claim_deletions([(X, "remote0")], lease_end()) == []
     assert_readable(b, bucket, ino)
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")
 
@@ -158,7 +161,7 @@ def test_an_upload_of_a_dropped_job_does_not_finish_the_job_queued_after_the_del
     b.unlink(R, b"b0-1.bin")
     assert b.delete_inode(f.ino) == [X]
     b.drop_unreferenced([X])
-    assert a.claim_deletions([(X, "remote0")], True) == [(X, "remote0")]
+    assert a.claim_deletions([(X, "remote0")], lease_end()) == [(X, "remote0")]
     ino = b_commits_x(b)  # a new job of X, held by a's claim
     bucket.delete(X.hex())
     a.finish_deletions([(X, "remote0")])
@@ -193,6 +196,46 @@ async def test_node_a_deleter_holding_its_delete_holds_node_b_upload(
             await deleter._progress.wait()
         n.cancel_scope.cancel()
     assert not bucket.has(X.hex())
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+@pytest.mark.allow_log_warnings("deletion queue paused")
+async def test_a_claims_end_met_by_a_database_outage_is_written_once_the_database_is_back(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier, postgres: PgServer
+) -> None:
+    """Node a's DELETE of X returns while the database is down, so the end of its claim
+    cannot be written. The deleter keeps running (its DELETE is never abandoned) and
+    writes the end as soon as the database answers: node b's held upload of X is due then,
+    not when the 10-minute lease runs out (before, the outage ended the deleter's task and
+    the claim stayed, holding b's upload: `ckptfs sync` timed out)."""
+    a, b = nodes
+    remote = FaultyTier(bucket)
+    remote.hold_deletes = gate = threading.Event()
+    a_drops_x(a, remote)
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room())
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        await trio.to_thread.run_sync(postgres.stop)
+        try:
+            progress = deleter._progress
+            gate.set()
+            with trio.fail_after(60):
+                await progress.wait()  # the DELETE returned; its end was not written
+            assert not bucket.has(X.hex()) and deleter.deleted == 0
+        finally:
+            await trio.to_thread.run_sync(postgres.start)
+        with trio.fail_after(60):
+            while deleter.deleted < 1:
+                await deleter._progress.wait()
+        n.cancel_scope.cancel()
+    assert a.deletion_keys("remote0") == set()
     assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")

@@ -19,9 +19,15 @@ import pytest
 
 from ckptfs.catalog.protocols import Catalog
 from ckptfs.catalog.rows import ROOT_INODE, Around, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.catalog.sql import CLAIM_LEASE_NS
 from ckptfs.errors import CkptfsError
 
 R = ROOT_INODE
+
+
+def lease_end() -> int:
+    """A claim's lease value, as a deleter makes it (the wall clock plus the lease)."""
+    return time.time_ns() + CLAIM_LEASE_NS
 F = stat.S_IFREG | 0o644
 D = stat.S_IFDIR | 0o755
 A, B, C = b"\x01" * 32, b"\x02" * 32, b"\x03" * 32
@@ -493,10 +499,10 @@ class CatalogConformance:
         """Objects are keyed by digest: while a deleter deletes (A, s3), an upload of the
         same bytes (another node's commit) must not run or be recorded before it is done."""
         assert catalog.queue_deletions([(A, "s3"), (B, "s3")]) == 2
-        assert catalog.claim_deletions([(A, "s3")], True) == [(A, "s3")]
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == [(A, "s3")]
         now = time.time_ns()
         assert [d.digest for d in catalog.due_deletions(now, 10, set(), ["s3"])] == [B]
-        assert catalog.claim_deletions([(A, "s3")], True) == []  # leased: not twice
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == []  # leased: not twice
         lease = catalog.next_deletion_due_ns({(B, "s3")}, ["s3"])
         assert lease is not None and lease > now
         catalog.queue_deletions([(A, "s3")])  # queued again: still claimed
@@ -522,12 +528,37 @@ class CatalogConformance:
         self, catalog: Catalog
     ) -> None:
         catalog.queue_deletions([(A, "s3")])
-        assert catalog.claim_deletions([(A, "s3")], True) == [(A, "s3")]
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == [(A, "s3")]
         catalog.postpone_deletion(A, "s3", next_try_ns=50, error="timeout")  # claim ends
         assert [d.digest for d in catalog.due_deletions(50, 10, set(), ["s3"])] == [A]
         one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
         assert catalog.deletion_keys("s3") == set()
         assert [j.digest for j in catalog.due_uploads(2**62, 10, set())] == [A]
+
+    def test_a_claims_end_is_written_only_while_it_holds_the_row(self, catalog: Catalog) -> None:
+        """Finish, postpone and release with a lease value touch only a row still claimed
+        with that value: a deleter whose lease ran out (the row is another's now), or whose
+        claim never committed, changes nothing."""
+        catalog.queue_deletions([(A, "s3"), (B, "s3"), (C, "s3")])
+        mine, theirs = lease_end(), lease_end() + 1
+        assert catalog.claim_deletions([(A, "s3"), (B, "s3")], mine) == [(A, "s3"), (B, "s3")]
+        catalog.finish_deletions([(A, "s3")], theirs)  # not that claim's: kept
+        catalog.postpone_deletion(A, "s3", 50, "timeout", theirs)
+        assert catalog.release_deletion_claims([(A, "s3"), (C, "s3")], theirs) == 0
+        assert catalog.deletion_keys("s3") == {A, B, C}
+        assert [d.digest for d in catalog.due_deletions(time.time_ns(), 10, set(), ["s3"])] == [C]
+        f = one_chunk_file(catalog, b"f", B, uploads={B: ["s3"]})  # held by the claim of B
+        assert catalog.release_deletion_claims([(B, "s3"), (C, "s3")], mine) == 1  # C: unclaimed
+        [job] = catalog.due_uploads(2**62, 10, set())  # released: the job is due
+        assert job.digest == B and job.enqueued_ns > 1  # restamped as at a deletion's end
+        assert catalog.claim_deletions([(B, "s3")], lease_end()) == []  # wanted again: cancelled
+        catalog.finish_deletions([(A, "s3")], mine)
+        assert catalog.deletion_keys("s3") == {C}
+        assert catalog.finish_uploads([(B, "s3")], {(B, "s3"): job.enqueued_ns})[(B, "s3")]
+        assert catalog.extents(f)[0].tiers == ("l", "s3")
+        assert catalog.claim_deletions([(C, "s3")], mine) == [(C, "s3")]
+        catalog.postpone_deletion(C, "s3", 50, "timeout", mine)  # the claim ends: due at 50
+        assert [d.digest for d in catalog.due_deletions(50, 10, set(), ["s3"])] == [C]
 
     # -- checkpoints -------------------------------------------------------------------------
 
