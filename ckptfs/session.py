@@ -20,6 +20,7 @@ last commit. The SQL runs in worker threads under the catalog limiter, never on 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -50,13 +51,18 @@ class NodeSession:
         self.closed = False
         self.beats = 0  # heartbeats that found the session (tests, status)
         self._pending: list[bytes] = []  # digests of inodes the registration dropped
+        # The id of a registration not known to have committed: tried again with the same
+        # id, so a lost reply is not a live session that refuses this node until it expires.
+        self._attempt = ""
 
     # -- registration (before serving: not on a trio loop) ---------------------------------
 
     def register(self) -> None:
         """Register (blocking: the mount calls it before it serves). UsageError if the
         node has a live session; its own expired session is ended on the way."""
-        reg = self.catalog.register_session(self.node, self.timeout_s, self.info)
+        self._attempt = self._attempt or uuid.uuid4().hex
+        reg = self.catalog.register_session(self.node, self.timeout_s, self.info, self._attempt)
+        self._attempt = ""
         self.sid = reg.sid
         if reg.previous is not None:
             self._ended_own(reg.previous)

@@ -516,10 +516,14 @@ class SessionCatalog(Protocol):
     VFS notes the inodes it holds open (only when the catalog is ``shared``). Every time is
     the database's clock."""
 
-    def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
+    def register_session(
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+    ) -> Registered:
         """A new session of ``node``, expiring ``timeout_s`` after now unless a heartbeat
         extends it. A live session of the same node name: UsageError naming the node; an
-        expired one is ended first (as its cleanup would)."""
+        expired one is ended first (as its cleanup would). ``sid``: the id the caller chose
+        for this registration (a new one if None); a live session with that id is this
+        caller's own earlier attempt, whose reply was lost: it is extended and returned."""
         ...
 
     def heartbeat_session(self, sid: str, timeout_s: float) -> bool:

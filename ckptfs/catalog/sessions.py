@@ -131,8 +131,11 @@ class SessionsSql:
 
     # -- sessions ----------------------------------------------------------------------------
 
-    def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
+    def register_session(
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+    ) -> Registered:
         timeout_ns = int(timeout_s * 1e9)
+        new_sid = sid or uuid.uuid4().hex
 
         def body(c: Conn) -> Registered:
             now = self._db_now(c)
@@ -140,6 +143,11 @@ class SessionsSql:
                             (node,)).fetchone()
             previous = None
             if row is not None:
+                if str(row[0]) == new_sid:
+                    # This registration committed before, and its reply was lost.
+                    c.execute("UPDATE sessions SET beat_ns=?, expires_ns=? WHERE sid=?",
+                              (now, now + timeout_ns, new_sid))
+                    return Registered(new_sid, None)
                 if int(row[1]) > now:
                     raise UsageError(
                         f"node {node!r} has a live session in the catalog ({row[2] or 'no info'}; "
@@ -148,15 +156,14 @@ class SessionsSql:
                         "own (node / --node), or wait for that daemon's session to expire"
                     )
                 previous = self._end(c, str(row[0]), node, f"its node {node} restarted")
-            sid = uuid.uuid4().hex
             done = c.execute(
                 "INSERT INTO sessions (sid, node, started_ns, beat_ns, expires_ns, info) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (node) DO NOTHING",
-                (sid, node, now, now, now + timeout_ns, info),
+                (new_sid, node, now, now, now + timeout_ns, info),
             ).rowcount
             if not done:  # a concurrent registration of the name won (SQLite cannot race)
                 raise UsageError(f"node {node!r} has a live session in the catalog")
-            return Registered(sid, previous)
+            return Registered(new_sid, previous)
 
         return self._write(body, touch=True)
 

@@ -20,8 +20,9 @@ from tests.support.mountutil import wait_until
 
 from ckptfs.catalog import ROOT_INODE, CheckpointState, ChunkRef, PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
-from ckptfs.catalog.rows import SessionEnd
-from ckptfs.errors import UsageError
+from ckptfs.catalog.rows import Registered, SessionEnd
+from ckptfs.errors import CatalogUnavailable, UsageError
+from ckptfs.session import NodeSession
 
 R = ROOT_INODE
 F = stat.S_IFREG | 0o644
@@ -70,6 +71,40 @@ def test_a_second_live_session_of_one_node_name_is_refused_until_it_expires(
     assert not a.heartbeat_session(first.sid, 30)  # the old daemon learns it is gone
     assert b.heartbeat_session(again.sid, 30)
     assert sorted(s.node for s in a.sessions() if s.live) == ["n1", "n2"]
+
+
+class LostReply(PostgresCatalog):
+    """The registration commits and then the connection breaks (its reply is lost), once."""
+
+    lose = True
+
+    def register_session(
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+    ) -> Registered:
+        reg = super().register_session(node, timeout_s, info, sid)
+        if self.lose:
+            self.lose = False
+            raise CatalogUnavailable("the connection broke during the COMMIT")
+        return reg
+
+
+def test_a_registration_whose_reply_was_lost_is_taken_up_by_its_retry(pg_url: str) -> None:
+    """The node tries again with the id it chose: its own committed attempt is the session
+    it gets, not a live session of its name that refuses it until it expires."""
+    cat = LostReply(pg_url, pool_size=2)
+    try:
+        session = NodeSession(cat, "n1", 30)
+        with pytest.raises(CatalogUnavailable):
+            session.register()
+        [attempt] = cat.sessions()
+        session.register()
+        assert session.sid == attempt.sid
+        assert [(s.node, s.sid, s.live) for s in cat.sessions()] == [("n1", attempt.sid, True)]
+        with pytest.raises(UsageError, match="'n1'"):  # another daemon of that name: refused
+            NodeSession(cat, "n1", 30).register()
+        assert cat.heartbeat_session(session.sid, 30)
+    finally:
+        cat.close()
 
 
 def test_a_heartbeat_extends_the_session_on_the_database_clock(

@@ -98,9 +98,12 @@ class GatedCatalog(PostgresCatalog):
         self._gated("note_open_many", None, (sid, tuple(inos)),
                     lambda: super(GatedCatalog, self).note_open_many(sid, inos))
 
-    def register_session(self, node: str, timeout_s: float, info: str = "") -> Registered:
-        return self._gated("register_session", None, (node,),
-                           lambda: super(GatedCatalog, self).register_session(node, timeout_s, info))
+    def register_session(
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+    ) -> Registered:
+        return self._gated(
+            "register_session", None, (node,),
+            lambda: super(GatedCatalog, self).register_session(node, timeout_s, info, sid))
 
 
 async def arrived(stop: Stop) -> None:
