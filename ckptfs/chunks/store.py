@@ -677,6 +677,7 @@ class ChunkStore:
         self.guard.pin(digest)
 
     def unpin(self, digests: Iterable[bytes]) -> None:
+        """On the trio thread (worker threads call the guard's)."""
         self.guard.unpin(digests)
         self.moves.settle()
 
@@ -817,7 +818,9 @@ class ChunkStore:
                 tier = self._put_somewhere(digest, framed, size, bound)
             except BaseException:
                 self.guard.put_done(digest, None, 0)
-                self.unpin([digest])
+                # The guard's own: this is a worker thread (the moves' records are the
+                # trio thread's; the next unpin there ends any this leaves).
+                self.guard.unpin([digest])
                 raise
             self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
@@ -840,7 +843,7 @@ class ChunkStore:
             tier = self._put_somewhere(digest, framed, size, bound)
         except BaseException:
             self.guard.put_done(digest, None, 0)
-            self.unpin([digest])
+            self.guard.unpin([digest])  # a worker thread: as in _write_once
             raise
         finally:
             framed = []
