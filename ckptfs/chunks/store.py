@@ -488,6 +488,7 @@ class ChunkStore:
                                  "remote object in progress (retry in %.0f s)",
                                  digest.hex()[:16], HELD_MOVE_RETRY_S)
                     held = True
+                    self.stats.count("moves_held")
                     return
                 for target in targets:
                     await self.spill_copy(digest, length, sources, target)

@@ -171,6 +171,45 @@ async def test_a_move_held_by_a_claim_keeps_its_local_frame_until_the_claim_ends
         assert_committed_and_readable(a, b, bucket, ino)
 
 
+async def wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)  # polling a condition, with a deadline
+
+
+@pytest.mark.allow_log_warnings("local tiers full; writers wait", "local tiers have room again")
+async def test_a_writer_waiting_for_room_moves_its_chunk_once_the_claim_ends(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
+) -> None:
+    """The whole path: a's writer writes X (the local tier is full then) and another
+    chunk, which needs room: its store moves X, held by b's claim; the writer waits (it is
+    not refused) and goes on, within seconds, once b's DELETE is done."""
+    a_cat, b = nodes
+    b_drops_x(b, bucket)
+    assert b.claim_deletions([(X, REMOTE)], True) == [(X, REMOTE)]
+    other = b"another chunk of a's file" * 100
+    async with node_a(a_cat, bucket) as a:
+        ref = await a.write_x()
+        done: list[ChunkRef] = []
+
+        async def write_other() -> None:
+            done.append(await a.store.write([other]))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(write_other)
+            await wait_for(lambda: a.store.stats.get("moves_held") > 0)
+            await wait_for(lambda: a.store.waiting_for_room == 1)  # the writer waits
+            assert not done and KEY in a.local.frames  # X was not moved during the claim
+            bucket.delete(KEY)  # b's DELETE lands
+            b.finish_deletions([(X, REMOTE)])
+            with trio.fail_after(20):  # the held move's retry (2 s), not a timeout
+                await wait_for(lambda: bool(done))
+        assert a.store.guard.current(X) == (REMOTE,)
+        ino = await a.commit(ref)
+        assert_committed_and_readable(a, b, bucket, ino)
+        a.store.release(done)
+
+
 async def test_a_deletion_claimed_after_the_move_is_cancelled(
     nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
 ) -> None:
