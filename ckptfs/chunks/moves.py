@@ -56,9 +56,6 @@ class MoveMarks:
         """The end of an earlier move of this digest is in flight: no move of it now."""
         return digest in self._ending
 
-    def recorded(self) -> dict[bytes, frozenset[str]]:
-        return {d: frozenset(t) for d, t in self._marks.items()}
-
     async def begin(self, digest: bytes, length: int, targets: Sequence[str]) -> bool:
         """Record the move of ``digest`` to ``targets`` before its PUT. False: a deletion
         of one of the pairs is claimed (by any node): no PUT now."""
@@ -72,9 +69,10 @@ class MoveMarks:
             limiter=self.db_limiter,
         )
         if not ok:
+            # (No settle took the digest meanwhile: it skips the ones being moved.)
             marks.difference_update(new)
             if not marks:
-                del self._marks[digest]
+                self._marks.pop(digest, None)
         return ok
 
     def settle(self) -> None:
