@@ -215,7 +215,8 @@ CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """ + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
-# tables: a restore from the snapshot is one node, without sessions).
+# tables, nor chunk_wants and chunk_moves: a restore from the snapshot is one node, without
+# sessions, and the uncommitted chunks a live node moved are no content of the restore).
 TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "inodes": ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns",
