@@ -762,6 +762,10 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         await d.store.collect(ChunkRef(x, 0, ()) for x in digests)
 
     async with trio.open_nursery() as nursery:
+        if not d.catalog.shared:
+            # One node: every move of an uncommitted chunk still recorded is an earlier
+            # run's that died before its end (a shared catalog ends a node's with its session).
+            await trio.to_thread.run_sync(d.catalog.release_moves, None, limiter=d.db_limiter)
         d.store.attach(nursery)  # heals and copy-backs
         d.fs.attach(nursery)  # the open files' chunk writes and readahead
         producers, queues = _Services(nursery), _Services(nursery)
@@ -784,6 +788,7 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         yield nursery
         if drain:
             await d.fs.shutdown()
+            await d.store.moves.end_now()  # the files are closed: their moves' records end
         await producers.stop()
         if drain:  # (a crash, drain=False, loses the noted opens)
             await _last_audit(d)

@@ -49,6 +49,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
 from .keys import KEYS_DDL
+from .moves import MOVES_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .quotas import QUOTAS_DDL
@@ -132,9 +133,16 @@ def _add_governance(c: Conn) -> None:
     _run_ddl(c, KEYS_DDL)
 
 
+def _add_moves(c: Conn) -> None:
+    """Schema 7: chunk_moves (moves.MOVES_DDL)."""
+    _run_ddl(c, MOVES_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
-MIGRATIONS: dict[int, Callable[[Conn], None]] = {3: _add_sessions, 4: _add_wants, 5: _add_governance}
+MIGRATIONS: dict[int, Callable[[Conn], None]] = {
+    3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves,
+}
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")
 

@@ -357,7 +357,8 @@ class DeletionQueue(Protocol):
         self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None
     ) -> list[tuple[bytes, str]]:
         """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
-        its tier (a valid replica row, or an upload job, for the same pair) is cancelled;
+        its tier (a valid replica row, an upload job, or a node's move of its uncommitted
+        chunk there, for the same pair) is cancelled;
         a row that is gone (done by someone else) or leased by another deleter is skipped.
         ``lease_until_ns`` (wall clock): mark the rows returned as claimed until then
         (remote tiers: another node could upload the same object meanwhile), or until
@@ -608,6 +609,30 @@ class WantCatalog(Protocol):
         ...
 
 
+class MoveCatalog(Protocol):
+    """Uncommitted chunks a node moved to a remote tier because its local tiers were full
+    (catalog/moves.py; docs/multinode.md "One chunk, two nodes"): while a move is
+    recorded, no node claims a deletion of its (digest, tier)."""
+
+    def begin_move(self, digest: bytes, length: int, tiers: Sequence[str], node: str) -> bool:
+        """Before the PUT: False (nothing written) if a deletion of one of the pairs is
+        claimed; else cancel their unclaimed deletion rows, record the moves, True."""
+        ...
+
+    def end_moves(self, pairs: Iterable[tuple[bytes, str]], node: str) -> int:
+        """The chunks are no longer uncommitted on ``node``: end its moves; queue the
+        deletion of each object nothing else wants. Returns the deletions queued."""
+        ...
+
+    def release_moves(self, node: str | None = None) -> int:
+        """End every move of ``node`` (None: of all) left by a run that did not end them."""
+        ...
+
+    def chunk_moves(self) -> list[tuple[bytes, str, str]]:
+        """Every recorded move: (digest, tier, node)."""
+        ...
+
+
 class QuotaCatalog(Protocol):
     """The usage of each namespace (catalog/quotas.py; docs/governance.md "Quotas"):
     counted in the transactions that change a file's size or drop it."""
@@ -685,8 +710,8 @@ class KeyCatalog(Protocol):
 
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, QuotaCatalog, AuditCatalog, KeyCatalog,
-    Protocol,
+    MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog, AuditCatalog,
+    KeyCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -12,7 +12,8 @@ holds open are rows of ``open_handles``. Every time here is the **database's** c
   ``_cleanup_lock``: PostgreSQL's pg_try_advisory_xact_lock; SQLite needs none): its
   open-handle rows go, its unlinked-open inodes are dropped, and the checkpoints it was
   writing (a file under them open for writing) that no other session writes are marked
-  partial. Its committed files keep their last commit: nothing else of a dead node is in
+  partial; the uncommitted chunks it had moved to a remote (moves.py) are queued for
+  deletion. Its committed files keep their last commit: nothing else of a dead node is in
   the catalog.
 * One live session per node name: two daemons with one name would mix the replicas of
   their local tiers (named NODE:NAME).
@@ -31,6 +32,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
+from .moves import release_moves_of
 from .protocols import ExclusiveLock
 from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
@@ -285,6 +287,10 @@ class SessionsSql:
                 dropped.append(ino)
                 digests += gone
         partial = self._mark_partial(c, writing, why) if why and writing else []
+        if node:
+            # Its uncommitted chunks moved to a remote will never be committed by it: the
+            # objects are queued for deletion unless something else wants them.
+            release_moves_of(c, node)
         return SessionEnd(sid, node, len(held), tuple(dropped), tuple(digests), tuple(partial))
 
     def _mark_partial(self, c: Conn, dead: list[str], why: str) -> list[str]:

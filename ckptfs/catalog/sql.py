@@ -50,7 +50,9 @@ from ..errors import (
     NotPermitted,
 )
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
+from .deletions import queue_deletion
 from .keys import KEYS_DDL, KeysSql
+from .moves import MOVED_PAIR, MOVES_DDL, MovesSql
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
@@ -79,8 +81,9 @@ T = TypeVar("T")
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
-# (keys.py). Every engine stores this layout (the remote snapshot is a SQLite file of it).
-SCHEMA_VERSION = 6
+# (keys.py); 7: chunk_moves (moves.py). Every engine stores this layout (the remote snapshot
+# is a SQLite file of it).
+SCHEMA_VERSION = 7
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -196,7 +199,8 @@ CREATE INDEX IF NOT EXISTS upload_jobs_order ON upload_jobs (enqueued_ns);
 -- Chunk frames to delete from a tier (the deletion queue, chunks/deleter.py). Written in
 -- the transaction that drops a chunk's last reference or a local replica (eviction), so a
 -- restart replays them; removed when the frame is gone, or cancelled when the chunk is
--- wanted again on that tier (a valid replica row or an upload job for the same pair).
+-- wanted again on that tier (a valid replica row, an upload job or a move of an
+-- uncommitted chunk, moves.py, for the same pair).
 CREATE TABLE IF NOT EXISTS deletions (
     digest      BLOB NOT NULL,
     tier        TEXT NOT NULL,
@@ -208,10 +212,11 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL
+""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
-# tables: a restore from the snapshot is one node, without sessions).
+# tables, nor chunk_wants and chunk_moves: a restore from the snapshot is one node, without
+# sessions, and the uncommitted chunks a live node moved are no content of the restore).
 TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "inodes": ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns",
@@ -301,16 +306,6 @@ def _restamp_jobs(c: Conn, digest: bytes, tier: str, now: int) -> None:
     c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?", (now, digest, tier))
 
 
-def _queue_deletion(c: Conn, digest: bytes, tier: str, length: int, now: int) -> None:
-    # Due at once again, unless claimed: that deleter's delete does what this row asks.
-    c.execute(
-        "INSERT INTO deletions (digest, tier, length, enqueued_ns) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (digest, tier) DO UPDATE SET next_try_ns=CASE WHEN "
-        "deletions.next_try_ns < 0 THEN deletions.next_try_ns ELSE 0 END",
-        (digest, tier, length, now),
-    )
-
-
 def _wanted_on(c: Conn, tier: str, digests: Sequence[bytes]) -> None:
     """These chunks are to be uploaded to ``tier``: cancel their deletion rows there that
     no deleter claimed yet (nothing was deleted). A claimed row stays: the job waits for
@@ -376,7 +371,7 @@ def _touched(pdir: Inode, now: int, nlink_delta: int = 0) -> Inode:
     return replace(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink + nlink_delta)
 
 
-class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
+class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -889,7 +884,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                     "DELETE FROM upload_jobs WHERE digest=? RETURNING tier", (d,)).fetchall()}
                 length = 0 if row is None else int(row[0])
                 for tier in tiers | jobs | extra:
-                    _queue_deletion(c, d, tier, length, now)
+                    queue_deletion(c, d, tier, length, now)
                 gone[d] = sorted(tiers | extra)
             return gone
 
@@ -904,7 +899,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
         def body(c: Conn) -> int:
             for d, tier in todo:
                 row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
-                _queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
+                queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
             return len(todo)
 
         return self._write(body)
@@ -952,10 +947,12 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 ).fetchone()
                 if row is None or -int(row[0]) > now:
                     continue  # done, or being deleted by another deleter (its lease runs)
+                # A move (moves.py): a node's uncommitted chunk is, or is being, PUT there.
                 wanted = c.execute(
                     "SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid' UNION ALL "
-                    "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? LIMIT 1",
-                    (d, tier, d, tier),
+                    f"SELECT 1 FROM upload_jobs WHERE digest=? AND tier=? UNION ALL {MOVED_PAIR} "
+                    "LIMIT 1",
+                    (d, tier, d, tier, d, tier),
                 ).fetchone()
                 if wanted:
                     c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
@@ -1166,7 +1163,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
                 ).rowcount == 0
                 if gone:
                     # The copy just made is garbage: the deletion queue removes it.
-                    _queue_deletion(c, digest, tier, 0, now)
+                    queue_deletion(c, digest, tier, 0, now)
                 else:
                     c.execute(_VALID_REPLICA, (digest, tier))
                 kept[(digest, tier)] = not gone
@@ -1314,7 +1311,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
             if not c.execute("DELETE FROM replicas WHERE digest=? AND tier=?", (digest, tier)).rowcount:
                 return False
             row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
-            _queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
+            queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
             self._audit_in(c, audit, None, digest=digest.hex(), tier=tier)
             return True
 
@@ -1353,7 +1350,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql):
     def add_replica_if_known(self, digest: bytes, tier: str) -> bool:
         def body(c: Conn) -> bool:
             if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
-                _queue_deletion(c, digest, tier, 0, time.time_ns())
+                queue_deletion(c, digest, tier, 0, time.time_ns())
                 return False
             c.execute(_VALID_REPLICA, (digest, tier))
             return True

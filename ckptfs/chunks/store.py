@@ -48,6 +48,7 @@ from ..stats import Stats
 from ..tiers.base import Tier
 from .bufpool import FramePool
 from .guard import ChunkGuard
+from .moves import MoveMarks
 from .priority import PriorityLimiter, Ticket
 from .residency import Locations, Residency, no_residency
 from .room import Room
@@ -73,6 +74,9 @@ log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
+# After a move held back by a claimed deletion of its remote object (any node's: no event
+# crosses nodes, so a real period, the upload queue's sql.HELD_POLL_NS).
+HELD_MOVE_RETRY_S = 2.0
 # Writers waiting for room are woken by every upload, move and deletion (events); they also
 # look again this often: room freed outside ckptfs sends no event (a real period).
 ROOM_RECHECK_S = 5.0
@@ -200,6 +204,9 @@ class ChunkStore:
         self.spill_copy = spill_copy
         self.remote_copies = remote_copies
         self.spilled_bytes = 0
+        # The catalog's record of this node's moves (any node's deletion of a moved
+        # object waits for the record's end: chunks/moves.py).
+        self.moves = MoveMarks(catalog, db_limiter, self.guard, node, self.deletions_queued)
         self._spill_running = False
         self._spill_retry_at = -1e9
         self._synced: set[bytes] = synced if synced is not None else set()  # frames fsynced
@@ -461,15 +468,28 @@ class ChunkStore:
 
     async def _spill(self, picked: list[tuple[bytes, int, tuple[str, ...]]]) -> None:
         """Upload uncommitted chunks (the writers' own, pinned) to their remote tiers, then
-        drop their local frames; wake the writers waiting for room."""
+        drop their local frames; wake the writers waiting for room. Each move is recorded
+        in the catalog before its PUT (chunks/moves.py); one a claimed deletion of its
+        object holds back keeps its local frame until the next round."""
         freed = 0
-        failed = False
+        failed = held = False
 
         async def one(digest: bytes, length: int, sources: tuple[str, ...]) -> None:
-            nonlocal freed, failed
+            nonlocal freed, failed, held
             targets = self.remote_targets(digest, self.remote_copies)
             assert self.spill_copy is not None
             try:
+                if self.moves.ending(digest) or not await self.moves.begin(
+                    digest, length, targets
+                ):
+                    # A node deletes that object now: a PUT could land before its DELETE.
+                    if not held:
+                        log.info("move of uncommitted chunk %s waits for a deletion of its "
+                                 "remote object in progress (retry in %.0f s)",
+                                 digest.hex()[:16], HELD_MOVE_RETRY_S)
+                    held = True
+                    self.stats.count("moves_held")
+                    return
                 for target in targets:
                     await self.spill_copy(digest, length, sources, target)
             except CkptfsError as exc:
@@ -478,11 +498,9 @@ class ChunkStore:
                                 "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
                 failed = True
                 return
-            drop, orphaned = await trio.to_thread.run_sync(
+            drop = await trio.to_thread.run_sync(
                 self._after_spill, digest, sources, targets, limiter=self.db_limiter
             )
-            if orphaned:
-                self.deletions_queued()  # dropped while it moved: the deleter removes the copies
             if drop:
                 freed += await self._drop_moved(drop)
 
@@ -502,8 +520,10 @@ class ChunkStore:
         finally:
             self.guard.end_moves(d for d, _, _ in picked)
             self._spill_running = False
-            if failed:
-                self._spill_retry_at = time.monotonic() + SPILL_RETRY_S
+            if failed or held:
+                self._spill_retry_at = time.monotonic() + (
+                    SPILL_RETRY_S if failed else HELD_MOVE_RETRY_S)
+            self.moves.settle()  # chunks dropped while they moved: their records end
         if freed:
             self.spilled_bytes += freed
             log.info("moved %d bytes of uncommitted chunks to the remote tiers to make room "
@@ -513,21 +533,18 @@ class ChunkStore:
 
     def _after_spill(
         self, digest: bytes, sources: tuple[str, ...], targets: list[str]
-    ) -> tuple[list[tuple[bytes, str]], bool]:
+    ) -> list[tuple[bytes, str]]:
         """Blocking (under the catalog limiter, which commits take too, so no commit of
         this chunk runs meanwhile): the remote copies of an uncommitted chunk are stored.
-        Record them where the writers find them, and return (its local frames, marked as
-        being deleted, to drop; whether its remote copies were queued for deletion)."""
+        Record them where the writers find them, and return its local frames, marked as
+        being deleted, to drop. A chunk dropped while it moved keeps nothing: the end of
+        its move's record (after the round) queues the copies for deletion unless
+        something wants them (a commit of the same bytes: its upload job writes the same
+        objects again)."""
         committed = self.catalog.has_chunk(digest)
         known = set(self.catalog.replica_tiers(digest)) if committed else set()
-        state, drop = self.guard.moved(digest, sources, targets, known)
-        if state == "gone" and not committed:
-            # Dropped while it uploaded: nobody needs the copies (a pin of the same bytes
-            # or a commit naming them there cancels the rows). Committed: its upload job
-            # (which may be running: never take it over) writes the same objects again.
-            self.catalog.queue_deletions((digest, t) for t in targets)
-            return [], True
-        return drop, False
+        _, drop = self.guard.moved(digest, sources, targets, known)
+        return drop
 
     async def _drop_moved(self, drop: list[tuple[bytes, str]]) -> int:
         """Delete the local frames of a moved uncommitted chunk (no catalog row names them;
@@ -661,13 +678,18 @@ class ChunkStore:
         self.guard.pin(digest)
 
     def unpin(self, digests: Iterable[bytes]) -> None:
+        """On the trio thread (worker threads call the guard's)."""
         self.guard.unpin(digests)
+        self.moves.settle()
 
     def release(self, refs: Iterable[ChunkRef]) -> list[ChunkRef]:
         """Unpin these chunks; returns them with the tiers holding them as the pins went
         (a chunk a full local tier moved to a remote: its remote copies), for ``collect``."""
         refs = list(refs)
         now = self.guard.unpin(r.digest for r in refs)
+        # Moved chunks no longer uncommitted: committed (their replica rows protect the
+        # objects now) or dropped (the objects are queued for deletion).
+        self.moves.settle()
         return [
             r if not now.get(r.digest) or now[r.digest] == r.tiers
             else ChunkRef(r.digest, r.length, now[r.digest])
@@ -797,7 +819,9 @@ class ChunkStore:
                 tier = self._put_somewhere(digest, framed, size, bound)
             except BaseException:
                 self.guard.put_done(digest, None, 0)
-                self.unpin([digest])
+                # The guard's own: this is a worker thread (the moves' records are the
+                # trio thread's; the next unpin there ends any this leaves).
+                self.guard.unpin([digest])
                 raise
             self.guard.put_done(digest, tier, size - frame.HEADER_SIZE)
             return ChunkRef(digest, size - frame.HEADER_SIZE, (tier,))
@@ -820,7 +844,7 @@ class ChunkStore:
             tier = self._put_somewhere(digest, framed, size, bound)
         except BaseException:
             self.guard.put_done(digest, None, 0)
-            self.unpin([digest])
+            self.guard.unpin([digest])  # a worker thread: as in _write_once
             raise
         finally:
             framed = []
@@ -1213,6 +1237,7 @@ class ChunkStore:
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background heals and copy-backs run (the mount's nursery)."""
         self._nursery = nursery
+        self.moves.attach(nursery)
         nursery.start_soon(self.run_copy_backs)
 
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:

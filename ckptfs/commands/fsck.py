@@ -12,8 +12,9 @@ Remote tiers (the ones the catalog records, kind "s3") are checked too, unless
 compared with the replica rows. A row whose object is missing is forgotten by ``--repair``,
 and the upload is queued again if a local tier holds a valid copy (the next mount makes
 it); an object no file references is an orphan, deleted by ``--repair`` unless an upload
-job for it is pending or another node wrote the prefix last (its writer lease names
-another writer: the orphan may be that node's chunk); ``--verify`` reads every object and
+job for it is pending, a node's move of it uncommitted is recorded (catalog/moves.py), or
+another node wrote the prefix last (its writer lease names another writer: the orphan may
+be that node's chunk); ``--verify`` reads every object and
 checks its frame; an object the server fails to serve while it answers for others is
 reported as unreadable and the check goes on (tiers/s3.py tells the two apart). A remote
 that cannot be reached is reported (exit 1) and changes nothing; its recorded copies count
@@ -330,7 +331,8 @@ class _RemoteCheck:
         """Check every remote tier; return the chunks each one holds (verified with
         ``verify``). A tier not checked vouches for the copies recorded on it."""
         held: dict[str, set[bytes]] = {}
-        pending = catalog.upload_job_pairs()
+        # An object a node moved uncommitted (catalog/moves.py) is no orphan yet either.
+        pending = catalog.upload_job_pairs() | {(d, t) for d, t, _ in catalog.chunk_moves()}
         for rc in self.configs:
             found = None
             if not self.enabled:
@@ -431,7 +433,7 @@ class _RemoteCheck:
                 note = ""
                 if repair and digest in pending_digests:
                     rep.kept += 1
-                    note = " (kept: an upload job for it is pending)"
+                    note = " (kept: an upload job or a move of it is pending)"
                 elif repair and foreign:
                     rep.kept += 1
                     note = f" (kept: another node wrote this prefix last: {foreign})"

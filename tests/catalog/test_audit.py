@@ -121,7 +121,7 @@ def test_a_version_5_sqlite_catalog_gets_the_audit_log(tmp_path: Path) -> None:
     conn.close()
     c = SqliteCatalog(path)
     try:
-        assert SCHEMA_VERSION == 6 and c.get_meta("schema_version") == "6"
+        assert SCHEMA_VERSION == 7 and c.get_meta("schema_version") == "7"
         assert c.lookup(R, b"old").is_reg
         c.create(R, b"new", F, 0, 0, audit=who("create"))
         assert [e.path for e in c.audit_entries()] == ["/new"]
@@ -138,7 +138,7 @@ def test_a_version_5_postgres_catalog_gets_the_audit_log(pg_url: str) -> None:
         conn.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     c = PostgresCatalog(pg_url, pool_size=1)
     try:
-        assert c.get_meta("schema_version") == "6"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION)
         c.create(R, b"new", F, 0, 0, audit=who("create"))
         assert [e.path for e in c.audit_entries()] == ["/new"]
     finally:

@@ -560,6 +560,63 @@ class CatalogConformance:
         catalog.postpone_deletion(C, "s3", 50, "timeout", mine)  # the claim ends: due at 50
         assert [d.digest for d in catalog.due_deletions(50, 10, set(), ["s3"])] == [C]
 
+    # -- moves of uncommitted chunks (catalog/moves.py) ------------------------------------
+
+    def test_a_move_waits_for_a_claimed_deletion_of_its_pair(self, catalog: Catalog) -> None:
+        """A PUT now could land before that DELETE: refused, nothing recorded, until the
+        deletion is done."""
+        catalog.queue_deletions([(A, "s3")])
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == [(A, "s3")]
+        assert not catalog.begin_move(A, 10, ["s3", "s4"], "n1")
+        assert catalog.chunk_moves() == []
+        catalog.postpone_deletion(A, "s3", next_try_ns=2**62, error="timeout")  # claim ended
+        assert catalog.begin_move(A, 10, ["s3", "s4"], "n1")
+        assert catalog.chunk_moves() == [(A, "s3", "n1"), (A, "s4", "n1")]
+        assert catalog.deletion_keys("s3") == set()  # the postponed row is cancelled
+
+    def test_a_move_cancels_unclaimed_deletions_and_any_claimed_after_it(
+        self, catalog: Catalog
+    ) -> None:
+        catalog.queue_deletions([(A, "s3"), (B, "s3")])
+        assert catalog.begin_move(A, 10, ["s3"], "n1")
+        assert catalog.deletion_keys("s3") == {B}
+        catalog.queue_deletions([(A, "s3")])  # another node drops the same bytes
+        assert catalog.claim_deletions([(A, "s3"), (B, "s3")], lease_end()) == [(B, "s3")]
+        assert catalog.deletion_keys("s3") == {B}  # A's row cancelled: the move wants it
+        assert catalog.begin_move(A, 10, ["s3"], "n1")  # again (a retried PUT): one row
+        assert catalog.chunk_moves() == [(A, "s3", "n1")]
+
+    def test_the_end_of_a_move_queues_only_objects_nothing_wants(self, catalog: Catalog) -> None:
+        for d in (A, B, C):
+            assert catalog.begin_move(d, 10, ["s3"], "n1")
+        assert catalog.begin_move(C, 10, ["s3"], "n2")  # the same bytes moved by another node
+        one_chunk_file(catalog, b"f", A, ("s3",))  # A committed there: its replica row
+        pairs = [(A, "s3"), (B, "s3"), (C, "s3")]
+        assert catalog.end_moves(pairs, "n1") == 1
+        assert catalog.deletion_keys("s3") == {B}  # dropped uncommitted
+        assert catalog.chunk_moves() == [(C, "s3", "n2")]
+        assert catalog.end_moves(pairs, "n1") == 0  # ended already
+        assert catalog.claim_deletions([(B, "s3")], lease_end()) == [(B, "s3")]
+        assert catalog.end_moves([(C, "s3")], "n2") == 1
+        assert catalog.deletion_keys("s3") == {B, C}
+
+    def test_moves_left_by_a_node_are_released(self, catalog: Catalog) -> None:
+        assert catalog.begin_move(A, 10, ["s3"], "n1")
+        assert catalog.begin_move(B, 10, ["s3"], "n2")
+        one_chunk_file(catalog, b"g", B, ("n2:l",), uploads={B: ["s3"]})  # B's job wants it
+        assert catalog.release_moves("n1") == 1
+        assert catalog.deletion_keys("s3") == {A}
+        assert catalog.release_moves() == 0
+        assert catalog.chunk_moves() == [] and catalog.deletion_keys("s3") == {A}
+
+    def test_the_end_of_a_session_releases_its_nodes_moves(self, catalog: Catalog) -> None:
+        sid = catalog.register_session("n1", 30).sid
+        assert catalog.begin_move(A, 10, ["s3"], "n1")
+        assert catalog.begin_move(B, 10, ["s3"], "n2")
+        catalog.close_session(sid)
+        assert catalog.chunk_moves() == [(B, "s3", "n2")]
+        assert catalog.deletion_keys("s3") == {A}
+
     # -- checkpoints -------------------------------------------------------------------------
 
     def test_checkpoint_rows_and_states(self, catalog: Catalog) -> None:
