@@ -60,8 +60,8 @@ OUTAGE_RETRY_MIN_S = 0.5  # the catalog is unreachable: look again after this, d
 OUTAGE_RETRY_MAX_S = 10.0
 
 Pair = tuple[bytes, str]
-# A claim's end not yet written: ("finish",) the DELETE succeeded; ("postpone", next try,
-# error) it failed; ("release",) the claim itself may or may not have committed.
+# A claim's end not yet written, (how, next try, error): "finish" the DELETE succeeded;
+# "postpone" it failed (retry then); "release" the claim may or may not have committed.
 Ending = tuple[str, int, str]
 
 

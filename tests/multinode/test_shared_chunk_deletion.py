@@ -173,6 +173,18 @@ def test_an_upload_of_a_dropped_job_does_not_finish_the_job_queued_after_the_del
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")
 
 
+def a_deleter_holding_its_delete(
+    a: PostgresCatalog, bucket: S3Tier
+) -> tuple[FaultyTier, threading.Event, Deleter]:
+    """Node a dropped X; its Deleter's DELETE of X will be held until the gate opens."""
+    remote = FaultyTier(bucket)
+    remote.hold_deletes = gate = threading.Event()
+    a_drops_x(a, remote)
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room())
+    return remote, gate, deleter
+
+
 async def test_node_a_deleter_holding_its_delete_holds_node_b_upload(
     nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier
 ) -> None:
@@ -180,11 +192,7 @@ async def test_node_a_deleter_holding_its_delete_holds_node_b_upload(
     store) after its claim; node b commits X meanwhile. b's upload is not due until the
     DELETE returned and the row is done, and then it runs and is recorded."""
     a, b = nodes
-    remote = FaultyTier(bucket)
-    remote.hold_deletes = gate = threading.Event()
-    a_drops_x(a, remote)
-    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
-                      stats=stats_for([remote]), room=Room())
+    remote, gate, deleter = a_deleter_holding_its_delete(a, bucket)
     async with trio.open_nursery() as n:
         n.start_soon(deleter.run)
         deleter.kick()
@@ -211,11 +219,7 @@ async def test_a_claims_end_met_by_a_database_outage_is_written_once_the_databas
     not when the 10-minute lease runs out (before, the outage ended the deleter's task and
     the claim stayed, holding b's upload: `ckptfs sync` timed out)."""
     a, b = nodes
-    remote = FaultyTier(bucket)
-    remote.hold_deletes = gate = threading.Event()
-    a_drops_x(a, remote)
-    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
-                      stats=stats_for([remote]), room=Room())
+    remote, gate, deleter = a_deleter_holding_its_delete(a, bucket)
     async with trio.open_nursery() as n:
         n.start_soon(deleter.run)
         deleter.kick()
