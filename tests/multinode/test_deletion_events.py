@@ -25,10 +25,11 @@ import trio
 from tests.support.catalog_conformance import lease_end
 from tests.support.pgserver import PgServer
 
-from ckptfs.catalog import PostgresCatalog
+from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.deletion_events import Listener
 from ckptfs.catalog.pglisten import PgListener
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
+from ckptfs.catalog.sql import SqlCatalog
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.chunks.room import Room
 from ckptfs.chunks.store import stats_for
@@ -61,7 +62,7 @@ def local_tier(tmp_path: Path, name: str) -> LocalTier:
     return tier
 
 
-def commit_x(c: PostgresCatalog, name: bytes, tiers: tuple[str, ...],
+def commit_x(c: SqlCatalog, name: bytes, tiers: tuple[str, ...],
              uploads: dict[bytes, list[str]] | None = None) -> int:
     f = c.create(R, name, F, 0, 0)
     c.commit_file(f.ino, len(BODY), 1, 1, CHUNK, {0: ChunkRef(X, len(BODY), tiers)},
@@ -69,7 +70,7 @@ def commit_x(c: PostgresCatalog, name: bytes, tiers: tuple[str, ...],
     return f.ino
 
 
-def drop(c: PostgresCatalog, name: bytes, ino: int) -> dict[bytes, list[str]]:
+def drop(c: SqlCatalog, name: bytes, ino: int) -> dict[bytes, list[str]]:
     """The node unlinks the file and collects its chunk (the deletion rows it queues)."""
     c.unlink(R, name)
     assert c.delete_inode(ino) == [X]
@@ -96,6 +97,22 @@ def listeners() -> Iterator[list[Listener]]:
     yield made
     for listener in made:
         listener.close()
+
+
+def test_one_node_has_nothing_to_hear(tmp_path: Path) -> None:
+    """SQLite: no other node, no listener (the deleter and the uploader are kicked in
+    the process); the queue's transactions send nothing."""
+    c = SqliteCatalog(tmp_path / "c.sqlite")
+    try:
+        assert c.listen_deletions() is None and c.listen_held_uploads() is None
+        ino = commit_x(c, b"a.bin", ("remote0",))
+        assert drop(c, b"a.bin", ino) == {X: ["remote0"]}
+        until = lease_end()
+        assert c.claim_deletions([(X, "remote0")], until) == [(X, "remote0")]
+        c.finish_deletions([(X, "remote0")], until)
+        assert c.deletion_keys("remote0") == set()
+    finally:
+        c.close()
 
 
 def test_the_end_of_a_claim_wakes_the_held_uploads_listener_of_another_node(
