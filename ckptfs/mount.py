@@ -77,7 +77,7 @@ from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.auditing import AuditFlusher, AuditSealer
 from .upload.commits import CommitStream
-from .upload.deleter import SHARED_POLL_S, Deleter
+from .upload.deleter import Deleter
 from .upload.seal import SealStore, load_signing_key
 from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.access import Access
@@ -560,12 +560,14 @@ def build(
     deleter = Deleter(catalog, tiers, db_limiter, guard=guard, stats=stats, room=room,
                       forget_frames=synced.difference_update, wake=delete_wake,
                       on_done=upload_wake.set,  # an upload may wait for a deletion
-                      poll_s=SHARED_POLL_S if shared else None)  # other nodes queue rows
+                      # Other nodes queue and end rows (a shared catalog; None: SQLite).
+                      listener=catalog.listen_deletions())
     uploader = Uploader(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,
         saving=lambda: budget.used > 0,  # chunk buffers in memory: a save runs
         save_over=budget.wait_empty, residency=residency, commits=commits,
+        held=catalog.listen_held_uploads(),  # other nodes' claims' ends (None: SQLite)
     )
     store = ChunkStore(
         tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
 
 if TYPE_CHECKING:
@@ -79,8 +80,10 @@ def release_moves_of(c: Conn, node: str | None) -> int:
     return sum(_queue_unwanted(c, bytes(d), str(t), int(n), now) for d, t, n in rows)
 
 
-class MovesSql:
-    """The move methods of SqlCatalog (which provides ``_write`` and ``_reading``)."""
+class MovesSql(DeletionEventsSql):
+    """The move methods of SqlCatalog (which provides ``_write`` and ``_reading``). A
+    deletion row a move queues or cancels is an event for other nodes' deleters (a settle
+    may wait for a cancelled row)."""
 
     def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
         raise NotImplementedError
@@ -104,14 +107,18 @@ class MovesSql:
                              "next_try_ns<0", (digest, tier)).fetchone():
                     return False
             now = time.time_ns()
+            cancelled = 0
             for tier in todo:
-                c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (digest, tier))
+                cancelled += c.execute("DELETE FROM deletions WHERE digest=? AND tier=?",
+                                       (digest, tier)).rowcount
                 c.execute(
                     "INSERT INTO chunk_moves (digest, tier, node, length, moved_ns) "
                     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (digest, tier, node) DO UPDATE SET "
                     "moved_ns=excluded.moved_ns",
                     (digest, tier, node, length, now),
                 )
+            if cancelled:
+                self._notify_deletions(c)
             return True
 
         return self._write(body)
@@ -131,6 +138,8 @@ class MovesSql:
                     "RETURNING length", (digest, tier, node)).fetchone()
                 if row is not None:  # gone: ended with the node's session (queued there)
                     queued += _queue_unwanted(c, digest, tier, int(row[0]), now)
+            if queued:
+                self._notify_deletions(c)
             return queued
 
         return self._write(body) if todo else 0
@@ -139,7 +148,13 @@ class MovesSql:
         """End the moves ``node`` (None: every node) left behind: a run that ended without
         ending them (a crash). A mount calls it on an engine without sessions (SQLite);
         a shared catalog does it when a session ends. Returns the deletions queued."""
-        return self._write(lambda c: release_moves_of(c, node))
+        def body(c: Conn) -> int:
+            queued = release_moves_of(c, node)
+            if queued:
+                self._notify_deletions(c)
+            return queued
+
+        return self._write(body)
 
     def chunk_moves(self) -> list[tuple[bytes, str, str]]:
         """Every move recorded: (digest, tier, node). For tests and status."""

@@ -1,5 +1,6 @@
 """PostgreSQL LISTEN on a connection of its own (not the pool's): how a node hears of
-events other nodes announce with NOTIFY (wants.py: chunks another node waits for).
+events other nodes announce with NOTIFY (wants.py: chunks another node waits for;
+deletion_events.py: deletion rows queued or ended, claims' ends that held an upload).
 
 ``PgListener.wait`` blocks in a worker thread until a notification arrives on the channel
 (True), or returns True at once after (re)connecting: notifications sent while no LISTEN

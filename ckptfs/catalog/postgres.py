@@ -48,6 +48,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
+from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
 from .pglisten import PgListener
@@ -390,6 +391,22 @@ class PostgresCatalog(SqlCatalog):
 
     def listen_wants(self) -> PgListener:
         return PgListener(self._url, self._conn_kwargs, WANTS_CHANNEL, self._unavailable)
+
+    # -- the deletion queue's events (deletion_events.py) ----------------------------------
+    # PostgreSQL folds identical notifications of one transaction into one; sql.py sends
+    # each at most once per transaction anyway (one round trip, not one per row).
+
+    def _notify_deletions(self, c: Conn) -> None:
+        c.execute(f"NOTIFY {DELETIONS_CHANNEL}")
+
+    def _notify_held(self, c: Conn) -> None:
+        c.execute(f"NOTIFY {HELD_CHANNEL}")
+
+    def listen_deletions(self) -> PgListener:
+        return PgListener(self._url, self._conn_kwargs, DELETIONS_CHANNEL, self._unavailable)
+
+    def listen_held_uploads(self) -> PgListener:
+        return PgListener(self._url, self._conn_kwargs, HELD_CHANNEL, self._unavailable)
 
     def try_exclusive(self, name: str) -> ExclusiveLock | None:
         """The cluster-wide lock ``name`` (pg_try_advisory_lock on a connection of its

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .audit import AuditEntry, AuditRecord
+from .deletion_events import Listener
 from .keys import KeyRow, Wrap
 from .quotas import Charge, NamespaceUsage
 from .rows import (
@@ -403,6 +404,17 @@ class DeletionQueue(Protocol):
 
     def deletion_backlog(self) -> list[DeletionBacklog]:
         """The deletion queue per tier (empty for a read-only catalog that predates it)."""
+        ...
+
+    def listen_deletions(self) -> Listener | None:
+        """Where this node hears that another node queued, made due or ended deletion rows
+        (its own connection; catalog/deletion_events.py); None when no other node can
+        (SQLite)."""
+        ...
+
+    def listen_held_uploads(self) -> Listener | None:
+        """Where this node hears that another node's claim ended while an upload job of
+        its pair waited; None when no other node can claim (SQLite)."""
         ...
 
 

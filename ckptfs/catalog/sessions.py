@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
+from .deletion_events import DeletionEventsSql
 from .moves import release_moves_of
 from .protocols import ExclusiveLock
 from .quotas import uncharge_inode
@@ -101,7 +102,7 @@ class OneNodeLock:
         pass
 
 
-class SessionsSql:
+class SessionsSql(DeletionEventsSql):
     """The session methods of SqlCatalog (which provides ``_write``, ``_reading`` and
     ``_path_of``); an engine provides ``_now_ns_sql`` and ``_cleanup_lock``."""
 
@@ -287,10 +288,10 @@ class SessionsSql:
                 dropped.append(ino)
                 digests += gone
         partial = self._mark_partial(c, writing, why) if why and writing else []
-        if node:
-            # Its uncommitted chunks moved to a remote will never be committed by it: the
-            # objects are queued for deletion unless something else wants them.
-            release_moves_of(c, node)
+        # Its uncommitted chunks moved to a remote will never be committed by it: the
+        # objects are queued for deletion unless something else wants them.
+        if node and release_moves_of(c, node):
+            self._notify_deletions(c)
         return SessionEnd(sid, node, len(held), tuple(dropped), tuple(digests), tuple(partial))
 
     def _mark_partial(self, c: Conn, dead: list[str], why: str) -> list[str]:

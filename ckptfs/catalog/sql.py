@@ -50,6 +50,7 @@ from ..errors import (
     NotPermitted,
 )
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
+from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
 from .keys import KEYS_DDL, KeysSql
 from .moves import MOVED_PAIR, MOVES_DDL, MovesSql
@@ -293,27 +294,32 @@ def _inode(row: tuple[object, ...]) -> Inode:
 # deleter until -next_try_ns (a lease; a node that died mid-delete leaves it due again
 # then). Chunk objects are keyed by digest and any node may upload one, so while a row is
 # claimed no upload of its pair starts or is recorded: the DELETE may land after the PUT.
+# The end of a claim is an event (deletion_events.py: the claimant's own uploader is kicked
+# in-process, other nodes' hear a NOTIFY); a lease that runs out is a deadline.
 CLAIM_LEASE_NS = 600 * 10**9
-# A job held by another node's claim: no event crosses nodes, so look again this often.
-HELD_POLL_NS = 2 * 10**9
 _CLAIMED = (" AND NOT EXISTS (SELECT 1 FROM deletions d WHERE d.digest = u.digest "
             "AND d.tier = u.tier AND d.next_try_ns < 0)")
 
 
-def _restamp_jobs(c: Conn, digest: bytes, tier: str, now: int) -> None:
+def _restamp_jobs(c: Conn, digest: bytes, tier: str, now: int) -> bool:
     # A claim ended: a job queued while it ran waited for it. Restamped, so an upload that
-    # started before the claim (of a job dropped since) cannot finish it.
-    c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?", (now, digest, tier))
+    # started before the claim (of a job dropped since) cannot finish it. True: a job
+    # waited (its uploader is to be told).
+    return c.execute("UPDATE upload_jobs SET enqueued_ns=? WHERE digest=? AND tier=?",
+                     (now, digest, tier)).rowcount > 0
 
 
-def _wanted_on(c: Conn, tier: str, digests: Sequence[bytes]) -> None:
+def _wanted_on(c: Conn, tier: str, digests: Sequence[bytes]) -> int:
     """These chunks are to be uploaded to ``tier``: cancel their deletion rows there that
     no deleter claimed yet (nothing was deleted). A claimed row stays: the job waits for
-    it. Reading the rows makes this transaction conflict with a concurrent claim."""
+    it. Reading the rows makes this transaction conflict with a concurrent claim. Returns
+    how many rows were cancelled."""
+    n = 0
     for at in range(0, len(digests), _IN_BATCH):
         part = digests[at:at + _IN_BATCH]
-        c.execute(f"DELETE FROM deletions WHERE tier=? AND next_try_ns>=0 "
-                  f"AND digest IN ({','.join('?' * len(part))})", (tier, *part))
+        n += c.execute(f"DELETE FROM deletions WHERE tier=? AND next_try_ns>=0 "
+                       f"AND digest IN ({','.join('?' * len(part))})", (tier, *part)).rowcount
+    return n
 
 
 def init_rows(c: Conn) -> None:
@@ -371,7 +377,8 @@ def _touched(pdir: Inode, now: int, nlink_delta: int = 0) -> Inode:
     return replace(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink + nlink_delta)
 
 
-class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
+class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, AuditSql,
+                 KeysSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
 
@@ -830,8 +837,9 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                         (ref.digest, tier, ref.length, mtime_ns, ref.digest, tier),
                     ).rowcount:
                         wanted.setdefault(tier, []).append(ref.digest)
-            for tier, digests in wanted.items():
-                _wanted_on(c, tier, digests)
+            # Cancelled rows end a settle's wait (Deleter.settle, on any node).
+            if sum(_wanted_on(c, tier, digests) for tier, digests in wanted.items()):
+                self._notify_deletions(c)
             c.execute(
                 "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
                 (size, mtime_ns, ctime_ns, ino),
@@ -886,6 +894,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 for tier in tiers | jobs | extra:
                     queue_deletion(c, d, tier, length, now)
                 gone[d] = sorted(tiers | extra)
+            if gone:  # rows for other nodes' local tiers, and remote ones any node takes
+                self._notify_deletions(c)
             return gone
 
         return self._write(body)
@@ -900,6 +910,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
             for d, tier in todo:
                 row = c.execute("SELECT length FROM chunks WHERE digest=?", (d,)).fetchone()
                 queue_deletion(c, d, tier, 0 if row is None else int(row[0]), now)
+            if todo:
+                self._notify_deletions(c)
             return len(todo)
 
         return self._write(body)
@@ -941,6 +953,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         def body(c: Conn) -> list[tuple[bytes, str]]:
             ok = []
             now = time.time_ns()
+            cancelled = False
             for d, tier in todo:
                 row = c.execute(
                     "SELECT next_try_ns FROM deletions WHERE digest=? AND tier=?", (d, tier)
@@ -956,11 +969,14 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 ).fetchone()
                 if wanted:
                     c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
+                    cancelled = True
                     continue
                 if lease_until_ns is not None:
                     c.execute("UPDATE deletions SET next_try_ns=? WHERE digest=? AND tier=?",
                               (-lease_until_ns, d, tier))
                 ok.append((d, tier))
+            if cancelled:  # the row ended: a settle may wait for it
+                self._notify_deletions(c)
             return ok
 
         return self._write(body)
@@ -975,11 +991,19 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
 
         def body(c: Conn) -> None:
             now = time.time_ns()
+            ended = held = False
             for d, tier in todo:
                 row = c.execute("DELETE FROM deletions WHERE digest=? AND tier=?" + only +
                                 " RETURNING next_try_ns", (d, tier, *tail)).fetchone()
-                if row is not None and int(row[0]) < 0:
-                    _restamp_jobs(c, d, tier, now)
+                if row is None:
+                    continue
+                ended = True
+                if int(row[0]) < 0 and _restamp_jobs(c, d, tier, now):
+                    held = True
+            if ended:  # a settle, on any node, may wait for these rows
+                self._notify_deletions(c)
+            if held:
+                self._notify_held(c)
 
         self._write(body)
 
@@ -991,13 +1015,18 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         def body(c: Conn) -> int:
             now = time.time_ns()
             n = 0
+            held = False
             for d, tier in todo:
                 row = c.execute(
                     "UPDATE deletions SET next_try_ns=0 WHERE digest=? AND tier=? AND next_try_ns=? "
                     "RETURNING 1", (d, tier, -lease_until_ns)).fetchone()
                 if row is not None:
-                    _restamp_jobs(c, d, tier, now)
+                    held = _restamp_jobs(c, d, tier, now) or held
                     n += 1
+            if n:  # due again, for any node's deleter
+                self._notify_deletions(c)
+            if held:
+                self._notify_held(c)
             return n
 
         return self._write(body)
@@ -1010,20 +1039,31 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         tail = () if lease_until_ns is None else (-lease_until_ns,)
 
         def body(c: Conn) -> None:
-            c.execute(
+            if not c.execute(
                 "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
                 "WHERE digest=? AND tier=?" + only, (next_try_ns, error, digest, tier, *tail),
-            )
+            ).rowcount:
+                return
+            # Tried: a settle may wait for it (and a claim's lease became a retry time).
+            self._notify_deletions(c)
+            if lease_until_ns is not None and c.execute(
+                "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
+            ).fetchone():
+                self._notify_held(c)  # the claim ended: that job may run
 
         self._write(body)
 
     def retry_deletions_now(self, tier: str | None = None) -> int:
         def body(c: Conn) -> int:
             if tier is None:
-                return c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
-            return c.execute(
-                "UPDATE deletions SET next_try_ns=0 WHERE tier=? AND next_try_ns>0", (tier,)
-            ).rowcount
+                n = c.execute("UPDATE deletions SET next_try_ns=0 WHERE next_try_ns>0").rowcount
+            else:
+                n = c.execute(
+                    "UPDATE deletions SET next_try_ns=0 WHERE tier=? AND next_try_ns>0", (tier,)
+                ).rowcount
+            if n:  # due now, for the deleters of every node
+                self._notify_deletions(c)
+            return int(n)
 
         return self._write(body)
 
@@ -1122,11 +1162,13 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         rows = self._query(
             f"SELECT * FROM (SELECT u.digest, u.tier, u.next_try_ns FROM upload_jobs u "
             f"WHERE 1=1{held}{_CLAIMED} ORDER BY u.next_try_ns LIMIT ?) AS due UNION ALL "
-            # Jobs held by a claim, found from the (few) claimed rows.
-            f"SELECT * FROM (SELECT u.digest, u.tier, ? FROM deletions d JOIN upload_jobs u "
-            f"ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0{held} "
-            "LIMIT ?) AS waiting",
-            (*args, len(skip) + 1, time.time_ns() + HELD_POLL_NS, *args, len(skip) + 1),
+            # Jobs held by a claim, found from the (few) claimed rows: the claim's end is an
+            # event (a kick, or another node's NOTIFY: deletion_events.py); its lease's end,
+            # should its node die, a deadline.
+            f"SELECT * FROM (SELECT u.digest, u.tier, -d.next_try_ns FROM deletions d JOIN "
+            f"upload_jobs u ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0{held} "
+            "ORDER BY d.next_try_ns DESC LIMIT ?) AS waiting",
+            (*args, len(skip) + 1, *args, len(skip) + 1),
         )
         due = [int(n) for d, t, n in rows if (bytes(d), str(t)) not in skip]
         return min(due, default=None)
@@ -1140,6 +1182,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         def body(c: Conn) -> dict[tuple[bytes, str], bool]:
             kept: dict[tuple[bytes, str], bool] = {}
             now = time.time_ns()
+            queued = False
             for digest, tier in done:
                 ran = (jobs or {}).get((digest, tier))
                 if ran is not None and c.execute(
@@ -1164,9 +1207,12 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 if gone:
                     # The copy just made is garbage: the deletion queue removes it.
                     queue_deletion(c, digest, tier, 0, now)
+                    queued = True
                 else:
                     c.execute(_VALID_REPLICA, (digest, tier))
                 kept[(digest, tier)] = not gone
+            if queued:  # a remote row: any node's deleter may take it
+                self._notify_deletions(c)
             return kept
 
         return self._write(body, touch=True)
@@ -1312,6 +1358,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 return False
             row = c.execute("SELECT length FROM chunks WHERE digest=?", (digest,)).fetchone()
             queue_deletion(c, digest, tier, 0 if row is None else int(row[0]), time.time_ns())
+            self._notify_deletions(c)
             self._audit_in(c, audit, None, digest=digest.hex(), tier=tier)
             return True
 
@@ -1351,6 +1398,7 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
         def body(c: Conn) -> bool:
             if not c.execute("SELECT 1 FROM chunks WHERE digest=?", (digest,)).fetchone():
                 queue_deletion(c, digest, tier, 0, time.time_ns())
+                self._notify_deletions(c)
                 return False
             c.execute(_VALID_REPLICA, (digest, tier))
             return True
@@ -1367,7 +1415,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING", (digest, tier, int(row[0]), time.time_ns()),
             )
-            _wanted_on(c, tier, [digest])
+            if _wanted_on(c, tier, [digest]):
+                self._notify_deletions(c)  # a cancelled row ends a settle's wait
             return True
 
         return self._write(body)
@@ -1384,7 +1433,8 @@ class SqlCatalog(SessionsSql, WantsSql, QuotasSql, AuditSql, KeysSql, MovesSql):
                 (tier, time.time_ns(), digest),
             ).rowcount:
                 return False
-            _wanted_on(c, tier, [digest])
+            if _wanted_on(c, tier, [digest]):
+                self._notify_deletions(c)  # a cancelled row ends a settle's wait
             return True
 
         return self._write(body)

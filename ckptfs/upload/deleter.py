@@ -24,7 +24,11 @@ otherwise the lease would hold every node's uploads of the pair for its whole le
 
 With a shared catalog another node may queue rows for this node's local tiers (its
 retention expired a checkpoint this node had copies of; it unlinked a file whose chunks
-this node holds): no event crosses nodes, so the queue also looks every ``poll_s``.
+this node holds), queue remote rows any node may take, and end rows a settle waits for
+(done, or its claim ended). Each such transaction sends a NOTIFY that ``listener`` hears
+(catalog/deletion_events.py): the queue looks again then, and after the listener
+(re)connects (what was sent meanwhile is unknown). No timer: a claim whose node died ends
+with its lease, a deadline of next_deletion_due_ns.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import Deletion
+from ..catalog.deletion_events import Listener
 from ..catalog.sql import CLAIM_LEASE_NS
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
@@ -46,6 +51,7 @@ from ..errors import CatalogUnavailable, CkptfsError
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..wakeup import Wakeup
+from .hearing import hear
 from .uploader import backoff_s
 
 log = logging.getLogger("ckptfs.deleter")
@@ -55,7 +61,6 @@ LOCAL_BATCH = 256  # local rows claimed and deleted per catalog transaction
 # deleted in batches (a few catalog round trips per batch, not per file).
 BATCH_S = 0.02
 REMOTE_CONCURRENCY = 4
-SHARED_POLL_S = 2.0  # with a shared catalog: how often to look for rows other nodes queued
 OUTAGE_RETRY_MIN_S = 0.5  # the catalog is unreachable: look again after this, doubling
 OUTAGE_RETRY_MAX_S = 10.0
 
@@ -72,13 +77,14 @@ class Deleter:
         forget_frames: Callable[[Iterable[bytes]], None] = lambda digests: None,
         wake: Wakeup | None = None, on_done: Callable[[], None] | None = None,
         concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
-        poll_s: float | None = None,
+        listener: Listener | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first);
         ``forget_frames``: these frames were deleted (a frame put again is not known
         durable); ``wake``: who wakes this queue (the store, the uploader, GC); ``on_done``:
-        a batch or row finished (the uploader may wait for a deletion); ``poll_s``: look
-        for new rows at least this often (a shared catalog: other nodes queue them too)."""
+        a batch or row finished (the uploader may wait for a deletion); ``listener``:
+        where other nodes' changes of the queue are heard (a shared catalog; this task
+        closes it)."""
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = sorted(t.name for t in tiers if t.kind == "local")
@@ -90,7 +96,7 @@ class Deleter:
         self.db_limiter = db_limiter
         self.clock = clock
         self.concurrency = concurrency
-        self.poll_s = poll_s
+        self._listener = listener
         self.local_limiter = trio.CapacityLimiter(2)
         self.remote_limiter = trio.CapacityLimiter(concurrency)
         self.running: set[Pair] = set()
@@ -145,6 +151,9 @@ class Deleter:
         known = local + remote
         outage_wait = OUTAGE_RETRY_MIN_S
         async with trio.open_nursery() as nursery:
+            if self._listener is not None:
+                nursery.start_soon(hear, self._listener, self._heard,
+                                   "other nodes' changes of the deletion queue", log)
             while True:
                 self._wake.clear()
                 try:
@@ -184,12 +193,17 @@ class Deleter:
                 if delay == 0.0:
                     # Due rows that found no free worker: a finishing one kicks us.
                     delay = math.inf if (self._local_busy or self._remote_running) else 0.0
-                if self.poll_s is not None:
-                    delay = min(delay, self.poll_s)
                 with trio.move_on_after(delay):
                     await self._wake.wait()
                 if self._wake.is_set():
                     await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
+
+    def _heard(self) -> None:
+        """Another node changed the queue (or the listener reconnected): plan again, and
+        let a settle look again (a row it waits for may have ended there)."""
+        self._progress.set()
+        self._progress = trio.Event()
+        self.kick()
 
     def _outage(self, exc: CatalogUnavailable) -> None:
         if not self._outage_logged:
@@ -406,6 +420,6 @@ class Deleter:
                 if not pending - held:
                     return
                 self.kick()
-                # A row another node claimed ends there: no event crosses nodes.
-                with trio.move_on_after(math.inf if self.poll_s is None else self.poll_s):
-                    await progress.wait()
+                # A row this node ends sets it (_finished), one another node ends too
+                # (_heard, a shared catalog).
+                await progress.wait()

@@ -8,6 +8,11 @@ limiter), transient errors retried with exponential backoff and jitter, permanen
 (access denied, no bucket) reported once and retried rarely; the data stays local
 meanwhile. A finished copy becomes a replica row; a copy whose job was cancelled (the
 chunk was deleted while it uploaded) becomes a deletion row (deleter.py).
+
+A job whose remote object a deleter claimed (sql._CLAIMED) waits for the claim's end: an
+event, never a poll. This node's deleter kicks the queue; with a shared catalog another
+node's claim ends with a NOTIFY this queue hears (catalog/deletion_events.py); a claim
+whose node died ends with its lease, a deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import trio
 
 from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
+from ..catalog.deletion_events import Listener
 from ..chunks.bufpool import FramePool
 from ..chunks.guard import ChunkGuard
 from ..chunks.residency import Residency, no_residency
@@ -35,7 +41,6 @@ from ..codec import frame
 from ..codec.compress import RemoteCompressor
 from ..config.model import UploadConfig
 from ..errors import (
-    CatalogUnavailable,
     ChunkMissing,
     CorruptChunk,
     PermanentTierError,
@@ -47,6 +52,7 @@ from ..tiers.health import state_of
 from ..wakeup import Wakeup
 from .commits import CommitStream
 from .cpuidle import IdleCores
+from .hearing import hear
 
 log = logging.getLogger("ckptfs.upload")
 
@@ -74,10 +80,6 @@ MAX_DEFER_S = 30.0
 # real period: idleness sends no event). The save's end and its age are an event and a
 # deadline.
 SAVE_RECHECK_S = 0.2
-# Hearing of other nodes' wants (a shared catalog): after a failed LISTEN, again after this
-# long, doubling up to the max (as the other background services do).
-LISTEN_RETRY_MIN_S = 1.0
-LISTEN_RETRY_MAX_S = 30.0
 
 
 def backoff_s(attempts: int, rnd: Callable[[], float] = random.random) -> float:
@@ -133,13 +135,16 @@ class Uploader:
         idle_cores: Callable[[], float | None] | None = None,
         residency: Residency | None = None,
         commits: CommitStream | None = None,
+        held: Listener | None = None,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
         ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
         ``saving``: a save is buffering data; ``save_over``: returns when none does (an
         event); ``commits``: new jobs (commits, heals), whose stream counts as a save too;
-        ``residency``: which remote tiers may hold each chunk, and the catalog snapshot."""
+        ``residency``: which remote tiers may hold each chunk, and the catalog snapshot;
+        ``held``: where other nodes' claims' ends are heard (a shared catalog; this task
+        closes it)."""
         self.residency = residency if residency is not None else no_residency()
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
@@ -183,7 +188,7 @@ class Uploader:
         # again when a notification says a want came (``_want_news``) and while any is left.
         self._wanted: list[bytes] = []
         self._want_news = catalog.shared  # wants left by an earlier run: look at once
-        self._listen_limiter = trio.CapacityLimiter(1)  # the listener's thread, held long
+        self._held = held
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
@@ -251,6 +256,8 @@ class Uploader:
 
     async def run(self) -> None:
         if not self.remotes:
+            if self._held is not None:  # nothing to upload: nothing held either
+                await trio.to_thread.run_sync(self._held.close)
             return
         token = trio.lowlevel.current_trio_token()
 
@@ -264,6 +271,10 @@ class Uploader:
             async with trio.open_nursery() as nursery:
                 if self.catalog.shared:
                     nursery.start_soon(self._hear_wants)
+                if self._held is not None:
+                    # Another node's claim ended: its held jobs may run (a pass finds them).
+                    nursery.start_soon(hear, self._held, self.kick,
+                                       "the ends of other nodes' remote deletions", log)
                 while True:
                     self._wake.clear()
                     self.commits.wake.clear()
@@ -408,36 +419,15 @@ class Uploader:
 
     async def _hear_wants(self) -> None:
         """With a shared catalog: listen for other nodes' wants (PostgreSQL NOTIFY on a
-        connection of its own) and kick the queue at each. While the database is
-        unreachable, retry with backoff; a (re)connection looks again, since what was
-        announced meanwhile was not heard."""
+        connection of its own) and kick the queue at each (hearing.py: a (re)connection
+        counts, since what was announced meanwhile was not heard)."""
         listener = self.catalog.listen_wants()
-        if listener is None:
-            return
-        failures = 0
-        try:
-            while True:
-                try:
-                    heard = await trio.to_thread.run_sync(
-                        listener.wait, limiter=self._listen_limiter, abandon_on_cancel=True
-                    )
-                except CatalogUnavailable as exc:
-                    if failures == 0:
-                        log.warning("not hearing other nodes' waits for chunks (retrying): %s", exc)
-                    failures += 1
-                    await trio.sleep(min(LISTEN_RETRY_MAX_S,
-                                         LISTEN_RETRY_MIN_S * 2 ** min(failures - 1, 10)))
-                    continue
-                if failures:
-                    log.info("hearing other nodes' waits for chunks again")
-                    failures = 0
-                if not heard:
-                    return
-                self._want_news = True
-                self.kick()
-        finally:
-            with trio.CancelScope(shield=True):  # a wait in its thread returns at once
-                await trio.to_thread.run_sync(listener.close)
+        if listener is not None:
+            await hear(listener, self._want_heard, "other nodes' waits for chunks", log)
+
+    def _want_heard(self) -> None:
+        self._want_news = True
+        self.kick()
 
     @property
     def _sources(self) -> list[str] | None:

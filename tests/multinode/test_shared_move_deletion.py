@@ -117,7 +117,7 @@ def b_drops_x(b: PostgresCatalog, bucket: S3Tier) -> None:
 
 def b_deleter(b: PostgresCatalog, remote: Tier) -> Deleter:
     return Deleter(b, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
-                   stats=stats_for([remote]), room=Room(), poll_s=0.1)
+                   stats=stats_for([remote]), room=Room(), listener=b.listen_deletions())
 
 
 def assert_committed_and_readable(a: NodeA, b: PostgresCatalog, bucket: S3Tier, ino: int) -> None:
