@@ -35,14 +35,17 @@ class MoveMarks:
     def __init__(
         self, catalog: Catalog, db_limiter: trio.CapacityLimiter, guard: ChunkGuard,
         node: str, on_deletions: Callable[[], None],
+        on_ended: Callable[[], None] = lambda: None,
     ) -> None:
         """``node``: who moves (the catalog's rows name it; its session's end releases
-        them); ``on_deletions``: deletion rows were queued (wake the deleter)."""
+        them); ``on_deletions``: deletion rows were queued (wake the deleter);
+        ``on_ended``: an end finished (a move of its digest held back may go on)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.guard = guard
         self.node = node
         self.on_deletions = on_deletions
+        self.on_ended = on_ended
         self._marks: dict[bytes, set[str]] = {}  # digest -> tiers with a recorded move
         self._ending: set[bytes] = set()  # ends in flight
         self._ended = trio.Event()  # set (and replaced) when an end finishes
@@ -106,6 +109,7 @@ class MoveMarks:
             self._ending.difference_update(done)
             self._ended.set()
             self._ended = trio.Event()
+            self.on_ended()
         if queued:
             self.on_deletions()
 

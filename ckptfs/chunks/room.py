@@ -1,6 +1,7 @@
 """Room on the local tiers: writers that found them full wait here; uploads, moves and
-deletions say that room may have been freed. Shared by the ChunkStore (the waiting side),
-the uploader and the deleter (they free room), built before all three. Trio thread only."""
+deletions say that room may have been freed, and the deleter that a claim holding a move
+back ended. Shared by the ChunkStore (the waiting side), the uploader and the deleter
+(they free room), built before all three. Trio thread only."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ class Room:
         self.gen = 0  # bumped whenever room may have been freed
         self._waiting = 0  # writers blocked until uploads or deletions free local space
         self.event = trio.Event()  # set (and replaced) by every ``freed``
+        # Bumped when something that holds a move back ended (store.py ``_spill``): a
+        # deletion claim of a remote object (any node's) or the end of a move's record.
+        self.holds_ended = 0
         self._on_wait = on_wait
 
     @property
@@ -27,6 +31,12 @@ class Room:
         self._waiting = n
         if more and self._on_wait is not None:
             self._on_wait()
+
+    def hold_ended(self) -> None:
+        """A deletion claim ended (this node's, or another's heard through the catalog), or
+        the end of a move's record: a move it held back may go on; writers look again."""
+        self.holds_ended += 1
+        self.freed()
 
     def freed(self) -> None:
         """An upload finished or chunks were deleted: writers waiting for room look again."""

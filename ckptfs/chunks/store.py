@@ -74,9 +74,6 @@ log = logging.getLogger("ckptfs.chunks")
 
 _UNHEALTHY_RETRY_S = 5.0
 SPILL_RETRY_S = 5.0  # after a failed move of uncommitted chunks to a remote
-# After a move held back by a claimed deletion of its remote object (any node's: no event
-# crosses nodes, so a real period, the upload queue's sql.HELD_POLL_NS).
-HELD_MOVE_RETRY_S = 2.0
 # Writers waiting for room are woken by every upload, move and deletion (events); they also
 # look again this often: room freed outside ckptfs sends no event (a real period).
 ROOM_RECHECK_S = 5.0
@@ -206,9 +203,14 @@ class ChunkStore:
         self.spilled_bytes = 0
         # The catalog's record of this node's moves (any node's deletion of a moved
         # object waits for the record's end: chunks/moves.py).
-        self.moves = MoveMarks(catalog, db_limiter, self.guard, node, self.deletions_queued)
+        self.room = room if room is not None else Room()
+        self.moves = MoveMarks(catalog, db_limiter, self.guard, node, self.deletions_queued,
+                               on_ended=self.room.hold_ended)  # a held move may go on
         self._spill_running = False
-        self._spill_retry_at = -1e9
+        self._spill_retry_at = -1e9  # after a failed round: a deadline
+        # After a round a claimed deletion held back: the Room's ``holds_ended`` then; the
+        # next round starts once it changed (an event: the claim's end, on any node).
+        self._held_at: int | None = None
         self._synced: set[bytes] = synced if synced is not None else set()  # frames fsynced
         # Write-behind fsyncs in flight, and the ones that failed (not reported yet).
         self.write_behind = write_behind
@@ -229,7 +231,6 @@ class ChunkStore:
         self._ahead_bytes = 0
         self.on_local_full = on_local_full
         self.local_full_timeout_s = local_full_timeout_s
-        self.room = room if room is not None else Room()
         self.evicted_bytes = 0
         self.stats = stats if stats is not None else stats_for(tiers)
         # Receive buffers of remote GETs and of local O_DIRECT reads, reused when their
@@ -444,7 +445,8 @@ class ChunkStore:
             return "running"
         if self.spill_copy is None or self._nursery is None:
             return "none"
-        start = time.monotonic() >= self._spill_retry_at
+        start = time.monotonic() >= self._spill_retry_at or (
+            self._held_at is not None and self.room.holds_ended != self._held_at)
         picked, blocked = self.guard.start_moves(
             want, frame.HEADER_SIZE, lambda d: self.remote_targets(d, self.remote_copies), start
         )
@@ -473,6 +475,7 @@ class ChunkStore:
         object holds back keeps its local frame until the next round."""
         freed = 0
         failed = held = False
+        holds = self.room.holds_ended  # before any look: no claim's end is missed
 
         async def one(digest: bytes, length: int, sources: tuple[str, ...]) -> None:
             nonlocal freed, failed, held
@@ -485,8 +488,8 @@ class ChunkStore:
                     # A node deletes that object now: a PUT could land before its DELETE.
                     if not held:
                         log.info("move of uncommitted chunk %s waits for a deletion of its "
-                                 "remote object in progress (retry in %.0f s)",
-                                 digest.hex()[:16], HELD_MOVE_RETRY_S)
+                                 "remote object in progress (until that claim ends)",
+                                 digest.hex()[:16])
                     held = True
                     self.stats.count("moves_held")
                     return
@@ -520,9 +523,8 @@ class ChunkStore:
         finally:
             self.guard.end_moves(d for d, _, _ in picked)
             self._spill_running = False
-            if failed or held:
-                self._spill_retry_at = time.monotonic() + (
-                    SPILL_RETRY_S if failed else HELD_MOVE_RETRY_S)
+            self._spill_retry_at = time.monotonic() + SPILL_RETRY_S if failed else -1e9
+            self._held_at = holds if held and not failed else None
             self.moves.settle()  # chunks dropped while they moved: their records end
         if freed:
             self.spilled_bytes += freed

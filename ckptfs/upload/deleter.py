@@ -199,11 +199,13 @@ class Deleter:
                     await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
 
     def _heard(self) -> None:
-        """Another node changed the queue (or the listener reconnected): plan again, and
-        let a settle look again (a row it waits for may have ended there)."""
+        """Another node changed the queue (or the listener reconnected): plan again, let a
+        settle look again (a row it waits for may have ended there), and a move held back
+        by another node's claim (store.py ``_spill``: the claim may have ended)."""
         self._progress.set()
         self._progress = trio.Event()
         self.kick()
+        self.room.hold_ended()
 
     def _outage(self, exc: CatalogUnavailable) -> None:
         if not self._outage_logged:
@@ -227,6 +229,7 @@ class Deleter:
                     self.catalog.release_deletion_claims, [pair], until, limiter=self.db_limiter
                 )
             del self._unwritten[pair]
+            self.room.hold_ended()  # that claim ended: a move it held back may go on
             if how == "finish":
                 self.deleted += 1
                 self.stats.count("deletions")
@@ -341,6 +344,7 @@ class Deleter:
             self.running.discard(pair)
             self._remote_running -= 1
             self._finished()
+            self.room.hold_ended()  # a claim of this pair may have ended: a held move goes on
 
     async def _remote_claimed(self, row: Deletion, marked: list[Pair]) -> None:
         pair = (row.digest, row.tier)

@@ -46,9 +46,8 @@ F = stat.S_IFREG | 0o644
 BODY = b"bytes held on one node, wanted by another" * 100
 X = frame.digest_of(BODY)
 CHUNK = 1 << 20
-# The old re-check period of a held upload and of the deleter with a shared catalog: an
-# event must act well within it.
-OLD_POLL_S = 2.0
+# No timed assertions: nothing but the event can act within these tests' bounds (no
+# period is left; the only deadline, a claim's lease end, is 10 minutes away).
 
 
 @pytest.fixture
@@ -200,14 +199,11 @@ async def test_node_b_upload_held_by_node_a_claim_runs_when_the_claim_ends(
             while not uploader._sleeping:
                 await trio.sleep(0.01)  # polling for the end of that pass
         assert b.extents(b_ino)[0].tiers == ("b-local",)  # held
-        started = trio.current_time()
         a.finish_deletions([(X, "remote0")], until)
         with trio.fail_after(30):
             while b.extents(b_ino)[0].tiers != ("b-local", "remote0"):
                 await uploader._progress.wait()
-        elapsed = trio.current_time() - started
         n.cancel_scope.cancel()
-    assert elapsed < OLD_POLL_S / 2, elapsed
     assert bucket.get(X.hex()) is not None
 
 
@@ -234,16 +230,13 @@ async def test_a_deletion_node_b_queues_on_node_a_local_tier_runs_at_once(
             while a_listener.connects < 1 or b_listener.connects < 1:
                 await trio.sleep(0.01)  # polling the listeners' first LISTEN
         assert a.next_deletion_due_ns(set(), ["a-local"]) is None  # nothing to wait for
-        started = trio.current_time()
         assert drop(b, b"shared.bin", ino) == {X: ["a-local"]}  # b's unlink: a's frame
         with trio.fail_after(20):  # b's settle would wait 60 s for the timeout
             await b_deleter.settle([X], 60)
-        elapsed = trio.current_time() - started
         assert a_deleter.deleted == 1 and b_deleter.deleted == 0
         n.cancel_scope.cancel()
     assert not a_local.has(X.hex())
     assert b.deletions_pending([X]) == set()
-    assert elapsed < OLD_POLL_S / 2, elapsed
 
 
 class GatedListener:

@@ -185,7 +185,8 @@ async def test_a_writer_waiting_for_room_moves_its_chunk_once_the_claim_ends(
 ) -> None:
     """The whole path: a's writer writes X (the local tier is full then) and another
     chunk, which needs room: its store moves X, held by b's claim; the writer waits (it is
-    not refused) and goes on, within seconds, once b's DELETE is done."""
+    not refused) and goes on once b's DELETE is done: its claim's end is heard (a NOTIFY
+    through a's deleter), with no period that would retry the move."""
     a_cat, b = nodes
     b_drops_x(b, bucket)
     assert b.claim_deletions([(X, REMOTE)], lease_end()) == [(X, REMOTE)]
@@ -197,15 +198,21 @@ async def test_a_writer_waiting_for_room_moves_its_chunk_once_the_claim_ends(
         async def write_other() -> None:
             done.append(await a.store.write([other]))
 
+        # a's deleter (its local tier only: it takes none of b's rows) hears b's claim end.
+        hearing = Deleter(a_cat, [a.local], trio.CapacityLimiter(2), guard=a.store.guard,
+                          stats=a.store.stats, room=a.store.room,
+                          listener=a_cat.listen_deletions())
         async with trio.open_nursery() as n:
+            n.start_soon(hearing.run)
             n.start_soon(write_other)
             await wait_for(lambda: a.store.stats.get("moves_held") > 0)
             await wait_for(lambda: a.store.waiting_for_room == 1)  # the writer waits
             assert not done and KEY in a.local.frames  # X was not moved during the claim
             bucket.delete(KEY)  # b's DELETE lands
-            b.finish_deletions([(X, REMOTE)])
-            with trio.fail_after(20):  # the held move's retry (2 s), not a timeout
+            b.finish_deletions([(X, REMOTE)])  # its NOTIFY: no timer would start the move
+            with trio.fail_after(10):
                 await wait_for(lambda: bool(done))
+            n.cancel_scope.cancel()
         assert a.store.guard.current(X) == (REMOTE,)
         ino = await a.commit(ref)
         assert_committed_and_readable(a, b, bucket, ino)
