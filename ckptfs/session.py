@@ -1,16 +1,17 @@
 """This node's session in a shared catalog (docs/multinode.md "Node sessions").
 
 The mount registers it before serving (``register``: refused, naming the node, while
-another daemon of the same node name has a live session); the ids it registers are
-recorded in the state dir first (statedir.SESSION_FILE), so that a daemon restarted on the
-state dir after a SIGKILL, crash or OOM kill ends its dead predecessor's live session at
-once (it holds the state dir's lock: that daemon is gone) instead of waiting for it to
-expire; ``run`` is its heartbeat, a task
+another daemon of the same node name has a live session); ``run`` is its heartbeat, a task
 of the mount's nursery: every fifth of ``session_timeout`` it extends the session's expiry
 (the database's clock) and then ends the sessions of dead nodes (expired: no heartbeat for
 ``session_timeout``) if this node wins the cleanup; ``close`` ends it at unmount, after the
 last commit. The SQL runs in worker threads under the catalog limiter, never on the loop.
 
+* A restart on the same state dir (after a SIGKILL, crash or OOM kill): each registration
+  first records its id in the state dir (statedir.SESSION_FILE, fsynced, under the state
+  lock). The next daemon holds that lock, so the daemon that recorded the id is dead: its
+  live session is ended at registration (as an expired one is), not waited for; an attempt
+  it left unanswered is retried with its id, like a lost reply in this process.
 * The database unreachable: the heartbeat logs once and keeps trying each period; if the
   outage outlasts the timeout, another node may clean up after this one (below).
 * The session gone (this node was paused or cut off longer than the timeout, and a live
