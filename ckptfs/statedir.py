@@ -8,6 +8,10 @@ One daemon (or one fsck) holds ``STATE_DIR/lock`` (flock) while it uses the cata
 daemon writes its pid to ``STATE_DIR/daemon.pid``. Its FUSE mount names the state dir in
 its source (``ckptfs:STATE_DIR``), so /proc/mounts alone tells which mount serves which
 state dir: the daemon (mount.py) and the commands (ckptfs/commands/) both read it here.
+
+With a shared catalog the state dir names it (``catalog.json``: catalog and node) and the
+node's session ids (``session.json``, written by session.py under the lock): the lock is
+what proves a recorded session's daemon dead to the next daemon of the state dir.
 """
 
 from __future__ import annotations
