@@ -111,10 +111,11 @@ def write_binding(state_dir: Path, catalog: str, node: str) -> None:
 def read_session_ids(state_dir: Path) -> tuple[str, str]:
     """(sid, attempt) of the state dir's session file ("" for none): the last session a
     daemon of this state dir registered, and a registration not known to have committed.
-    A missing or damaged file names none (a restart then waits for the session's expiry)."""
+    A missing, unreadable or damaged file names none (a restart then waits for the
+    session's expiry; the registration replaces the file)."""
     try:
         data = json.loads((state_dir / SESSION_FILE).read_text())
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return "", ""
     if not isinstance(data, dict):
         return "", ""
