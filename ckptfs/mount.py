@@ -403,8 +403,11 @@ def _serve_tiers(
     session = None
     try:
         if cfg.catalog.shared:  # first: refused while the node name has a live session
+            # The state dir records its session ids: this daemon holds its lock, so a live
+            # session of an earlier daemon of this state dir is a dead one's, ended at once.
             session = NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
-                                  info=f"host {socket.gethostname()}, pid {os.getpid()}")
+                                  info=f"host {socket.gethostname()}, pid {os.getpid()}",
+                                  state_dir=cfg.state_dir)
             session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         count_namespaces(catalog, cfg.governance.namespaces)

@@ -7,6 +7,11 @@ of the mount's nursery: every fifth of ``session_timeout`` it extends the sessio
 ``session_timeout``) if this node wins the cleanup; ``close`` ends it at unmount, after the
 last commit. The SQL runs in worker threads under the catalog limiter, never on the loop.
 
+* A restart on the same state dir (after a SIGKILL, crash or OOM kill): each registration
+  first records its id in the state dir (statedir.SESSION_FILE, fsynced, under the state
+  lock). The next daemon holds that lock, so the daemon that recorded the id is dead: its
+  live session is ended at registration (as an expired one is), not waited for; an attempt
+  it left unanswered is retried with its id, like a lost reply in this process.
 * The database unreachable: the heartbeat logs once and keeps trying each period; if the
   outage outlasts the timeout, another node may clean up after this one (below).
 * The session gone (this node was paused or cut off longer than the timeout, and a live
@@ -22,10 +27,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
+from . import statedir
 from .catalog.protocols import Catalog
 from .catalog.rows import SessionEnd
 from .errors import CkptfsError
@@ -41,7 +48,11 @@ Collect = Callable[[Sequence[bytes]], Awaitable[None]]
 
 
 class NodeSession:
-    def __init__(self, catalog: Catalog, node: str, timeout_s: float, info: str = "") -> None:
+    """``state_dir``: the state dir this daemon holds the lock of (None: nothing recorded,
+    so nothing of an earlier daemon is known; tests of the catalog alone)."""
+
+    def __init__(self, catalog: Catalog, node: str, timeout_s: float, info: str = "",
+                 state_dir: Path | None = None) -> None:
         self.catalog = catalog
         self.node = node
         self.timeout_s = timeout_s
@@ -53,26 +64,47 @@ class NodeSession:
         self._pending: list[bytes] = []  # digests of inodes the registration dropped
         # The id of a registration not known to have committed: tried again with the same
         # id, so a lost reply is not a live session that refuses this node until it expires.
-        self._attempt = ""
+        # The ids the state dir records (an earlier daemon's, dead: this one holds the lock):
+        # its last session, ended at registration if still live, and its unanswered attempt,
+        # taken up as this daemon's own.
+        self.state_dir = state_dir
+        self._earlier, self._attempt = ("", "") if state_dir is None else \
+            statedir.read_session_ids(state_dir)
 
     # -- registration (before serving: not on a trio loop) ---------------------------------
 
     def register(self) -> None:
-        """Register (blocking: the mount calls it before it serves). UsageError if the
-        node has a live session; its own expired session is ended on the way."""
+        """Register (blocking: the mount calls it before it serves, the heartbeat in a
+        worker thread). UsageError if the node has a live session that is not this state
+        dir's; its own earlier session (expired, or of this state dir) is ended on the way."""
         self._attempt = self._attempt or uuid.uuid4().hex
-        reg = self.catalog.register_session(self.node, self.timeout_s, self.info, self._attempt)
+        self._record(self._earlier, self._attempt)  # on disk before the transaction
+        earlier = self._earlier
+        reg = self.catalog.register_session(self.node, self.timeout_s, self.info,
+                                            self._attempt, earlier)
         self._attempt = ""
-        self.sid = reg.sid
+        self.sid = self._earlier = reg.sid
         if reg.previous is not None:
-            self._ended_own(reg.previous)
+            self._ended_own(reg.previous, reg.previous.sid == earlier)
+        self._record(reg.sid, "")
         log.info("node %s: session registered (timeout %.1f s, heartbeat every %.1f s)",
                  self.node, self.timeout_s, self.period_s)
 
-    def _ended_own(self, end: SessionEnd) -> None:
-        log.warning("node %s: its previous session had expired (the daemon died or was "
-                    "stopped without unmounting): ended now; %d open handle(s) released, "
-                    "%d unlinked inode(s) dropped%s", self.node, end.handles, len(end.dropped),
+    def _record(self, sid: str, attempt: str) -> None:
+        if self.state_dir is None:
+            return
+        try:
+            statedir.write_session_ids(self.state_dir, sid, attempt)
+        except OSError as exc:
+            raise CkptfsError(f"state dir {self.state_dir}: cannot record the session id "
+                              f"({exc.strerror or exc})") from exc
+
+    def _ended_own(self, end: SessionEnd, this_state_dir: bool) -> None:
+        log.warning("node %s restarted: its previous session ended now (%s); %d open handle(s) "
+                    "released, %d unlinked inode(s) dropped%s", self.node,
+                    "its daemon had this state dir and is gone: its lock is free"
+                    if this_state_dir else "it had expired: the daemon died or was stopped "
+                    "without unmounting", end.handles, len(end.dropped),
                     f", partial: {', '.join(end.partial)}" if end.partial else "")
         self._pending += end.digests
 

@@ -8,6 +8,10 @@ One daemon (or one fsck) holds ``STATE_DIR/lock`` (flock) while it uses the cata
 daemon writes its pid to ``STATE_DIR/daemon.pid``. Its FUSE mount names the state dir in
 its source (``ckptfs:STATE_DIR``), so /proc/mounts alone tells which mount serves which
 state dir: the daemon (mount.py) and the commands (ckptfs/commands/) both read it here.
+
+With a shared catalog the state dir names it (``catalog.json``: catalog and node) and the
+node's session ids (``session.json``, written by session.py under the lock): the lock is
+what proves a recorded session's daemon dead to the next daemon of the state dir.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ PID_FILE = "daemon.pid"
 # A state dir whose node uses a shared catalog names it here ({"catalog": URI, "node": NAME}),
 # so a remount with only --state-dir and every command open the same database as this node.
 BINDING_FILE = "catalog.json"
+# The node's session ids in that catalog ({"sid": ID, "attempt": ID}): the last session a
+# daemon of this state dir registered, and a registration not known to have committed. A
+# daemon that holds the lock knows the earlier daemon of its state dir is dead, so a live
+# session with either id is its own (catalog/sessions.py, session.py).
+SESSION_FILE = "session.json"
 
 
 def ensure_state_dir(path: Path) -> None:
@@ -62,15 +71,24 @@ def touch_private(path: Path) -> None:
     os.close(open_private(path))
 
 
-def write_private(path: Path, text: str) -> None:
-    """Replace ``path`` atomically with ``text``, as a 0600 file."""
+def write_private(path: Path, text: str, durable: bool = False) -> None:
+    """Replace ``path`` atomically with ``text``, as a 0600 file. ``durable``: on the
+    device (the file and its directory entry fsynced) when this returns."""
     tmp = path.with_name(path.name + ".tmp")
     fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         os.write(fd, text.encode())
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 def read_binding(state_dir: Path) -> tuple[str, str] | None:
@@ -88,6 +106,28 @@ def read_binding(state_dir: Path) -> tuple[str, str] | None:
 
 def write_binding(state_dir: Path, catalog: str, node: str) -> None:
     write_private(state_dir / BINDING_FILE, json.dumps({"catalog": catalog, "node": node}) + "\n")
+
+
+def read_session_ids(state_dir: Path) -> tuple[str, str]:
+    """(sid, attempt) of the state dir's session file ("" for none): the last session a
+    daemon of this state dir registered, and a registration not known to have committed.
+    A missing, unreadable or damaged file names none (a restart then waits for the
+    session's expiry; the registration replaces the file)."""
+    try:
+        data = json.loads((state_dir / SESSION_FILE).read_text())
+    except (OSError, ValueError):
+        return "", ""
+    if not isinstance(data, dict):
+        return "", ""
+    sid, attempt = data.get("sid", ""), data.get("attempt", "")
+    return (sid if isinstance(sid, str) else "", attempt if isinstance(attempt, str) else "")
+
+
+def write_session_ids(state_dir: Path, sid: str, attempt: str = "") -> None:
+    """Record (durably: it must be on disk before the registration's transaction) the
+    session ids of ``read_session_ids``. The caller holds the state lock."""
+    write_private(state_dir / SESSION_FILE, json.dumps({"sid": sid, "attempt": attempt}) + "\n",
+                  durable=True)
 
 
 def make_private(state_dir: Path) -> list[str]:

@@ -530,13 +530,17 @@ class SessionCatalog(Protocol):
     the database's clock."""
 
     def register_session(
-        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None,
+        earlier: str = "",
     ) -> Registered:
         """A new session of ``node``, expiring ``timeout_s`` after now unless a heartbeat
         extends it. A live session of the same node name: UsageError naming the node; an
         expired one is ended first (as its cleanup would). ``sid``: the id the caller chose
         for this registration (a new one if None); a live session with that id is this
-        caller's own earlier attempt, whose reply was lost: it is extended and returned."""
+        caller's own earlier attempt, whose reply was lost: it is extended and returned.
+        ``earlier``: the id of the caller's own earlier session (the one its state dir
+        names, of a daemon that held that state dir's lock and is dead): a live session of
+        the node with that id is ended first too, like an expired one (``previous``)."""
         ...
 
     def heartbeat_session(self, sid: str, timeout_s: float) -> bool:

@@ -183,7 +183,8 @@ class SessionEnd:
 
 @dataclass(frozen=True)
 class Registered:
-    """A new session; ``previous``: this node's own expired session, ended on the way."""
+    """A new session; ``previous``: this node's own earlier session (expired, or the
+    caller's ``earlier`` one, live), ended on the way."""
 
     sid: str
     previous: SessionEnd | None = None

@@ -16,7 +16,10 @@ holds open are rows of ``open_handles``. Every time here is the **database's** c
   deletion. Its committed files keep their last commit: nothing else of a dead node is in
   the catalog.
 * One live session per node name: two daemons with one name would mix the replicas of
-  their local tiers (named NODE:NAME).
+  their local tiers (named NODE:NAME). The exception is the registering daemon's own
+  earlier session (``register_session``'s ``earlier``: the id its state dir names, from a
+  daemon of that state dir that was killed or crashed, dead since the new one holds the
+  state dir's lock): it is ended at once, as an expired one would be, and replaced.
 
 What each method does is said on protocols.SessionCatalog. The SQLite engine has the same
 tables and methods (real, cheap, unused: one node, so the daemon registers no session and
@@ -135,7 +138,8 @@ class SessionsSql(DeletionEventsSql):
     # -- sessions ----------------------------------------------------------------------------
 
     def register_session(
-        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None,
+        earlier: str = "",
     ) -> Registered:
         timeout_ns = int(timeout_s * 1e9)
         new_sid = sid or uuid.uuid4().hex
@@ -151,7 +155,9 @@ class SessionsSql(DeletionEventsSql):
                     c.execute("UPDATE sessions SET beat_ns=?, expires_ns=? WHERE sid=?",
                               (now, now + timeout_ns, new_sid))
                     return Registered(new_sid, None)
-                if int(row[1]) > now:
+                # A live session is refused, unless it is the caller's own earlier one: the
+                # caller holds the state dir of the daemon that registered it, which is dead.
+                if int(row[1]) > now and not (earlier and str(row[0]) == earlier):
                     raise UsageError(
                         f"node {node!r} has a live session in the catalog ({row[2] or 'no info'}; "
                         f"expires in {(int(row[1]) - now) / 1e9:.1f} s): two daemons with one node "

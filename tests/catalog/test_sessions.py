@@ -6,6 +6,7 @@ engines."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 import threading
@@ -18,6 +19,7 @@ import pytest
 
 from tests.support.mountutil import wait_until
 
+from ckptfs import statedir
 from ckptfs.catalog import ROOT_INODE, CheckpointState, ChunkRef, PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
 from ckptfs.catalog.rows import Registered, SessionEnd
@@ -79,9 +81,10 @@ class LostReply(PostgresCatalog):
     lose = True
 
     def register_session(
-        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None,
+        earlier: str = "",
     ) -> Registered:
-        reg = super().register_session(node, timeout_s, info, sid)
+        reg = super().register_session(node, timeout_s, info, sid, earlier)
         if self.lose:
             self.lose = False
             raise CatalogUnavailable("the connection broke during the COMMIT")
@@ -103,6 +106,100 @@ def test_a_registration_whose_reply_was_lost_is_taken_up_by_its_retry(pg_url: st
         with pytest.raises(UsageError, match="'n1'"):  # another daemon of that name: refused
             NodeSession(cat, "n1", 30).register()
         assert cat.heartbeat_session(session.sid, 30)
+    finally:
+        cat.close()
+
+
+class FailsOnce(PostgresCatalog):
+    """The registration fails before its transaction commits (the database went away), once."""
+
+    fail = True
+
+    def register_session(
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None,
+        earlier: str = "",
+    ) -> Registered:
+        if self.fail:
+            self.fail = False
+            raise CatalogUnavailable("connection refused")
+        return super().register_session(node, timeout_s, info, sid, earlier)
+
+
+RESTARTED = "restarted: its previous session ended now (its daemon had this state dir"
+
+
+@pytest.mark.allow_log_warnings(RESTARTED)
+def test_a_daemon_restarted_on_its_state_dir_ends_its_dead_predecessors_session(
+    nodes: list[PostgresCatalog], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The state dir records the session id before the registration; the next daemon of
+    that state dir (it holds the lock, so the earlier one is dead) ends that session at
+    once, live as it is. A daemon with another state dir is refused as before."""
+    a, b, _ = nodes
+    state, other = tmp_path / "state-a", tmp_path / "state-other"
+    state.mkdir()
+    other.mkdir()
+    dead = NodeSession(a, "n1", 60, state_dir=state)
+    dead.register()
+    assert statedir.read_session_ids(state) == (dead.sid, "")
+    assert os.stat(state / statedir.SESSION_FILE).st_mode & 0o777 == 0o600
+    with pytest.raises(UsageError, match="node 'n1' has a live session"):
+        NodeSession(b, "n1", 60, state_dir=other).register()
+    again = NodeSession(b, "n1", 60, state_dir=state)  # the dead one never closed its session
+    again.register()
+    assert again.sid != dead.sid
+    assert [(s.sid, s.live) for s in b.sessions()] == [(again.sid, True)]
+    assert statedir.read_session_ids(state) == (again.sid, "")
+    assert f"node n1 {RESTARTED}" in caplog.text
+    assert not a.heartbeat_session(dead.sid, 60)
+
+
+def test_a_dead_daemons_unanswered_registration_is_taken_up_by_the_next(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """The registration committed, its reply was lost and the daemon exited: the state dir
+    names the attempt, and the next daemon of the state dir retries it (the same id)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    cat = LostReply(pg_url, pool_size=2)
+    try:
+        with pytest.raises(CatalogUnavailable):
+            NodeSession(cat, "n1", 30, state_dir=state).register()
+        [attempt] = cat.sessions()
+        assert statedir.read_session_ids(state) == ("", attempt.sid)
+        restarted = NodeSession(cat, "n1", 30, state_dir=state)
+        restarted.register()
+        assert restarted.sid == attempt.sid
+        assert [(s.sid, s.live) for s in cat.sessions()] == [(attempt.sid, True)]
+        assert statedir.read_session_ids(state) == (attempt.sid, "")
+    finally:
+        cat.close()
+
+
+@pytest.mark.allow_log_warnings(RESTARTED)
+def test_a_failed_registration_keeps_the_earlier_session_id(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A daemon killed with its session live, a restart whose registration never reached
+    the database: the state dir still names the dead session, and the restart after it
+    ends that session (and uses the id the failed one had recorded)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    cat = FailsOnce(pg_url, pool_size=2)
+    try:
+        cat.fail = False
+        dead = NodeSession(cat, "n1", 30, state_dir=state)
+        dead.register()
+        cat.fail = True
+        with pytest.raises(CatalogUnavailable):
+            NodeSession(cat, "n1", 30, state_dir=state).register()
+        sid, attempt = statedir.read_session_ids(state)
+        assert sid == dead.sid and attempt and attempt != sid
+        third = NodeSession(cat, "n1", 30, state_dir=state)
+        third.register()
+        assert third.sid == attempt
+        assert [s.sid for s in cat.sessions()] == [attempt]
+        assert RESTARTED in caplog.text
     finally:
         cat.close()
 

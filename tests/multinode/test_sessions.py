@@ -1,7 +1,8 @@
 """Node sessions on real mounts (docs/multinode.md "Node sessions"): two nodes on one real
 PostgreSQL catalog and one SeaweedFS bucket. A file unlinked on one node while another
 reads it stays until its last closer anywhere; a node killed with -9 is cleaned up by the
-live one within session_timeout and a heartbeat."""
+live one within session_timeout and a heartbeat, or at once by its own restart on the same
+state dir."""
 
 from __future__ import annotations
 
@@ -138,6 +139,65 @@ def test_a_killed_node_is_cleaned_up_by_a_live_one(
     assert (b.mountpoint / "after.bin").read_bytes() == b"b" * 4096
     os.unlink(b.mountpoint / "ckpt.pt")
     assert sorted(os.listdir(b.mountpoint)) == ["after.bin"]
+
+
+RESTARTED = ("node a restarted: its previous session ended now (its daemon had this state "
+             "dir and is gone: its lock is free); 2 open handle(s) released, 1 unlinked "
+             "inode(s) dropped, partial: /ckpt.pt")
+
+
+@pytest.mark.allow_log_errors  # the other state dir's "mount refused"
+@pytest.mark.allow_log_warnings(RESTARTED, "cleaning up stale mount")
+def test_a_killed_daemon_restarted_on_its_state_dir_ends_its_own_session_at_once(
+    cluster: Cluster, db: Db, tmp_path: Path,
+) -> None:
+    """systemd's restart of a SIGKILLed daemon: the same state dir and node name, mounted
+    again at once. The new daemon holds the state dir's lock, so the live session the state
+    dir names is a dead daemon's: ended (as restarted) and replaced, with no wait for its
+    expiry (an hour here). Another state dir with the node name is still refused."""
+    conf = tmp_path / "long-sessions.toml"
+    conf.write_text("session_timeout = 3600\n")
+    a = cluster.node("a", "--config", str(conf))
+    v1 = os.urandom(2 * 256 * 1024 + 5)
+    (a.mountpoint / "ckpt.pt").write_bytes(v1)
+    (a.mountpoint / "scratch.bin").write_bytes(os.urandom(300 * 1024))
+    cat = db()
+    ino = os.stat(a.mountpoint / "ckpt.pt").st_ino
+    scratch = os.stat(a.mountpoint / "scratch.bin").st_ino
+    reader = os.open(a.mountpoint / "scratch.bin", os.O_RDONLY)
+    writer = os.open(a.mountpoint / "ckpt.pt", os.O_WRONLY)
+    try:
+        os.write(writer, os.urandom(256 * 1024))  # uncommitted: in a's memory only
+        os.unlink(a.mountpoint / "scratch.bin")  # a holds it open: it stays for a
+        wait_until(lambda: cat.open_inodes() == {ino, scratch}, 10, "a's open files noted")
+        wait_until(lambda: [r.state for r in cat.checkpoint_rows("/ckpt.pt")]
+                   == [CheckpointState.WRITING], 10, "a's checkpoint is writing")
+        [dead] = cat.sessions()
+        a.kill9()
+    finally:
+        for fd in (reader, writer):
+            with contextlib.suppress(OSError):  # a's mount is dead
+                os.close(fd)
+    assert [(s.sid, s.live) for s in cat.sessions()] == [(dead.sid, True)]  # live for an hour
+    a.start()  # at once, as systemd's Restart=on-failure does
+    [new] = cat.sessions()
+    assert new.live and new.sid != dead.sid and new.info.endswith(f"pid {a.pid}")
+    assert RESTARTED in a.log
+    assert cat.open_inodes() == set()
+    with pytest.raises(Exception, match="inode"):
+        cat.get_inode(scratch)  # unlinked while only the dead daemon held it: dropped
+    row = cat.checkpoint_rows("/ckpt.pt")[0]  # its writer died: never the latest
+    assert row.state is CheckpointState.PARTIAL and "its node a restarted" in (row.reason or "")
+    assert (a.mountpoint / "ckpt.pt").read_bytes() == v1  # the dead daemon's last commit
+    assert sorted(os.listdir(a.mountpoint)) == ["ckpt.pt"]
+    with pytest.raises(RuntimeError, match=r"ckptfs mount failed \(2\).*node 'a' has a live session"):
+        cluster.factory.mount(  # another state dir, the same node name: a lives
+            extra_args=[*TEST_MOUNT_ARGS, "--catalog", cluster.catalog, "--node", "a",
+                        "--remote", cluster.remote], name="a-other")
+    assert [s.sid for s in cat.sessions()] == [new.sid]
+    (a.mountpoint / "after.bin").write_bytes(b"a" * 4096)  # the restarted daemon serves
+    a.stop()
+    assert cat.sessions() == []
 
 
 @pytest.mark.allow_log_errors  # the second daemon's "mount refused"

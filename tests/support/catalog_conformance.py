@@ -18,9 +18,17 @@ from typing import Any
 import pytest
 
 from ckptfs.catalog.protocols import Catalog
-from ckptfs.catalog.rows import ROOT_INODE, Around, CheckpointRow, CheckpointState, ChunkRef
+from ckptfs.catalog.rows import (
+    ROOT_INODE,
+    Around,
+    CheckpointRow,
+    CheckpointState,
+    ChunkRef,
+    Registered,
+    SessionEnd,
+)
 from ckptfs.catalog.sql import CLAIM_LEASE_NS
-from ckptfs.errors import CkptfsError
+from ckptfs.errors import CkptfsError, UsageError
 
 R = ROOT_INODE
 
@@ -617,6 +625,60 @@ class CatalogConformance:
         catalog.close_session(sid)
         assert catalog.chunk_moves() == [(B, "s3", "n2")]
         assert catalog.deletion_keys("s3") == {A}
+
+    # -- sessions: a restart on the same state dir -------------------------------------------
+
+    def test_a_live_session_of_the_callers_earlier_id_is_ended_and_replaced(
+        self, catalog: Catalog,
+    ) -> None:
+        """The caller names its state dir's earlier session (its daemon is dead: the caller
+        holds that state dir's lock): ended at once, as an expired one would be."""
+        old = catalog.register_session("n1", 60, "pid 1").sid
+        run = catalog.create(R, b"run", D, 0, 0).ino
+        step = catalog.create(run, b"step-1", D, 0, 0).ino
+        shard = one_chunk_file(catalog, b"shard", A)
+        catalog.rename(R, b"shard", step, b"shard", False)
+        gone = one_chunk_file(catalog, b"scratch", B)
+        catalog.note_open(old, shard, writing=True)
+        catalog.note_open(old, gone)
+        catalog.unlink(R, b"scratch")  # held open by the dead daemon only
+        assert catalog.checkpoint_begin("/run/step-1", "torch", 1, 10)
+        reg = catalog.register_session("n1", 60, "pid 2", "new-sid", old)
+        assert reg.sid == "new-sid"
+        assert reg.previous == SessionEnd(old, "n1", 2, (gone,), (B,), ("/run/step-1",))
+        assert [(s.sid, s.node, s.info, s.live) for s in catalog.sessions()] == [
+            ("new-sid", "n1", "pid 2", True)]
+        assert not catalog.heartbeat_session(old, 60)  # the old id is gone for good
+        assert catalog.heartbeat_session("new-sid", 60)
+        assert catalog.open_inodes() == set()
+        assert errno_of(catalog.get_inode, gone) == errno.ENOENT
+        [row] = catalog.checkpoint_rows("/run/step-1")
+        assert row.state is CheckpointState.PARTIAL and "its node n1 restarted" in (row.reason or "")
+        assert catalog.get_inode(shard).size == 10  # its last commit stays
+
+    def test_a_live_session_of_another_id_is_still_refused(self, catalog: Catalog) -> None:
+        live = catalog.register_session("n1", 60, "pid 1").sid
+        for earlier in ("", "some-other-daemons-sid"):
+            with pytest.raises(UsageError, match="node 'n1' has a live session"):
+                catalog.register_session("n1", 60, "pid 2", "new-sid", earlier)
+        with pytest.raises(UsageError, match="'n1'"):  # another node's id names nothing here
+            catalog.register_session("n1", 60, "", None, catalog.register_session("n2", 60).sid)
+        assert sorted((s.sid == live, s.node) for s in catalog.sessions()) == [
+            (False, "n2"), (True, "n1")]
+        assert catalog.heartbeat_session(live, 60)
+
+    def test_a_retried_registration_whose_reply_was_lost_returns_its_id(
+        self, catalog: Catalog,
+    ) -> None:
+        """The same id again (its first attempt committed): the same session, extended, with
+        nothing ended a second time; an earlier id named with it changes nothing."""
+        old = catalog.register_session("n1", 60).sid
+        first = catalog.register_session("n1", 60, "", "attempt", old)
+        assert first.sid == "attempt" and first.previous == SessionEnd(old, "n1")
+        for earlier in (old, ""):
+            assert catalog.register_session("n1", 60, "", "attempt", earlier) == \
+                Registered("attempt", None)
+        assert [s.sid for s in catalog.sessions()] == ["attempt"]
 
     # -- checkpoints -------------------------------------------------------------------------
 

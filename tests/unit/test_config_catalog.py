@@ -134,3 +134,19 @@ def test_mount_refuses_a_rebinding_with_exit_2(tmp_path: Path) -> None:
     )
     assert res.returncode == 2, res.stderr
     assert "catalog:" in res.stderr and "serves the shared catalog" in res.stderr
+
+
+def test_the_state_dir_records_its_session_ids_privately(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    statedir.ensure_state_dir(state)
+    assert statedir.read_session_ids(state) == ("", "")  # none yet
+    statedir.write_session_ids(state, "sid-1", "attempt-2")
+    assert statedir.read_session_ids(state) == ("sid-1", "attempt-2")
+    assert os.stat(state / statedir.SESSION_FILE).st_mode & 0o777 == 0o600
+    statedir.write_session_ids(state, "attempt-2")
+    assert statedir.read_session_ids(state) == ("attempt-2", "")
+    assert not (state / (statedir.SESSION_FILE + ".tmp")).exists()
+    # A damaged file names no session: the restart waits for the expiry, as before.
+    for damaged in ("{", "[]", '{"sid": 7}', ""):
+        (state / statedir.SESSION_FILE).write_text(damaged)
+        assert statedir.read_session_ids(state) == ("", "")

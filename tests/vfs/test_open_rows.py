@@ -99,11 +99,13 @@ class GatedCatalog(PostgresCatalog):
                     lambda: super(GatedCatalog, self).note_open_many(sid, inos))
 
     def register_session(
-        self, node: str, timeout_s: float, info: str = "", sid: str | None = None
+        self, node: str, timeout_s: float, info: str = "", sid: str | None = None,
+        earlier: str = "",
     ) -> Registered:
         return self._gated(
             "register_session", None, (node,),
-            lambda: super(GatedCatalog, self).register_session(node, timeout_s, info, sid))
+            lambda: super(GatedCatalog, self).register_session(node, timeout_s, info, sid,
+                                                               earlier))
 
 
 async def arrived(stop: Stop) -> None:
