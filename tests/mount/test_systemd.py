@@ -68,6 +68,8 @@ def test_unit_keeps_what_the_service_depends_on(name: str) -> None:
     assert int(svc["TimeoutStopSec"]) > int(re.search(r"--timeout (\d+)", svc["ExecStop"]).group(1))  # type: ignore[union-attr]
     after = u["Unit"]["After"].split()
     assert "network-online.target" in after and "local-fs.target" in after
+    # Restarted for as long as a start fails (a database down at boot), never given up.
+    assert u["Unit"]["StartLimitIntervalSec"] == "0"
     # Options that give the daemon a mount namespace of its own would hide the mount.
     for key in ("PrivateTmp", "ProtectSystem", "ProtectHome", "PrivateDevices",
                 "ProtectKernelTunables", "ProtectControlGroups", "PrivateMounts",
