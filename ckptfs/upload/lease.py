@@ -101,8 +101,9 @@ class LeaseTiming:
     @property
     def retry_budget_s(self) -> float:
         """How long one heartbeat may go on retrying: half of the shorter of the period
-        and the window (15 s), so it ends within its period and well before the deadline.
-        A pause between attempts is at most a quarter of it."""
+        and the window (15 s). No attempt starts after it, so a heartbeat whose requests
+        are answered ends within its period, well before the deadline (one that hangs in a
+        request is the watchdog's). A pause between attempts is at most a quarter of it."""
         return min(self.heartbeat_s, self.window_s) / 2
 
 
@@ -372,6 +373,7 @@ class WriterLease:
                 self._lose(str(exc))
                 return
             except TransientTierError as exc:
+                self.problem = str(exc)  # for the watchdog, should the next attempt hang
                 pause = self._retry_pause(attempt, began)
                 if pause is None:
                     self._failed(exc)
