@@ -30,7 +30,8 @@ A heartbeat tries a transient error (a 500, a dropped connection, a reply lost a
 PUT landed) again after a short pause (0.5 s, doubling), at most ``RETRY_ATTEMPTS`` (4)
 attempts within ``retry_budget_s`` (15 s); every attempt reads the lease before its
 conditional write, so a renewal that landed unseen changed nothing but the ETag it reads.
-Only a heartbeat that still fails logs the warning (once, until one succeeds).
+Only a heartbeat that still fails logs the warning (once, until one succeeds). Taking the
+lease at mount and releasing it at unmount retry the same way.
 
 The watchdog: a holder fences its tier ``window_s`` (timeout less one heartbeat: 60 s)
 after the heartbeat time of its last renewal, unless a renewal came by then; others
@@ -59,6 +60,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -66,6 +68,7 @@ from ..errors import CkptfsError, ConfigError, TierError, TransientTierError
 from ..tiers.s3 import ConditionalWriteUnsupported, PreconditionFailed, S3Tier
 
 log = logging.getLogger("ckptfs.lease")
+_T = TypeVar("_T")
 
 LEASE_NAME = "writer"
 WRITER_ID_FILE = "writer_id"
@@ -364,37 +367,41 @@ class WriterLease:
         logged (once, until one succeeds) and fences the tier as needed."""
         if self.lost:
             return
+        try:
+            self.retrying("heartbeat", self._attempt)
+        except LeaseConflict as exc:
+            self._lose(str(exc))
+            return
+        except TierError as exc:
+            self._failed(exc)
+            return
+        self.problem = None
+        if self.failing:
+            log.info("writer lease of remote tier %s renewed again", self.tier.name)
+            self.failing = False
+
+    def retrying(self, what: str, op: Callable[[], _T]) -> _T:
+        """``op()``, tried again after a transient error: a short pause (0.5 s, doubling),
+        at most ``RETRY_ATTEMPTS`` attempts, none started after ``timing.retry_budget_s``.
+        Raises the last error."""
         began = self.monotonic()
         attempt = 0
         while True:
             try:
-                self._attempt()
-            except LeaseConflict as exc:
-                self._lose(str(exc))
-                return
+                return op()
             except TransientTierError as exc:
                 self.problem = str(exc)  # for the watchdog, should the next attempt hang
                 pause = self._retry_pause(attempt, began)
                 if pause is None:
-                    self._failed(exc)
-                    return
+                    raise
                 attempt += 1
-                log.info("writer lease of remote tier %s: %s; trying again in %.2g s "
-                         "(attempt %d of %d)", self.tier.name, exc, pause, attempt + 1,
+                log.info("writer lease of remote tier %s, %s: %s; trying again in %.2g s "
+                         "(attempt %d of %d)", self.tier.name, what, exc, pause, attempt + 1,
                          RETRY_ATTEMPTS)
                 self.sleep(pause)
-                continue
-            except TierError as exc:
-                self._failed(exc)
-                return
-            self.problem = None
-            if self.failing:
-                log.info("writer lease of remote tier %s renewed again", self.tier.name)
-                self.failing = False
-            return
 
     def _retry_pause(self, attempt: int, began: float) -> float | None:
-        """The pause before attempt ``attempt + 2`` of a heartbeat, or None: no more."""
+        """The pause before attempt ``attempt + 2``, or None: no more."""
         if attempt + 1 >= RETRY_ATTEMPTS:
             return None
         budget = self.timing.retry_budget_s
@@ -500,21 +507,36 @@ class WriterLease:
                   where(self.tier), why)
 
     def release(self) -> None:
-        """Mark the lease released (clean unmount), if it is still ours. Best effort."""
+        """Mark the lease released (clean unmount), if it is still ours. Best effort, with
+        the heartbeat's retries."""
         with self._lock:
             if not self.held:
                 return
             self.held = False
         try:
-            state = self._mine()
-            if state is None:
-                return
-            self._write(replace(self.me, heartbeat=self.clock(), released=True), state.etag)
-            log.info("released the writer lease of remote tier %s", self.tier.name)
+            released = self.retrying("release", self._release)
         except TierError as exc:
             log.warning("could not release the writer lease of remote tier %s (%s); it expires "
                         "%.0f s after the last heartbeat", self.tier.name, exc,
                         self.timing.timeout_s)
+            return
+        if released:
+            log.info("released the writer lease of remote tier %s", self.tier.name)
+
+    def _release(self) -> bool:
+        """Write our lease as released over the one read just before (False: it is not
+        ours any more)."""
+        for _ in range(_ACQUIRE_ROUNDS):
+            state = self._mine()
+            if state is None:
+                return False
+            try:
+                self._write(replace(self.me, heartbeat=self.clock(), released=True), state.etag)
+            except PreconditionFailed:
+                continue  # written since we read it: look again
+            return True
+        raise TransientLeaseError(f"tier {self.tier.name}: the lease kept changing while "
+                                  "releasing it")
 
 
 class _Beats:
@@ -550,11 +572,12 @@ class WriterLeases:
 
     def acquire(self) -> None:
         """At mount, before anything is written: take every lease. LeaseConflict (after
-        releasing the ones taken) refuses the mount; an unreachable remote only fences its
-        tier until the heartbeat task can take the lease."""
+        releasing the ones taken) refuses the mount; a remote still unreachable after the
+        heartbeat's retries only fences its tier until the heartbeat task can take the
+        lease."""
         for lease in self.leases:
             try:
-                lease.acquire()
+                lease.retrying("mount", lease.acquire)
             except LeaseConflict:
                 self.release()
                 raise

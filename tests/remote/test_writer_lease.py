@@ -544,6 +544,27 @@ def test_a_lost_put_that_lands_late_only_makes_the_renewal_look_again(
     assert renewed.heartbeat > late.heartbeat
 
 
+def test_taking_and_releasing_the_lease_retry_transient_errors(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+) -> None:
+    """A 500 when the mount takes the lease, and a lost reply when the unmount releases
+    it, are tried again like a heartbeat's: the mount holds the lease, the unmount leaves
+    it released, and nothing is logged as a warning."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    faults.fail = 1
+    leases.acquire()
+    assert faults.answers == [500, 200] and fence(a) is None and leases.leases[0].held
+    faults.lose = 1
+    leases.release()
+    assert faults.answers[2:] == [0, 200] and fake.pauses == [0.5, 0.5]
+    released = read_lease(a).lease
+    assert released is not None and released.released
+    assert released.writer_id == writer_id(state_a)
+
+
 # ------------------------------------------------------------------ real mounts
 
 
