@@ -429,8 +429,8 @@ async def test_watchdog_fences_a_hung_heartbeat_at_the_deadline(
 ) -> None:
     """A heartbeat hung in its lease PUT (a hung object store) does not keep the tier
     writable past the deadline: the watchdog fences it on the trio side. The PUT, when it
-    goes through at last, was stamped before the deadline and does not unfence; the next
-    heartbeat, due at once, does."""
+    goes through at last, wrote a heartbeat time stamped a whole window ago (its lease is
+    about to be stale) and does not unfence; the next heartbeat, due at once, does."""
     a, _b, state_a, _ = two_nodes
     leases = WriterLeases([a], state_a, timing=SLOW, monotonic=mock_clock.current_time,
                           sleep=lambda _s: None)
