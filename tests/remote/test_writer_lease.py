@@ -441,8 +441,9 @@ async def test_watchdog_fences_a_hung_heartbeat_at_the_deadline(
     returned = _returns(lease)
     fences = record_fences(a, mock_clock)
     gate = faults.gate = threading.Event()
+    then = threading.Event()  # holds the next heartbeat's PUT until the test looked
     async with trio.open_nursery() as nursery:
-        try:  # a failed assertion opens the gate, or the nursery would wait for the thread
+        try:  # a failed assertion opens the gates, or the nursery would wait for the thread
             nursery.start_soon(leases.run)
             await trio.to_thread.run_sync(faults.held.wait)  # the first heartbeat's PUT hangs
             await jump_to(mock_clock, t0 + SLOW.window_s - 1e-3)  # past two heartbeat periods
@@ -453,15 +454,18 @@ async def test_watchdog_fences_a_hung_heartbeat_at_the_deadline(
             assert "still waiting for the remote" in str(fences[0][1])
             assert len(lease_warnings(caplog, "not renewed for")) == 1
             assert read_lease(a).etag == acquired.etag  # the heartbeat has not written
-            faults.gate = None
+            faults.gate = then
             gate.set()  # the object store answers again
             await returned.receive()  # the hung heartbeat: its renewal is stale already
             assert fence(a) is not None and len(fences) == 1
+            faults.gate = None
+            then.set()
             await returned.receive()  # the next one, at once
             assert fence(a) is None and fences[-1][1] is None
             nursery.cancel_scope.cancel()
         finally:
             gate.set()
+            then.set()
     renewed = read_lease(a).lease
     assert renewed is not None and acquired.lease is not None
     assert renewed.writer_id == acquired.lease.writer_id and not lease.lost
