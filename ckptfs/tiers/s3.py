@@ -748,7 +748,9 @@ class S3Tier:
     def fence(self, reason: str | None, *, permanent: bool = False) -> None:
         """Refuse every write (put, delete, put_meta) with ``reason`` until called with None.
         ``permanent``: raise PermanentTierError (another node holds the writer lease) rather
-        than TransientTierError (the lease is not taken yet; worth retrying)."""
+        than TransientTierError (the lease is not taken yet; worth retrying). Any thread:
+        one assignment, read once by each write's check (the writer lease serialises its
+        own decisions to fence, upload/lease.py)."""
         self._fence = None if reason is None else (reason, permanent)
 
     @property

@@ -9,17 +9,24 @@ lease is taken over.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
+from tests.support.s3faults import LeasePutFaults
 from tests.support.s3fixtures import remove_prefix
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
@@ -27,9 +34,11 @@ from ckptfs.errors import ConfigError, PermanentTierError, TransientTierError
 from ckptfs.tiers.s3 import PreconditionFailed, S3Tier
 from ckptfs.upload.lease import (
     LEASE_NAME,
+    RETRY_ATTEMPTS,
     Lease,
     LeaseConflict,
     LeaseTiming,
+    WriterLease,
     WriterLeases,
     lease_timing,
     read_lease,
@@ -39,6 +48,9 @@ from ckptfs.upload.lease import (
 needs_fuse = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 MiB = 1 << 20
 HEARTBEAT_S = 0.2  # the daemons' heartbeat in these tests (CKPTFS_LEASE_HEARTBEAT_S)
+# Their lease timeout (CKPTFS_LEASE_TIMEOUT_S): long, so that a loaded test machine, where
+# a heartbeat's requests may take longer than 3 * HEARTBEAT_S, does not trip the watchdog.
+TIMEOUT_S = 30.0
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -179,7 +191,7 @@ def test_lease_writes_are_conditional(s3_tier: S3Tier) -> None:  # noqa: F811
     assert s3_tier.get_meta_tagged(LEASE_NAME) == (b"[]", new)
 
 
-@pytest.mark.allow_log_warnings("not taken (", "cannot reach the remote")
+@pytest.mark.allow_log_warnings("not taken (", "cannot reach the remote", "not renewed for")
 def test_unreachable_remote_at_mount_fences_until_the_lease_is_taken(
     two_nodes: tuple[S3Tier, S3Tier, Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,7 +200,7 @@ def test_unreachable_remote_at_mount_fences_until_the_lease_is_taken(
     def outage(name: str) -> None:
         raise TransientTierError(f"tier {a.name}: get {name}: cannot reach endpoint (simulated)")
 
-    leases = WriterLeases([a], state_a, timing=FAST)
+    leases = WriterLeases([a], state_a, timing=FAST, sleep=lambda _s: None)
     with monkeypatch.context() as patch:
         patch.setattr(a, "get_meta_tagged", outage)
         leases.acquire()  # no error: the mount goes on, writes to the tier wait
@@ -233,6 +245,330 @@ def test_lease_json_round_trip() -> None:
             Lease.from_bytes(bad)
 
 
+# ------------------------------------------------------------------ faults in the lease's PUTs
+
+# Virtual time only (a fake clock, or trio's MockClock): nothing here sleeps.
+SLOW = LeaseTiming(heartbeat_s=10.0, timeout_s=35.0)  # window 25 s, retry budget 5 s
+
+
+class FakeTime:
+    """A monotonic clock that moves only when a heartbeat pauses between attempts."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def faults(two_nodes: tuple[S3Tier, S3Tier, Path, Path]) -> Iterator[LeasePutFaults]:
+    """Faults in node A's lease PUTs (its real client; everything else reaches SeaweedFS)."""
+    injected = LeasePutFaults(two_nodes[0])
+    try:
+        yield injected
+    finally:
+        injected.close()
+
+
+def lease_warnings(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "ckptfs.lease" and r.levelno >= logging.WARNING and needle in r.getMessage()]
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_transient_500s_are_retried_within_the_heartbeat(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+    caplog: pytest.LogCaptureFixture, failures: int,
+) -> None:
+    """A 500 on a lease PUT is tried again after a short pause, within the heartbeat, each
+    attempt reading the lease first: no warning, no fence (and the fixture fails the test
+    on any WARNING)."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    lease = leases.leases[0]
+    before = read_lease(a)
+    faults.sent.clear()
+    faults.answers.clear()
+    faults.fail = failures
+    lease.heartbeat()
+    assert faults.answers == [500] * failures + [200]
+    assert fake.pauses == [0.5, 1.0][:failures]  # 0.5 s, doubling
+    # Every attempt wrote over the lease as read just before it (nothing else changed it).
+    assert [s.get("If-Match") for s in faults.sent] == [before.etag] * (failures + 1)
+    after = read_lease(a)
+    assert after.lease is not None and before.lease is not None
+    assert after.lease.heartbeat > before.lease.heartbeat and after.etag != before.etag
+    assert fence(a) is None and not lease.failing and not lease.lost
+    assert lease.renewed_at == fake.now  # stamped after the last pause
+    assert lease_warnings(caplog, "") == []
+
+
+@pytest.mark.allow_log_warnings("cannot reach the remote")
+def test_retries_stop_within_the_retry_budget(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+) -> None:
+    """At most RETRY_ATTEMPTS attempts, and none that would start after the retry budget
+    (half a heartbeat at most): a heartbeat stays well inside its period and the deadline."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    timing = LeaseTiming()
+    assert timing.retry_budget_s < timing.heartbeat_s < timing.window_s
+    leases = WriterLeases([a], state_a, timing=timing, monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    lease = leases.leases[0]
+    faults.answers.clear()
+    faults.fail = 100
+    lease.heartbeat()
+    assert len(faults.answers) == RETRY_ATTEMPTS and fake.pauses == [0.5, 1.0, 2.0]
+    # Slow failures: each attempt takes 4 s; a fourth would start after the budget (15 s).
+    faults.answers.clear()
+    fake.pauses.clear()
+    began = fake.now
+    faults.on_put = lambda _i: setattr(fake, "now", fake.now + 4.0)
+    lease.heartbeat()
+    assert len(faults.answers) == 3 and fake.pauses == [0.5, 1.0]
+    assert fake.now - began < timing.retry_budget_s
+    assert lease.failing and fence(a) is None  # still inside the window
+
+
+def _returns(lease: WriterLease) -> trio.MemoryReceiveChannel[None]:
+    """A channel that gets a message each time ``lease.heartbeat`` returns (it runs in a
+    worker thread of ``WriterLeases.run``)."""
+    send, receive = trio.open_memory_channel[None](math.inf)
+    beat = lease.heartbeat
+
+    def heartbeat() -> None:
+        try:
+            beat()
+        finally:
+            trio.from_thread.run_sync(send.send_nowait, None)
+
+    lease.heartbeat = heartbeat  # type: ignore[method-assign]
+    return receive
+
+
+def record_fences(tier: S3Tier, clock: trio.testing.MockClock) -> list[tuple[float, str | None]]:
+    """Each ``tier.fence`` call: (virtual time, reason)."""
+    calls: list[tuple[float, str | None]] = []
+    fence_of = tier.fence
+
+    def fenced(reason: str | None, *, permanent: bool = False) -> None:
+        calls.append((clock.current_time(), reason))
+        fence_of(reason, permanent=permanent)
+
+    tier.fence = fenced  # type: ignore[method-assign]
+    return calls
+
+
+async def jump_to(clock: trio.testing.MockClock, when: float) -> None:
+    """Move trio's virtual clock to ``when``; return once every task has run to a block."""
+    clock.jump(when - clock.current_time())
+    await trio.testing.wait_all_tasks_blocked()
+
+
+@pytest.mark.allow_log_warnings("cannot reach the remote", "not renewed for")
+async def test_a_lasting_failure_warns_once_and_fences_at_the_deadline(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+    mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, _b, state_a, _ = two_nodes
+    leases = WriterLeases([a], state_a, timing=SLOW, monotonic=mock_clock.current_time,
+                          sleep=lambda _s: None)
+    await trio.to_thread.run_sync(leases.acquire)
+    lease = leases.leases[0]
+    t0 = lease.renewed_at
+    returned = _returns(lease)
+    fences = record_fences(a, mock_clock)
+    faults.answers.clear()
+    faults.fail = 10**6
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leases.run)
+        await returned.receive()  # the first heartbeat, at once
+        assert faults.answers == [500] * RETRY_ATTEMPTS
+        assert len(lease_warnings(caplog, "cannot reach the remote")) == 1
+        assert fence(a) is None
+        for k in (1, 2):  # heartbeats at t0 + 10 and t0 + 20: still inside the window
+            await jump_to(mock_clock, t0 + k * SLOW.heartbeat_s + 1e-3)
+            await returned.receive()
+            assert fence(a) is None and fences == []
+        assert len(faults.answers) == 3 * RETRY_ATTEMPTS
+        await jump_to(mock_clock, t0 + SLOW.window_s - 1e-3)
+        assert fence(a) is None
+        await jump_to(mock_clock, t0 + SLOW.window_s + 1e-3)  # the deadline: t0 + 25
+        assert len(fences) == 1
+        when, reason = fences[0]
+        assert t0 + SLOW.window_s <= when <= t0 + SLOW.window_s + 1e-3
+        assert reason is not None and "could not be renewed for 25 s" in reason
+        assert "server error 500" in reason  # what the failed attempts said
+        with pytest.raises(TransientTierError, match="could not be renewed"):
+            a.put_meta("catalog.snapshot", b"x")  # refused before any request
+        await jump_to(mock_clock, t0 + 3 * SLOW.heartbeat_s + 1e-3)
+        await returned.receive()  # a fourth failed heartbeat: nothing more is logged
+        nursery.cancel_scope.cancel()
+    assert len(lease_warnings(caplog, "cannot reach the remote")) == 1
+    assert len(lease_warnings(caplog, "not renewed for")) == 1
+    assert fence(a) is not None and len(fences) == 1
+    held = read_lease(a).lease
+    assert held is not None and held.writer_id == writer_id(state_a)  # never renewed
+
+
+@pytest.mark.allow_log_warnings("not renewed for")
+async def test_watchdog_fences_a_hung_heartbeat_at_the_deadline(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+    mock_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A heartbeat hung in its lease PUT (a hung object store) does not keep the tier
+    writable past the deadline: the watchdog fences it on the trio side. The PUT, when it
+    goes through at last, wrote a heartbeat time stamped a whole window ago (its lease is
+    about to be stale) and does not unfence; the next heartbeat, due at once, does."""
+    a, _b, state_a, _ = two_nodes
+    leases = WriterLeases([a], state_a, timing=SLOW, monotonic=mock_clock.current_time,
+                          sleep=lambda _s: None)
+    await trio.to_thread.run_sync(leases.acquire)
+    lease = leases.leases[0]
+    t0 = lease.renewed_at
+    acquired = read_lease(a)
+    returned = _returns(lease)
+    fences = record_fences(a, mock_clock)
+    gate = faults.gate = threading.Event()
+    then = threading.Event()  # holds the next heartbeat's PUT until the test looked
+    async with trio.open_nursery() as nursery:
+        try:  # a failed assertion opens the gates, or the nursery would wait for the thread
+            nursery.start_soon(leases.run)
+            await trio.to_thread.run_sync(faults.held.wait)  # the first heartbeat's PUT hangs
+            await jump_to(mock_clock, t0 + SLOW.window_s - 1e-3)  # past two heartbeat periods
+            assert fence(a) is None
+            await jump_to(mock_clock, t0 + SLOW.window_s + 1e-3)
+            assert len(fences) == 1 and t0 + SLOW.window_s <= fences[0][0]
+            assert "could not be renewed" in str(fences[0][1])
+            assert "still waiting for the remote" in str(fences[0][1])
+            assert len(lease_warnings(caplog, "not renewed for")) == 1
+            assert read_lease(a).etag == acquired.etag  # the heartbeat has not written
+            faults.gate = then
+            gate.set()  # the object store answers again
+            await returned.receive()  # the hung heartbeat: its renewal is stale already
+            assert fence(a) is not None and len(fences) == 1
+            faults.gate = None
+            then.set()
+            await returned.receive()  # the next one, at once
+            assert fence(a) is None and fences[-1][1] is None
+            nursery.cancel_scope.cancel()
+        finally:
+            gate.set()
+            then.set()
+    renewed = read_lease(a).lease
+    assert renewed is not None and acquired.lease is not None
+    assert renewed.writer_id == acquired.lease.writer_id and not lease.lost
+    assert lease.renewed_at >= t0 + SLOW.window_s  # the deadline moved with the renewal
+
+
+def test_a_renewal_whose_reply_was_lost_is_not_a_lost_lease(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+) -> None:
+    """The PUT landed (the ETag changed) but the client saw a read timeout: the retry reads
+    the lease again, finds it is ours, and writes If-Match the new ETag. No conflict."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    lease = leases.leases[0]
+    before = read_lease(a)
+    faults.sent.clear()
+    faults.answers.clear()
+    faults.lose = 1
+    lease.heartbeat()
+    assert faults.answers == [0, 200]  # the first reply lost, the retry answered
+    assert len(faults.landed) == 1 and faults.landed[0] != before.etag
+    assert [s.get("If-Match") for s in faults.sent] == [before.etag, faults.landed[0]]
+    assert not lease.lost and lease.held and fence(a) is None and not lease.failing
+
+
+@pytest.mark.allow_log_warnings("cannot reach the remote")
+def test_lost_replies_through_a_whole_heartbeat_are_not_a_lost_lease(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+) -> None:
+    """Every attempt of a heartbeat landed unseen: it fails (logged), and the next
+    heartbeat renews the lease, which still names this node."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    lease = leases.leases[0]
+    faults.answers.clear()
+    faults.lose = RETRY_ATTEMPTS
+    lease.heartbeat()
+    assert faults.answers == [0] * RETRY_ATTEMPTS and lease.failing and not lease.lost
+    assert len(set(faults.landed)) == RETRY_ATTEMPTS  # each landed: a new ETag each time
+    lease.heartbeat()
+    assert faults.answers[-1] == 200
+    assert not lease.lost and not lease.failing and fence(a) is None
+
+
+def test_a_lost_put_that_lands_late_only_makes_the_renewal_look_again(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+    seaweed: SeaweedServer,  # noqa: F811
+) -> None:
+    """The PUT whose reply was lost lands only after the retry read the lease: the retry's
+    If-Match fails (412), and the renewal reads again and wins: still not a lost lease."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    lease = leases.leases[0]
+    late = read_lease(a).lease
+    assert late is not None
+    faults.sent.clear()
+    faults.answers.clear()
+    faults.fail = 1  # the first PUT "times out" before it is answered ...
+
+    def lands_late(index: int) -> None:
+        if index == 1:  # ... and lands now, just before the retry's PUT
+            put_lease(seaweed, a.prefix, version=1,
+                      **asdict(replace(late, heartbeat=late.heartbeat + 1.0)))
+
+    faults.on_put = lands_late
+    lease.heartbeat()
+    assert faults.answers == [500, 412, 200]
+    assert not lease.lost and fence(a) is None
+    renewed = read_lease(a).lease
+    assert renewed is not None and renewed.writer_id == late.writer_id
+    assert renewed.heartbeat > late.heartbeat
+
+
+def test_taking_and_releasing_the_lease_retry_transient_errors(
+    two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
+) -> None:
+    """A 500 when the mount takes the lease, and a lost reply when the unmount releases
+    it, are tried again like a heartbeat's: the mount holds the lease, the unmount leaves
+    it released, and nothing is logged as a warning."""
+    a, _b, state_a, _ = two_nodes
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    faults.fail = 1
+    leases.acquire()
+    assert faults.answers == [500, 200] and fence(a) is None and leases.leases[0].held
+    faults.lose = 1
+    leases.release()
+    assert faults.answers[2:] == [0, 200] and fake.pauses == [0.5, 0.5]
+    released = read_lease(a).lease
+    assert released is not None and released.released
+    assert released.writer_id == writer_id(state_a)
+
+
 # ------------------------------------------------------------------ real mounts
 
 
@@ -243,6 +579,7 @@ def remote(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
     monkeypatch.setenv("CKPTFS_LEASE_HEARTBEAT_S", str(HEARTBEAT_S))
+    monkeypatch.setenv("CKPTFS_LEASE_TIMEOUT_S", str(TIMEOUT_S))
     prefix = f"l-{uuid.uuid4().hex[:10]}"
     yield f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}", prefix
     remove_prefix(seaweed, seaweed.bucket, prefix)
