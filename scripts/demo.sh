@@ -15,7 +15,8 @@
 #   checkpoint saved on a is listed and loaded bit-identical on b, an O_EXCL create race
 #   between the nodes (one wins) and a rename on a seen on b -> one DCP-layout checkpoint
 #   written from both nodes, committed only once every shard is closed, `ckptfs latest`
-#   the same on both -> unmount both -> governance: a mount with two namespaces owned by
+#   the same on both -> node a's daemon killed with SIGKILL and started again at once (it
+#   ends its own dead session) -> unmount both -> governance: a mount with two namespaces owned by
 #   uids 1001 and 1002, one encrypted, bound to a location and under a quota: the other
 #   uid gets EACCES, the frames are ciphertext on the allowed tier only, a write past the
 #   quota gets EDQUOT, the audit log verifies and a hand edit of it is found.
@@ -451,6 +452,21 @@ wait_for("step-2 committed", lambda: latest(a) == "/dcp-run/step-2")
 wait_for("b agrees", lambda: latest(b) == "/dcp-run/step-2")
 print(f"rank 1 closed its shard on b: latest on a {latest(a)}, on b {latest(b)}")
 EOF2
+
+step "15b. node a's daemon is killed (SIGKILL, as an OOM kill would) and started again at once on its state dir: it ends its own dead session, not refused until that expires"
+PID_A="$(cat "$NODE_A/state/daemon.pid")"
+kill -9 "$PID_A"
+for _ in $(seq 1 100); do   # gone, or a zombie nobody reaps yet: its flock is released
+    { [ ! -e "/proc/$PID_A" ] || grep -q '^State:.*Z' "/proc/$PID_A/status" 2>/dev/null; } && break
+    sleep 0.1
+done
+echo "killed node a's daemon (pid $PID_A); its session in the catalog is still live"
+ckptfs mount "$A" --state-dir "$NODE_A/state" --catalog "$PG_URL" --node a \
+    --remote "$CLUSTER_REMOTE" --metrics-address 127.0.0.1:0
+DAEMONS+=("$(cat "$NODE_A/state/daemon.pid")")
+grep -m1 "node a restarted" "$NODE_A/state/ckptfs.log"
+echo "node a again: $(grep " $A " /proc/mounts)"
+"$PY" "$WORK/compare.py" "$A/run1/final" "$REF" | tail -n 1
 
 step "16. ckptfs status beside node b: the shared catalog knows both nodes' tiers; unmount both"
 ckptfs status --state-dir "$NODE_B/state" --json > "$WORK/status-b.json"
