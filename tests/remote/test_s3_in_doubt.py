@@ -15,6 +15,8 @@ from typing import Any
 import boto3
 import botocore.exceptions as bce
 import pytest
+import urllib3
+import urllib3.connection
 import urllib3.exceptions
 
 from ckptfs.config import S3TierConfig
@@ -72,7 +74,8 @@ MAPPING: list[tuple[BaseException, type[TierError], bool]] = [
     (bce.ConnectTimeoutError(endpoint_url="http://x"), EndpointUnreachable, False),
     (bce.ProxyConnectionError(proxy_url="http://p"), EndpointUnreachable, False),
     (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), EndpointUnreachable, False),
-    (urllib3.exceptions.NewConnectionError(None, "refused"), EndpointUnreachable, False),
+    (urllib3.exceptions.NewConnectionError(urllib3.connection.HTTPConnection("127.0.0.1", 9),
+                                           "refused"), EndpointUnreachable, False),
     (urllib3.exceptions.ConnectTimeoutError("connect timed out"), EndpointUnreachable, False),
     (bce.NoCredentialsError(), AccessDenied, False),
     (bce.ParamValidationError(report="bad"), PermanentTierError, False),
@@ -84,7 +87,8 @@ MAPPING: list[tuple[BaseException, type[TierError], bool]] = [
     (bce.ResponseStreamingError(error="reset"), TransientTierError, True),
     (bce.HTTPClientError(error="reset"), TransientTierError, True),
     (urllib3.exceptions.ProtocolError("Connection aborted."), TransientTierError, True),
-    (urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"), TransientTierError, True),
+    (urllib3.exceptions.ReadTimeoutError(urllib3.HTTPConnectionPool("127.0.0.1", 9), "/",
+                                         "read timed out"), TransientTierError, True),
     (ConnectionResetError(errno.ECONNRESET, "reset"), TransientTierError, True),
     (BrokenPipeError(errno.EPIPE, "broken pipe"), TransientTierError, True),
     (TimeoutError("timed out"), TransientTierError, True),
