@@ -347,3 +347,57 @@ async def test_a_delete_the_server_answered_ends_its_claim_at_once(
         n.cancel_scope.cancel()
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")
     assert_readable(b, bucket, ino)
+
+
+@pytest.mark.allow_log_warnings("deletion queue paused", "deleting chunks on tier remote0 failed")
+async def test_a_delete_in_doubt_met_by_a_database_outage_keeps_its_claim_once_written(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier, postgres: PgServer
+) -> None:
+    """Node a's DELETE of X fails in doubt while the database is down: its end cannot be
+    written (the claim made before holds meanwhile). Once the database answers, the end
+    is written as a kept claim (the grace has not ended): b's upload stays held until the
+    deleter's clock passes the grace, and is due then."""
+    a, b = nodes
+    shift = [0]  # the deleter's clock: the wall clock, moved on by the test
+    remote, gate, deleter = a_deleter_failing_its_delete(
+        a, bucket, lambda: time.time_ns() + shift[0])
+    pair = (X, "remote0")
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        await trio.to_thread.run_sync(postgres.stop)
+        try:
+            remote.delete_error = TransientTierError("delete: connection reset", in_doubt=True)
+            progress = deleter._progress
+            gate.set()
+            with trio.fail_after(60):
+                while deleter.failures < 1 or pair in deleter.running:
+                    await progress.wait()  # the DELETE failed; its end was not written
+                    progress = deleter._progress
+            [(how, _, _, kept)] = [end for _, end in deleter._unwritten.values()]
+            assert (how, kept) == ("postpone", True)
+        finally:
+            await trio.to_thread.run_sync(postgres.start)
+        with trio.fail_after(60):
+            while pair not in deleter._graced:
+                await progress.wait()  # written once the database answers
+                progress = deleter._progress
+        assert not deleter._unwritten
+        lease = deleter._graced[pair]
+        assert not b_uploads(b, bucket)  # still held: the grace has not ended
+        assert b.next_upload_due_ns(set()) == lease
+        [backlog] = a.deletion_backlog()
+        assert (backlog.failing, backlog.last_error) == (1, "delete: connection reset")
+        shift[0] = lease - time.time_ns()  # the deleter's clock reaches the grace's end
+        deleter.kick()
+        with trio.fail_after(60):
+            while pair in deleter._graced:
+                await progress.wait()
+                progress = deleter._progress
+        n.cancel_scope.cancel()
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
