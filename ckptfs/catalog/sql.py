@@ -298,7 +298,8 @@ def _inode(row: tuple[object, ...]) -> Inode:
 # in-process, other nodes' hear a NOTIFY); a lease that runs out is a deadline. A DELETE
 # that failed in doubt (sent, perhaps, and no answer read: TierError.in_doubt) may still
 # land: its row stays claimed for the tier's request grace (postpone_deletion with
-# keep_claim), a new lease the deleter itself ends (deleter.py).
+# keep_claim), a new lease the deleter itself ends (deleter.py). A deleter's claim lasts
+# at least twice its tier's request grace: the call, and a grace after it.
 CLAIM_LEASE_NS = 600 * 10**9
 _CLAIMED = (" AND NOT EXISTS (SELECT 1 FROM deletions d WHERE d.digest = u.digest "
             "AND d.tier = u.tier AND d.next_try_ns < 0)")

@@ -400,7 +400,11 @@ class Deleter:
         pair = (row.digest, row.tier)
         # Leased in the catalog: other nodes start or record no upload of the pair until
         # this row is done (they may hold the same bytes). The lease value names this claim.
-        until = time.time_ns() + CLAIM_LEASE_NS
+        # It outlasts the call (a HEAD and a DELETE, each within the tier's timeouts: about
+        # its request grace) and a grace after it, should this node die or its end go
+        # unwritten in an outage: the DELETE cannot land once the lease runs out.
+        tier = self.tiers[row.tier]
+        until = time.time_ns() + max(CLAIM_LEASE_NS, int(2e9 * tier.request_grace_s))
         ending: Ending = ("release", 0, "", False)
         try:
             ok = await trio.to_thread.run_sync(
@@ -408,7 +412,6 @@ class Deleter:
             )
             if not ok:
                 return
-            tier = self.tiers[row.tier]
             try:
                 # A hung server holds only this thread; at unmount it is abandoned
                 # (the row stays and is retried at the next mount).
