@@ -87,9 +87,24 @@ class ResidencyRefused(CkptfsError):
 
 
 class TierError(CkptfsError):
-    """A tier failed (device gone, I/O error). The caller sees EIO."""
+    """A tier failed (device gone, I/O error). The caller sees EIO.
+
+    ``in_doubt``: the request may have reached the tier and no answer was read (a read
+    timeout, a connection reset or closed mid-request, a failure not known): what it asked
+    for may still happen later, e.g. a DELETE queued at the server. False when the tier
+    answered (any status: the request is finished), when nothing was sent (a connect
+    failure, a refused credential, a fenced write), or when the request changes nothing.
+    The deleter keeps a remote claim for the tier's ``request_grace_s`` after a DELETE in
+    doubt (upload/deleter.py)."""
 
     errno = _errno.EIO
+    in_doubt: bool = False
+
+    def __init__(
+        self, message: str = "", *, errno: int | None = None, in_doubt: bool = False
+    ) -> None:
+        super().__init__(message, errno=errno)
+        self.in_doubt = in_doubt
 
 
 class TransientTierError(TierError):

@@ -359,7 +359,8 @@ class DeletionQueue(Protocol):
     ) -> list[tuple[bytes, str]]:
         """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
         its tier (a valid replica row, an upload job, or a node's move of its uncommitted
-        chunk there, for the same pair) is cancelled;
+        chunk there, for the same pair) is cancelled (if its claim's lease had run out,
+        the jobs that claim held may run: they are told);
         a row that is gone (done by someone else) or leased by another deleter is skipped.
         ``lease_until_ns`` (wall clock): mark the rows returned as claimed until then
         (remote tiers: another node could upload the same object meanwhile), or until
@@ -379,16 +380,20 @@ class DeletionQueue(Protocol):
         self, pairs: Iterable[tuple[bytes, str]], lease_until_ns: int
     ) -> int:
         """End the claims made with ``lease_until_ns`` without deleting (nothing was sent
-        to the tier): those rows are due again. Rows claimed otherwise are left. Returns
+        to the tier, or what was sent can no longer land): those rows are due again, and
+        the upload jobs they held may run. Rows claimed otherwise are left. Returns
         how many were released."""
         ...
 
     def postpone_deletion(
         self, digest: bytes, tier: str, next_try_ns: int, error: str,
-        lease_until_ns: int | None = None,
+        lease_until_ns: int | None = None, *, keep_claim: bool = False,
     ) -> None:
-        """The deletion failed: retry at ``next_try_ns`` (with ``lease_until_ns``, only if
-        the row is still claimed with that value)."""
+        """The deletion failed: count the attempt, keep ``error``, retry at ``next_try_ns``
+        (with ``lease_until_ns``, only if the row is still claimed with that value).
+        ``keep_claim``: the DELETE may still land (it failed in doubt), so the row stays
+        claimed until ``next_try_ns``, its new lease value: no upload of the pair is due
+        or recorded before; it is then due again, as any lease that ran out is."""
         ...
 
     def retry_deletions_now(self, tier: str | None = None) -> int:

@@ -295,7 +295,11 @@ def _inode(row: tuple[object, ...]) -> Inode:
 # then). Chunk objects are keyed by digest and any node may upload one, so while a row is
 # claimed no upload of its pair starts or is recorded: the DELETE may land after the PUT.
 # The end of a claim is an event (deletion_events.py: the claimant's own uploader is kicked
-# in-process, other nodes' hear a NOTIFY); a lease that runs out is a deadline.
+# in-process, other nodes' hear a NOTIFY); a lease that runs out is a deadline. A DELETE
+# that failed in doubt (sent, perhaps, and no answer read: TierError.in_doubt) may still
+# land: its row stays claimed for the tier's request grace (postpone_deletion with
+# keep_claim), a new lease the deleter itself ends (deleter.py). A deleter's claim lasts
+# at least twice its tier's request grace: the call, and a grace after it.
 CLAIM_LEASE_NS = 600 * 10**9
 _CLAIMED = (" AND NOT EXISTS (SELECT 1 FROM deletions d WHERE d.digest = u.digest "
             "AND d.tier = u.tier AND d.next_try_ns < 0)")
@@ -953,7 +957,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
         def body(c: Conn) -> list[tuple[bytes, str]]:
             ok = []
             now = time.time_ns()
-            cancelled = False
+            cancelled = held = False
             for d, tier in todo:
                 row = c.execute(
                     "SELECT next_try_ns FROM deletions WHERE digest=? AND tier=?", (d, tier)
@@ -970,6 +974,10 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 if wanted:
                     c.execute("DELETE FROM deletions WHERE digest=? AND tier=?", (d, tier))
                     cancelled = True
+                    # A claim whose lease ran out (its deleter died, or its DELETE's grace
+                    # ended unwritten) ended here: the jobs it held may run.
+                    if int(row[0]) < 0 and _restamp_jobs(c, d, tier, now):
+                        held = True
                     continue
                 if lease_until_ns is not None:
                     c.execute("UPDATE deletions SET next_try_ns=? WHERE digest=? AND tier=?",
@@ -977,6 +985,8 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 ok.append((d, tier))
             if cancelled:  # the row ended: a settle may wait for it
                 self._notify_deletions(c)
+            if held:
+                self._notify_held(c)
             return ok
 
         return self._write(body)
@@ -1033,19 +1043,24 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
 
     def postpone_deletion(
         self, digest: bytes, tier: str, next_try_ns: int, error: str,
-        lease_until_ns: int | None = None,
+        lease_until_ns: int | None = None, *, keep_claim: bool = False,
     ) -> None:
         only = "" if lease_until_ns is None else " AND next_try_ns=?"
         tail = () if lease_until_ns is None else (-lease_until_ns,)
+        # Kept: the claim's new lease runs until the retry time (the row is then due again
+        # as any lease that ran out is).
+        value = -next_try_ns if keep_claim else next_try_ns
 
         def body(c: Conn) -> None:
             if not c.execute(
                 "UPDATE deletions SET attempts=attempts+1, next_try_ns=?, last_error=? "
-                "WHERE digest=? AND tier=?" + only, (next_try_ns, error, digest, tier, *tail),
+                "WHERE digest=? AND tier=?" + only, (value, error, digest, tier, *tail),
             ).rowcount:
                 return
             # Tried: a settle may wait for it (and a claim's lease became a retry time).
             self._notify_deletions(c)
+            if keep_claim:
+                return  # still claimed: the jobs it holds stay held
             if lease_until_ns is not None and c.execute(
                 "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)
             ).fetchone():

@@ -19,6 +19,7 @@ def _sha256_b64(data: bytes) -> str:
 class MemoryTier:
     kind = "local"
     verified_put = False
+    request_grace_s = 0.0
 
     def __init__(
         self, name: str = "mem", capacity: int = 1 << 40, location: str = "local",
@@ -92,6 +93,7 @@ class FaultyTier:
         # Always checked by verify against the digest: a put this wrapper corrupts would
         # pass the inner tier's own compare with what it was handed.
         self.verified_put = False
+        self.request_grace_s = inner.request_grace_s
         self.fail_puts = False
         self.fail_gets = False
         self.full = False
@@ -99,6 +101,9 @@ class FaultyTier:
         self.corrupt_puts = False  # flip a bit of every put body after the caller checked it
         self.corrupted = 0
         self.fail_deletes = False
+        # Raised by every delete (before the inner tier's): e.g. an error in doubt (a
+        # timeout after the DELETE was sent) or one the server answered (403).
+        self.delete_error: TierError | None = None
         self.fail_syncs = False  # fsync of frames fails (a device losing writes)
         # Hold puts (chunks and meta) until the gate opens; put_entered tells a put is held.
         self.put_gate: threading.Event | None = None
@@ -169,6 +174,8 @@ class FaultyTier:
             self.delete_held.set()
             if not gate.wait(timeout=60):
                 raise TierError(f"tier {self.name}: delete gate never opened")
+        if self.delete_error is not None:
+            raise self.delete_error
         if self.fail_deletes:
             raise TierError(f"tier {self.name}: injected EIO on delete")
         return self.inner.delete(key)

@@ -35,6 +35,7 @@ def _private_dir(path: Path) -> None:
 
 class LocalTier:
     kind = "local"
+    request_grace_s = 0.0  # a call that returned is over
 
     def __init__(self, cfg: TierConfig) -> None:
         self.name = cfg.name

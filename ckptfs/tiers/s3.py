@@ -14,7 +14,10 @@ turns botocore/urllib3 exceptions into ``TransientTierError`` (throttling, 5xx, 
 connection refused or reset, a checksum mismatch on the wire: worth retrying) or
 ``PermanentTierError`` (no such bucket, access denied, unknown key id, wrong secret, no
 credentials: an operator must act; ``AccessDenied`` for refused credentials), and
-``EndpointUnreachable`` for an endpoint that does not answer at all. A chunk GET that fails
+``EndpointUnreachable`` for an endpoint that does not answer at all. Each error also tells
+whether its request is in doubt (``TierError.in_doubt``, ``_in_doubt``): sent, perhaps, and
+no answer read, so what it asked for may still happen at the server. A DELETE in doubt keeps
+its deletion claim for ``request_grace_s`` (upload/deleter.py). A chunk GET that fails
 after a good connection (a 500 for that key, a body cut short, a stalled read) is followed
 by a HEAD of the bucket with short timeouts: if that answers, the object is bad, not the
 tier (``ObjectUnreadable``, a CorruptChunk: the read path heals that copy). botocore's own
@@ -121,6 +124,14 @@ _PERMANENT_5XX_CODES = {"NotImplemented"}
 # The health probe's timeouts (connect and read): a HEAD of the bucket answers at once.
 PROBE_TIMEOUT_S = 3.0
 
+# How long after a request in doubt failed it may still take effect at the server, as a
+# multiple of connect_timeout + read_timeout (``S3Tier.request_grace_s``). Once connected,
+# the request was sent within the connect window, and we gave up after read_timeout of
+# silence; the server (or a proxy in front of it) may hold the request as long again before
+# it runs it, and S3 itself promises no bound at all. Twice the window is that margin: it
+# costs only that uploads of the object wait (deleter.py), never data.
+REQUEST_GRACE_FACTOR = 2
+
 # Failures to talk to the endpoint at all: nothing was sent or answered.
 _UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
     bce.EndpointConnectionError,
@@ -130,7 +141,8 @@ _UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
     urllib3.exceptions.NewConnectionError,
     urllib3.exceptions.ConnectTimeoutError,
 )
-# Failures of the connection mid-request (after it was made).
+# Failures of the connection mid-request (after it was made): the request may have been
+# sent, and no answer was read (``_in_doubt``).
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     bce.ConnectionClosedError,
     bce.ReadTimeoutError,
@@ -148,6 +160,28 @@ _CREDENTIAL_ERRORS: tuple[type[BaseException], ...] = (
     bce.TokenRetrievalError,
     bce.NoAuthTokenError,
 )
+
+
+def _in_doubt(exc: BaseException) -> bool:
+    """The request may have been sent and no answer was read: what it asked for may still
+    happen. False for an answer of the server (any HTTP status: the request is finished,
+    a response checksum that did not match was an answer too), and for failures before
+    anything was sent (no connection made, no credentials, a request botocore refused to
+    build, a TLS certificate refused in the handshake). True for the rest: a read timeout,
+    a connection reset or closed mid-request, an unknown error (nothing known was not sent)."""
+    if isinstance(exc, bce.ClientError):
+        return False
+    if isinstance(exc, (*_CREDENTIAL_ERRORS, *_UNREACHABLE_ERRORS)):
+        return False
+    if isinstance(exc, bce.SSLError):
+        text = str(exc).lower()
+        return not ("certificate" in text or "hostname" in text)  # verification: handshake
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return True
+    # A response that failed its checksum was an answer; a request botocore refused to
+    # build was never sent. Anything else: not known not to have been sent.
+    return not isinstance(exc, bce.FlexibleChecksumError | bce.ChecksumError
+                          | bce.ParamValidationError | bce.ValidationError)
 
 
 @dataclass(frozen=True)
@@ -361,10 +395,21 @@ class S3Tier:
         """The boto3 S3 client (thread-safe), for tools and tests."""
         return self._client
 
+    @property
+    def request_grace_s(self) -> float:
+        """How long after a request in doubt failed (``TierError.in_doubt``) it may still
+        take effect at the server: REQUEST_GRACE_FACTOR x (connect_timeout + read_timeout).
+        botocore's retries are off (``total_max_attempts`` 1), so no retry of ours is sent
+        behind our back later."""
+        return float(REQUEST_GRACE_FACTOR * (self._connect_timeout + self._read_timeout))
+
     # -- errors ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str | None = None, *, per_object: bool = False) -> Iterator[None]:
+    def _errors(
+        self, op: str, key: str | None = None, *, per_object: bool = False,
+        changes: bool = True,
+    ) -> Iterator[None]:
         """Translate what botocore and urllib3 raise into Transient/PermanentTierError, and
         record in ``health`` whether the tier answered.
 
@@ -372,6 +417,8 @@ class S3Tier:
         ``per_object`` (a chunk GET): a failure after the connection was made (a 500 for
         this key, a body cut short, a read that stalls) is this object's problem if the
         bucket still answers a HEAD at once: ObjectUnreadable, not a failure of the tier.
+        ``changes`` False: these requests change nothing (the HEAD before a DELETE), so an
+        error of theirs is not in doubt (``TierError.in_doubt``) whatever it was.
         """
         what = f"tier {self.name}: {op}" + (f" {key[:16]}" if key else "")
         try:
@@ -379,6 +426,7 @@ class S3Tier:
         except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
                 ConnectionError, TimeoutError) as exc:
             err = self._translate(what, op, exc)
+            err.in_doubt = changes and _in_doubt(exc)
             if isinstance(err, PreconditionFailed | ConditionalWriteUnsupported):
                 self.health.ok()  # the server answered: it refused this write
                 raise err from exc
@@ -590,8 +638,9 @@ class S3Tier:
         self._check_fence("delete", key)
         with self._lock:
             size = self._sizes.pop(key, None)
-        with self._errors("delete", key):
-            if size is None:
+        if size is None:
+            # Not in doubt if it fails: no DELETE was sent.
+            with self._errors("delete", key, changes=False):
                 try:
                     resp = self._client.head_object(Bucket=self.bucket, Key=self.object_key(key))
                 except bce.ClientError as exc:
@@ -599,6 +648,7 @@ class S3Tier:
                         return 0
                     raise
                 size = int(resp["ContentLength"])
+        with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
         return size
 

@@ -16,6 +16,20 @@ A remote row is also claimed in the catalog (a lease, sql.CLAIM_LEASE_NS): anoth
 may commit and upload the same bytes meanwhile, and no node starts or records an upload of
 a claimed pair, so no DELETE lands after a PUT that was recorded.
 
+A failed remote DELETE whose request may still land keeps its claim until it no longer
+can. A failure the server answered (any status: 403, 404, a 5xx read back) or one where
+nothing was sent (no connection made) ends the claim at once: the row is postponed with
+its backoff. A failure in doubt (``TierError.in_doubt``: a read timeout, a connection reset
+or closed mid-request, an unknown error) may leave the DELETE queued at the server, to land
+after another node's PUT of the same digest. Its row is postponed with the claim kept: a
+new lease until the later of its backoff and the tier's ``request_grace_s`` (S3: from its
+connect and read timeouts), written in the same transaction that counts the attempt and
+keeps the error (``ckptfs status``). Uploads of the pair stay held. The lease's end is a
+deadline of this queue (``_graced``): then the claim is released (the DELETE can no longer
+land), which tells the uploads it held, here and on other nodes, and makes the row due:
+tried again, or cancelled when the chunk is wanted on that tier again. Should this node
+die first, the lease runs out as any claim's does.
+
 A database outage (a shared catalog) does not end this task: a pass that cannot reach
 the catalog waits and tries again, so the remote DELETEs in flight finish in their
 threads, never abandoned. A claim whose end (done, failed, or not known to have been
@@ -34,6 +48,7 @@ with its lease, a deadline of next_deletion_due_ns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -47,7 +62,7 @@ from ..catalog.deletion_events import Listener
 from ..catalog.sql import CLAIM_LEASE_NS
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
-from ..errors import CatalogUnavailable, CkptfsError
+from ..errors import CatalogUnavailable, CkptfsError, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..wakeup import Wakeup
@@ -65,9 +80,10 @@ OUTAGE_RETRY_MIN_S = 0.5  # the catalog is unreachable: look again after this, d
 OUTAGE_RETRY_MAX_S = 10.0
 
 Pair = tuple[bytes, str]
-# A claim's end not yet written, (how, next try, error): "finish" the DELETE succeeded;
-# "postpone" it failed (retry then); "release" the claim may or may not have committed.
-Ending = tuple[str, int, str]
+# A claim's end not yet written, (how, next try, error, claim kept): "finish" the DELETE
+# succeeded; "postpone" it failed (retry then; kept: in doubt, the claim runs until then);
+# "release" the claim may or may not have committed.
+Ending = tuple[str, int, str, bool]
 
 
 class Deleter:
@@ -108,6 +124,9 @@ class Deleter:
         # Remote claims whose end could not be written (the catalog was unreachable):
         # pair -> (its lease value, how it ended). Written first at the next pass.
         self._unwritten: dict[Pair, tuple[int, Ending]] = {}
+        # Claims kept after a DELETE in doubt: pair -> the lease value (this queue's clock)
+        # at which this queue releases it (_end_graces): a deadline of the run loop.
+        self._graced: dict[Pair, int] = {}
         self._outage_logged = False
         self._wake = wake if wake is not None else Wakeup()
         self._progress = trio.Event()  # set (and replaced) after each batch or row
@@ -158,13 +177,14 @@ class Deleter:
                 self._wake.clear()
                 try:
                     await self._write_endings()
+                    await self._end_graces()
                     if self._recovered:
                         tiers, self._recovered = self._recovered, set()
                         for name in sorted(tiers):
                             await trio.to_thread.run_sync(
                                 self.catalog.retry_deletions_now, name, limiter=self.db_limiter
                             )
-                    skip = self.running | self._held | set(self._unwritten)
+                    skip = self.running | self._held | set(self._unwritten) | set(self._graced)
                     now = self.clock()
                     rows, remote_rows, due_ns = await trio.to_thread.run_sync(
                         self._plan, now, skip, not self._local_busy,
@@ -189,6 +209,9 @@ class Deleter:
                     self._remote_running += 1
                     self.running.add((row.digest, row.tier))
                     nursery.start_soon(self._remote_one, row)
+                # The kept claims were skipped above: their ends are deadlines of ours.
+                ends = [*self._graced.values(), *(() if due_ns is None else (due_ns,))]
+                due_ns = min(ends, default=None)
                 delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
                 if delay == 0.0:
                     # Due rows that found no free worker: a finishing one kicks us.
@@ -214,16 +237,13 @@ class Deleter:
 
     async def _write_endings(self) -> None:
         """Write the claims' ends kept during an outage (CatalogUnavailable if it lasts)."""
-        for pair, (until, (how, next_try, error)) in list(self._unwritten.items()):
+        for pair, (until, (how, next_try, error, kept)) in list(self._unwritten.items()):
             if how == "finish":
                 await trio.to_thread.run_sync(
                     self.catalog.finish_deletions, [pair], until, limiter=self.db_limiter
                 )
             elif how == "postpone":
-                await trio.to_thread.run_sync(
-                    self.catalog.postpone_deletion, *pair, next_try, error, until,
-                    limiter=self.db_limiter,
-                )
+                await self._postpone_claimed(pair, next_try, error, until, kept)
             else:
                 await trio.to_thread.run_sync(
                     self.catalog.release_deletion_claims, [pair], until, limiter=self.db_limiter
@@ -234,6 +254,36 @@ class Deleter:
                 self.deleted += 1
                 self.stats.count("deletions")
             self._finished()
+
+    async def _end_graces(self) -> None:
+        """Release the claims kept after a DELETE in doubt whose lease is over (the DELETE
+        can no longer land; its backoff is over too): the rows are due now, and the uploads
+        they held go on (a kick here, a NOTIFY to other nodes). CatalogUnavailable if the
+        catalog does not answer; the claims not released are kept for the next pass."""
+        now = self.clock()
+        for pair, until in sorted(self._graced.items(), key=lambda item: item[1]):
+            if until > now:
+                continue
+            # 0 released: another deleter took the row (its lease had run out there).
+            await trio.to_thread.run_sync(
+                self.catalog.release_deletion_claims, [pair], until, limiter=self.db_limiter
+            )
+            del self._graced[pair]
+            self.room.hold_ended()  # a move held back by the claim may go on
+            self._finished()
+
+    async def _postpone_claimed(
+        self, pair: Pair, next_try: int, error: str, until: int, kept: bool
+    ) -> None:
+        """Write a claimed row's failure (the claim made with ``until``); ``kept``: the
+        claim goes on until ``next_try`` (a DELETE in doubt), and this queue ends it then."""
+        await trio.to_thread.run_sync(
+            functools.partial(self.catalog.postpone_deletion, *pair, next_try, error, until,
+                              keep_claim=kept),
+            limiter=self.db_limiter,
+        )
+        if kept:
+            self._graced[pair] = next_try
 
     def _plan(
         self, now: int, skip: set[Pair], take_local: bool, free: int, local: list[str],
@@ -350,15 +400,18 @@ class Deleter:
         pair = (row.digest, row.tier)
         # Leased in the catalog: other nodes start or record no upload of the pair until
         # this row is done (they may hold the same bytes). The lease value names this claim.
-        until = time.time_ns() + CLAIM_LEASE_NS
-        ending: Ending = ("release", 0, "")
+        # It outlasts the call (a HEAD and a DELETE, each within the tier's timeouts: about
+        # its request grace) and a grace after it, should this node die or its end go
+        # unwritten in an outage: the DELETE cannot land once the lease runs out.
+        tier = self.tiers[row.tier]
+        until = time.time_ns() + max(CLAIM_LEASE_NS, int(2e9 * tier.request_grace_s))
+        ending: Ending = ("release", 0, "", False)
         try:
             ok = await trio.to_thread.run_sync(
                 self.catalog.claim_deletions, marked, until, limiter=self.db_limiter
             )
             if not ok:
                 return
-            tier = self.tiers[row.tier]
             try:
                 # A hung server holds only this thread; at unmount it is abandoned
                 # (the row stays and is retried at the next mount).
@@ -367,14 +420,15 @@ class Deleter:
                     abandon_on_cancel=True,
                 )
             except CkptfsError as exc:
-                ending = ("postpone", self._count_failure(row.tier, str(exc), row.attempts),
-                          str(exc)[:500])
-                await trio.to_thread.run_sync(
-                    self.catalog.postpone_deletion, *pair, ending[1], ending[2], until,
-                    limiter=self.db_limiter,
-                )
+                next_try = self._count_failure(row.tier, str(exc), row.attempts)
+                # In doubt: the DELETE may still land, for the tier's grace (module doc).
+                grace_s = tier.request_grace_s if isinstance(exc, TierError) and exc.in_doubt else 0.0
+                if grace_s > 0:
+                    next_try = max(next_try, self.clock() + int(grace_s * 1e9))
+                ending = ("postpone", next_try, str(exc)[:500], grace_s > 0)
+                await self._postpone_claimed(pair, next_try, ending[2], until, ending[3])
                 return
-            ending = ("finish", 0, "")
+            ending = ("finish", 0, "", False)
             await trio.to_thread.run_sync(
                 self.catalog.finish_deletions, ok, until, limiter=self.db_limiter
             )
@@ -420,7 +474,8 @@ class Deleter:
                 pending = await trio.to_thread.run_sync(
                     self.catalog.deletions_pending, digests, self.clock(), limiter=self.db_limiter
                 )
-                held = {d for d, _ in self._held}
+                # Held back by a pin, or tried and postponed with the claim kept (in doubt).
+                held = {d for d, _ in self._held | set(self._graced)}
                 if not pending - held:
                     return
                 self.kick()

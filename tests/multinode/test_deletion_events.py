@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -35,6 +36,8 @@ from ckptfs.chunks.room import Room
 from ckptfs.chunks.store import stats_for
 from ckptfs.codec import frame
 from ckptfs.config import TierConfig, UploadConfig
+from ckptfs.errors import TransientTierError
+from ckptfs.testing.tiers import FaultyTier
 from ckptfs.tiers.base import Tier
 from ckptfs.tiers.local import LocalTier
 from ckptfs.tiers.s3 import S3Tier
@@ -205,6 +208,68 @@ async def test_node_b_upload_held_by_node_a_claim_runs_when_the_claim_ends(
                 await uploader._progress.wait()
         n.cancel_scope.cancel()
     assert bucket.get(X.hex()) is not None
+
+
+@pytest.mark.allow_log_warnings("deleting chunks on tier remote0 failed")
+async def test_node_b_upload_held_by_a_delete_in_doubt_runs_when_node_a_ends_the_grace(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier, tmp_path: Path,
+    listeners: list[Listener],
+) -> None:
+    """Node a's real Deleter: its DELETE of X fails in doubt, so its claim is kept for the
+    grace and node b's real Uploader holds its job of X (the lease's end is b's deadline).
+    At the grace's end (a's clock moved there by the test, then a's deadline: a kick) a's
+    deleter releases the claim: the NOTIFY wakes b's uploader, which uploads X before b's
+    own clock reaches that deadline: the release, not b's deadline, let it go."""
+    a, b = nodes
+    b_local = local_tier(tmp_path, "b-local")
+    b_local.put(X.hex(), frame.encode([BODY], X))
+    ino = commit_x(a, b"a.bin", ("remote0",))
+    bucket.put(X.hex(), frame.encode([BODY], X))
+    drop(a, b"a.bin", ino)
+    remote = FaultyTier(bucket)
+    remote.delete_error = TransientTierError("delete: read timeout", in_doubt=True)
+    shift = [0]
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room(),
+                      clock=lambda: time.time_ns() + shift[0])
+    pair = (X, "remote0")
+    held = b.listen_held_uploads()
+    assert isinstance(held, PgListener)
+    listeners.append(held)
+    tiers: list[Tier] = [b_local, bucket]
+    uploader = Uploader(b, tiers, trio.CapacityLimiter(2), UploadConfig(during_save="overlap"),
+                        guard=ChunkGuard(["b-local"]), stats=stats_for(tiers), room=Room(),
+                        held=held)
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        with trio.fail_after(30):
+            while pair not in deleter._graced:
+                await deleter._progress.wait()
+        lease = deleter._graced[pair]
+        assert lease > time.time_ns()  # the grace runs (about 24 s: 2 x (2 s + 10 s))
+        b_ino = commit_x(b, b"b.bin", ("b-local",), uploads={X: ["remote0"]})
+        assert b.next_upload_due_ns(set(), ["b-local"]) == lease
+        n.start_soon(uploader.run)
+        with trio.fail_after(30):
+            while held.connects < 1 or not uploader._sleeping:
+                await trio.sleep(0.01)  # polling the uploader's start (its listener's LISTEN)
+            uploader.kick()  # one more pass, after the listener's first wake-up
+            while uploader._sleeping:
+                await trio.sleep(0)
+            while not uploader._sleeping:
+                await trio.sleep(0.01)  # polling for the end of that pass
+        assert b.extents(b_ino)[0].tiers == ("b-local",)  # held by a's kept claim
+        bucket.delete(X.hex())  # a's DELETE lands late, inside the grace
+        shift[0] = lease - time.time_ns()  # a's clock reaches the grace's end
+        deleter.kick()
+        with trio.fail_after(20):
+            while b.extents(b_ino)[0].tiers != ("b-local", "remote0"):
+                await uploader._progress.wait()
+        assert time.time_ns() < lease  # b's own deadline had not come
+        n.cancel_scope.cancel()
+    assert bucket.get(X.hex()) is not None
+    assert deleter.failures == 1 and deleter.deleted == 0
 
 
 async def test_a_deletion_node_b_queues_on_node_a_local_tier_runs_at_once(

@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 import trio
+import trio.testing
 
 from tests.support.catalog_conformance import lease_end
 from tests.support.pgserver import PgServer
@@ -25,6 +27,7 @@ from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.chunks.room import Room
 from ckptfs.chunks.store import stats_for
+from ckptfs.errors import AccessDenied, TransientTierError
 from ckptfs.testing.tiers import FaultyTier
 from ckptfs.tiers.s3 import S3Tier
 from ckptfs.upload.deleter import Deleter
@@ -240,6 +243,161 @@ async def test_a_claims_end_met_by_a_database_outage_is_written_once_the_databas
                 await deleter._progress.wait()
         n.cancel_scope.cancel()
     assert a.deletion_keys("remote0") == set()
+    assert b_uploads(b, bucket)
+    assert_readable(b, bucket, ino)
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+
+
+def a_deleter_failing_its_delete(
+    a: PostgresCatalog, bucket: S3Tier, clock: Callable[[], int]
+) -> tuple[FaultyTier, threading.Event, Deleter]:
+    """As a_deleter_holding_its_delete, with the deleter on ``clock``: the held DELETE
+    fails with the error the test sets on the wrapper before it opens the gate."""
+    remote = FaultyTier(bucket)
+    remote.hold_deletes = gate = threading.Event()
+    a_drops_x(a, remote)
+    deleter = Deleter(a, [remote], trio.CapacityLimiter(2), guard=ChunkGuard([]),
+                      stats=stats_for([remote]), room=Room(), clock=clock)
+    return remote, gate, deleter
+
+
+def trio_ns_clock() -> Callable[[], int]:
+    """The wall clock now, moved on as trio's (Mock)clock moves: the deleter's clock."""
+    wall, start = time.time_ns(), trio.current_time()
+    return lambda: wall + int((trio.current_time() - start) * 1e9)
+
+
+@pytest.mark.allow_log_warnings("deleting chunks on tier remote0 failed")
+async def test_a_delete_in_doubt_keeps_its_claim_for_the_grace_and_holds_the_upload(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Node a's DELETE of X was sent and timed out unanswered (in doubt): it may still
+    land. Node b committed X meanwhile. Until the tier's grace ends a's row stays claimed:
+    b's upload is neither due nor recorded, and the late DELETE lands harmlessly. Then a's
+    deleter ends the claim at its deadline (trio's clock jumps to it: no poll, no sleep),
+    the attempt and its error stay for `ckptfs status`, and b's upload runs and is
+    recorded. (Before, the claim ended with the failure: b's PUT was recorded and the
+    late DELETE removed the object a valid replica row names.)"""
+    a, b = nodes
+    remote, gate, deleter = a_deleter_failing_its_delete(a, bucket, trio_ns_clock())
+    pair = (X, "remote0")
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        remote.delete_error = TransientTierError("delete: read timeout", in_doubt=True)
+        progress = deleter._progress
+        gate.set()
+        while deleter.failures < 1 or pair in deleter.running:  # tried, its end written
+            await progress.wait()
+            progress = deleter._progress
+        # No await from here to the grace's end: trio's clock cannot jump meanwhile.
+        assert pair in deleter._graced, "the claim ended with the failure"
+        lease = deleter._graced[pair]
+        assert lease >= deleter.clock() + int(bucket.request_grace_s * 1e9) - 10**9
+        [backlog] = a.deletion_backlog()
+        assert (backlog.failing, backlog.last_error) == (1, "delete: read timeout")
+        assert a.due_deletions(deleter.clock(), 10, set(), ["remote0"]) == []  # claimed
+        assert not b_uploads(b, bucket)  # still held
+        put(bucket)  # a PUT of b's that started before: not recorded
+        assert b.finish_uploads([pair]) == {pair: False}
+        assert b.next_upload_due_ns(set()) == lease  # b's uploader: a deadline, not a poll
+        bucket.delete(X.hex())  # a's DELETE lands late, inside the grace
+        while pair in deleter._graced:
+            await progress.wait()  # trio's clock jumps to the claim's end
+            progress = deleter._progress
+        assert deleter.clock() >= lease
+        n.cancel_scope.cancel()
+    assert b_uploads(b, bucket)  # released at the grace's end: due, and recorded
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+    assert_readable(b, bucket, ino)
+    assert deleter.failures == 1 and deleter.deleted == 0
+
+
+@pytest.mark.allow_log_warnings("deleting chunks on tier remote0 failed")
+async def test_a_delete_the_server_answered_ends_its_claim_at_once(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A's DELETE of X is refused with 403: an answer, so the request is over. The claim
+    ends with the failure (the row postponed with its backoff, its error kept), and b's
+    held upload is due at once."""
+    a, b = nodes
+    remote, gate, deleter = a_deleter_failing_its_delete(a, bucket, trio_ns_clock())
+    pair = (X, "remote0")
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        remote.delete_error = AccessDenied("delete: access denied (403 AccessDenied)")
+        progress = deleter._progress
+        gate.set()
+        while deleter.failures < 1 or pair in deleter.running:  # tried, its end written
+            await progress.wait()
+            progress = deleter._progress
+        assert not deleter._graced
+        [backlog] = a.deletion_backlog()
+        assert backlog.failing == 1 and "403" in str(backlog.last_error)
+        assert b_uploads(b, bucket)  # the claim ended: due and recorded now
+        n.cancel_scope.cancel()
+    assert b.extents(ino)[0].tiers == ("b-local", "remote0")
+    assert_readable(b, bucket, ino)
+
+
+@pytest.mark.allow_log_warnings("deletion queue paused", "deleting chunks on tier remote0 failed")
+async def test_a_delete_in_doubt_met_by_a_database_outage_keeps_its_claim_once_written(
+    nodes: tuple[PostgresCatalog, PostgresCatalog], bucket: S3Tier, postgres: PgServer
+) -> None:
+    """Node a's DELETE of X fails in doubt while the database is down: its end cannot be
+    written (the claim made before holds meanwhile). Once the database answers, the end
+    is written as a kept claim (the grace has not ended): b's upload stays held until the
+    deleter's clock passes the grace, and is due then."""
+    a, b = nodes
+    shift = [0]  # the deleter's clock: the wall clock, moved on by the test
+    remote, gate, deleter = a_deleter_failing_its_delete(
+        a, bucket, lambda: time.time_ns() + shift[0])
+    pair = (X, "remote0")
+    async with trio.open_nursery() as n:
+        n.start_soon(deleter.run)
+        deleter.kick()
+        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+        ino = b_commits_x(b)
+        assert not b_uploads(b, bucket)  # held by a's claim
+        await trio.to_thread.run_sync(postgres.stop)
+        try:
+            remote.delete_error = TransientTierError("delete: connection reset", in_doubt=True)
+            progress = deleter._progress
+            gate.set()
+            with trio.fail_after(60):
+                while deleter.failures < 1 or pair in deleter.running:
+                    await progress.wait()  # the DELETE failed; its end was not written
+                    progress = deleter._progress
+            [(how, _, _, kept)] = [end for _, end in deleter._unwritten.values()]
+            assert (how, kept) == ("postpone", True)
+        finally:
+            await trio.to_thread.run_sync(postgres.start)
+        with trio.fail_after(60):
+            while pair not in deleter._graced:
+                await progress.wait()  # written once the database answers
+                progress = deleter._progress
+        assert not deleter._unwritten
+        lease = deleter._graced[pair]
+        assert not b_uploads(b, bucket)  # still held: the grace has not ended
+        assert b.next_upload_due_ns(set()) == lease
+        [backlog] = a.deletion_backlog()
+        assert (backlog.failing, backlog.last_error) == (1, "delete: connection reset")
+        shift[0] = lease - time.time_ns()  # the deleter's clock reaches the grace's end
+        deleter.kick()
+        with trio.fail_after(60):
+            while pair in deleter._graced:
+                await progress.wait()
+                progress = deleter._progress
+        n.cancel_scope.cancel()
     assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")

@@ -569,6 +569,59 @@ class CatalogConformance:
         catalog.postpone_deletion(C, "s3", 50, "timeout", mine)  # the claim ends: due at 50
         assert [d.digest for d in catalog.due_deletions(50, 10, set(), ["s3"])] == [C]
 
+    def test_a_claim_kept_after_a_delete_in_doubt_holds_uploads_until_released(
+        self, catalog: Catalog
+    ) -> None:
+        """A DELETE that failed in doubt (it may still land): the row is postponed with its
+        claim kept, a new lease until the grace's end. The attempt and its error are kept
+        for ``ckptfs status``; no upload of the pair is due or recorded until the deleter
+        releases that claim; the lease's end is the uploads' deadline meanwhile."""
+        catalog.queue_deletions([(A, "s3")])
+        mine = lease_end()
+        assert catalog.claim_deletions([(A, "s3")], mine) == [(A, "s3")]
+        grace_end = time.time_ns() + 130 * 10**9
+        catalog.postpone_deletion(A, "s3", grace_end, "read timeout", mine, keep_claim=True)
+        [backlog] = catalog.deletion_backlog()
+        assert (backlog.chunks, backlog.failing, backlog.last_error) == (1, 1, "read timeout")
+        now = time.time_ns()
+        assert catalog.due_deletions(now, 10, set(), ["s3"]) == []  # still claimed
+        assert catalog.next_deletion_due_ns(set(), ["s3"]) == grace_end
+        assert catalog.retry_deletions_now() == 0  # a kept claim is no postponed row
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == []  # not another's
+        f = one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})  # the same bytes again
+        assert catalog.deletion_keys("s3") == {A}  # claimed: not cancelled by the job
+        assert catalog.due_uploads(2**62, 10, set()) == []
+        assert catalog.due_uploads_of([A], 2**62, 10, set()) == []
+        assert catalog.finish_uploads([(A, "s3")]) == {(A, "s3"): False}  # a PUT not recorded
+        assert catalog.next_upload_due_ns(set()) == grace_end
+        assert catalog.release_deletion_claims([(A, "s3")], mine) == 0  # the old claim's value
+        [row] = catalog.due_deletions(grace_end, 10, set(), ["s3"])  # its lease over: due
+        assert (row.digest, row.attempts) == (A, 1)
+        t0 = time.time_ns()
+        assert catalog.release_deletion_claims([(A, "s3")], grace_end) == 1  # the grace ended
+        [job] = catalog.due_uploads(2**62, 10, set())
+        assert job.digest == A and job.enqueued_ns >= t0  # restamped as at a deletion's end
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == []  # wanted: cancelled
+        assert catalog.deletion_keys("s3") == set()
+        assert catalog.finish_uploads([(A, "s3")], {(A, "s3"): job.enqueued_ns})[(A, "s3")]
+        assert catalog.extents(f)[0].tiers == ("l", "s3")
+
+    def test_a_claim_whose_lease_ran_out_cancelled_by_a_job_lets_the_job_run(
+        self, catalog: Catalog
+    ) -> None:
+        """A claim's lease ran out (its deleter died): the next claim finds the chunk wanted
+        again and cancels the row, and the job the claim held runs (restamped, as at any
+        claim's end)."""
+        catalog.queue_deletions([(A, "s3")])
+        assert catalog.claim_deletions([(A, "s3")], time.time_ns() - 1) == [(A, "s3")]
+        one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
+        assert catalog.due_uploads(2**62, 10, set()) == []  # held until a deleter ends it
+        t0 = time.time_ns()
+        assert catalog.claim_deletions([(A, "s3")], lease_end()) == []
+        assert catalog.deletion_keys("s3") == set()
+        [job] = catalog.due_uploads(2**62, 10, set())
+        assert job.digest == A and job.enqueued_ns >= t0
+
     # -- moves of uncommitted chunks (catalog/moves.py) ------------------------------------
 
     def test_a_move_waits_for_a_claimed_deletion_of_its_pair(self, catalog: Catalog) -> None:
