@@ -298,7 +298,10 @@ class ReplicaCatalog(Protocol):
     def next_upload_due_ns(
         self, skip: set[tuple[bytes, str]], sources: Sequence[str] | None = None
     ) -> int | None:
-        """Earliest retry time among jobs not running now (of ``sources`` as above)."""
+        """Earliest retry time among jobs not running now (of ``sources`` as above); a job
+        held by a claimed deletion of its pair counts at the claim's lease end, and not at
+        all once that has passed (the deleter that takes the row over ends the claim: an
+        event, not a deadline)."""
         ...
 
     def finish_upload(self, digest: bytes, tier: str) -> bool:

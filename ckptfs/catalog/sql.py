@@ -1112,8 +1112,10 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 return []
             for tier, n, size, oldest, failing in rows:
                 err = c.execute(
+                    # The latest retry time, also of a claim kept after a DELETE in doubt
+                    # (negative: claimed until then).
                     "SELECT last_error FROM deletions WHERE tier=? AND last_error IS NOT NULL "
-                    "ORDER BY next_try_ns DESC LIMIT 1", (tier,),
+                    "ORDER BY abs(next_try_ns) DESC LIMIT 1", (tier,),
                 ).fetchone()
                 out.append(DeletionBacklog(str(tier), int(n), int(size), None if oldest is None else int(oldest),
                                            int(failing), None if err is None else str(err[0])))
@@ -1179,11 +1181,14 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
             f"WHERE 1=1{held}{_CLAIMED} ORDER BY u.next_try_ns LIMIT ?) AS due UNION ALL "
             # Jobs held by a claim, found from the (few) claimed rows: the claim's end is an
             # event (a kick, or another node's NOTIFY: deletion_events.py); its lease's end,
-            # should its node die, a deadline.
+            # should its node die, a deadline. A lease that ran out still holds the job
+            # (moves.py: its deleter may still be deleting) until a deleter takes the row
+            # over, which due_deletions offers at once; that claim's end is the event. So
+            # it is no deadline here: a past one would make the uploader loop until then.
             f"SELECT * FROM (SELECT u.digest, u.tier, -d.next_try_ns FROM deletions d JOIN "
-            f"upload_jobs u ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0{held} "
-            "ORDER BY d.next_try_ns DESC LIMIT ?) AS waiting",
-            (*args, len(skip) + 1, *args, len(skip) + 1),
+            f"upload_jobs u ON u.digest = d.digest AND u.tier = d.tier WHERE d.next_try_ns < 0 "
+            f"AND d.next_try_ns < ?{held} ORDER BY d.next_try_ns DESC LIMIT ?) AS waiting",
+            (*args, len(skip) + 1, -time.time_ns(), *args, len(skip) + 1),
         )
         due = [int(n) for d, t, n in rows if (bytes(d), str(t)) not in skip]
         return min(due, default=None)

@@ -616,6 +616,9 @@ class CatalogConformance:
         assert catalog.claim_deletions([(A, "s3")], time.time_ns() - 1) == [(A, "s3")]
         one_chunk_file(catalog, b"f", A, uploads={A: ["s3"]})
         assert catalog.due_uploads(2**62, 10, set()) == []  # held until a deleter ends it
+        # Its lease's end has passed: no deadline (a past one would spin the uploader); the
+        # claim's end by the deleter that takes the row over is the event.
+        assert catalog.next_upload_due_ns(set()) is None
         t0 = time.time_ns()
         assert catalog.claim_deletions([(A, "s3")], lease_end()) == []
         assert catalog.deletion_keys("s3") == set()
