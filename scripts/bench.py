@@ -24,10 +24,11 @@ Tests:
         fsynced, then the directory renamed to ``checkpoint-N/`` and its parent fsynced
         (as DCP / HF do);
   (c')  the same without any fsync;
-  (c'') the same as (c) by 4 processes (forked after the data was built; each first writes
-        its own buffers' pages once, so they are its own as a rank's tensors are, not shared
-        copy-on-write with the parent (--shared-pages: as before); the clock starts when all
-        of them are waiting);
+  (c'') the same as (c) by 4 processes (forked after the data was built; each first stores
+        into every page of its buffers, so they are its own as a rank's tensors are, not
+        shared copy-on-write with the parent (--shared-pages: as before 2026-12-04); the clock
+        runs from when all of them are waiting until the last one's files are written, not
+        until the processes have exited);
   (d)   reads of (a) and (c): cold (sync + drop_caches; ckptfs is also unmounted and mounted
         again so its own caches are cold) and warm (read again at once); (c) with 4 threads;
   (m)   metadata, 2000 files of 4 KiB in ONE directory: create + write 4 KiB + close, stat,
@@ -746,9 +747,18 @@ def run_target(
             for i, path in enumerate(ckpt_paths(t.dir, CKPT_ID["c"], p)):
                 same_bytes(str(path), b.ckpt_in[i], b.ckpt[i].view)
 
+    def own(view: memoryview) -> None:
+        """Untimed: a buffer that an earlier fork shared ((c''), (m)) is this process's own
+        again, so a direct-I/O write from it takes no fault per page (benchio.own_pages)."""
+        if not p.shared_pages:
+            own_pages(view)
+
     def saved(group: str, fsync: bool, procs: bool) -> Callable[[], float]:
         def run() -> float:
             b.stamp_ckpt(group)
+            if not procs:  # the processes own their pages themselves (save_ckpt)
+                for s in b.ckpt:
+                    own(s.view)
             return save_ckpt(t.dir, CKPT_ID[group], b, p, fsync=fsync, procs=procs)
 
         return run
@@ -759,6 +769,7 @@ def run_target(
 
     t.start()
     b.single.stamp(SINGLE_ID)
+    own(b.single.view)
     if "a" in groups:
         step("write_single", p.single_bytes, lambda: write_from(single, b.single.view))
     if "b" in groups:
@@ -1040,8 +1051,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shared-pages", action="store_true",
         help="(c''): the children write their buffers as forked, shared copy-on-write with "
-        "the parent (before 2026-12-03 always so); by default each child first writes its "
-        "pages once, owning them as a rank owns its tensors",
+        "the parent (before 2026-12-04 always so), and the parent does not make pages an "
+        "earlier fork shared its own again; by default each child first stores into every "
+        "page, owning them as a rank owns its tensors, and so does the parent before its "
+        "own writes",
     )
     ap.add_argument(
         "--meta-files", type=int, default=None,

@@ -13,15 +13,19 @@ timed loops do nothing per block but a system call on a memoryview slice:
 * ``read_into`` - ``readinto`` a preallocated buffer of the file's size, 1 MiB at a time
   (as torch.load fills a tensor's storage); compare with ``same_bytes`` after the clock.
 * ``cpu_seconds`` - utime + stime of a process from /proc/PID/stat (all its threads).
-* ``run_forked`` - N forked worker processes, ready before the clock starts.
+* ``run_forked`` - N forked worker processes, ready before the clock starts; timed until
+  the last job returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import mmap
 import multiprocessing
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +34,7 @@ MiB = 1024 * 1024
 BLOCK = MiB
 STAMP = 16
 PATTERN_SIZE = 64 * MiB
+PAGE = mmap.PAGESIZE
 
 
 class BenchError(Exception):
@@ -165,18 +170,29 @@ def drop_caches() -> None:
 
 
 def own_pages(view: memoryview) -> None:
-    """Write every page of ``view`` once (its own bytes back), so that this process owns
+    """Store into every page of ``view`` once (its own byte back), so that this process owns
     them: after a fork they are shared copy-on-write with the parent, and the kernel copies
     a shared anonymous page before it pins it for a direct-I/O write (a FUSE write with
-    FOPEN_DIRECT_IO, an O_DIRECT write), which a plain buffered write never does. A rank's
-    tensors are its own memory, so the benchmark's writers own theirs before the clock."""
-    step = 1 << 20
-    for off in range(0, len(view), step):
-        view[off : off + step] = view[off : off + step]
+    FOPEN_DIRECT_IO, an O_DIRECT write), which a plain buffered write never does; and a
+    page the parent shared once is still marked so after its children are gone, so its
+    first pin takes a fault too. A rank's tensors are its own memory, so the benchmark's
+    writers own theirs before the clock.
+
+    One byte stored per page, not each MiB assigned onto itself: that is memmove(p, p, n),
+    which glibc returns from without storing anything when source and destination are the
+    same, so it left every page shared (bench.py's (c'') from 2026-12-03 to 2026-12-04)."""
+    n = len(view)
+    if not n:
+        return
+    b = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    n = len(b)
+    for off in range(0, n, PAGE):
+        b[off] = b[off]
+    b[n - 1] = b[n - 1]  # the page of the last byte, when the view does not start on a page
 
 
-def _child(job: Callable[[], None], ready: Any, go: Any, errors: Any,
-           prepare: Callable[[], None] | None) -> None:
+def _child(job: Callable[[], None], ready: Any, go: Any, done: Any, errors: Any,
+           prepare: Callable[[], None] | None, ends: Any, k: int) -> None:
     if prepare is not None:
         prepare()
     ready.wait(60)
@@ -186,32 +202,42 @@ def _child(job: Callable[[], None], ready: Any, go: Any, errors: Any,
         job()
     except BaseException as exc:  # reported to the parent, then exit 1
         errors.put(f"{type(exc).__name__}: {exc}")
+        done.abort()
         os._exit(1)
+    ends[k] = time.perf_counter()  # CLOCK_MONOTONIC: the same clock in every process
+    with contextlib.suppress(threading.BrokenBarrierError):
+        done.wait(3600)  # exit only once every job has ended: no exit while others write
 
 
 def run_forked(jobs: list[Callable[[], None]], timeout: float = 3600.0,
                prepare: list[Callable[[], None]] | None = None) -> float:
     """Run each job in its own forked process; return the wall time from the moment all
-    of them are forked and waiting until the last one exits. What a job needs (its data)
-    must exist before this call: the children share it with the parent copy-on-write.
-    ``prepare[i]``, if given, runs in job i's process before the clock (e.g. ``own_pages``)."""
+    of them are forked and waiting until the last job returns. The processes exit only
+    after that, outside the clock: a child's exit tears down the address space it inherited
+    (0.1-0.2 s with bench.py's buffers, on a core the others' writes need), which a rank
+    does not pay at the end of a save. What a job needs (its data) must exist before this
+    call: the children share it with the parent copy-on-write. ``prepare[i]``, if given,
+    runs in job i's process before the clock (e.g. ``own_pages``)."""
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Barrier(len(jobs) + 1)
     go = ctx.Event()
+    done = ctx.Barrier(len(jobs) + 1)
     errors = ctx.SimpleQueue()
+    ends = ctx.Array("d", len(jobs), lock=False)
     preps: list[Callable[[], None] | None] = list(prepare) if prepare else [None] * len(jobs)
-    procs = [ctx.Process(target=_child, args=(job, ready, go, errors, prep))
-             for job, prep in zip(jobs, preps, strict=True)]
+    procs = [ctx.Process(target=_child, args=(job, ready, go, done, errors, prep, ends, k))
+             for k, (job, prep) in enumerate(zip(jobs, preps, strict=True))]
     try:
         for p in procs:
             p.start()
         ready.wait(60)
         t0 = time.perf_counter()
         go.set()
-        deadline = time.monotonic() + timeout
+        with contextlib.suppress(threading.BrokenBarrierError):  # a job failed: see below
+            done.wait(timeout)
+        deadline = time.monotonic() + 60
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
-        elapsed = time.perf_counter() - t0
     finally:
         for p in procs:  # only on an error or a timeout: end our own children, by PID
             if p.is_alive():
@@ -226,4 +252,6 @@ def run_forked(jobs: list[Callable[[], None]], timeout: float = 3600.0,
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if msgs or bad:
         raise BenchError(f"worker process failed (exit codes {bad}): {'; '.join(msgs)}")
-    return elapsed
+    if min(ends) <= 0.0:
+        raise BenchError("a worker process ended without reporting its end time")
+    return max(ends) - t0
