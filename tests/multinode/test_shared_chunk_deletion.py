@@ -248,6 +248,27 @@ async def test_a_claims_end_met_by_a_database_outage_is_written_once_the_databas
     assert b.extents(ino)[0].tiers == ("b-local", "remote0")
 
 
+async def b_commits_x_while_a_deletes_it(
+    deleter: Deleter, remote: FaultyTier, b: PostgresCatalog, bucket: S3Tier
+) -> int:
+    """With a's deleter running: its DELETE of X is held at the wrapper's gate (claimed),
+    and b commits X meanwhile, whose upload that claim holds. b's inode of X."""
+    deleter.kick()
+    await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+    ino = b_commits_x(b)
+    assert not b_uploads(b, bucket)  # held by a's claim
+    return ino
+
+
+async def until(deleter: Deleter, done: Callable[[], bool]) -> None:
+    """Wait until ``done()``, looking again after each row or batch the deleter ends."""
+    while True:
+        progress = deleter._progress
+        if done():
+            return
+        await progress.wait()
+
+
 def a_deleter_failing_its_delete(
     a: PostgresCatalog, bucket: S3Tier, clock: Callable[[], int]
 ) -> tuple[FaultyTier, threading.Event, Deleter]:
@@ -284,16 +305,10 @@ async def test_a_delete_in_doubt_keeps_its_claim_for_the_grace_and_holds_the_upl
     pair = (X, "remote0")
     async with trio.open_nursery() as n:
         n.start_soon(deleter.run)
-        deleter.kick()
-        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
-        ino = b_commits_x(b)
-        assert not b_uploads(b, bucket)  # held by a's claim
+        ino = await b_commits_x_while_a_deletes_it(deleter, remote, b, bucket)
         remote.delete_error = TransientTierError("delete: read timeout", in_doubt=True)
-        progress = deleter._progress
         gate.set()
-        while deleter.failures < 1 or pair in deleter.running:  # tried, its end written
-            await progress.wait()
-            progress = deleter._progress
+        await until(deleter, lambda: deleter.failures >= 1 and pair not in deleter.running)
         # No await from here to the grace's end: trio's clock cannot jump meanwhile.
         assert pair in deleter._graced, "the claim ended with the failure"
         lease = deleter._graced[pair]
@@ -306,9 +321,7 @@ async def test_a_delete_in_doubt_keeps_its_claim_for_the_grace_and_holds_the_upl
         assert b.finish_uploads([pair]) == {pair: False}
         assert b.next_upload_due_ns(set()) == lease  # b's uploader: a deadline, not a poll
         bucket.delete(X.hex())  # a's DELETE lands late, inside the grace
-        while pair in deleter._graced:
-            await progress.wait()  # trio's clock jumps to the claim's end
-            progress = deleter._progress
+        await until(deleter, lambda: pair not in deleter._graced)  # the clock jumps to its end
         assert deleter.clock() >= lease
         n.cancel_scope.cancel()
     assert b_uploads(b, bucket)  # released at the grace's end: due, and recorded
@@ -330,16 +343,10 @@ async def test_a_delete_the_server_answered_ends_its_claim_at_once(
     pair = (X, "remote0")
     async with trio.open_nursery() as n:
         n.start_soon(deleter.run)
-        deleter.kick()
-        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
-        ino = b_commits_x(b)
-        assert not b_uploads(b, bucket)  # held by a's claim
+        ino = await b_commits_x_while_a_deletes_it(deleter, remote, b, bucket)
         remote.delete_error = AccessDenied("delete: access denied (403 AccessDenied)")
-        progress = deleter._progress
         gate.set()
-        while deleter.failures < 1 or pair in deleter.running:  # tried, its end written
-            await progress.wait()
-            progress = deleter._progress
+        await until(deleter, lambda: deleter.failures >= 1 and pair not in deleter.running)
         assert not deleter._graced
         [backlog] = a.deletion_backlog()
         assert backlog.failing == 1 and "403" in str(backlog.last_error)
@@ -364,27 +371,19 @@ async def test_a_delete_in_doubt_met_by_a_database_outage_keeps_its_claim_once_w
     pair = (X, "remote0")
     async with trio.open_nursery() as n:
         n.start_soon(deleter.run)
-        deleter.kick()
-        await trio.to_thread.run_sync(remote.delete_held.wait, 30)
-        ino = b_commits_x(b)
-        assert not b_uploads(b, bucket)  # held by a's claim
+        ino = await b_commits_x_while_a_deletes_it(deleter, remote, b, bucket)
         await trio.to_thread.run_sync(postgres.stop)
         try:
             remote.delete_error = TransientTierError("delete: connection reset", in_doubt=True)
-            progress = deleter._progress
             gate.set()
-            with trio.fail_after(60):
-                while deleter.failures < 1 or pair in deleter.running:
-                    await progress.wait()  # the DELETE failed; its end was not written
-                    progress = deleter._progress
+            with trio.fail_after(60):  # the DELETE failed; its end was not written
+                await until(deleter, lambda: deleter.failures >= 1 and pair not in deleter.running)
             [(how, _, _, kept)] = [end for _, end in deleter._unwritten.values()]
             assert (how, kept) == ("postpone", True)
         finally:
             await trio.to_thread.run_sync(postgres.start)
-        with trio.fail_after(60):
-            while pair not in deleter._graced:
-                await progress.wait()  # written once the database answers
-                progress = deleter._progress
+        with trio.fail_after(60):  # written once the database answers
+            await until(deleter, lambda: pair in deleter._graced)
         assert not deleter._unwritten
         lease = deleter._graced[pair]
         assert not b_uploads(b, bucket)  # still held: the grace has not ended
@@ -394,9 +393,7 @@ async def test_a_delete_in_doubt_met_by_a_database_outage_keeps_its_claim_once_w
         shift[0] = lease - time.time_ns()  # the deleter's clock reaches the grace's end
         deleter.kick()
         with trio.fail_after(60):
-            while pair in deleter._graced:
-                await progress.wait()
-                progress = deleter._progress
+            await until(deleter, lambda: pair not in deleter._graced)
         n.cancel_scope.cancel()
     assert b_uploads(b, bucket)
     assert_readable(b, bucket, ino)
