@@ -281,6 +281,18 @@ def lease_warnings(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
             if r.name == "ckptfs.lease" and r.levelno >= logging.WARNING and needle in r.getMessage()]
 
 
+def held_lease(a: S3Tier, state_a: Path, faults: LeasePutFaults) -> tuple[FakeTime, WriterLease]:
+    """Node a's lease, taken, on fake time (its pauses recorded, never slept); the faults'
+    records of that taking cleared."""
+    fake = FakeTime()
+    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
+                          sleep=fake.sleep)
+    leases.acquire()
+    faults.sent.clear()
+    faults.answers.clear()
+    return fake, leases.leases[0]
+
+
 @pytest.mark.parametrize("failures", [1, 2])
 def test_transient_500s_are_retried_within_the_heartbeat(
     two_nodes: tuple[S3Tier, S3Tier, Path, Path], faults: LeasePutFaults,
@@ -290,14 +302,8 @@ def test_transient_500s_are_retried_within_the_heartbeat(
     attempt reading the lease first: no warning, no fence (and the fixture fails the test
     on any WARNING)."""
     a, _b, state_a, _ = two_nodes
-    fake = FakeTime()
-    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
-                          sleep=fake.sleep)
-    leases.acquire()
-    lease = leases.leases[0]
+    fake, lease = held_lease(a, state_a, faults)
     before = read_lease(a)
-    faults.sent.clear()
-    faults.answers.clear()
     faults.fail = failures
     lease.heartbeat()
     assert faults.answers == [500] * failures + [200]
@@ -478,14 +484,8 @@ def test_a_renewal_whose_reply_was_lost_is_not_a_lost_lease(
     """The PUT landed (the ETag changed) but the client saw a read timeout: the retry reads
     the lease again, finds it is ours, and writes If-Match the new ETag. No conflict."""
     a, _b, state_a, _ = two_nodes
-    fake = FakeTime()
-    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
-                          sleep=fake.sleep)
-    leases.acquire()
-    lease = leases.leases[0]
+    fake, lease = held_lease(a, state_a, faults)
     before = read_lease(a)
-    faults.sent.clear()
-    faults.answers.clear()
     faults.lose = 1
     lease.heartbeat()
     assert faults.answers == [0, 200]  # the first reply lost, the retry answered
@@ -501,12 +501,7 @@ def test_lost_replies_through_a_whole_heartbeat_are_not_a_lost_lease(
     """Every attempt of a heartbeat landed unseen: it fails (logged), and the next
     heartbeat renews the lease, which still names this node."""
     a, _b, state_a, _ = two_nodes
-    fake = FakeTime()
-    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
-                          sleep=fake.sleep)
-    leases.acquire()
-    lease = leases.leases[0]
-    faults.answers.clear()
+    fake, lease = held_lease(a, state_a, faults)
     faults.lose = RETRY_ATTEMPTS
     lease.heartbeat()
     assert faults.answers == [0] * RETRY_ATTEMPTS and lease.failing and not lease.lost
@@ -523,15 +518,9 @@ def test_a_lost_put_that_lands_late_only_makes_the_renewal_look_again(
     """The PUT whose reply was lost lands only after the retry read the lease: the retry's
     If-Match fails (412), and the renewal reads again and wins: still not a lost lease."""
     a, _b, state_a, _ = two_nodes
-    fake = FakeTime()
-    leases = WriterLeases([a], state_a, timing=LeaseTiming(), monotonic=fake.monotonic,
-                          sleep=fake.sleep)
-    leases.acquire()
-    lease = leases.leases[0]
+    fake, lease = held_lease(a, state_a, faults)
     late = read_lease(a).lease
     assert late is not None
-    faults.sent.clear()
-    faults.answers.clear()
     faults.fail = 1  # the first PUT "times out" before it is answered ...
 
     def lands_late(index: int) -> None:
