@@ -51,8 +51,11 @@ async def test_uploads_reuse_their_read_buffers_and_never_send_a_damaged_frame(
         remote.fail_puts = False
         up.clock = skip_backoff
         up.kick()
+        # Until the good one is sent and the damaged one was tried (on this clock) and
+        # blocked: tried later, on the real clock, its read would take a buffer below.
         with trio.fail_after(30):
-            while not s3_tier.has(good) or (await fs.db(fs.catalog.backlog)).chunks != 1:
+            while not s3_tier.has(good) or (
+                    (b := await fs.db(fs.catalog.backlog)).chunks, b.blocked) != (1, 1):
                 await trio.sleep(0.01)  # polling the bucket and the catalog
         assert not s3_tier.has(bad)  # its only copy is damaged: it stays local, unsent
         up.clock = time.time_ns  # the damaged one waits out its long retry
