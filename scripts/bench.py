@@ -31,6 +31,11 @@ Tests:
         until the processes have exited);
   (d)   reads of (a) and (c): cold (sync + drop_caches; ckptfs is also unmounted and mounted
         again so its own caches are cold) and warm (read again at once); (c) with 4 threads;
+  (t)   a real framework: torch.save of a state dict of 4 fp32 tensors (as much as the
+        single file, built in memory before the clock), without and with fsync; torch.load
+        of it, cold (as (d)), into new tensors, and torch.load(mmap=True) with every tensor
+        then copied out (the pages arrive by faults through the page cache); each loaded
+        tensor is compared with the saved one after the clock;
   (m)   metadata, 2000 files of 4 KiB in ONE directory: create + write 4 KiB + close, stat,
         rename (within the directory), unlink, each timed on its own, in operations per
         second; by 1 process, and by 4 processes sharing that directory (each its own 500
@@ -71,6 +76,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchio import (  # noqa: E402
@@ -99,7 +106,8 @@ NULLFS = REPO / "scripts" / "nullfs.py"
 TARGETS = ("plain", "ckptfs", "nullfs", "base")
 # "base": ckptfs run from another checkout (--base-code DIR), e.g. the code before a change,
 # side by side with this one in the same run.
-GROUPS = ("a", "b", "c", "c1", "c2", "d", "m")  # c1 = (c'), c2 = (c'')
+GROUPS = ("a", "b", "c", "c1", "c2", "d", "t", "m")  # c1 = (c'), c2 = (c'')
+TORCH_TENSORS = 4  # (t): the state dict's fp32 tensors
 
 
 
@@ -516,6 +524,10 @@ def tests_for(p: Params) -> list[Test]:
         Test("read_single_warm", f"(d) read {one} file, warm", "d", "bytes"),
         Test("read_ckpt_cold", f"(d) read ckpt, {thr} threads, cold", "d", "bytes"),
         Test("read_ckpt_warm", f"(d) read ckpt, {thr} threads, warm", "d", "bytes"),
+        Test("torch_save", f"(t) torch.save {one} state dict", "t", "bytes"),
+        Test("torch_save_fsync", f"(t) torch.save {one} state dict, fsync", "t", "bytes"),
+        Test("torch_load_cold", f"(t) torch.load {one}, cold", "t", "bytes"),
+        Test("torch_load_mmap_cold", f"(t) torch.load mmap {one}, copied, cold", "t", "bytes"),
     ]
     for n in (1, p.procs):
         who = "1 proc" if n == 1 else f"{n} procs"
@@ -549,9 +561,10 @@ class Buffers:
     single_in: memoryview  # read targets, pre-faulted
     ckpt_in: list[memoryview]
     meta: bytes  # meta_files x 4 KiB, each file's own random bytes
+    state: dict[str, torch.Tensor]  # (t): the state dict torch.save writes (empty without t)
 
     @classmethod
-    def build(cls, p: Params) -> Buffers:
+    def build(cls, p: Params, with_torch: bool) -> Buffers:
         pattern = Pattern()
         single = Source(pattern, SINGLE_ID, p.single_bytes)
         ckpt = [Source(pattern, CKPT_ID["c"] + i, p.ckpt_file_bytes) for i in range(p.ckpt_files)]
@@ -563,7 +576,19 @@ class Buffers:
             prefault(b)
             ckpt_in.append(memoryview(b))
         meta = os.urandom(p.meta_files * META_SIZE)
-        return cls(single, ckpt, memoryview(single_in), ckpt_in, meta)
+        state: dict[str, torch.Tensor] = {}
+        if with_torch:
+            # Own copies of the single file's bytes (random, stamped per MiB), as fp32.
+            single.stamp(SINGLE_ID)
+            part = p.single_bytes // TORCH_TENSORS // 4 * 4
+            for k in range(TORCH_TENSORS):
+                raw = single.view[k * part : (k + 1) * part]
+                state[f"layer{k}.weight"] = torch.frombuffer(raw, dtype=torch.float32).clone()
+        return cls(single, ckpt, memoryview(single_in), ckpt_in, meta, state)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.state.values())
 
     def stamp_ckpt(self, group: str) -> None:
         for i, s in enumerate(self.ckpt):
@@ -609,6 +634,37 @@ def save_ckpt(
     if fsync:
         fsync_dir(parent)
     return t_write + time.perf_counter() - t0
+
+
+def torch_save(path: Path, state: dict[str, torch.Tensor], fsync: bool) -> None:
+    """(t): as most callers do, ``torch.save(state, path)`` (its own zip writer opens the
+    file); with ``fsync``, as torch.distributed.checkpoint's FileSystemWriter does, into a
+    stream it then fsyncs before closing."""
+    if not fsync:
+        torch.save(state, str(path))
+        return
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def torch_load(path: Path, mmap: bool) -> dict[str, torch.Tensor]:
+    """(t): the state dict in this process's memory: read by torch.load into new tensors,
+    or mapped (mmap=True) and every tensor copied out, as a load onto a device does."""
+    try:
+        got = torch.load(str(path), weights_only=True, mmap=mmap)
+    except (RuntimeError, ValueError, EOFError) as e:  # what torch raises for bad bytes
+        raise BenchError(f"torch.load of {path}: {e}") from e
+    return {k: v.clone() for k, v in got.items()} if mmap else dict(got)
+
+
+def same_state(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], where: Path) -> None:
+    if got.keys() != want.keys():
+        raise BenchError(f"{where}: tensors {sorted(got)} != {sorted(want)}")
+    for k, v in want.items():  # bit for bit: random fp32 bytes hold NaNs (NaN != NaN)
+        if not torch.equal(got[k].view(torch.int32), v.view(torch.int32)):
+            raise BenchError(f"WRONG DATA in {where}: tensor {k}")
 
 
 def ckpt_paths(parent: Path, step_no: int, p: Params) -> list[Path]:
@@ -811,6 +867,37 @@ def run_target(
                 out.skipped[f"read_{what}_cold"] = "not root: cannot drop caches"
             step(f"read_{what}_warm", size, fn, check, pause=False)
 
+    if "t" in groups:
+        model, model_fsync = t.dir / "model.pt", t.dir / "model-fsync.pt"
+        step("torch_save", b.state_bytes, lambda: torch_save(model, b.state, fsync=False))
+        step("torch_save_fsync", b.state_bytes,
+             lambda: torch_save(model_fsync, b.state, fsync=True))
+        with contextlib.suppress(OSError):
+            model_fsync.unlink()  # only model.pt is read back
+        loaded: dict[str, torch.Tensor] = {}
+
+        def load(mmap: bool) -> Callable[[], None]:
+            def run() -> None:
+                loaded.update(torch_load(model, mmap))
+            return run
+
+        def check_state() -> None:
+            try:
+                same_state(loaded, b.state, model)
+            finally:
+                loaded.clear()  # the next load allocates its own tensors again
+
+        for key, mmap in (("torch_load_cold", False), ("torch_load_mmap_cold", True)):
+            if not t.verify:
+                out.skipped[key] = "reads zeros: nothing torch.load can parse"
+            elif can_drop:
+                make_cold(3 if mmap else 4)
+                step(key, b.state_bytes, load(mmap), check_state)
+            else:
+                out.skipped[key] = "not root: cannot drop caches"
+        with contextlib.suppress(OSError):
+            model.unlink()
+
     if "m" in groups:
         for n in (1, p.procs):
             d = t.dir / f"meta-{n}p"
@@ -1003,7 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Tests: " + "; ".join(
-            ["a = (a)", "b = (b)", "c = (c)", "c1 = (c')", "c2 = (c'')", "d = (d)", "m = (m)"]
+            ["a = (a)", "b = (b)", "c = (c)", "c1 = (c')", "c2 = (c'')", "d = (d)", "t = (t)",
+             "m = (m)"]
         ),
     )
     ap.add_argument(
@@ -1032,7 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--metadata", action="store_true",
         help="only the metadata tests (m), on plain and ckptfs unless --only says otherwise "
-        "(the same as --skip a,b,c,c1,c2,d --only plain,ckptfs; about a minute per pass)",
+        "(the same as --skip a,b,c,c1,c2,d,t --only plain,ckptfs; about a minute per pass)",
     )
     ap.add_argument(
         "--only",
@@ -1145,6 +1233,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Sources and read buffers of (a) and (c), plus room for the page cache of the reads.
     mem_need = 2 * (p.single_bytes + p.ckpt_bytes)
+    if "t" in groups:
+        mem_need += 2 * p.single_bytes  # the state dict and what a load makes of it
     if mem_available() < mem_need + max(p.single_bytes, p.ckpt_bytes) + GiB:
         print(
             f"bench: {mem_available() / GiB:.1f} GiB of memory available, the buffers need "
@@ -1227,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
                 "and mounted again before each cold read"
             )
         t0 = time.perf_counter()
-        bufs = Buffers.build(p)
+        bufs = Buffers.build(p, with_torch="t" in groups)
         print(f"  buffers built in {time.perf_counter() - t0:.1f} s", flush=True)
         stuck: set[str] = set()
         for npass in range(1, passes + 1):
