@@ -138,6 +138,15 @@ class OpenFile:
         # when its last handle closes (``stop_readahead``), so none outlives the file.
         self._ahead: dict[int, trio.CancelScope] = {}
         self._ahead_digests: set[bytes] = set()  # chunks this file had fetched ahead
+        # What the requests of page-cache readers tell of the kernel's cache (``_note``):
+        # where the last one ended, the chunks this file pushed pages of, and whether the
+        # kernel skipped bytes nobody here served or pushed (it had them cached: a warm
+        # read refilling the few pages the kernel reclaimed). While so, no readahead and
+        # no push: the chunks after such a hole are cached already, and fetching, verifying
+        # and pushing them cost more than the whole read (performance.md, "Warm reads").
+        self._req_end = 0
+        self._pushed_idx: set[int] = set()
+        self._warm = False
         self._ahead_ended = trio.Event()  # set (and replaced) whenever one ends
         # Page-cache pushes (vfs/pagepush.py): none starts while ``_no_push`` (handles open
         # for writing, a truncate) is above 0; ``hold_pushes`` waits for those in flight.
@@ -522,6 +531,9 @@ class OpenFile:
             return b""
         self.read_hi = max(self.read_hi, end)
         first, last = off // self.cs, (end - 1) // self.cs
+        if cached:
+            self._note(off, end)
+        ahead = cached and not self._warm  # readahead and pushes (page cache readers: warm)
         out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
@@ -536,14 +548,14 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    sequential = self._readahead(idx, cached)
+                    sequential = self._readahead(idx, cached, ahead or not cached)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
                     piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
-                    if (sequential and cached and lo == 0 and self.svc.page_push is not None
+                    if (sequential and ahead and lo == 0 and self.svc.page_push is not None
                             and ref.digest not in self._ahead_digests):
                         # A chunk the reader entered before any readahead fetched it (the
                         # first of a file): the push fills its back while requests take
@@ -556,6 +568,19 @@ class OpenFile:
             out.append(piece)
         return out[0] if len(out) == 1 else b"".join(out)
 
+    def _note(self, off: int, end: int) -> None:
+        """A page-cache reader's request for [off, end): a jump forward over bytes this
+        file neither served nor pushed means the kernel had them cached (warm); warm ends
+        at a seek back (nothing is known of the cache there) or when the requests run on
+        without a gap over a chunk's end (a stretch the kernel does not hold)."""
+        prev, self._req_end = self._req_end, end
+        if off > prev:
+            gap = range(prev // self.cs, (off - 1) // self.cs + 1)
+            if not all(i in self._pushed_idx for i in gap):
+                self._warm = True
+        elif off < prev or self._warm and (end % self.cs == 0 or off // self.cs != (end - 1) // self.cs):
+            self._warm = False
+
     def _copy_back(self, sequential: bool) -> bool:
         mode = self.svc.copy_back
         return mode == "always" or (mode == "sequential" and sequential)
@@ -564,15 +589,15 @@ class OpenFile:
         path = await self.svc.path_of(self.ino)
         log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
 
-    def _readahead(self, idx: int, push: bool = False) -> bool:
+    def _readahead(self, idx: int, push: bool = False, fetch: bool = True) -> bool:
         """On a sequential pattern (the first chunk counts), fetch the next chunks in
-        parallel into the cache (and with ``push`` into the kernel's page cache). Returns
-        whether the read is sequential."""
+        parallel into the cache (and with ``push`` into the kernel's page cache) unless
+        not ``fetch``. Returns whether the read is sequential."""
         sequential = idx in (self._last_read_idx, self._last_read_idx + 1) or (
             idx == 0 and self._last_read_idx == -2
         )
         self._last_read_idx = idx
-        if not sequential or self.svc.readahead <= 0:
+        if not sequential or not fetch or self.svc.readahead <= 0:
             return sequential
         store = self.svc.store
         for nxt in range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)):
@@ -618,6 +643,7 @@ class OpenFile:
         n = pp.span(base, len(data), self.size)
         if n <= 0:
             return
+        self._pushed_idx.add(idx)  # the kernel may skip these pages from now on (_note)
         self._pushing += 1
         try:
             await pp.push(self.ino, base, memoryview(data)[:n], self._read_up_to)

@@ -198,3 +198,58 @@ async def test_a_shared_catalog_turns_pushes_off(tmp_path: Path) -> None:
         assert fs.page_push is None
     async with make_fs(tmp_path, [MemoryTier("a")], store_pages=store_pages) as fs:
         assert fs.page_push is not None
+
+
+def chunk_reads(fs: Filesystem) -> int:
+    """Chunks read from the tiers so far (each fetch reads one copy)."""
+    return sum(t.reads for t in fs.store.stats.tiers.values())
+
+
+async def test_a_warm_reader_refilling_lost_pages_gets_no_readahead_and_no_pushes(
+    tmp_path: Path,
+) -> None:
+    """A reader whose kernel still caches most of the file asks only for the pages the
+    kernel reclaimed: requests that jump forward over bytes nobody here served or pushed.
+    Each fetches its own chunk and nothing more: the chunks after such a hole are cached
+    already, and fetching, verifying and pushing them would cost more than the read. Once
+    the requests run on without a gap to a chunk's end, the reader is cold again and the
+    readahead resumes, with its pushes."""
+    tiers, ino, data = await stored(tmp_path, 12 * CS, n_tiers=2)
+    pushed: Pushed = []
+    ahead = threading.Event()  # a chunk after 7 was pushed
+
+    def store_pages(ino: int, off: int, got: Buffer) -> None:
+        pushed.append((ino, off, bytes(got)))
+        if off >= 8 * CS:
+            ahead.set()
+
+    async with make_fs(tmp_path, list(tiers), store_pages=store_pages) as fs:
+        fh = await fs.open(ino, os.O_RDONLY)
+        before = chunk_reads(fs)
+
+        async def read(off: int, size: int, warm: bool = True) -> None:
+            assert bytes(await fs.read(fh, off, size)) == data[off:off + size]
+            if warm:
+                assert fs.open_files[ino].readahead_running == 0
+                await trio.testing.wait_all_tasks_blocked()
+                assert pushed == []
+
+        # Holes: two requests in a row in chunk 3, then chunk 4's middle, chunk 5's start
+        # (next to each other, as the sequential pattern counts them).
+        hole = 3 * CS + CS // 4
+        await read(hole, 2 * PAGE)
+        await read(hole + 2 * PAGE, 2 * PAGE)
+        await read(4 * CS + CS // 2, 2 * PAGE)
+        await read(5 * CS, 2 * PAGE)
+        assert chunk_reads(fs) - before == 3  # chunks 3, 4 and 5, nothing ahead
+        # A stretch the kernel does not hold: chunk 6 to its end without a gap. The
+        # request that reaches its end reads ahead again, and pushes.
+        for off in range(6 * CS, 7 * CS - CS // 4, CS // 4):
+            await read(off, CS // 4)
+        assert chunk_reads(fs) - before == 4
+        await read(7 * CS - CS // 4, CS // 4, warm=False)
+        await trio.to_thread.run_sync(ahead.wait, 30)
+        assert chunk_reads(fs) - before >= 5  # 6, and 8 ahead of it (7 may be on its way)
+        await fs.release(fh)
+    for _, off, got in pushed:  # only chunks ahead of the cold stretch, with their bytes
+        assert off >= 7 * CS and got == data[off:off + len(got)]
