@@ -153,7 +153,8 @@ class OpenFile:
         self._no_push = 0
         self._pushing = 0
         self._pushes_ended = trio.Event()
-        self.read_hi = 0  # the end of the highest read request so far (pushes stop there)
+        # The end of the highest read request since the last seek back (pushes stop there).
+        self.read_hi = 0
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
         # A close reports a file's tail (and a small file's content) to the checkpoint
         # detectors from here, instead of reading the chunk back from its tier.
@@ -529,10 +530,11 @@ class OpenFile:
         end = min(off + size, self.size)
         if off >= end:
             return b""
-        self.read_hi = max(self.read_hi, end)
         first, last = off // self.cs, (end - 1) // self.cs
         if cached:
             self._note(off, end)
+        else:
+            self.read_hi = max(self.read_hi, end)
         ahead = cached and not self._warm  # readahead and pushes (page cache readers: warm)
         out: list[Buffer] = []
         for idx in range(first, last + 1):
@@ -574,6 +576,9 @@ class OpenFile:
         at a seek back (nothing is known of the cache there) or when the requests run on
         without a gap over a chunk's end (a stretch the kernel does not hold)."""
         prev, self._req_end = self._req_end, end
+        # Where the pushes stop: the reader's requests reached there. A seek back brings it
+        # back with the reader (torch.load reads a zip's directory at the end first).
+        self.read_hi = end if off < prev else max(self.read_hi, end)
         if off > prev:
             gap = range(prev // self.cs, (off - 1) // self.cs + 1)
             if not all(i in self._pushed_idx for i in gap):

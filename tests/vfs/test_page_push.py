@@ -253,3 +253,26 @@ async def test_a_warm_reader_refilling_lost_pages_gets_no_readahead_and_no_pushe
         await fs.release(fh)
     for _, off, got in pushed:  # only chunks ahead of the cold stretch, with their bytes
         assert off >= 7 * CS and got == data[off:off + len(got)]
+
+
+async def test_a_reader_that_read_the_end_first_still_gets_its_chunks_pushed(
+    tmp_path: Path,
+) -> None:
+    """torch.load reads a zip's directory at the file's end before the tensors from the
+    start: the pushes stop where the reader's requests are, and that is where it went
+    back to, not the end it read first."""
+    tiers, ino, data = await stored(tmp_path, 12 * CS, n_tiers=2)
+    pushed: Pushed = []
+    one = threading.Event()
+    async with make_fs(tmp_path, list(tiers), store_pages=recorder(pushed, one.set)) as fs:
+        fh = await fs.open(ino, os.O_RDONLY)
+        tail = len(data) - 2 * PAGE
+        assert bytes(await fs.read(fh, tail, 2 * PAGE)) == data[tail:]
+        # Back to the start: chunk 0 read whole, and the readahead it starts pushes.
+        assert await read_through(fs, fh, CS) == data[:CS]
+        await trio.to_thread.run_sync(one.wait, 30)
+        assert await read_through(fs, fh, len(data), start=CS) == data[CS:]
+        await fs.release(fh)
+    assert {off // CS for _, off, _ in pushed} - {0}, pushed  # chunks ahead were pushed
+    for _, off, got in pushed:
+        assert got == data[off:off + len(got)]
