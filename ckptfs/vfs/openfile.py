@@ -579,11 +579,12 @@ class OpenFile:
         # Where the pushes stop: the reader's requests reached there. A seek back brings it
         # back with the reader (torch.load reads a zip's directory at the end first).
         self.read_hi = end if off < prev else max(self.read_hi, end)
+        over_an_end = end % self.cs == 0 or off // self.cs != (end - 1) // self.cs
         if off > prev:
             gap = range(prev // self.cs, (off - 1) // self.cs + 1)
             if not all(i in self._pushed_idx for i in gap):
                 self._warm = True
-        elif off < prev or self._warm and (end % self.cs == 0 or off // self.cs != (end - 1) // self.cs):
+        elif off < prev or over_an_end:  # a seek back, or on without a gap over an end
             self._warm = False
 
     def _copy_back(self, sequential: bool) -> bool:
