@@ -535,7 +535,7 @@ class OpenFile:
             self._note(off, end)
         else:
             self.read_hi = max(self.read_hi, end)
-        ahead = cached and not self._warm  # readahead and pushes (page cache readers: warm)
+        warm = cached and self._warm  # a warm page-cache reader: no readahead, no pushes
         out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
@@ -550,14 +550,14 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    sequential = self._readahead(idx, cached, ahead or not cached)
+                    sequential = self._readahead(idx, cached, fetch=not warm)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
                     piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
-                    if (sequential and ahead and lo == 0 and self.svc.page_push is not None
+                    if (sequential and cached and not warm and lo == 0 and self.svc.page_push is not None
                             and ref.digest not in self._ahead_digests):
                         # A chunk the reader entered before any readahead fetched it (the
                         # first of a file): the push fills its back while requests take
