@@ -7,7 +7,11 @@ and runs the (m) workload in it from this process (or ``--procs`` forked ones): 
 write 4 KiB + close, stat, rename, unlink of ``--files`` files, each timed on its own.
 Next to the rate: the daemon's CPU (utime + stime) per operation, the figure that holds on
 a shared machine. ``--profile OP`` records the daemon with py-spy during that operation
-(one SVG per build and round, raw stacks with ``--profile-format raw``).
+(one SVG per build and round, raw stacks with ``--profile-format raw``). ``--requests``
+also counts the FUSE requests per operation (from the daemon's metrics, served on a
+loopback port for the run). ``--pin CPU`` runs the daemon's threads and the workload on
+that one CPU: the difference to an unpinned round is what waking a thread on the other
+CPU costs (on this VM, an interprocessor interrupt through the host).
 
     python scripts/bench_meta.py --code base=/tmp/base --code new=. [--rounds 3]
 """
@@ -23,7 +27,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import re
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,6 +53,26 @@ def cpu_split(pid: int | None) -> tuple[float, float]:
     return int(fields[11]) / tck, int(fields[12]) / tck
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def request_counts(port: int) -> dict[str, float]:
+    """The daemon's FUSE requests so far, by operation (ckptfs_fuse_op_seconds_count)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^ckptfs_fuse_op_seconds_count\{op="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` onto ``cpu`` (threads started later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+
+
 def run_op(op: str, d: Path, files: int, procs: int, data: bytes) -> float:
     if procs == 1:
         t0 = time.perf_counter()
@@ -61,12 +88,18 @@ def run_op(op: str, d: Path, files: int, procs: int, data: bytes) -> float:
 def one_build(label: str, code: Path, root: Path, args: argparse.Namespace, data: bytes,
               rnd: int) -> dict[str, dict[str, float]]:
     code_dir, _, extra = str(code).partition("@")  # DIR@ARGS: extra mount args of this build
-    t = CkptfsTarget(root / label, list(args.mount_arg) + extra.split(),
+    port = free_port() if args.requests else None
+    metrics = [] if port is None else ["--metrics-address", f"127.0.0.1:{port}"]
+    t = CkptfsTarget(root / label, list(args.mount_arg) + metrics + extra.split(),
                      code=Path(code_dir).resolve())
     out: dict[str, dict[str, float]] = {}
+    own_cpus = os.sched_getaffinity(0)
     try:
         t.start()
         pid = t.daemon_pid()
+        if args.pin is not None and pid is not None:
+            pin(pid, args.pin)
+            os.sched_setaffinity(0, {args.pin})  # the workload (and its forked processes)
         d = t.dir / "meta"
         d.mkdir()
         for op in OPS:
@@ -80,9 +113,17 @@ def one_build(label: str, code: Path, root: Path, args: argparse.Namespace, data
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             time.sleep(args.settle)
+            c0 = request_counts(port) if port is not None else {}
             u0, s0 = cpu_split(pid)
             secs = run_op(op, d, args.files, args.procs, data)
             u1, s1 = cpu_split(pid)
+            reqs = ""
+            if port is not None:
+                time.sleep(0.5)  # the RELEASEs the kernel sends after close returned
+                c1 = request_counts(port)
+                reqs = "  requests/op: " + ", ".join(
+                    f"{k} {(c1[k] - c0.get(k, 0)) / args.files:.2f}"
+                    for k in sorted(c1) if c1[k] != c0.get(k, 0))
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(60)
@@ -90,12 +131,13 @@ def one_build(label: str, code: Path, root: Path, args: argparse.Namespace, data
             out[op] = {"ops_s": args.files / secs, "cpu_us": cpu * 1e6 / args.files,
                        "sys_us": sys_cpu * 1e6 / args.files}
             print(f"  r{rnd} {label:<6} {op:<7} {args.files / secs:8.0f} op/s  "
-                  f"{cpu * 1e6 / args.files:7.0f} us CPU/op (sys {sys_cpu * 1e6 / args.files:.0f})",
-                  flush=True)
+                  f"{cpu * 1e6 / args.files:7.0f} us CPU/op (sys {sys_cpu * 1e6 / args.files:.0f})"
+                  + reqs, flush=True)
         if any(d.iterdir()):
             raise SystemExit(f"{d} not empty after the unlinks")
         t.stop()
     finally:
+        os.sched_setaffinity(0, own_cpus)
         t.cleanup()
     return out
 
@@ -116,6 +158,10 @@ def main() -> int:
     ap.add_argument("--profile-dir", default=".")
     ap.add_argument("--native", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--requests", action="store_true",
+                    help="count the FUSE requests per operation (daemon metrics on loopback)")
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU",
+                    help="run the daemon's threads and the workload on this one CPU")
     args = ap.parse_args()
     Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
     builds = [tuple(c.split("=", 1)) for c in args.code] or [("new", str(REPO))]
