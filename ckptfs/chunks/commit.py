@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import threads
 from ..catalog import ChunkRef
 from ..catalog.audit import AuditRecord
 from ..catalog.quotas import Charge
@@ -85,7 +86,7 @@ async def commit_version(
             audit=v.audit,
         )
 
-    changes, dropped = await store.catalog_calls.run_sync(commit)
+    changes, dropped = await threads.run_sync(commit, limiter=store.db_limiter)
     if uploads and store.on_requeue is not None:
         store.on_requeue()  # new upload jobs
     committed = dict(v.committed)

@@ -189,9 +189,6 @@ class ChunkStore:
         self.remote_io = PriorityLimiter(remote_reads or io_threads)
         self.catalog = catalog
         self.db_limiter = db_limiter
-        # The hot catalog calls (every namespace request's, every close's commit): calls
-        # that queue for the catalog's slot share one worker-thread visit (ckptfs/threads.py).
-        self.catalog_calls = threads.CallQueue(db_limiter)
         self._inflight_bytes = {t.name: 0 for t in tiers}
         self._pass = {t.name: 0.0 for t in tiers}
         self._place_lock = threading.Lock()

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from .. import threads
 from ..catalog import Around, Catalog, CheckpointRow, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
@@ -439,9 +440,8 @@ class Filesystem:
         return bytes(out)
 
     async def db(self, fn: Callable[..., T], *args: Any) -> T:
-        # The lighter thread call (ckptfs/threads.py): most requests make one of these;
-        # concurrent ones share a worker-thread visit (the store's queue, with the commits).
-        return await self.store.catalog_calls.run_sync(fn, *args)
+        # The lighter thread call (ckptfs/threads.py): most requests make one of these.
+        return await threads.run_sync(fn, *args, limiter=self.db_limiter)
 
     async def _db_dirs_changed(self, fn: Callable[..., T], *args: Any) -> T:
         """``db`` for a catalog call that may change directory rows (attributes, link

@@ -43,18 +43,9 @@ def count_db_hops(monkeypatch: pytest.MonkeyPatch, d: Daemon) -> list[str]:
             return await real(fn, *args, **kw)
         return counting
 
-    queued = threads.CallQueue.run_sync
-
-    async def counting_queued(q: threads.CallQueue, fn: Callable[..., Any], *args: Any) -> Any:
-        if q.limiter is d.db_limiter:
-            calls.append(getattr(fn, "__qualname__", repr(fn)))
-        return await queued(q, fn, *args)
-
-    # Every way into a worker thread: trio's, the lighter one, and the catalog's queue of
-    # the hot calls (a call each, whether or not it shares a visit).
+    # Both ways into a worker thread: trio's, and the lighter one of the hot calls.
     monkeypatch.setattr(trio.to_thread, "run_sync", counter(trio.to_thread.run_sync))
     monkeypatch.setattr(threads, "run_sync", counter(threads.run_sync))
-    monkeypatch.setattr(threads.CallQueue, "run_sync", counting_queued)
     return calls
 
 
