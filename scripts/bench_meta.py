@@ -22,13 +22,13 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import re
-import socket
 import time
 import urllib.request
 from pathlib import Path

@@ -1212,8 +1212,8 @@ class ChunkStore:
             self.stats.record_read(name, len(raw), time.perf_counter() - started)
             self.stats.record_ok(name)
             try:
-                # Sealed frames are decrypted in the receive buffer itself (served from it).
-                data = frame.decode_view(raw, ref.digest, in_place=True)
+                # A sealed frame opens into a new buffer; a plain one is served in place.
+                data = frame.decode_view(raw, ref.digest)
                 if len(data) != ref.length:
                     raise CorruptChunk(f"length {len(data)} != {ref.length}")
             except CorruptChunk as exc:

@@ -140,14 +140,11 @@ def decode(frame: Buffer, expected_digest: bytes | None = None) -> bytes:
     return plain if isinstance(plain, bytes) else bytes(plain)
 
 
-def decode_view(
-    frame: Buffer, expected_digest: bytes | None = None, in_place: bool = False
-) -> Buffer:
-    """Like decode, but a raw body comes back as a view into ``frame`` (no copy). With
-    ``in_place`` a sealed frame in a writable buffer is decrypted where it lies (the view
-    is its plaintext; the frame is no longer a frame: only for a buffer the caller owns and
-    serves reads from, never one it uploads or checks); ``opened_key_id`` tells its key."""
-    return _verified_plaintext(frame, expected_digest, in_place)
+def decode_view(frame: Buffer, expected_digest: bytes | None = None) -> Buffer:
+    """Like decode, but a raw body comes back as a view into ``frame`` (no copy). A sealed
+    frame opens into a new buffer (AEAD libraries refuse overlapping input and output:
+    cryptography 51 raises on it); ``opened_key_id`` tells its key."""
+    return _verified_plaintext(frame, expected_digest)
 
 
 def opened_key_id(plain: Buffer) -> int:
@@ -157,12 +154,6 @@ def opened_key_id(plain: Buffer) -> int:
         return plain.obj.key_id
     if isinstance(plain, Plaintext):
         return plain.key_id
-    if isinstance(plain, memoryview):
-        try:  # decrypted in place: the frame's header is still at the buffer's start
-            head = parse_header(memoryview(plain.obj).cast("B")[:HEADER_SIZE])
-        except (CorruptChunk, TypeError, ValueError):
-            return 0
-        return head.key_id
     return 0
 
 
@@ -171,9 +162,7 @@ def verify(frame: Buffer, expected_digest: bytes) -> None:
     _verified_plaintext(frame, expected_digest)
 
 
-def _verified_plaintext(
-    frame: Buffer, expected_digest: bytes | None, in_place: bool = False
-) -> Buffer:
+def _verified_plaintext(frame: Buffer, expected_digest: bytes | None) -> Buffer:
     header = parse_header(frame)
     if expected_digest is not None and header.digest != expected_digest:
         raise CorruptChunk("frame digest does not match the requested chunk")
@@ -181,7 +170,7 @@ def _verified_plaintext(
     if len(body) != header.body_len:
         raise CorruptChunk(f"frame body is {len(body)} bytes, header says {header.body_len}")
     if header.cipher != Cipher.NONE:
-        return _opened(frame, header, body, in_place)
+        return _opened(frame, header, body)
     if header.codec == Codec.LZ4:
         import lz4.block
 
@@ -198,7 +187,7 @@ def _verified_plaintext(
     return plain
 
 
-def _opened(frame: Buffer, header: FrameHeader, body: memoryview, in_place: bool) -> Buffer:
+def _opened(frame: Buffer, header: FrameHeader, body: memoryview) -> Buffer:
     """The verified plaintext of a sealed frame: authenticated by the AEAD tag (header and
     namespace bound in), then checked against the keyed chunk id."""
     key = KEYRING.get(header.key_id)
@@ -208,11 +197,7 @@ def _opened(frame: Buffer, header: FrameHeader, body: memoryview, in_place: bool
     if header.codec != Codec.RAW:
         raise CorruptChunk(f"sealed frame with codec {header.codec}")
     head = memoryview(frame)[:HEADER_SIZE]
-    plain: Buffer
-    if in_place and not body.readonly:
-        plain = key.open_in_place(head, body, header.plain_len)
-    else:
-        plain = key.open(head, body, header.plain_len)
+    plain = key.open(head, body, header.plain_len)
     if key.chunk_id([plain]) != header.digest:
         raise CorruptChunk("plaintext does not match the chunk id")
     return plain

@@ -113,24 +113,6 @@ class SealKey:
         return out
 
 
-    def open_in_place(self, head: Buffer, body: memoryview, plain_len: int) -> memoryview:
-        """Like ``open``, decrypting into the body itself (a writable buffer the caller
-        owns, e.g. a reused receive buffer): no new buffer to allocate and zero. On a bad
-        tag the body holds garbage: CorruptChunk, and the caller drops the buffer."""
-        if len(body) != plain_len + OVERHEAD:
-            raise CorruptChunk(f"sealed body is {len(body)} bytes, expected {plain_len + OVERHEAD}")
-        nonce = bytes(body[:NONCE_SIZE])
-        sealed = body[NONCE_SIZE:]
-        try:  # in place: the plaintext lands where its ciphertext starts (OpenSSL allows it)
-            self._aead.decrypt_into(nonce, sealed, bytes(head) + self._ns, sealed[:plain_len])
-        except InvalidTag:
-            raise CorruptChunk(
-                f"sealed frame does not authenticate under key {self.key_id} "
-                f"({self.namespace} v{self.version})"
-            ) from None
-        return sealed[:plain_len]
-
-
 class Keyring:
     """The unwrapped keys of this process, by key id, and each namespace's newest (the
     one new chunks are sealed with). Thread-safe: dict operations under a lock."""

@@ -625,7 +625,7 @@ class OpenFile:
         self, idx: int, ref: ChunkRef, scope: trio.CancelScope, push: bool
     ) -> None:
         try:
-            with scope, contextlib.suppress(CkptfsError):
+            with scope:
                 # The reader that needs this chunk will see (and log) any error itself.
                 # Cancelled, it leaves a hung remote GET behind rather than wait for it.
                 data = await self.svc.store.read(
@@ -633,6 +633,12 @@ class OpenFile:
                 )
                 if push:
                     await self._push(idx, ref, data)
+        except CkptfsError:
+            pass
+        except Exception:
+            # A bug (or a library that changed under us): in the mount's nursery it would
+            # end the daemon. The reader that needs the chunk meets it again (as EIO).
+            log.exception("readahead of chunk %d of inode %d failed unexpectedly", idx, self.ino)
         finally:
             if self._ahead.get(idx) is scope:
                 del self._ahead[idx]

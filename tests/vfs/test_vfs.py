@@ -3,6 +3,7 @@
 import errno
 import os
 import stat
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -165,6 +167,47 @@ async def test_corrupt_copy_gives_eio_never_wrong_bytes(tmp_path: Path) -> None:
         with pytest.raises(CkptfsError) as info:
             await read_file(fs, b"f")
         assert info.value.errno == errno.EIO
+
+
+class BuggyGets(MemoryTier):
+    """Raises an unexpected exception (not a CkptfsError: a bug, or a library that
+    changed under us) on gets of ``bad`` keys."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.bad: set[str] = set()
+        self.raised = threading.Event()
+
+    def get(self, key: str) -> bytes | None:
+        if key in self.bad:
+            self.raised.set()
+            raise ValueError("data and buf must not overlap")
+        return super().get(key)
+
+
+@pytest.mark.allow_log_errors
+async def test_an_unexpected_error_in_a_readahead_does_not_stop_the_daemon(
+    tmp_path: Path,
+) -> None:
+    # A readahead runs in the mount's nursery: an exception escaping it would end the
+    # daemon (every later call ENOTCONN). The reader that needs the chunk sees the error.
+    t = BuggyGets("m")
+    head, rest = os.urandom(CS), os.urandom(3 * CS)
+    async with make_fs(tmp_path, [t], reads=ReadConfig(readahead=3 * CS)) as fs:
+        await write_file(fs, b"head", head)
+        first = set(t.frames)
+        ino = await write_file(fs, b"f", head + rest)
+        t.bad = set(t.frames) - first
+        fs.store._cache.clear()
+        fh = await fs.open(ino, os.O_RDONLY)
+        assert bytes(await fs.read(fh, 0, CS)) == head  # starts readaheads of chunks 1-3
+        assert await trio.to_thread.run_sync(t.raised.wait, 30)  # a readahead met the bug
+        await wait_all_tasks_blocked()  # its task ended; the daemon lives on
+        with pytest.raises(ValueError):
+            await fs.read(fh, CS, CS)  # the reader sees it (the FUSE adapter maps it to EIO)
+        t.bad.clear()
+        assert bytes(await fs.read(fh, CS, 3 * CS)) == rest
+        await fs.release(fh)
 
 
 async def test_unlinked_open_file_lives_until_release(tmp_path: Path) -> None:
