@@ -1458,6 +1458,11 @@ class ChunkStore:
         except CkptfsError as exc:
             self.stats.count("heal_failures")
             log.warning("chunk %s: heal failed: %s", ref.key[:16], exc)
+        except Exception:
+            # A bug: in the mount's nursery it would end the daemon. The copy stays bad
+            # (marked, or found again by the next read), so nothing is lost by going on.
+            self.stats.count("heal_failures")
+            log.exception("chunk %s: heal failed unexpectedly", ref.key[:16])
         finally:
             self._healing.discard(ref.digest)
 

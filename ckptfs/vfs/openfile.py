@@ -671,6 +671,11 @@ class OpenFile:
         self._pushing += 1
         try:
             await pp.push(self.ino, base, memoryview(data)[:n], self._read_up_to)
+        except Exception:
+            # Only an optimization: a bug here must not end the daemon (the mount's
+            # nursery). The pages not pushed are requested by the kernel as usual.
+            self._pushed_idx.discard(idx)
+            log.exception("page-cache push of chunk %d of inode %d failed", idx, self.ino)
         finally:
             self._pushing -= 1
             if not self._pushing:

@@ -1,6 +1,7 @@
 """Read-path logic without a mount: tier order from measured speed, remote heal, copy-back."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,37 @@ async def test_buffers_of_chunks_leaving_the_cache_together_are_reused(tmp_path:
         for i, data in enumerate(second, start=len(first)):
             assert await read_file(fs, f"f{i}".encode()) == data
         assert store.frames.made == made  # all ten read into the buffers given back
+
+
+class BuggyPuts(MemoryTier):
+    """A local tier whose puts raise an unexpected exception (a bug, not a TierError)
+    once ``buggy`` is set."""
+
+    buggy = False
+
+    def put(self, key: str, parts: Sequence[frame.Buffer],
+            expected_sha256: str | None = None) -> int:
+        if self.buggy:
+            raise ValueError("an unexpected bug in a put")
+        return super().put(key, parts, expected_sha256)
+
+
+@pytest.mark.allow_log_errors
+@pytest.mark.allow_log_warnings("corrupt; healing it")
+async def test_a_heal_that_fails_unexpectedly_leaves_the_daemon_serving(tmp_path: Path) -> None:
+    # A heal runs in the mount's nursery: an exception escaping it would end the daemon.
+    local, remote = BuggyPuts("l"), MemoryTier("r", kind="remote")
+    data = os.urandom(2 * CS)
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+    key = sorted(local.frames)[0]
+    damaged = bytearray(local.frames[key])
+    damaged[-1] ^= 1
+    local.frames[key] = bytes(damaged)
+    local.buggy = True
+    async with make_fs(tmp_path, [local, remote]) as fs:
+        assert await read_file(fs, b"f") == data  # the damaged chunk came from the remote
+        await wait_for(lambda: fs.store.stats.get("heal_failures") >= 1)
+        fs.store._cache.clear()
+        assert await read_file(fs, b"f") == data  # still serving, still verified
