@@ -46,8 +46,6 @@ from ..errors import (
 )
 from ..stats import Stats
 from ..tiers.base import Tier
-from . import blocks
-from .blocks import BlockDigests
 from .bufpool import FramePool
 from .guard import ChunkGuard
 from .moves import MoveMarks
@@ -243,9 +241,6 @@ class ChunkStore:
         # VM (session 22)").
         self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count,
                                 room=self._cache_room)
-        # The block digests of chunks read whole from a local tier (chunks/blocks.py): a
-        # later read of part of one (a page-cache hole) fetches and checks only its blocks.
-        self.block_digests = BlockDigests()
         self._nursery: trio.Nursery | None = None
         self._healing: set[bytes] = set()
         self._bg = trio.CapacityLimiter(2)  # heals and copy-backs, besides reads and writes
@@ -1231,53 +1226,8 @@ class ChunkStore:
             if not (isinstance(data, memoryview) and isinstance(raw, memoryview)
                     and data.obj is raw.obj):
                 self._drop_frame(raw)  # decompressed into new bytes: the frame is done with
-            elif (name in self.local and len(data) > blocks.BLOCK
-                  and ref.digest not in self.block_digests
-                  and frame.opened_key_id(data) == 0):
-                # A plain frame read whole and just verified: its blocks' digests, from
-                # these same bytes, for reads of part of it later (read_part).
-                self.block_digests.put(ref.digest, blocks.of_buffer(data))
             got.data, got.source = data, name
             return got
-        return got
-
-    async def read_part(self, ref: ChunkRef, lo: int, hi: int) -> bytes | None:
-        """Bytes [lo, hi) of a chunk that is not in memory, from the blocks of a local copy
-        that cover them, each checked against the block digests kept of the chunk
-        (chunks/blocks.py). None where that cannot be done (no block digests, no local
-        copy, a block that does not match, a tier error): the caller reads the whole
-        chunk, which checks it, finds damage and heals it as every read does."""
-        digests = self.block_digests.get(ref.digest)
-        if digests is None or self.cached(ref.digest) or lo >= ref.length:
-            return None
-        ref = self.current(ref)
-        names = [n for n in ref.tiers if n in self.local
-                 and (not self.residency.enabled or self.residency.permits(ref.digest, n))]
-        if not names:
-            return None
-        first = lo // blocks.BLOCK
-        a, b = first * blocks.BLOCK, min(ref.length, -(-hi // blocks.BLOCK) * blocks.BLOCK)
-
-        def work() -> bytes | None:
-            for name in names:
-                read_range = getattr(self.local[name], "read_range", None)  # local files
-                if read_range is None:
-                    continue
-                try:
-                    raw = read_range(ref.key, frame.HEADER_SIZE + a, b - a, self.frames.take)
-                except TierError:
-                    continue
-                if raw is None:
-                    continue
-                try:
-                    if len(raw) == b - a and blocks.check(digests, first, raw):
-                        return bytes(memoryview(raw)[lo - a:hi - a])
-                finally:
-                    self._drop_frame(raw)
-            return None
-
-        got = await threads.run_sync(work, limiter=self.io)
-        self.stats.count("partial_reads" if got is not None else "partial_reads_refused")
         return got
 
     def _drop_frame(self, raw: frame.Buffer) -> None:

@@ -236,40 +236,6 @@ class LocalTier:
         except OSError as exc:
             raise TierError(f"tier {self.name}: get {key[:16]}: {exc.strerror}") from exc
 
-    def read_range(self, key: str, offset: int, length: int,
-                   take: Callable[[int], mmap.mmap | None]) -> Buffer | None:
-        """Bytes [offset, offset + length) of the frame file of ``key`` (fewer at its end),
-        unchecked (the caller checks them); None if the frame is missing. With O_DIRECT:
-        the whole blocks around the range, read into ``take(n)`` (the result is a view of
-        it, for the caller to give back), else a buffered read."""
-        try:
-            fd = os.open(self._path(key),
-                         os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if self._direct else 0))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise TierError(f"tier {self.name}: read {key[:16]}: {exc.strerror}") from exc
-        try:
-            start = offset - offset % direct.ALIGN
-            room = direct.aligned_size(offset + length) - start
-            buf = take(room) if self._direct else None
-            if buf is None or len(buf) < room:
-                if self._direct:
-                    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                return os.pread(fd, length, offset)
-            view = memoryview(buf)[:room]
-            got = 0
-            while got < room:
-                n = os.preadv(fd, [view[got:]], start + got)
-                if n == 0:
-                    break
-                got += n
-            return view[offset - start:min(got, offset - start + length)]
-        except OSError as exc:
-            raise TierError(f"tier {self.name}: read {key[:16]}: {exc.strerror}") from exc
-        finally:
-            os.close(fd)
-
     def has(self, key: str) -> bool:
         return self._path(key).exists()
 

@@ -551,36 +551,24 @@ class OpenFile:
                     piece = b""
                 else:
                     sequential = self._readahead(idx, cached, fetch=not warm)
-                    # A hole in a warm reader's page cache: only the blocks it covers.
-                    part = await self.svc.store.read_part(ref, lo, hi) if warm else None
-                    if part is not None:
-                        piece = part
-                    else:
-                        piece = await self._read_chunk(idx, ref, lo, hi, sequential, cached, warm)
+                    try:
+                        data = await self.svc.store.read(ref, self._copy_back(sequential))
+                    except CkptfsError as exc:
+                        await self._log_read_error(base + lo, idx, exc)
+                        raise
+                    piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
+                    if (sequential and cached and not warm and lo == 0 and self.svc.page_push is not None
+                            and ref.digest not in self._ahead_digests):
+                        # A chunk the reader entered before any readahead fetched it (the
+                        # first of a file): the push fills its back while requests take
+                        # the front. Counted in _pushing once it starts (_push).
+                        self.svc.nursery.start_soon(self._push, idx, ref, data)
+                    if sequential and hi >= len(data):
+                        self.svc.store.consumed(ref.digest)
             if len(piece) < hi - lo:
                 piece = bytes(piece) + bytes(hi - lo - len(piece))  # past the data: a hole
             out.append(piece)
         return out[0] if len(out) == 1 else b"".join(out)
-
-    async def _read_chunk(self, idx: int, ref: ChunkRef, lo: int, hi: int, sequential: bool,
-                          cached: bool, warm: bool) -> Buffer:
-        """[lo, hi) of stored chunk ``idx``, the whole chunk read (verified) and kept."""
-        base = idx * self.cs
-        try:
-            data = await self.svc.store.read(ref, self._copy_back(sequential))
-        except CkptfsError as exc:
-            await self._log_read_error(base + lo, idx, exc)
-            raise
-        piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
-        if (sequential and cached and not warm and lo == 0 and self.svc.page_push is not None
-                and ref.digest not in self._ahead_digests):
-            # A chunk the reader entered before any readahead fetched it (the first of a
-            # file): the push fills its back while requests take the front. Counted in
-            # _pushing once it starts (_push).
-            self.svc.nursery.start_soon(self._push, idx, ref, data)
-        if sequential and hi >= len(data):
-            self.svc.store.consumed(ref.digest)
-        return piece
 
     def _note(self, off: int, end: int) -> None:
         """A page-cache reader's request for [off, end): a jump forward over bytes this
