@@ -46,8 +46,9 @@ daemon.pid; nullfs: its process) used during the step, per GB (metadata: CPU ms 
 operations), from utime + stime in /proc/PID/stat; "+x" is what it used after the step
 returned, until the next step began (background work the step left behind).
 
-Each pass runs the three targets in turn, by default 3 passes (1 with --quick). The table
-shows the median of the passes and the ckptfs range.
+Each pass runs the targets in turn, the order rotating from pass to pass (so no target is
+always first), by default 3 passes (1 with --quick). The table shows the median of the
+passes and the ckptfs range.
 
     python scripts/bench.py [--quick] [--size-gib N] [--dir BASE] [--json OUT] [--repeat N]
                             [--mount-arg=--some-flag ...] [--skip m,c2,...]
@@ -1320,9 +1321,14 @@ def main(argv: list[str] | None = None) -> int:
         bufs = Buffers.build(p, with_torch="t" in groups)
         print(f"  buffers built in {time.perf_counter() - t0:.1f} s", flush=True)
         stuck: set[str] = set()
+        active = [n for n in TARGETS if n in targets]
         for npass in range(1, passes + 1):
-            for name in TARGETS:
-                if name not in targets or name in stuck:
+            # The order rotates each pass: a target always run first (or right after
+            # another) would carry the effects of that position (the page cache the one
+            # before left, the VM's reclaim over time) into every pass of its rows.
+            turn = (npass - 1) % len(active)
+            for name in active[turn:] + active[:turn]:
+                if name in stuck:
                     continue
                 root = base / name
                 tgt: Target
