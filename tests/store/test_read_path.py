@@ -3,6 +3,7 @@
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -15,6 +16,7 @@ from ckptfs.codec import frame
 from ckptfs.config import ReadConfig, TierConfig
 from ckptfs.stats import Stats
 from ckptfs.testing.tiers import MemoryTier
+from ckptfs.tiers.base import Tier
 from ckptfs.tiers.local import LocalTier
 
 MiB = 1024 * 1024
@@ -38,6 +40,20 @@ def test_read_order_follows_measured_speed_and_health() -> None:
     assert s.read_order(["s3", "slow", "nvme"], 16 << 20)[0] == "nvme"
 
 
+async def saved_and_uploaded(tmp_path: Path, tiers: list[Tier], data: bytes, **opts: Any) -> None:
+    """``data`` written as file ``f``, every upload done, the daemon stopped."""
+    async with make_fs(tmp_path, tiers, **opts) as fs:
+        await write_file(fs, b"f", data)
+        await wait_backlog_empty(fs)
+
+
+def flip_last_byte(tier: MemoryTier, key: str) -> None:
+    """Damage one stored frame as a device would (its last byte flipped)."""
+    damaged = bytearray(tier.frames[key])
+    damaged[-1] ^= 1
+    tier.frames[key] = bytes(damaged)
+
+
 @pytest.mark.allow_log_errors
 @pytest.mark.allow_log_warnings("missing; healing it", "corrupt; healing it")
 async def test_a_corrupt_remote_copy_is_uploaded_again(tmp_path: Path) -> None:
@@ -46,14 +62,10 @@ async def test_a_corrupt_remote_copy_is_uploaded_again(tmp_path: Path) -> None:
     local = MemoryTier("l")
     r1, r2 = MemoryTier("r1", kind="remote"), MemoryTier("r2", kind="remote")
     data = os.urandom(2 * CS)
-    async with make_fs(tmp_path, [local, r1, r2], remote_copies=2) as fs:
-        await write_file(fs, b"f", data)
-        await wait_backlog_empty(fs)
+    await saved_and_uploaded(tmp_path, [local, r1, r2], data, remote_copies=2)
     local.frames.clear()  # chunks on the remotes only
     key = sorted(r1.frames)[0]
-    damaged = bytearray(r1.frames[key])
-    damaged[-1] ^= 1
-    r1.frames[key] = bytes(damaged)
+    flip_last_byte(r1, key)
     async with make_fs(tmp_path, [local, r1, r2], remote_copies=2) as fs:
         assert await read_file(fs, b"f") == data
         await wait_for(lambda: fs.store.stats.get("integrity_failures") >= 1)
@@ -177,13 +189,8 @@ async def test_a_heal_that_fails_unexpectedly_leaves_the_daemon_serving(tmp_path
     # A heal runs in the mount's nursery: an exception escaping it would end the daemon.
     local, remote = BuggyPuts("l"), MemoryTier("r", kind="remote")
     data = os.urandom(2 * CS)
-    async with make_fs(tmp_path, [local, remote]) as fs:
-        await write_file(fs, b"f", data)
-        await wait_backlog_empty(fs)
-    key = sorted(local.frames)[0]
-    damaged = bytearray(local.frames[key])
-    damaged[-1] ^= 1
-    local.frames[key] = bytes(damaged)
+    await saved_and_uploaded(tmp_path, [local, remote], data)
+    flip_last_byte(local, sorted(local.frames)[0])
     local.buggy = True
     async with make_fs(tmp_path, [local, remote]) as fs:
         assert await read_file(fs, b"f") == data  # the damaged chunk came from the remote
