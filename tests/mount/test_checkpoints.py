@@ -14,6 +14,7 @@ import pytest
 from tests.catalog.test_catalog import make_v2
 from tests.remote.test_remote_mount import MiB
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
+from tests.support.s3server import OUTAGE_WARNINGS
 
 from ckptfs.catalog.sql import SCHEMA_VERSION
 from ckptfs.codec import frame
@@ -132,7 +133,7 @@ def test_ls_outside_a_mount_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.allow_log_warnings("upload failed", "failed, will retry", "cannot reach the remote")  # the outage (the lease heartbeat may fall in it)
+@pytest.mark.allow_log_warnings(*OUTAGE_WARNINGS)
 def test_retention_over_twelve_steps_with_a_remote_outage(
     tmp_path: Path, seaweed: Any, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -23,7 +23,7 @@ import pytest
 from tests.faults.test_faults import drop_caches
 from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from tests.support.s3server import SeaweedServer
+from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
 from ckptfs.catalog import SqliteCatalog
 
@@ -158,9 +158,7 @@ def test_a_hung_object_store_does_not_freeze_the_mount(
 
 
 @pytest.mark.slow
-@pytest.mark.allow_log_warnings(
-    "failed, will retry", "upload failed", "writer lease", "not reachable now"
-)  # the outage
+@pytest.mark.allow_log_warnings(*OUTAGE_WARNINGS, "writer lease", "not reachable now")
 def test_deletions_failing_in_an_outage_are_retried_after_a_remount(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,

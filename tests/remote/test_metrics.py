@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
-from tests.support.s3server import SECRET_KEY, SeaweedServer
+from tests.support.s3server import OUTAGE_WARNINGS, SECRET_KEY, SeaweedServer
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.config import config_from_dict
@@ -188,7 +188,7 @@ def test_metrics_can_be_disabled(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_fuse
-@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")  # the outage
+@pytest.mark.allow_log_warnings(*OUTAGE_WARNINGS)
 def test_backlog_and_remote_durable_checkpoint(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli
-from tests.support.s3server import SeaweedServer
+from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.codec import frame
@@ -73,7 +73,7 @@ def test_chunks_reach_the_bucket_and_sync_waits_for_them(
 
 
 @pytest.mark.slow
-@pytest.mark.allow_log_warnings("upload failed", "failed, will retry")
+@pytest.mark.allow_log_warnings(*OUTAGE_WARNINGS)
 def test_outage_grows_backlog_and_drains_after_restart(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:
@@ -107,7 +107,7 @@ def test_outage_grows_backlog_and_drains_after_restart(
 
 
 @pytest.mark.slow
-@pytest.mark.allow_log_warnings("cleaning up stale mount")
+@pytest.mark.allow_log_warnings("cleaning up stale mount", *OUTAGE_WARNINGS)
 def test_killed_daemon_resumes_its_queue(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
 ) -> None:

@@ -39,6 +39,9 @@ READER_ACCESS_KEY = "ckptfs-test-reader"
 READER_SECRET_KEY = "ckptfs-test-reader-secret-0123456789"
 REGION = "us-east-1"
 HOST = "127.0.0.1"
+# What a daemon warns about while a test holds the server stopped: uploads and deletions
+# retry, and a writer-lease renewal may fall inside the outage.
+OUTAGE_WARNINGS = ("upload failed", "failed, will retry", "cannot reach the remote")
 
 
 def find_weed() -> str | None:
