@@ -16,6 +16,11 @@ A remote row is also claimed in the catalog (a lease, sql.CLAIM_LEASE_NS): anoth
 may commit and upload the same bytes meanwhile, and no node starts or records an upload of
 a claimed pair, so no DELETE lands after a PUT that was recorded.
 
+At a stop (unmount) the remote DELETEs in flight get STOP_GRACE_S to return and write
+their ends; a hung one is abandoned then, and its claim runs out with its lease (the row is
+tried again by the next mount after that). Cut short at once, every DELETE in flight at an
+unmount would hold its row, and the pair's uploads, for the lease's whole length.
+
 A failed remote DELETE whose request may still land keeps its claim until it no longer
 can. A failure the server answered (any status: 403, 404, a 5xx read back) or one where
 nothing was sent (no connection made) ends the claim at once: the row is postponed with
@@ -78,6 +83,9 @@ BATCH_S = 0.02
 REMOTE_CONCURRENCY = 4
 OUTAGE_RETRY_MIN_S = 0.5  # the catalog is unreachable: look again after this, doubling
 OUTAGE_RETRY_MAX_S = 10.0
+# At a stop, how long the remote deletions in flight may go on to return and end their
+# claims (a bounded wait: a hung object store delays the unmount by this, no more).
+STOP_GRACE_S = 2.0
 
 Pair = tuple[bytes, str]
 # A claim's end not yet written, (how, next try, error, claim kept): "finish" the DELETE
@@ -128,6 +136,10 @@ class Deleter:
         # at which this queue releases it (_end_graces): a deadline of the run loop.
         self._graced: dict[Pair, int] = {}
         self._outage_logged = False
+        # The remote deletions' shields against a stop, and the trio time they end at
+        # once the queue is stopping (inf before): see _remote_one.
+        self._stop_shields: set[trio.CancelScope] = set()
+        self._stop_deadline = math.inf
         self._wake = wake if wake is not None else Wakeup()
         self._progress = trio.Event()  # set (and replaced) after each batch or row
         self.deleted = 0
@@ -168,58 +180,70 @@ class Deleter:
         self.guard.on_release = released
         local, remote = self.local, self.remote
         known = local + remote
-        outage_wait = OUTAGE_RETRY_MIN_S
+        self._stop_deadline = math.inf  # (run again after an outage: not stopping)
         async with trio.open_nursery() as nursery:
             if self._listener is not None:
                 nursery.start_soon(hear, self._listener, self._heard,
                                    "other nodes' changes of the deletion queue", log)
-            while True:
-                self._wake.clear()
-                try:
-                    await self._write_endings()
-                    await self._end_graces()
-                    if self._recovered:
-                        tiers, self._recovered = self._recovered, set()
-                        for name in sorted(tiers):
-                            await trio.to_thread.run_sync(
-                                self.catalog.retry_deletions_now, name, limiter=self.db_limiter
-                            )
-                    skip = self.running | self._held | set(self._unwritten) | set(self._graced)
-                    now = self.clock()
-                    rows, remote_rows, due_ns = await trio.to_thread.run_sync(
-                        self._plan, now, skip, not self._local_busy,
-                        self.concurrency - self._remote_running if remote else 0, local, remote,
-                        known, limiter=self.db_limiter,
-                    )
-                except CatalogUnavailable as exc:
-                    # No database event tells it came back: look again with backoff. The
-                    # deletions in flight go on meanwhile (their ends are kept).
-                    self._outage(exc)
-                    await trio.sleep(outage_wait)
-                    outage_wait = min(2 * outage_wait, OUTAGE_RETRY_MAX_S)
-                    continue
-                if self._outage_logged:
-                    log.info("deletion queue: the catalog answers again")
-                    self._outage_logged = False
-                outage_wait = OUTAGE_RETRY_MIN_S
-                if rows:
-                    self._local_busy = True
-                    nursery.start_soon(self._local_task, rows)
-                for row in remote_rows:
-                    self._remote_running += 1
-                    self.running.add((row.digest, row.tier))
-                    nursery.start_soon(self._remote_one, row)
-                # The kept claims were skipped above: their ends are deadlines of ours.
-                ends = [*self._graced.values(), *(() if due_ns is None else (due_ns,))]
-                due_ns = min(ends, default=None)
-                delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
-                if delay == 0.0:
-                    # Due rows that found no free worker: a finishing one kicks us.
-                    delay = math.inf if (self._local_busy or self._remote_running) else 0.0
-                with trio.move_on_after(delay):
-                    await self._wake.wait()
-                if self._wake.is_set():
-                    await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
+            try:
+                await self._loop(nursery, local, remote, known)
+            finally:
+                # Stopped: the remote deletions in flight get STOP_GRACE_S (module doc).
+                self._stop_deadline = trio.current_time() + STOP_GRACE_S
+                for shield in self._stop_shields:
+                    shield.deadline = self._stop_deadline
+
+    async def _loop(
+        self, nursery: trio.Nursery, local: list[str], remote: list[str], known: list[str]
+    ) -> None:
+        outage_wait = OUTAGE_RETRY_MIN_S
+        while True:
+            self._wake.clear()
+            try:
+                await self._write_endings()
+                await self._end_graces()
+                if self._recovered:
+                    tiers, self._recovered = self._recovered, set()
+                    for name in sorted(tiers):
+                        await trio.to_thread.run_sync(
+                            self.catalog.retry_deletions_now, name, limiter=self.db_limiter
+                        )
+                skip = self.running | self._held | set(self._unwritten) | set(self._graced)
+                now = self.clock()
+                rows, remote_rows, due_ns = await trio.to_thread.run_sync(
+                    self._plan, now, skip, not self._local_busy,
+                    self.concurrency - self._remote_running if remote else 0, local, remote,
+                    known, limiter=self.db_limiter,
+                )
+            except CatalogUnavailable as exc:
+                # No database event tells it came back: look again with backoff. The
+                # deletions in flight go on meanwhile (their ends are kept).
+                self._outage(exc)
+                await trio.sleep(outage_wait)
+                outage_wait = min(2 * outage_wait, OUTAGE_RETRY_MAX_S)
+                continue
+            if self._outage_logged:
+                log.info("deletion queue: the catalog answers again")
+                self._outage_logged = False
+            outage_wait = OUTAGE_RETRY_MIN_S
+            if rows:
+                self._local_busy = True
+                nursery.start_soon(self._local_task, rows)
+            for row in remote_rows:
+                self._remote_running += 1
+                self.running.add((row.digest, row.tier))
+                nursery.start_soon(self._remote_one, row)
+            # The kept claims were skipped above: their ends are deadlines of ours.
+            ends = [*self._graced.values(), *(() if due_ns is None else (due_ns,))]
+            due_ns = min(ends, default=None)
+            delay = math.inf if due_ns is None else max(0.0, (due_ns - self.clock()) / 1e9)
+            if delay == 0.0:
+                # Due rows that found no free worker: a finishing one kicks us.
+                delay = math.inf if (self._local_busy or self._remote_running) else 0.0
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+            if self._wake.is_set():
+                await trio.sleep(BATCH_S)  # a burst: let its rows gather into one batch
 
     def _heard(self) -> None:
         """Another node changed the queue (or the listener reconnected): plan again, let a
@@ -386,9 +410,17 @@ class Deleter:
             self._held.update(held)
             if not marked:
                 return
+            # Shielded from a stop until its grace ends (module doc; run sets the deadline).
+            shield = trio.CancelScope(shield=True, deadline=self._stop_deadline)
+            self._stop_shields.add(shield)
             try:
-                await self._remote_claimed(row, marked)
+                with shield:
+                    await self._remote_claimed(row, marked)
+                if shield.cancelled_caught:
+                    log.info("deletion of chunk %s on tier %s abandoned at the stop: its claim "
+                             "runs out with its lease", row.digest.hex()[:16], row.tier)
             finally:
+                self._stop_shields.discard(shield)
                 self.guard.end_delete(marked)
         finally:
             self.running.discard(pair)

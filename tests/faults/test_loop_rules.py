@@ -26,7 +26,7 @@ from ckptfs.tiers.base import Tier
 from ckptfs.upload import deleter as deleter_module
 from ckptfs.upload import uploader as uploader_module
 from ckptfs.upload.commits import QUIET_S
-from ckptfs.upload.deleter import Deleter
+from ckptfs.upload.deleter import STOP_GRACE_S, Deleter
 from ckptfs.upload.uploader import SNAPSHOT_MIN_SPACING_S, SNAPSHOT_NAME, SNAPSHOT_RECHECK_S
 from ckptfs.vfs.context import ROOT
 
@@ -351,6 +351,65 @@ async def test_failed_deletions_are_retried_on_their_backoff(
             assert backoff <= gap < backoff + 0.1  # its backoff, then the batching window
         assert deleter.failures == 3 and deleter.deleted == 1
     finally:
+        cat.close()
+
+
+def held_remote_deletion(tmp_path: Path) -> tuple[SqliteCatalog, MemoryTier, FaultyTier,
+                                                   threading.Event, Deleter, bytes]:
+    """A deleter with one queued remote row whose DELETE will be held on a gate."""
+    local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
+    remote = FaultyTier(inner)
+    remote.hold_deletes = gate = threading.Event()
+    [ref] = remote_only_chunks(inner, 1)
+    tiers: list[Tier] = [local, remote]
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
+    deleter = Deleter(cat, tiers, trio.CapacityLimiter(1), guard=ChunkGuard(["l"]),
+                      stats=stats_for(tiers), room=Room())
+    cat.queue_deletions([(ref.digest, "r")])
+    return cat, inner, remote, gate, deleter, ref.digest
+
+
+async def test_a_remote_deletion_in_flight_at_a_stop_still_ends_its_claim(tmp_path: Path) -> None:
+    """The queue is stopped (an unmount) while a remote DELETE is in flight: the DELETE
+    returns within the stop's grace, and its end is written. Cut short, the row stayed
+    claimed for the claim's whole lease (600 s), so the next mount could not retry it and
+    the pair's uploads waited as long (seen in tests/remote/test_deletion_queue.py)."""
+    cat, inner, remote, gate, deleter, digest = held_remote_deletion(tmp_path)
+    try:
+        async with trio.open_nursery() as n:
+            n.start_soon(deleter.run)
+            deleter.kick()
+            await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+            n.cancel_scope.cancel()  # the stop, with the DELETE held
+            gate.set()  # it answers within the grace
+        assert deleter.deleted == 1 and not inner.frames
+        assert cat.deletion_keys("r") == set()  # done: no claim left behind
+    finally:
+        gate.set()
+        cat.close()
+
+
+async def test_a_hung_remote_deletion_delays_a_stop_only_by_the_grace(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A DELETE that hangs past the stop's grace is abandoned then: the stop takes the
+    grace (trio's clock jumps to it), and the row keeps its claim, since the DELETE may
+    still land; the lease that ends it lies ahead."""
+    cat, inner, remote, gate, deleter, digest = held_remote_deletion(tmp_path)
+    try:
+        async with trio.open_nursery() as n:
+            n.start_soon(deleter.run)
+            deleter.kick()
+            await trio.to_thread.run_sync(remote.delete_held.wait, 30)
+            stopped_at = trio.current_time()
+            n.cancel_scope.cancel()
+        assert trio.current_time() - stopped_at == pytest.approx(STOP_GRACE_S)
+        assert deleter.deleted == 0 and inner.frames
+        assert cat.deletion_keys("r") == {digest}
+        lease_end = cat.next_deletion_due_ns(set(), ["r"])
+        assert lease_end is not None and lease_end > time.time_ns() + 60 * 10**9
+    finally:
+        gate.set()
         cat.close()
 
 
