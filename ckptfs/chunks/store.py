@@ -237,7 +237,7 @@ class ChunkStore:
         # chunks leave the cache (chunks/bufpool.py); as many idle as GETs run at once,
         # and more while the cache has room for them: when several readers' files end
         # together, 9-10 chunks left the cache at once, and the buffers beyond 8 were
-        # unmapped and made again a moment later (performance.md, "Cold reads on a quiet
+        # unmapped and made again a moment later (performance-history.md, "Cold reads on a quiet
         # VM (session 22)").
         self.frames = FramePool(keep=self.remote_io.total_tokens, count=self.stats.count,
                                 room=self._cache_room)
@@ -956,7 +956,7 @@ class ChunkStore:
         is often answered before the one before it). Taking it out of them, as before, kept
         it and its receive buffer in the cache until the LRU limit: a 1 GiB cold read grew
         the cache to 19 chunks and read 42 % of its chunks into fresh buffers (profile,
-        performance.md "Cold read profile (session 21)"). A reader that really comes back
+        performance-history.md "Cold read profile (session 21)"). A reader that really comes back
         to it keeps it for another CONSUMED_KEEP bytes of consumed chunks."""
         if digest in self._consumed:
             self._consumed.move_to_end(digest)

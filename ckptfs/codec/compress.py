@@ -17,7 +17,7 @@ nothing, while zero-filled or integer tensors shrink a lot. Each chunk is judged
 Why a memory term: the samples run in cache on buffers the allocator reuses, but a whole
 chunk may write its compressed copy and the decompressed check into fresh pages, and on
 the benchmark VM a fresh page costs a host fault (lz4 on a 16 MiB random chunk took about
-18 ms with its output on fresh pages, 3 ms with reused memory; docs/performance.md). That
+18 ms with its output on fresh pages, 3 ms with reused memory; docs/performance-history.md). That
 depends on the allocator's state, so ``RemoteCompressor`` learns the cost per byte from the
 whole chunks it compresses (0 until the first one). So that one slow
 first measurement cannot switch compression off for good, every PROBE_EVERY-th chunk is

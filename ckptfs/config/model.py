@@ -24,10 +24,10 @@ DEFAULT_CHUNK_SIZE = 16 * MiB
 DEFAULT_MEMORY_BUDGET = 1 * GiB
 DEFAULT_IO_THREADS = 4
 # Six 16 MiB chunks in flight per sequential reader: two (32 MiB) left a cold read waiting
-# on each device read (performance.md, "Read path").
+# on each device read (performance-history.md, "Write and read path").
 DEFAULT_READAHEAD = 96 * MiB
 # GETs from the remote tiers in flight at once (reads, readahead, prefetch): enough to fill
-# the link (its bandwidth-delay product), measured in performance.md ("Restore from the
+# the link (its bandwidth-delay product), measured in performance-history.md ("Restore from the
 # bucket"); the S3 connection pool is sized to hold them besides the uploads.
 DEFAULT_REMOTE_READ_CONCURRENCY = 8
 # Tens of seconds: a node that just committed a chunk uploads it within that time unless

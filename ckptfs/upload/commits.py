@@ -5,7 +5,7 @@ thousands of files per step) holds no chunk buffer between its files, so the mem
 does not show it as a save; yet each of its closes queues upload jobs. Started between
 its files, those uploads of a few KiB each would take the catalog (one transaction at a
 time with SQLite) and the CPU from the next create and close: through FUSE, creates with
-a remote tier ran at 0.72-0.76x of those without (docs/performance.md, "Many small files
+a remote tier ran at 0.72-0.76x of those without (docs/performance-history.md, "Many small files
 with a remote tier"). So the upload queue treats such a stream as a save
 (``upload_during_save``): it ends when no job was queued for QUIET_S.
 """

@@ -143,7 +143,7 @@ class OpenFile:
         # kernel skipped bytes nobody here served or pushed (it had them cached: a warm
         # read refilling the few pages the kernel reclaimed). While so, no readahead and
         # no push: the chunks after such a hole are cached already, and fetching, verifying
-        # and pushing them cost more than the whole read (performance.md, "Warm reads").
+        # and pushing them cost more than the whole read (performance-history.md, "Warm reads").
         self._req_end = 0
         self._pushed_idx: set[int] = set()
         self._warm = False

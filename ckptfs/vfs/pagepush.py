@@ -3,7 +3,7 @@
 Why: every byte a FUSE read returns is copied by the kernel into the reader's page-cache
 pages inside ``fuse_reply_buf``, on the one thread that answers requests (pyfuse3's trio
 thread), with the GIL held. On a cold restore that copy, into pages the kernel has just
-allocated, is what bounds the read (docs/performance.md, "Cold reads on a quiet VM"): the
+allocated, is what bounds the read (docs/performance-history.md, "Cold reads on a quiet VM"): the
 fetch threads are ahead, the reply thread is busy. FUSE_NOTIFY_STORE lets the daemon write
 a verified chunk's bytes into the file's page cache from a worker thread instead (pyfuse3's
 ``notify_store`` releases the GIL around the write to /dev/fuse); the reader then finds the

@@ -7,7 +7,7 @@ handles are FOPEN_DIRECT_IO): a minor fault and a page copy per 4 KiB written. A
 tensors are its own memory, so ``own_pages`` makes the pages the writer's before the clock.
 Until 2026-12-04 it assigned each MiB onto itself, a memmove onto the same address that
 glibc returns from without storing, so the pages stayed shared and (c'') measured the
-copies (docs/performance.md, "The 4-process save (session 28)").
+copies (docs/performance-history.md, "The 4-process save (session 28)").
 """
 
 from __future__ import annotations
