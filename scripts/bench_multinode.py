@@ -46,6 +46,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +193,7 @@ def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int) -> 
               drop: bool = False) -> None:
         if drop:
             drop_dentries(can_drop)
-        t = run_forked([lambda w=w: op(dirs[w], mine[w]) for w in range(2)])
+        t = run_forked([partial(op, dirs[w], mine[w]) for w in range(2)])
         out[label] = count / t
 
     def create(d: Path, ns: list[str]) -> None:
@@ -238,7 +239,7 @@ def save(dirs: list[Path], files: list[Source]) -> dict[str, float]:
         write_from(dirs[r] / f"__{r}_0.distcp", files[r].view)
         times[2 * r], times[2 * r + 1] = t0, time.perf_counter()
 
-    wall = run_forked([lambda r=r: rank(r) for r in range(len(files))])
+    wall = run_forked([partial(rank, r) for r in range(len(files))])
     (dirs[0] / ".metadata").write_bytes(json.dumps({"ranks": len(files)}).encode())
     stalls = [times[2 * r + 1] - times[2 * r] for r in range(len(files))]
     ends = [times[2 * r + 1] for r in range(len(files))]
@@ -277,7 +278,7 @@ def restore(ckpt: Path, files: list[Source], shared: list[Any], world: int,
                         raise BenchError(f"__{i}_0.distcp: short read at {got}")
                     got += n
 
-    wall = run_forked([lambda k=k: reader(k) for k in range(world)])
+    wall = run_forked([partial(reader, k) for k in range(world)])
     for i, src in enumerate(files):
         same_bytes(f"restored __{i}_0.distcp", memoryview(shared[i]).cast("B"), src.view)
     return {"wall": wall, "MB/s": sum(f.nbytes for f in files) / wall / 1e6}

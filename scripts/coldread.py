@@ -147,9 +147,9 @@ def main() -> int:
         targets.append(PlainTarget(root / "plain"))
     for spec in args.code or [f"this={Path(__file__).resolve().parent.parent}"]:
         name, _, d = spec.partition("=")
-        t = CkptfsTarget(root / name, args.mount_arg, Path(d).resolve())
-        t.name = name
-        targets.append(t)
+        node = CkptfsTarget(root / name, args.mount_arg, Path(d).resolve())
+        node.name = name
+        targets.append(node)
     if args.nullfs:
         targets.append(NullfsTarget(root / "nullfs"))
     pattern = Pattern()
@@ -234,10 +234,10 @@ def main() -> int:
                     continue
                 mb = [x["mb_s"] for x in rows]
                 cpu = [x["cpu_gb"] for x in rows if "cpu_gb" in x]
-                s = f"  {name:>8} {kind:>6}: {statistics.median(mb):6.0f} MB/s ({min(mb):.0f}-{max(mb):.0f})"
+                line = f"  {name:>8} {kind:>6}: {statistics.median(mb):6.0f} MB/s ({min(mb):.0f}-{max(mb):.0f})"
                 if cpu:
-                    s += f"  {statistics.median(cpu):.2f} CPU s/GB ({min(cpu):.2f}-{max(cpu):.2f})"
-                print(s)
+                    line += f"  {statistics.median(cpu):.2f} CPU s/GB ({min(cpu):.2f}-{max(cpu):.2f})"
+                print(line)
         if args.json is not None:
             args.json.write_text(json.dumps(results, indent=1))
     finally:

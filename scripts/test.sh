@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy (ckptfs and tests),
+# Set up (scripts/setup.sh) and run the whole test suite: ruff, mypy (ckptfs, tests and scripts),
 # lint-imports, pytest.
 #
 #   scripts/test.sh [PYTEST ARGS...]      e.g. scripts/test.sh -k catalog -x
@@ -19,6 +19,8 @@ echo "== mypy ckptfs"
 .venv/bin/mypy ckptfs || lint_failed+=(mypy)
 echo "== mypy tests"
 .venv/bin/mypy tests || lint_failed+=(mypy-tests)
+echo "== mypy scripts"
+.venv/bin/mypy scripts || lint_failed+=(mypy-scripts)
 echo "== lint-imports"
 # The import contracts in pyproject.toml; no cache: one that saw an edit in the same
 # second as the last run would answer from before it.
