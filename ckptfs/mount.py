@@ -589,6 +589,7 @@ def build(
         catalog, db_limiter, detectors, handles.writing_inos, partial_after_s,
         on_commit=gc.kick,  # retention after each checkpoint commit
         shared=shared,  # writers and times of every node
+        node=catalog.audit_node,  # its replay point after a crash
     )
 
     async def ns_used(ns: str) -> int:  # a namespace's usage, read again before a refusal
@@ -789,6 +790,7 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         heartbeat = _Services(nursery)
         if d.session is not None:
             heartbeat.start(d.session.run, d.db_limiter, collect, d.fs.sync_open_rows)
+        await d.fs.replay_signals()  # commit signals a crash kept from the tracker
         await d.fs.recover()
         yield nursery
         if drain:

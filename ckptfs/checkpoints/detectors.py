@@ -219,6 +219,10 @@ class BaseDetector:
     def owns(self, path: str, ns: NamespaceView) -> str | None:
         return None
 
+    def pending(self) -> bool:
+        """A commit this detector will make at a later tick, kept only in memory."""
+        return False
+
     def _d(
         self, kind: str, root: str, t: int, reason: str, step: int | None = None,
         framework: str | None = None,
@@ -728,6 +732,9 @@ class LightningDetector(BaseDetector):
             return [self._link_commit(link, target, t, " (target not seen being written)")]
         return []
 
+    def pending(self) -> bool:
+        return any(f.complete for f in self._files.values())
+
     def tick(self, now_ns: int, ns: NamespaceView) -> list[Detection]:
         out: list[Detection] = []
         for p, f in list(self._files.items()):
@@ -810,6 +817,9 @@ class PatternDetector(BaseDetector):
         elif self.commit == "rename" and k == RENAME and p == root:
             out.append(self._d(COMMIT, root, t, f"rename {_base(ev.src or '?')} -> {_base(p)}"))
         return out
+
+    def pending(self) -> bool:
+        return bool(self._last)
 
     def tick(self, now_ns: int, ns: NamespaceView) -> list[Detection]:
         out: list[Detection] = []
@@ -904,6 +914,11 @@ class DetectorSet:
 
     def held_roots(self) -> list[str]:
         return sorted(self._held)
+
+    def pending(self) -> bool:
+        """A commit waits in memory: held for writers, or a detector's own (a Lightning
+        file settling, a quiescence pattern's root). A crash would lose it."""
+        return bool(self._held) or any(d.pending() for d in self.detectors)
 
     def committed_elsewhere(self, root: str) -> None:
         """Another node committed ``root`` (shared catalog), which this set saw begin: it is

@@ -40,6 +40,9 @@ class FsEvent:
     # RELEASE: the file's last bytes (at most TAIL bytes; a torch.save zip ends with the
     # end-of-central-directory record, b"PK\x05\x06" 22 bytes from the end).
     tail: bytes | None = None
+    # Replayed at a mount from the catalog's records of a close or rename whose event a
+    # crash may have lost (tracker.py): recorded only where it adds what is missing.
+    replayed: bool = False
 
 
 SMALL_FILE = 4096

@@ -9,7 +9,9 @@ Per run (the directory holding the checkpoints), under the policy whose glob mat
   kept on the remote; with ``keep_milestones`` > 0 only that many, newest first.
 * Other committed checkpoints beyond the newest ``keep``, or older than ``max_age_s``,
   expire (deleted everywhere). The newest committed checkpoint never expires.
-* Partial checkpoints expire; ones still being written are left alone.
+* Partial checkpoints expire once a newer checkpoint of the run is committed; ones still
+  being written are left alone. A partial checkpoint with no newer committed one stays:
+  it may be all a run has (docs/semantics.md, "The commit protocol").
 * With ``skip_superseded_uploads``, a committed non-milestone checkpoint that a newer one
   superseded has its pending uploads dropped (the backlog cannot grow without bound).
 
@@ -36,6 +38,7 @@ class Ckpt:
     state: str  # a CheckpointState value (StrEnum: members compare equal to it)
     commit_ns: int
     tags: tuple[str, ...] = ()
+    begin_ns: int = 0
 
 
 @dataclass
@@ -61,7 +64,15 @@ def run_of(root: str) -> str:
 def to_ckpts(rows: list[CheckpointRow]) -> list[Ckpt]:
     """Catalog checkpoint rows as retention plans them."""
     return [Ckpt(r.root, run_of(r.root), r.step, r.state, r.commit_ns or 0,
-                 tuple(sorted(r.tag_set))) for r in rows]
+                 tuple(sorted(r.tag_set)), r.begin_ns or 0) for r in rows]
+
+
+def newer(c: Ckpt, than: Ckpt) -> bool:
+    """``c`` is a later checkpoint of the run than ``than``: a higher step where both have
+    one, else committed after ``than`` began."""
+    if c.step is not None and than.step is not None:
+        return c.step > than.step
+    return c.commit_ns > than.begin_ns
 
 
 def under(path: str, scope: str) -> bool:
@@ -87,8 +98,12 @@ def plan_run(ckpts: list[Ckpt], policy: RetentionPolicy, now_ns: int) -> Plan:
     )
     for c in ckpts:
         if c.state == CheckpointState.PARTIAL:
+            later = next((d for d in committed if newer(d, c)), None)
+            if later is None:  # perhaps all the run has: never deleted for being partial
+                out.why[c.root] = "partial, kept: no newer committed checkpoint"
+                continue
             out.expire.append(c.root)
-            out.why[c.root] = "partial (never committed)"
+            out.why[c.root] = f"partial (never committed), superseded by {later.root}"
     milestones = [c for c in committed if is_milestone(c, policy)]
     kept_milestones = milestones if policy.keep_milestones <= 0 else milestones[: policy.keep_milestones]
     others = 0

@@ -21,6 +21,15 @@ node runs its own tracker over its own events, and two things change:
   adds it to every recorded time, so begin and commit times of different nodes compare.
   A "begin" whose time is not after the row's commit (a batch of node b that lands after
   node a committed the checkpoint that write belonged to) leaves the commit alone.
+
+**Crashes** (docs/semantics.md, "The commit protocol"): the events are in memory, but the
+catalog has a record of every close's commit and every rename in the audit log, written in
+the same transaction. At each tick the tracker persists its *replay point* (``fence.py``):
+every record older than it has had its event recorded here. At the next mount the
+filesystem replays the records from that point (``replayed`` events) before it serves. A
+replayed event may have been recorded already: its detections only add what is missing (a
+begin of a root without a row; a commit of a root that is not committed, expired or
+deleted), never reopen or move back a row.
 """
 
 from __future__ import annotations
@@ -34,12 +43,14 @@ from typing import Protocol
 
 import trio
 
+from .. import crashpoint
 from ..catalog.audit import AuditRecord
 from ..catalog.protocols import CheckpointCatalog, NamespaceCatalog
 from ..catalog.rows import FINISHED_STATES, CheckpointRow, CheckpointState
 from ..errors import CatalogUnavailable, CkptfsError
 from .detectors import DetectorSet
-from .events import Detection, Detector, FsEvent
+from .events import RELEASE, RENAME, Detection, Detector, FsEvent
+from .fence import SignalFence
 
 log = logging.getLogger("ckptfs.checkpoints")
 
@@ -47,6 +58,12 @@ TICK_S = 1.0
 # After the first event of a burst, wait this long for the rest: a save of many small files
 # then costs one catalog thread hop per batch of events, not three per file.
 BATCH_S = 0.02
+# The meta key of a node's replay point (ns, this node's clock: the audit records' times).
+REPLAY_KEY = "checkpoint_replay_ns:"
+
+
+def replay_key(node: str) -> str:
+    return REPLAY_KEY + node
 
 
 class TrackerCatalog(NamespaceCatalog, CheckpointCatalog, Protocol):
@@ -56,6 +73,8 @@ class TrackerCatalog(NamespaceCatalog, CheckpointCatalog, Protocol):
     def open_writer_paths(self) -> list[str]: ...
 
     def database_now_ns(self) -> int: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
 
 
 class CatalogView:
@@ -104,10 +123,12 @@ class CheckpointTracker:
         partial_after_s: float = 600.0,
         on_commit: Callable[[], None] | None = None,
         shared: bool = False,
+        node: str = "",
     ) -> None:
         """``writing_inos``: the inodes open for writing now (the VFS's handles);
         ``on_commit``: a checkpoint committed (retention may run: GcRequests.kick);
-        ``shared``: the catalog is shared by several nodes (module docstring)."""
+        ``shared``: the catalog is shared by several nodes (module docstring);
+        ``node``: this node's name in the audit records (its replay point's key)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.detectors = detectors
@@ -123,6 +144,12 @@ class CheckpointTracker:
         # tick; recorded times are on the database's clock.
         self.clock_offset_ns = 0
         self._clock_measured = False
+        # Crashes: the filesystem fences its signals here; the replay point is persisted
+        # at a tick after events were recorded (module docstring).
+        self.fence = SignalFence()
+        self.node = node
+        self._recorded_since_persist = False
+        self.replay_point_ns = 0  # the last one persisted (0: none yet)
 
     def push(self, ev: FsEvent) -> None:
         """Called by the filesystem after an operation; never blocks."""
@@ -145,16 +172,38 @@ class CheckpointTracker:
                         batch.append(self._recv.receive_nowait())
                     except trio.WouldBlock:
                         break
+                for ev in batch:
+                    if ev.kind in (RELEASE, RENAME):
+                        crashpoint.reached("tracker-received", ev.path)
                 inos = self.writing_inos()  # read on the trio thread, which owns the handles
                 await trio.to_thread.run_sync(self._observe, batch, inos, limiter=self.db_limiter)
+                for ev in batch:
+                    if ev.kind in (RELEASE, RENAME):
+                        crashpoint.reached("tracker-recorded", ev.path)
+                self._recorded_since_persist = True
                 self._publish_commits()
                 continue
             next_tick = time.monotonic() + TICK_S
             inos = self.writing_inos()
             # Taken here, on the trio thread: every event not yet received is stamped later.
             now_ns = time.time_ns()
-            await trio.to_thread.run_sync(self._tick, inos, now_ns, limiter=self.db_limiter)
+            # No event is queued now (the receive above timed out with no checkpoint since):
+            # every record older than the oldest fenced operation has been recorded.
+            point = self._replay_point(now_ns)
+            await trio.to_thread.run_sync(self._tick, inos, now_ns, point, limiter=self.db_limiter)
             self._publish_commits()
+
+    def _replay_point(self, now_ns: int) -> int | None:
+        """The replay point to persist at this tick, or None (unchanged). Held while a
+        commit waits in the detectors' memory (held for writers, a Lightning file settling,
+        a quiescence pattern): a crash would lose it, and a replay brings it back."""
+        if not self._recorded_since_persist:
+            return None
+        if isinstance(self.detectors, DetectorSet) and self.detectors.pending():
+            return None
+        oldest = self.fence.oldest()
+        point = now_ns if oldest is None else min(now_ns, oldest)
+        return point if point > self.replay_point_ns else None
 
     def _publish_commits(self) -> None:
         """On the trio thread, after a batch: count its commits and tell retention in one
@@ -191,7 +240,10 @@ class CheckpointTracker:
     def _observe(self, batch: list[FsEvent], inos: list[int]) -> None:
         view = self._view(inos)
         for ev in batch:
-            if ev.kind == "rename" and ev.src is not None:
+            # A replayed rename may have moved the rows already; its source then names
+            # nothing, unless something new took the name (whose rows must stay).
+            if ev.kind == "rename" and ev.src is not None and not (
+                    ev.replayed and view.exists(ev.src)):
                 self.catalog.rename_checkpoints(ev.src, ev.path)
             if ev.kind in ("unlink", "rmdir"):
                 self._removed(ev.path)
@@ -203,7 +255,10 @@ class CheckpointTracker:
                 log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
                 continue
             for d in found:
-                self._record(d)
+                if ev.replayed:
+                    self._record_replayed(d)
+                else:
+                    self._record(d)
 
     def _removed(self, path: str) -> None:
         """The application deleted a checkpoint's root (rotation by the framework): it is
@@ -216,7 +271,12 @@ class CheckpointTracker:
                 )
                 log.info("checkpoint %s deleted by the application", path)
 
-    def _tick(self, inos: list[int], now_ns: int) -> None:
+    def _tick(self, inos: list[int], now_ns: int, point: int | None = None) -> None:
+        if point is not None:
+            # Before the tick's own detections: a crash after them replays from here again.
+            self.catalog.set_meta(replay_key(self.node), str(point))
+            self.replay_point_ns = point
+            self._recorded_since_persist = False
         if self.shared:
             self._measure_clock()
         view = self._view(inos)
@@ -250,6 +310,17 @@ class CheckpointTracker:
             self._new_commits += 1  # published on the trio thread (_publish_commits)
             log.info("checkpoint %s (%s, step %s) committed: %s", d.root, d.framework, d.step,
                      d.reason)
+
+    def _record_replayed(self, d: Detection) -> None:
+        """A detection of a replayed event: only what the crash may have lost."""
+        rows = [r for r in self.catalog.checkpoint_rows(d.root) if r.root == d.root]
+        state = rows[0].state if rows else None
+        if d.kind == "begin":
+            if state is None:
+                self._record(d)
+        elif state not in (CheckpointState.COMMITTED, *FINISHED_STATES):
+            log.warning("checkpoint %s: its commit signal was replayed after a restart", d.root)
+            self._record(d)
 
     def _mark_partial(self, view: CatalogView, rows: list[CheckpointRow]) -> None:
         """A checkpoint still "writing" with no writer open under it for partial_after_s

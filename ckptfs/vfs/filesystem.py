@@ -22,11 +22,13 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from .. import threads
+from .. import crashpoint, threads
 from ..catalog import Around, Catalog, CheckpointRow, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
+from ..checkpoints.fence import SignalFence
+from ..checkpoints.tracker import replay_key
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
@@ -180,7 +182,11 @@ class SessionId(Protocol):
 
 
 class EventSink(Protocol):
-    """Where filesystem events go (checkpoints/tracker.py); never blocks."""
+    """Where filesystem events go (checkpoints/tracker.py); never blocks. ``fence``: the
+    signals not yet queued; ``node``: whose records a restart replays (tracker.py)."""
+
+    fence: SignalFence
+    node: str
 
     def push(self, ev: FsEvent) -> None: ...
 
@@ -381,8 +387,18 @@ class Filesystem:
         the release, see _committed_state), and the chunks; never from the open file's
         later state, which a concurrent request (the kernel sends RELEASE asynchronously)
         may change."""
-        assert self.tracker is not None
-        ino = h.file.ino
+        ev = await self._committed_event(h.file.ino, last, h.file, known)
+        if ev is not None:
+            assert self.tracker is not None
+            self.tracker.push(ev)
+
+    async def _committed_event(
+        self, ino: int, last: bool, f: OpenFile | None = None,
+        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None, *,
+        time_ns: int | None = None, replayed: bool = False,
+    ) -> FsEvent | None:
+        """The release event of ``ino`` as committed (``_release_event``; ``f``: the open
+        file whose stored end may save a read). None: the file is gone."""
 
         def committed() -> tuple[str, Inode, dict[int, ChunkRef]]:
             return (self.catalog.path_of(ino), self.catalog.get_inode(ino),
@@ -394,12 +410,12 @@ class Filesystem:
             try:
                 path, inode, refs = await self.db(committed)
             except CkptfsError:
-                return  # deleted meanwhile
-        if inode.nlink <= 0:
-            return  # unlinked before its last close: no checkpoint to detect
+                return None  # deleted meanwhile
+        if inode.nlink <= 0 or not inode.is_reg:
+            return None  # unlinked before its last close: no checkpoint to detect
         content = tail = None
         lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
-        data = self._known_end(h.file, refs, lo, inode.size)
+        data = None if f is None else self._known_end(f, refs, lo, inode.size)
         try:
             if data is None:  # not what this open file stored last: read it back
                 data = await self._read_committed(refs, lo, inode.size)
@@ -407,10 +423,60 @@ class Filesystem:
             tail = data[-TAIL:]
         except CkptfsError:
             pass  # the read logged it; the event goes without the bytes
-        self.tracker.push(FsEvent(
-            "release", path, time.time_ns(), size=inode.size, mode=inode.mode,
-            last_writer=last, content=content, tail=tail,
-        ))
+        return FsEvent(
+            "release", path, time.time_ns() if time_ns is None else time_ns, size=inode.size,
+            mode=inode.mode, last_writer=last, content=content, tail=tail, replayed=replayed,
+        )
+
+    async def replay_signals(self) -> int:
+        """At start, before serving: the commit signals a crash may have kept from the
+        tracker, replayed from the catalog's records (checkpoints/tracker.py, "Crashes"):
+        each close's commit and each rename of this node from its replay point on, in
+        their order, as events marked ``replayed``. Returns how many were queued."""
+        if self.tracker is None:
+            return 0
+        key = replay_key(self.tracker.node)
+        raw = await self.db(self.catalog.get_meta, key)
+        if raw is None:  # the first mount that replays: from here on
+            await self.db(self.catalog.set_meta, key, str(time.time_ns()))
+            return 0
+        since = int(raw)
+        node = self.tracker.node
+        entries = [e for e in await self.db(self.catalog.audit_entries, 0, since)
+                   if e.node == node and e.action in ("commit", "rename")]
+        # A file's last commit stands for its earlier ones (the event reads it as it is now).
+        last_commit: dict[int, int] = {}
+        details = [json.loads(e.detail) for e in entries]
+        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
+            if e.action == "commit" and isinstance(d.get("ino"), int):
+                last_commit[d["ino"]] = i
+        events: list[FsEvent] = []
+        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
+            ino = d.get("ino")
+            if not isinstance(ino, int):
+                continue
+            if e.action == "commit":
+                if last_commit.get(ino) == i:
+                    ev = await self._committed_event(ino, True, time_ns=e.time_ns, replayed=True)
+                    if ev is not None:
+                        events.append(ev)
+                continue
+            src = d.get("src")
+            # Paths of names that are not UTF-8 are stored escaped: not to be trusted here.
+            if not isinstance(src, str) or "\\" in src or "\\" in e.path:
+                continue
+            try:
+                moved = await self.db(self.catalog.get_inode, ino)
+            except CkptfsError:
+                continue  # gone since: nothing of it to detect
+            events.append(FsEvent("rename", e.path, e.time_ns, src=src, is_dir=moved.is_dir,
+                                  size=moved.size, mode=moved.mode, replayed=True))
+        for ev in events:
+            self.tracker.push(ev)
+        if events:
+            log.info("replaying %d commit and rename record(s) since the replay point",
+                     len(events))
+        return len(events)
 
     def _known_end(self, f: OpenFile, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes | None:
         """Bytes [lo, hi) of the committed file from what the open file stored last, if
@@ -787,6 +853,22 @@ class Filesystem:
         if old_ino is not None and old_ino == self._names.ino(new_parent, new_name):
             known_old = True  # the no-op: let the catalog say whether the old name stays
         kept: list[bool] = []
+        # The rename's audit record carries a commit signal until its event is queued.
+        fence = None if self.tracker is None else self.tracker.fence
+        token = None if fence is None else fence.enter()
+        try:
+            await self._renamed(work, old_parent, old_name, new_parent, new_name, kept)
+        finally:
+            if fence is not None and token is not None:
+                fence.leave(token)
+
+    async def _renamed(
+        self, work: Callable[[], tuple[Inode | None, tuple[str, str, Inode] | None, list[Inode],
+                                       Inode, int]],
+        old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, kept: list[bool],
+    ) -> None:
+        """The rename's catalog call (``work``), then its effects on the caches and the
+        tracker's event."""
         with self._changing_paths(), self._naming(old_parent, new_parent):
             replaced, seen, dirs, moved, seq = await self._db_refreshing(work)
         if not kept:
@@ -809,6 +891,7 @@ class Filesystem:
             def join(base: str, n: bytes) -> str:
                 return base.rstrip("/") + "/" + n.decode(errors="surrogateescape")
 
+            crashpoint.reached("rename-committed", join(dst_base, new_name))
             self.tracker.push(FsEvent(
                 "rename", join(dst_base, new_name), time.time_ns(), src=join(src_base, old_name),
                 is_dir=moved.is_dir, size=moved.size, mode=moved.mode,
@@ -1252,6 +1335,8 @@ class Filesystem:
             h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
         )):
             await self._commit(f, synced=False, h=h)
+            if crashpoint.ARMED:
+                crashpoint.reached("close-committed", await self._file_path(h))
             await self._apply_durability(f)
 
     async def fsync(self, fh: int) -> None:
@@ -1285,6 +1370,10 @@ class Filesystem:
     async def _commit(self, f: OpenFile, synced: bool, h: Handle | None = None) -> None:
         who = None if h is None else AuditRecord("commit", uid=h.caller_uid, pid=h.caller_pid,
                                                   ino=f.ino)
+        if h is not None and h.writable and self.tracker is not None:
+            # Its record may carry a commit signal until the last writer's release event
+            # is queued (checkpoints/fence.py).
+            self.tracker.fence.file_committing(f.ino)
         try:
             await f.commit(synced=synced, audit=who)
         except CkptfsError:
@@ -1318,7 +1407,11 @@ class Filesystem:
             h.file.allow_pushes()
         await self._drop_handle_ref(h.file)
         if self.tracker is not None and h.writable:
-            await self._release_event(h, last, known)
+            try:
+                await self._release_event(h, last, known)
+            finally:
+                if last:
+                    self.tracker.fence.file_released(h.file.ino)
 
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)

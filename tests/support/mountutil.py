@@ -264,6 +264,13 @@ class Mount:
         self._forget_pid()
         DAEMON_LOGS.snapshot(self.state_dir)
 
+    def crashed(self) -> None:
+        """The daemon died by itself (a test's crash point): forget it. The mount is
+        stale, as after kill9()."""
+        assert self.pid is not None and not pid_alive(self.pid)
+        self._forget_pid()
+        DAEMON_LOGS.snapshot(self.state_dir)
+
     def _forget_pid(self) -> None:
         if self.pid in self._started:
             self._started.remove(self.pid)

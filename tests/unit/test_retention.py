@@ -31,14 +31,26 @@ def test_twelve_steps_milestone_every_four() -> None:
     assert not set(p.expire) & (set(p.keep_local) | set(p.evict_local))
 
 
-def test_the_newest_never_expires_and_partials_do() -> None:
+def test_the_newest_never_expires_and_superseded_partials_do() -> None:
     policy = RetentionPolicy("/r", keep_local=0, keep=1, max_age_s=1)
-    ckpts = run([1, 2]) + [Ckpt("/r/step-3", "/r", 3, "partial", 0)] + [
-        Ckpt("/r/step-4", "/r", 4, "writing", 0)]
+    ckpts = [Ckpt("/r/step-0", "/r", 0, "partial", 0)] + run([1, 2]) + [
+        Ckpt("/r/step-3", "/r", 3, "partial", 0)] + [Ckpt("/r/step-4", "/r", 4, "writing", 0)]
     p = plan_run(ckpts, policy, now_ns=10**6 * S)
     assert "/r/step-2" not in p.expire  # the newest committed one, however old
-    assert set(p.expire) == {"/r/step-1", "/r/step-3"}
+    # step-0 is partial and older than a committed one; step-3 is partial with no newer
+    # committed checkpoint: it may be all the run has (a crash at its commit), so it stays.
+    assert set(p.expire) == {"/r/step-0", "/r/step-1"}
+    assert "superseded by /r/step-2" in p.why["/r/step-0"]  # the newest
+    assert "kept" in p.why["/r/step-3"]
     assert "/r/step-4" not in p.expire  # still being written
+
+
+def test_a_partial_checkpoint_without_steps_expires_only_after_a_later_commit() -> None:
+    policy = RetentionPolicy("/r", keep_local=0, keep=5)
+    part = Ckpt("/r/a", "/r", None, "partial", 0, begin_ns=100)
+    assert plan_run([part, Ckpt("/r/b", "/r", None, "committed", 50)], policy, 10**9).expire == []
+    assert plan_run([part, Ckpt("/r/b", "/r", None, "committed", 150)], policy,
+                    10**9).expire == ["/r/a"]
 
 
 def test_tagged_milestone_is_kept_and_keep_milestones_bounds_them() -> None:
