@@ -36,10 +36,13 @@ READ_BLOCK = 8 << 20
 
 
 def _table(infos: list[CheckpointSummary]) -> str:
-    head = ("CHECKPOINT", "FRAMEWORK", "STEP", "STATE", "FILES", "SIZE", "DURABLE ON", "TAGS")
+    head = ("CHECKPOINT", "FRAMEWORK", "STEP", "STATE", "FILES", "SIZE", "DURABLE ON", "TAGS",
+            "WHY")
     rows = [head] + [
         (i.root, i.framework, "" if i.step is None else str(i.step), i.state, str(i.files),
-         f"{i.logical_bytes / 2**20:.1f} MiB", ",".join(i.durable_on) or "-", ",".join(i.tags))
+         f"{i.logical_bytes / 2**20:.1f} MiB", ",".join(i.durable_on) or "-", ",".join(i.tags),
+         # Why a checkpoint is not (or no longer) committed: partial, expired, deleted.
+         "" if i.state in ("committed", "writing") else (i.reason or ""))
         for i in infos
     ]
     widths = [max(len(r[k]) for r in rows) for k in range(len(head))]

@@ -232,3 +232,37 @@ def test_a_crash_after_the_tracker_recorded_replays_harmlessly(
     check_committed_after_remount(node, layout, written)
     # Committed before the crash: the replay found it committed and recorded nothing.
     assert f"checkpoint {layout.root}: its commit signal was replayed" not in node.log
+
+
+def test_a_rename_the_tracker_never_saw_moves_the_rows_after_the_remount(
+    node: Mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint written under a temp directory name, then renamed: killed as the rename
+    returns, the rows must follow the rename (before: `ckptfs ls` listed the vanished
+    `.tmp` path as committed with 0 files)."""
+    def files(r: Path, w: dict[Path, bytes]) -> None:
+        (r / "checkpoint-7.tmp").mkdir(parents=True)
+        put(r / "checkpoint-7.tmp" / "model.pt", ZIP, w)
+
+    layout = Layout(
+        "tmp-dir", files,
+        lambda r, w: rename(r / "checkpoint-7.tmp", r / "checkpoint-7", w),
+        "/run/checkpoint-7/model.pt", "/run/checkpoint-7")
+    with monkeypatch.context() as env:
+        env.setenv("CKPTFS_TEST_CRASH_AT", "tracker-received:/run/checkpoint-7")
+        node.start()
+    run = node.mountpoint / "run"
+    written: dict[Path, bytes] = {}
+    layout.files(run, written)
+    wait_until(lambda: states(run).get("/run/checkpoint-7.tmp/model.pt") == "committed",
+               what="the torch.save file committed under its temp directory")
+    layout.signal(run, written)
+    pid = node.pid
+    assert pid is not None
+    wait_until(lambda: not pid_alive(pid), timeout=60, what="the crash after the rename")
+    node.crashed()
+    node.start()
+    wait_until(lambda: states(run).get(layout.root) == "committed", what="the rows moved")
+    assert not [r for r in states(run) if ".tmp" in r], states(run)
+    assert (run / "checkpoint-7" / "model.pt").read_bytes() == ZIP
+    node.stop()
