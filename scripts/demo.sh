@@ -6,7 +6,9 @@
 #   remote tier) -> torch.save and safetensors save of a small model into it -> list the mount
 #   and the tier directory holding the chunks -> ckptfs sync (durable on the remote) and
 #   status -> a missing tier directory refused (exit 2), the private state dir -> rm of a
-#   file, its chunks removed by the deletion queue -> unmount, mount again, load both files
+#   file, its chunks removed by the deletion queue -> a save whose writer kills the daemon
+#   the instant its commit signal returns: committed after the remount -> unmount, mount
+#   again, load both files
 #   and check they are bit-identical (warm restore; the counters show the chunks the
 #   readahead pushed into the kernel's page cache) -> "lose the node": delete the state dir
 #   and every local chunk, mount on an empty state dir, load again from the bucket alone
@@ -274,6 +276,29 @@ for name, loaded in (("model.pt", torch.load(os.path.join(out, "model.pt"))),
 print("OK" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
+
+step "5f. kill -9 at the commit: the daemon dies the instant trainer_state.json's close returns"
+# The writer kills the daemon itself right after the commit signal (the close of
+# trainer_state.json): the tracker has not recorded the commit yet. The next mount replays
+# the signal from the catalog before it serves (docs/semantics.md, "The commit protocol").
+"$PY" - "$MNT/crash/checkpoint-200" "$(cat "$STATE/daemon.pid")" <<'EOF'
+import os, signal, sys
+out, daemon = sys.argv[1], int(sys.argv[2])
+os.makedirs(out)
+for name, size in (("model.safetensors", 4 << 20), ("optimizer.pt", 2 << 20)):
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(os.urandom(size))
+with open(os.path.join(out, "trainer_state.json"), "w") as f:
+    f.write('{"global_step": 200}')
+os.kill(daemon, signal.SIGKILL)  # the close above has returned: the checkpoint is committed
+print(f"saved {out}; daemon {daemon} killed with SIGKILL as the close returned")
+EOF
+echo "mount again (the mount command cleans up the dead mount):"
+do_mount
+# The replay is queued before the mount serves; the tracker records it within moments.
+for _ in $(seq 300); do ckptfs latest "$MNT/crash" >/dev/null 2>&1 && break; sleep 0.1; done
+echo "ckptfs latest crash -> $(ckptfs latest "$MNT/crash")"
+grep -E "replaying|signal was replayed" "$STATE/ckptfs.log" | tail -n 2 | sed 's/^/log: /' || true
 
 step "6. unmount, mount again (nothing cached in the daemon), load and compare bit for bit"
 do_umount
