@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Awaitable
+import random
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tests.vfs.test_vfs import CS, RW, make_fs
 
@@ -24,6 +37,7 @@ from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.vfs.context import ROOT
+from ckptfs.vfs.filesystem import Filesystem
 from ckptfs.vfs.openfile import MAX_FILE_SIZE
 
 T = TypeVar("T")
@@ -83,3 +97,297 @@ async def test_past_the_largest_file_size_writes_and_truncates_fail_with_efbig(
         # Without an open writer (a truncate committed at once) it is refused too.
         assert await _errno_of(fs.setattr(inode.ino, size=KERNEL_MAX)) == errno.EFBIG
         assert (await fs.getattr(inode.ino)).size == MAX_FILE_SIZE
+
+
+# -- the state machine -----------------------------------------------------------------------
+
+class FsThread:
+    """A Filesystem (``make_fs``) served by a trio loop in a thread of its own, so that the
+    state machine's rules (plain functions) can call into it; ``restart`` stops it as a
+    crash would and builds a new one on the same catalog and tiers."""
+
+    def __init__(self, path: Path, tiers: list[Tier]) -> None:
+        self.path, self.tiers = path, tiers
+        self.fs: Filesystem
+        self._token: trio.lowlevel.TrioToken
+        self._stop: trio.Event
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._error = None
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self, ready: threading.Event) -> None:
+        async def main() -> None:
+            async with make_fs(self.path, self.tiers) as fs:
+                self.fs, self._token, self._stop = fs, trio.lowlevel.current_trio_token(), trio.Event()
+                ready.set()
+                await self._stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            ready.set()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise self._error
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        async def run() -> T:
+            return await fn(*args, **kw)
+
+        try:
+            return trio.from_thread.run(run, trio_token=self._token)
+        except trio.RunFinishedError:
+            if self._thread is not None:
+                self._thread.join()
+            raise AssertionError(f"the filesystem's loop ended: {self._error!r}") from self._error
+
+    def close(self, fh: int) -> None:
+        """close(2) as the kernel sends it: FLUSH (the commit), then RELEASE."""
+        try:
+            self.call(self.fs.flush, fh)
+        finally:
+            self.call(self.fs.release, fh)
+
+    def errno_of(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> int:
+        """0 if the call succeeded, else its errno (a CkptfsError; anything else fails)."""
+        try:
+            self.call(fn, *args, **kw)
+        except CkptfsError as exc:
+            return exc.errno
+        return 0
+
+
+class Model:
+    """A file as the reference sees it: its size and its writes, in order (sparse: a
+    write at 2**59 costs what it wrote)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.writes: list[tuple[int, bytes]] = []
+
+    def write(self, off: int, data: bytes) -> None:
+        self.writes.append((off, data))
+        self.size = max(self.size, off + len(data))
+
+    def truncate(self, size: int) -> None:
+        kept = []
+        for off, data in self.writes:
+            if off < size:
+                kept.append((off, data[: size - off]))
+        self.writes, self.size = kept, size
+
+    def read(self, off: int, n: int) -> bytes:
+        end = min(off + n, self.size)
+        out = bytearray(max(0, end - off))
+        for w_off, data in self.writes:
+            lo, hi = max(off, w_off), min(end, w_off + len(data))
+            if lo < hi:
+                out[lo - off : hi - off] = data[lo - w_off : hi - w_off]
+        return bytes(out)
+
+    def windows(self) -> list[tuple[int, int]]:
+        """Ranges worth reading back: around each write's ends, and the file's end."""
+        spots = [(max(0, off - 3), len(data) + 6) for off, data in self.writes]
+        return [*spots, (0, 16), (max(0, self.size - 20), 40)]
+
+
+def _name(raw: bytes) -> bytes:
+    # Any bytes but "/" and NUL, and not "." or "..": what the kernel lets through.
+    name = raw.replace(b"/", b"\xff").replace(b"\0", b"\xfe")
+    return b"\xff." if name in (b".", b"..") else name
+
+
+NAMES = st.one_of(
+    st.sampled_from([b"x-\xff", b"\xff" * 255, b"a" * 255, b"\xc3\x28", b"\xed\xa0\x80", b"-",
+                     b"\n", b" ", b"caf\xe9", b"checkpoint-1\xff"]),
+    st.binary(min_size=1, max_size=255).map(_name),
+)
+TOO_LONG = st.integers(256, 300).map(lambda n: b"\xff" * n)
+# Offsets: small ones around chunk ends, then any up to the kernel's largest, with a bias
+# for chunk ends and the places where a float or the size bound would go wrong.
+SPOTS = [0, 1, CS - 1, CS, 2**31, 2**32, 2**53 - 1, 2**53 + 1, 2**55 + CS - 10, 2**57,
+         MAX_FILE_SIZE - CS, MAX_FILE_SIZE - 11, MAX_FILE_SIZE - 1, MAX_FILE_SIZE,
+         MAX_FILE_SIZE + 1, 2**62, KERNEL_MAX - 300]
+OFFSETS = st.one_of(
+    st.integers(0, 3 * CS),
+    st.sampled_from(SPOTS),
+    st.integers(0, MAX_FILE_SIZE),
+    st.builds(lambda k, d: max(0, k * CS + d), st.integers(0, MAX_FILE_SIZE // CS),
+              st.integers(-16, 16)),
+    st.integers(MAX_FILE_SIZE, KERNEL_MAX - 300),
+)
+LENGTHS = st.one_of(st.sampled_from([1, 11, CS - 1, CS, CS + 1]), st.integers(1, 300))
+PICK = st.tuples(st.sampled_from([True, True, True, False]), st.integers(0, 10**6), NAMES)
+
+
+class NamesAndOffsets(RuleBasedStateMachine):
+    """Creates, writes, reads, truncates, renames and unlinks with arbitrary byte names
+    and offsets, in a directory with a non-UTF-8 name, against ``Model``; restarts keep
+    everything (every file is closed after each call)."""
+
+    fs_thread: FsThread  # set by the test
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: dict[bytes, Model] = {}
+        self.dir = 0
+
+    @initialize(names=st.lists(NAMES, min_size=1, max_size=3, unique=True))
+    def clear(self, names: list[bytes]) -> None:
+        t = self.fs_thread
+        for _, name, _ in t.call(t.fs.readdir, ROOT_INODE, 0):
+            self._remove_tree(ROOT_INODE, name)
+        self.dir = t.call(t.fs.mkdir, ROOT_INODE, b"run-\xff\xfe", 0o755, ROOT).ino
+        for name in names:
+            self.create(name)
+
+    def _remove_tree(self, parent: int, name: bytes) -> None:
+        t = self.fs_thread
+        inode = t.call(t.fs.lookup, parent, name)
+        if inode.is_dir:
+            for _, child, _ in t.call(t.fs.readdir, inode.ino, 0):
+                self._remove_tree(inode.ino, child)
+            t.call(t.fs.rmdir, parent, name)
+        else:
+            t.call(t.fs.unlink, parent, name)
+
+    def _pick(self, pick: tuple[bool, int, bytes]) -> bytes:
+        existing, i, fresh = pick
+        return sorted(self.files)[i % len(self.files)] if existing and self.files else fresh
+
+    @rule(name=NAMES)
+    def create(self, name: bytes) -> None:
+        t = self.fs_thread
+        try:
+            fh, _ = t.call(t.fs.create, self.dir, name, 0o644, RW, ROOT)
+        except CkptfsError as exc:
+            assert name in self.files and exc.errno == errno.EEXIST, (name, exc)
+            return
+        assert name not in self.files, name
+        t.close(fh)
+        self.files[name] = Model()
+
+    @rule(name=TOO_LONG)
+    def create_too_long(self, name: bytes) -> None:
+        t = self.fs_thread
+        assert t.errno_of(t.fs.create, self.dir, name, 0o644, RW, ROOT) == errno.ENAMETOOLONG
+
+    @precondition(lambda self: self.files)
+    @rule(pick=PICK, off=OFFSETS, n=LENGTHS, seed=st.integers(0, 2**32), sync=st.booleans())
+    def write(self, pick: tuple[bool, int, bytes], off: int, n: int, seed: int,
+              sync: bool) -> None:
+        name, t = self._pick(pick), self.fs_thread
+        data = random.Random(seed).randbytes(n)
+        try:
+            ino = t.call(t.fs.lookup, self.dir, name).ino
+        except CkptfsError as exc:
+            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
+            return
+        fh = t.call(t.fs.open, ino, RW)
+        try:
+            try:
+                done = t.call(t.fs.write, fh, off, data)
+            except CkptfsError as exc:
+                assert off >= MAX_FILE_SIZE and exc.errno == errno.EFBIG, (off, exc)
+                return
+            assert off < MAX_FILE_SIZE and done == min(n, MAX_FILE_SIZE - off), (off, n, done)
+            self.files[name].write(off, data[:done])
+            assert bytes(t.call(t.fs.read, fh, off, done)) == data[:done], off  # uncommitted
+            if sync:  # the same handle, after its commit (issue 33: zeros at 2**57)
+                t.call(t.fs.fsync, fh)
+                assert bytes(t.call(t.fs.read, fh, off, done)) == data[:done], off
+        finally:
+            t.close(fh)
+
+    @precondition(lambda self: self.files)
+    @rule(pick=PICK, size=OFFSETS)
+    def truncate(self, pick: tuple[bool, int, bytes], size: int) -> None:
+        name, t = self._pick(pick), self.fs_thread
+        try:
+            ino = t.call(t.fs.lookup, self.dir, name).ino
+        except CkptfsError as exc:
+            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
+            return
+        got = t.errno_of(t.fs.setattr, ino, size=size)
+        assert got == (errno.EFBIG if size > MAX_FILE_SIZE else 0), (size, got)
+        if not got:
+            self.files[name].truncate(size)
+
+    @rule(src=PICK, dst=PICK)
+    def rename(self, src: tuple[bool, int, bytes], dst: tuple[bool, int, bytes]) -> None:
+        a, b, t = self._pick(src), self._pick(dst), self.fs_thread
+        got = t.errno_of(t.fs.rename, self.dir, a, self.dir, b, 0, ROOT)
+        if a not in self.files:
+            assert got == errno.ENOENT, (a, got)
+            return
+        assert got == 0, (a, b, got)
+        if a != b:
+            self.files[b] = self.files.pop(a)
+
+    @rule(pick=PICK)
+    def unlink(self, pick: tuple[bool, int, bytes]) -> None:
+        name, t = self._pick(pick), self.fs_thread
+        got = t.errno_of(t.fs.unlink, self.dir, name)
+        assert got == (0 if name in self.files else errno.ENOENT), (name, got)
+        self.files.pop(name, None)
+
+    @rule()
+    def restart(self) -> None:
+        self.fs_thread.restart()
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        if not self.dir:
+            return
+        t = self.fs_thread
+        listed = {name for _, name, _ in t.call(t.fs.readdir, self.dir, 0)}
+        assert listed == set(self.files)
+        for name, model in self.files.items():
+            inode = t.call(t.fs.lookup, self.dir, name)
+            assert inode.size == model.size, name
+            fh = t.call(t.fs.open, inode.ino, os.O_RDONLY)
+            try:
+                for off, n in model.windows():
+                    assert bytes(t.call(t.fs.read, fh, off, n)) == model.read(off, n), (name, off)
+            finally:
+                t.call(t.fs.release, fh)
+
+
+def test_names_and_offsets_against_a_model(tmp_path: Path) -> None:
+    """The VFS without the kernel and without a checkpoint tracker (make_fs builds none):
+    with one, a rename of a name that is not UTF-8 ends the loop in the tracker's catalog
+    call (issue 33 item 3, fixed separately)."""
+    fs_thread = FsThread(tmp_path, [MemoryTier("a"), MemoryTier("b")])
+    fs_thread.start()
+    try:
+        class Machine(NamesAndOffsets):
+            pass
+
+        Machine.fs_thread = fs_thread
+        run_state_machine_as_test(Machine, settings=settings(
+            max_examples=int(os.environ.get("CKPTFS_FUZZ_EXAMPLES", "40")),
+            stateful_step_count=25, deadline=None, database=None,
+            suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+        ))
+    finally:
+        fs_thread.stop()
