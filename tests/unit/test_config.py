@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.mountutil import Mount
 
 from ckptfs import config as C
 from ckptfs.catalog import open_catalog, recorded_tiers
@@ -562,11 +562,11 @@ def test_a_memory_budget_past_the_machines_memory_is_refused() -> None:
 def test_the_cli_exits_2_naming_memory_budget(tmp_path: Path) -> None:
     cfg = tmp_path / "ckptfs.toml"
     cfg.write_text('memory_budget = "99999999999999999999TiB"\n')
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    res = subprocess.run(
-        [sys.executable, "-m", "ckptfs", "mount", str(mnt), "--state-dir", str(tmp_path / "state"),
-         "--config", str(cfg)], capture_output=True, text=True, timeout=60,
-    )
-    assert res.returncode == 2, res.stderr
-    assert "memory_budget" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    m = Mount(tmp_path / "mnt", tmp_path / "state", [], ("--config", str(cfg)))
+    try:
+        with pytest.raises(RuntimeError) as ei:  # a mount that worked is cleaned up below
+            m.start()
+    finally:
+        m.cleanup()
+    assert "ckptfs mount failed (2)" in str(ei.value), ei.value
+    assert "memory_budget" in str(ei.value) and "Traceback" not in str(ei.value), ei.value
