@@ -184,6 +184,7 @@ class Model:
     def __init__(self) -> None:
         self.size = 0
         self.writes: list[tuple[int, bytes]] = []
+        self.xattrs: dict[bytes, bytes] = {}
 
     def write(self, off: int, data: bytes) -> None:
         self.writes.append((off, data))
@@ -240,17 +241,37 @@ LENGTHS = st.one_of(st.sampled_from([1, 11, CS - 1, CS, CS + 1]), st.integers(1,
 PICK = st.tuples(st.sampled_from([True, True, True, False]), st.integers(0, 10**6), NAMES)
 
 
+class Symlink:
+    def __init__(self, target: bytes) -> None:
+        self.target = target
+
+
+class EmptyDir:
+    """A directory of the model (kept empty: its names are the run directory's job)."""
+
+
+Entry = Model | Symlink | EmptyDir
+TARGETS = st.binary(min_size=1, max_size=300).map(lambda b: b.replace(b"\0", b"\xfe"))
+XATTR_NAMES = st.binary(min_size=1, max_size=200).map(
+    lambda b: b"user." + b.replace(b"\0", b"\xfe"))
+
+
 class NamesAndOffsets(RuleBasedStateMachine):
-    """Creates, writes, reads, truncates, renames and unlinks with arbitrary byte names
-    and offsets, in a directory with a non-UTF-8 name, against ``Model``; restarts keep
-    everything (every file is closed after each call)."""
+    """Creates, writes, reads, truncates, renames, links, symlinks, directories, unlinks
+    and xattrs with arbitrary byte names and offsets, in a directory with a non-UTF-8
+    name, against ``Model``; restarts keep everything (every file is closed after each
+    call)."""
 
     fs_thread: FsThread  # set by the test
 
     def __init__(self) -> None:
         super().__init__()
-        self.files: dict[bytes, Model] = {}
+        self.entries: dict[bytes, Entry] = {}  # hard links share one Model
         self.dir = 0
+
+    @property
+    def files(self) -> dict[bytes, Model]:
+        return {n: e for n, e in self.entries.items() if isinstance(e, Model)}
 
     @initialize(names=st.lists(NAMES, min_size=1, max_size=3, unique=True))
     def clear(self, names: list[bytes]) -> None:
@@ -271,9 +292,22 @@ class NamesAndOffsets(RuleBasedStateMachine):
         else:
             t.call(t.fs.unlink, parent, name)
 
-    def _pick(self, pick: tuple[bool, int, bytes]) -> bytes:
+    def _pick(self, pick: tuple[bool, int, bytes], among: Any = None) -> bytes:
+        names = sorted(self.entries if among is None else among)
         existing, i, fresh = pick
-        return sorted(self.files)[i % len(self.files)] if existing and self.files else fresh
+        return names[i % len(names)] if existing and names else fresh
+
+    def _file_ino(self, name: bytes) -> int | None:
+        """The inode of file ``name``; None if the model has no file there (checked:
+        ENOENT, or not a regular file)."""
+        t = self.fs_thread
+        try:
+            inode = t.call(t.fs.lookup, self.dir, name)
+        except CkptfsError as exc:
+            assert name not in self.entries and exc.errno == errno.ENOENT, (name, exc)
+            return None
+        assert inode.is_reg == isinstance(self.entries.get(name), Model), name
+        return inode.ino if inode.is_reg else None
 
     @rule(name=NAMES)
     def create(self, name: bytes) -> None:
@@ -281,27 +315,50 @@ class NamesAndOffsets(RuleBasedStateMachine):
         try:
             fh, _ = t.call(t.fs.create, self.dir, name, 0o644, RW, ROOT)
         except CkptfsError as exc:
-            assert name in self.files and exc.errno == errno.EEXIST, (name, exc)
+            assert name in self.entries and exc.errno == errno.EEXIST, (name, exc)
             return
-        assert name not in self.files, name
+        assert name not in self.entries, name
         t.close(fh)
-        self.files[name] = Model()
+        self.entries[name] = Model()
 
     @rule(name=TOO_LONG)
     def create_too_long(self, name: bytes) -> None:
         t = self.fs_thread
         assert t.errno_of(t.fs.create, self.dir, name, 0o644, RW, ROOT) == errno.ENAMETOOLONG
 
+    @rule(name=NAMES)
+    def mkdir(self, name: bytes) -> None:
+        t = self.fs_thread
+        got = t.errno_of(t.fs.mkdir, self.dir, name, 0o755, ROOT)
+        assert got == (errno.EEXIST if name in self.entries else 0), (name, got)
+        self.entries.setdefault(name, EmptyDir())
+
+    @rule(name=NAMES, to=TARGETS)
+    def symlink(self, name: bytes, to: bytes) -> None:
+        t = self.fs_thread
+        got = t.errno_of(t.fs.symlink, self.dir, name, to, ROOT)
+        assert got == (errno.EEXIST if name in self.entries else 0), (name, got)
+        self.entries.setdefault(name, Symlink(to))
+
+    @precondition(lambda self: self.files)
+    @rule(src=PICK, name=NAMES)
+    def link(self, src: tuple[bool, int, bytes], name: bytes) -> None:
+        a, t = self._pick(src, self.files), self.fs_thread
+        ino = self._file_ino(a)
+        if ino is None:
+            return
+        got = t.errno_of(t.fs.link, ino, self.dir, name)
+        assert got == (errno.EEXIST if name in self.entries else 0), (a, name, got)
+        self.entries.setdefault(name, self.entries[a])
+
     @precondition(lambda self: self.files)
     @rule(pick=PICK, off=OFFSETS, n=LENGTHS, seed=st.integers(0, 2**32), sync=st.booleans())
     def write(self, pick: tuple[bool, int, bytes], off: int, n: int, seed: int,
               sync: bool) -> None:
-        name, t = self._pick(pick), self.fs_thread
+        name, t = self._pick(pick, self.files), self.fs_thread
         data = random.Random(seed).randbytes(n)
-        try:
-            ino = t.call(t.fs.lookup, self.dir, name).ino
-        except CkptfsError as exc:
-            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
+        ino = self._file_ino(name)
+        if ino is None:
             return
         fh = t.call(t.fs.open, ino, RW)
         try:
@@ -311,7 +368,9 @@ class NamesAndOffsets(RuleBasedStateMachine):
                 assert off >= MAX_FILE_SIZE and exc.errno == errno.EFBIG, (off, exc)
                 return
             assert off < MAX_FILE_SIZE and done == min(n, MAX_FILE_SIZE - off), (off, n, done)
-            self.files[name].write(off, data[:done])
+            model = self.entries[name]
+            assert isinstance(model, Model)
+            model.write(off, data[:done])
             assert bytes(t.call(t.fs.read, fh, off, done)) == data[:done], off  # uncommitted
             if sync:  # the same handle, after its commit (issue 33: zeros at 2**57)
                 t.call(t.fs.fsync, fh)
@@ -322,34 +381,76 @@ class NamesAndOffsets(RuleBasedStateMachine):
     @precondition(lambda self: self.files)
     @rule(pick=PICK, size=OFFSETS)
     def truncate(self, pick: tuple[bool, int, bytes], size: int) -> None:
-        name, t = self._pick(pick), self.fs_thread
-        try:
-            ino = t.call(t.fs.lookup, self.dir, name).ino
-        except CkptfsError as exc:
-            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
+        name, t = self._pick(pick, self.files), self.fs_thread
+        ino = self._file_ino(name)
+        if ino is None:
             return
         got = t.errno_of(t.fs.setattr, ino, size=size)
         assert got == (errno.EFBIG if size > MAX_FILE_SIZE else 0), (size, got)
-        if not got:
-            self.files[name].truncate(size)
+        model = self.entries[name]
+        if not got and isinstance(model, Model):
+            model.truncate(size)
+
+    @precondition(lambda self: self.files)
+    @rule(pick=PICK, xname=XATTR_NAMES, value=st.binary(max_size=300), remove=st.booleans())
+    def xattr(self, pick: tuple[bool, int, bytes], xname: bytes, value: bytes,
+              remove: bool) -> None:
+        name, t = self._pick(pick, self.files), self.fs_thread
+        ino = self._file_ino(name)
+        if ino is None:
+            return
+        model = self.entries[name]
+        assert isinstance(model, Model)
+        if remove:
+            if model.xattrs and value:  # mostly one that is there
+                xname = sorted(model.xattrs)[len(value) % len(model.xattrs)]
+            got = t.errno_of(t.fs.removexattr, ino, xname)
+            assert got == (0 if xname in model.xattrs else errno.ENODATA), (xname, got)
+            model.xattrs.pop(xname, None)
+        else:
+            want = errno.ERANGE if len(xname) > 255 else 0
+            assert t.errno_of(t.fs.setxattr, ino, xname, value) == want, xname
+            if not want:
+                model.xattrs[xname] = value
 
     @rule(src=PICK, dst=PICK)
     def rename(self, src: tuple[bool, int, bytes], dst: tuple[bool, int, bytes]) -> None:
         a, b, t = self._pick(src), self._pick(dst), self.fs_thread
         got = t.errno_of(t.fs.rename, self.dir, a, self.dir, b, 0, ROOT)
-        if a not in self.files:
-            assert got == errno.ENOENT, (a, got)
-            return
-        assert got == 0, (a, b, got)
-        if a != b:
-            self.files[b] = self.files.pop(a)
+        old, new = self.entries.get(a), self.entries.get(b)
+        if old is None:
+            want = errno.ENOENT
+        elif new is None or old is new:  # the same inode (or name): nothing changes
+            want = 0
+        elif isinstance(old, EmptyDir):
+            want = 0 if isinstance(new, EmptyDir) else errno.ENOTDIR
+        else:
+            want = errno.EISDIR if isinstance(new, EmptyDir) else 0
+        assert got == want, (a, b, got, want)
+        if not want and old is not new:
+            self.entries[b] = self.entries.pop(a)
 
     @rule(pick=PICK)
     def unlink(self, pick: tuple[bool, int, bytes]) -> None:
         name, t = self._pick(pick), self.fs_thread
         got = t.errno_of(t.fs.unlink, self.dir, name)
-        assert got == (0 if name in self.files else errno.ENOENT), (name, got)
-        self.files.pop(name, None)
+        entry = self.entries.get(name)
+        want = (errno.ENOENT if entry is None else
+                errno.EISDIR if isinstance(entry, EmptyDir) else 0)
+        assert got == want, (name, got, want)
+        if not want:
+            del self.entries[name]
+
+    @rule(pick=PICK)
+    def rmdir(self, pick: tuple[bool, int, bytes]) -> None:
+        name, t = self._pick(pick), self.fs_thread
+        got = t.errno_of(t.fs.rmdir, self.dir, name)
+        entry = self.entries.get(name)
+        want = (errno.ENOENT if entry is None else
+                0 if isinstance(entry, EmptyDir) else errno.ENOTDIR)
+        assert got == want, (name, got, want)
+        if not want:
+            del self.entries[name]
 
     @rule()
     def restart(self) -> None:
@@ -361,14 +462,27 @@ class NamesAndOffsets(RuleBasedStateMachine):
             return
         t = self.fs_thread
         listed = {name for _, name, _ in t.call(t.fs.readdir, self.dir, 0)}
-        assert listed == set(self.files)
-        for name, model in self.files.items():
+        assert listed == set(self.entries)
+        inos: dict[int, int] = {}  # Model id -> inode number: hard links share one
+        for name, entry in self.entries.items():
             inode = t.call(t.fs.lookup, self.dir, name)
-            assert inode.size == model.size, name
+            if isinstance(entry, Symlink):
+                assert t.call(t.fs.readlink, inode.ino) == entry.target, name
+                continue
+            if isinstance(entry, EmptyDir):
+                assert inode.is_dir and not t.call(t.fs.readdir, inode.ino, 0), name
+                continue
+            assert inode.is_reg and inode.size == entry.size, name
+            assert inos.setdefault(id(entry), inode.ino) == inode.ino, name
+            links = sum(1 for e in self.entries.values() if e is entry)
+            assert inode.nlink == links, name
+            assert sorted(t.call(t.fs.listxattr, inode.ino)) == sorted(entry.xattrs), name
+            for xname, value in entry.xattrs.items():
+                assert t.call(t.fs.getxattr, inode.ino, xname) == value, (name, xname)
             fh = t.call(t.fs.open, inode.ino, os.O_RDONLY)
             try:
-                for off, n in model.windows():
-                    assert bytes(t.call(t.fs.read, fh, off, n)) == model.read(off, n), (name, off)
+                for off, n in entry.windows():
+                    assert bytes(t.call(t.fs.read, fh, off, n)) == entry.read(off, n), (name, off)
             finally:
                 t.call(t.fs.release, fh)
 
