@@ -11,7 +11,9 @@ import errno
 import os
 import random
 import shutil
+import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,7 +29,19 @@ from hypothesis.stateful import (
 
 from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
 from tests.support.mountutil import Mount
-from tests.vfs.test_offsets import LENGTHS, NAMES, OFFSETS, PICK, TOO_LONG, Model
+from tests.vfs.test_offsets import (
+    LENGTHS,
+    NAMES,
+    OFFSETS,
+    PICK,
+    TARGETS,
+    TOO_LONG,
+    XATTR_NAMES,
+    EmptyDir,
+    Entry,
+    Model,
+    Symlink,
+)
 
 from ckptfs.vfs.openfile import MAX_FILE_SIZE
 
@@ -87,15 +101,19 @@ def test_past_the_largest_file_size_a_write_and_a_truncate_fail_with_efbig(ckpt:
 
 class MountedNamesAndOffsets(RuleBasedStateMachine):
     """The operations of tests/vfs/test_offsets.py ``NamesAndOffsets`` through a real
-    mount (os calls on byte paths, the kernel's caches in between), against its ``Model``."""
+    mount (os calls on byte paths, the kernel's caches in between), against its model."""
 
     mount: Mount  # set by the test
 
     def __init__(self) -> None:
         super().__init__()
-        self.files: dict[bytes, Model] = {}
+        self.entries: dict[bytes, Entry] = {}  # hard links share one Model
         self.dir = b""
         self.remounted = False
+
+    @property
+    def files(self) -> dict[bytes, Model]:
+        return {n: e for n, e in self.entries.items() if isinstance(e, Model)}
 
     def _path(self, name: bytes) -> bytes:
         return self.dir + b"/" + name
@@ -109,20 +127,38 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
         for name in names:
             self.create(name)
 
-    def _pick(self, pick: tuple[bool, int, bytes]) -> bytes:
+    def _pick(self, pick: tuple[bool, int, bytes], among: Any = None) -> bytes:
+        names = sorted(self.entries if among is None else among)
         existing, i, fresh = pick
-        return sorted(self.files)[i % len(self.files)] if existing and self.files else fresh
+        return names[i % len(names)] if existing and names else fresh
+
+    def _is_file(self, name: bytes) -> bool:
+        """Whether ``name`` is a regular file, as the model says (checked)."""
+        try:
+            st_ = os.lstat(self._path(name))
+        except OSError as exc:
+            assert name not in self.entries and exc.errno == errno.ENOENT, (name, exc)
+            return False
+        assert stat.S_ISREG(st_.st_mode) == isinstance(self.entries.get(name), Model), name
+        return stat.S_ISREG(st_.st_mode)
+
+    def _errno(self, fn: Any, *args: Any) -> int:
+        try:
+            fn(*args)
+        except OSError as exc:
+            return exc.errno or -1
+        return 0
 
     @rule(name=NAMES)
     def create(self, name: bytes) -> None:
         try:
             fd = os.open(self._path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
-            assert name in self.files and exc.errno == errno.EEXIST, (name, exc)
+            assert name in self.entries and exc.errno == errno.EEXIST, (name, exc)
             return
-        assert name not in self.files, name
+        assert name not in self.entries, name
         os.close(fd)
-        self.files[name] = Model()
+        self.entries[name] = Model()
 
     @rule(name=TOO_LONG)
     def create_too_long(self, name: bytes) -> None:
@@ -130,17 +166,39 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
             os.close(os.open(self._path(name), os.O_RDWR | os.O_CREAT, 0o644))
         assert exc.value.errno == errno.ENAMETOOLONG
 
+    @rule(name=NAMES)
+    def mkdir(self, name: bytes) -> None:
+        got = self._errno(os.mkdir, self._path(name))
+        assert got == (errno.EEXIST if name in self.entries else 0), (name, got)
+        self.entries.setdefault(name, EmptyDir())
+
+    @rule(name=NAMES, to=TARGETS)
+    def symlink(self, name: bytes, to: bytes) -> None:
+        got = self._errno(os.symlink, to, self._path(name))
+        assert got == (errno.EEXIST if name in self.entries else 0), (name, got)
+        self.entries.setdefault(name, Symlink(to))
+
+    @precondition(lambda self: self.files)
+    @rule(src=PICK, name=NAMES)
+    def link(self, src: tuple[bool, int, bytes], name: bytes) -> None:
+        a = self._pick(src, self.files)
+        if not self._is_file(a):
+            return
+        got = self._errno(os.link, self._path(a), self._path(name))
+        assert got == (errno.EEXIST if name in self.entries else 0), (a, name, got)
+        self.entries.setdefault(name, self.entries[a])
+
     @precondition(lambda self: self.files)
     @rule(pick=PICK, off=OFFSETS, n=LENGTHS, seed=st.integers(0, 2**32), sync=st.booleans())
     def write(self, pick: tuple[bool, int, bytes], off: int, n: int, seed: int,
               sync: bool) -> None:
-        name = self._pick(pick)
+        name = self._pick(pick, self.files)
         data = random.Random(seed).randbytes(n)
-        try:
-            fd = os.open(self._path(name), os.O_RDWR)
-        except OSError as exc:
-            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
+        if not self._is_file(name):
             return
+        model = self.entries[name]
+        assert isinstance(model, Model)
+        fd = os.open(self._path(name), os.O_RDWR)
         try:
             try:
                 done = os.pwrite(fd, data, off)
@@ -148,7 +206,7 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
                 assert off >= MAX_FILE_SIZE and exc.errno == errno.EFBIG, (off, exc)
                 return
             assert off < MAX_FILE_SIZE and done == min(n, MAX_FILE_SIZE - off), (off, n, done)
-            self.files[name].write(off, data[:done])
+            model.write(off, data[:done])
             if sync:  # the issue's sequence: no read before the commit fills the page cache
                 os.fsync(fd)
             assert os.pread(fd, done, off) == data[:done], off
@@ -158,38 +216,72 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
     @precondition(lambda self: self.files)
     @rule(pick=PICK, size=OFFSETS)
     def truncate(self, pick: tuple[bool, int, bytes], size: int) -> None:
-        name = self._pick(pick)
-        try:
-            os.truncate(self._path(name), size)
-        except OSError as exc:
-            want = errno.EFBIG if name in self.files else errno.ENOENT
-            assert exc.errno == want and (size > MAX_FILE_SIZE or name not in self.files), (
-                name, size, exc)
+        name = self._pick(pick, self.files)
+        if not self._is_file(name):
             return
-        assert size <= MAX_FILE_SIZE and name in self.files, (name, size)
-        self.files[name].truncate(size)
+        got = self._errno(os.truncate, self._path(name), size)
+        assert got == (errno.EFBIG if size > MAX_FILE_SIZE else 0), (name, size, got)
+        model = self.entries[name]
+        if not got and isinstance(model, Model):
+            model.truncate(size)
+
+    @precondition(lambda self: self.files)
+    @rule(pick=PICK, xname=XATTR_NAMES, value=st.binary(max_size=300), remove=st.booleans())
+    def xattr(self, pick: tuple[bool, int, bytes], xname: bytes, value: bytes,
+              remove: bool) -> None:
+        name = self._pick(pick, self.files)
+        if not self._is_file(name):
+            return
+        model = self.entries[name]
+        assert isinstance(model, Model)
+        if remove:
+            if model.xattrs and value:  # mostly one that is there
+                xname = sorted(model.xattrs)[len(value) % len(model.xattrs)]
+            got = self._errno(os.removexattr, self._path(name), xname)
+            assert got == (0 if xname in model.xattrs else errno.ENODATA), (xname, got)
+            model.xattrs.pop(xname, None)
+        else:
+            assert self._errno(os.setxattr, self._path(name), xname, value) == 0, xname
+            model.xattrs[xname] = value
 
     @rule(src=PICK, dst=PICK)
     def rename(self, src: tuple[bool, int, bytes], dst: tuple[bool, int, bytes]) -> None:
         a, b = self._pick(src), self._pick(dst)
-        try:
-            os.rename(self._path(a), self._path(b))
-        except OSError as exc:
-            assert a not in self.files and exc.errno == errno.ENOENT, (a, b, exc)
-            return
-        assert a in self.files, a
-        if a != b:
-            self.files[b] = self.files.pop(a)
+        got = self._errno(os.rename, self._path(a), self._path(b))
+        old, new = self.entries.get(a), self.entries.get(b)
+        if old is None:
+            want = errno.ENOENT
+        elif new is None or old is new:  # the same inode (or name): nothing changes
+            want = 0
+        elif isinstance(old, EmptyDir):
+            want = 0 if isinstance(new, EmptyDir) else errno.ENOTDIR
+        else:
+            want = errno.EISDIR if isinstance(new, EmptyDir) else 0
+        assert got == want, (a, b, got, want)
+        if not want and old is not new:
+            self.entries[b] = self.entries.pop(a)
 
     @rule(pick=PICK)
     def unlink(self, pick: tuple[bool, int, bytes]) -> None:
         name = self._pick(pick)
-        try:
-            os.unlink(self._path(name))
-        except OSError as exc:
-            assert name not in self.files and exc.errno == errno.ENOENT, (name, exc)
-            return
-        assert self.files.pop(name, None) is not None, name
+        got = self._errno(os.unlink, self._path(name))
+        entry = self.entries.get(name)
+        want = (errno.ENOENT if entry is None else
+                errno.EISDIR if isinstance(entry, EmptyDir) else 0)
+        assert got == want, (name, got, want)
+        if not want:
+            del self.entries[name]
+
+    @rule(pick=PICK)
+    def rmdir(self, pick: tuple[bool, int, bytes]) -> None:
+        name = self._pick(pick)
+        got = self._errno(os.rmdir, self._path(name))
+        entry = self.entries.get(name)
+        want = (errno.ENOENT if entry is None else
+                0 if isinstance(entry, EmptyDir) else errno.ENOTDIR)
+        assert got == want, (name, got, want)
+        if not want:
+            del self.entries[name]
 
     @precondition(lambda self: not self.remounted)
     @rule()
@@ -202,13 +294,27 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
     def matches_the_model(self) -> None:
         if not self.dir:
             return
-        assert set(os.listdir(self.dir)) == set(self.files)
-        for name, model in self.files.items():
-            assert os.stat(self._path(name)).st_size == model.size, name
-            fd = os.open(self._path(name), os.O_RDONLY)
+        assert set(os.listdir(self.dir)) == set(self.entries)
+        inos: dict[int, int] = {}  # Model id -> inode number: hard links share one
+        for name, entry in self.entries.items():
+            path = self._path(name)
+            st_ = os.lstat(path)
+            if isinstance(entry, Symlink):
+                assert os.readlink(path) == entry.target, name
+                continue
+            if isinstance(entry, EmptyDir):
+                assert stat.S_ISDIR(st_.st_mode) and not os.listdir(path), name
+                continue
+            assert stat.S_ISREG(st_.st_mode) and st_.st_size == entry.size, name
+            assert inos.setdefault(id(entry), st_.st_ino) == st_.st_ino, name
+            assert st_.st_nlink == sum(1 for e in self.entries.values() if e is entry), name
+            assert sorted(map(os.fsencode, os.listxattr(path))) == sorted(entry.xattrs), name
+            for xname, value in entry.xattrs.items():
+                assert os.getxattr(path, xname) == value, (name, xname)
+            fd = os.open(path, os.O_RDONLY)
             try:
-                for off, n in model.windows():
-                    assert os.pread(fd, n, off) == model.read(off, n), (name, off)
+                for off, n in entry.windows():
+                    assert os.pread(fd, n, off) == entry.read(off, n), (name, off)
             finally:
                 os.close(fd)
 
