@@ -38,8 +38,9 @@ log = logging.getLogger("ckptfs.vfs")
 END_BYTES = 4096  # kept of each file's last stored chunk (checkpoints/events.SMALL_FILE)
 # The largest file ckptfs keeps: 1 EiB. The kernel accepts offsets up to 2**63 - 1 (the
 # catalog's signed 64-bit sizes); the bound leaves room for sums over sizes (a namespace's
-# usage) in the same integers. A write past it is cut short there, one starting at it
-# fails with EFBIG, as Linux does at a filesystem's maximum; so does a truncate past it.
+# usage, itself bounded: catalog/quotas.USAGE_MAX). A write past it is cut short there,
+# one starting at it fails with EFBIG, as Linux does at a filesystem's maximum; so does a
+# truncate past it.
 MAX_FILE_SIZE = 1 << 60
 
 

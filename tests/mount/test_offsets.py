@@ -28,6 +28,7 @@ from hypothesis.stateful import (
 )
 
 from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
+from tests.mount.test_quotas import project, used
 from tests.support.mountutil import Mount
 from tests.vfs.test_offsets import (
     LENGTHS,
@@ -336,3 +337,26 @@ def test_names_and_offsets_through_a_mount_against_a_model(ckpt_factory: CkptFac
         stateful_step_count=15, deadline=None, database=None,
         suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
     ))
+
+
+def test_a_namespaces_usage_never_passes_the_catalogs_integers(ckpt_factory: CkptFactory,
+                                                               tmp_path: Path) -> None:
+    """Sparse files of the largest size: the eighth would take the namespace's usage past
+    2**63 - 1 (SQLite had made it an inexact float): EDQUOT, the usage stays exact."""
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('[[namespace]]\npath = "/proj-a"\nuids = [0]\n')
+    m = ckpt_factory.mount(extra_args=(*TEST_MOUNT_ARGS, "--config", str(cfg)))
+    ns = project(m)
+    fits = (2**63 - 1) // MAX_FILE_SIZE
+    for i in range(fits):
+        (ns / f"f{i}").touch()
+        os.truncate(ns / f"f{i}", MAX_FILE_SIZE)
+    (ns / "last").touch()
+    with pytest.raises(OSError) as exc:
+        os.truncate(ns / "last", MAX_FILE_SIZE)
+    assert exc.value.errno == errno.EDQUOT
+    assert os.stat(ns / "last").st_size == 0
+    assert used(m) == fits * MAX_FILE_SIZE
+    os.unlink(ns / "f0")
+    os.truncate(ns / "last", MAX_FILE_SIZE)
+    assert used(m) == fits * MAX_FILE_SIZE
