@@ -320,6 +320,7 @@ class MountedNamesAndOffsets(RuleBasedStateMachine):
                 os.close(fd)
 
 
+@pytest.mark.slow  # about 20 s on 2 cores
 def test_names_and_offsets_through_a_mount_against_a_model(ckpt_factory: CkptFactory,
                                                            tmp_path: Path) -> None:
     # Checkpoint tracking off: its catalog calls end the daemon on a rename of a name that
