@@ -60,6 +60,12 @@ class PermissionDenied(CkptfsError):
     errno = _errno.EACCES
 
 
+class FileTooLarge(CkptfsError):
+    """A write or truncate past the largest file ckptfs keeps (vfs/openfile.MAX_FILE_SIZE)."""
+
+    errno = _errno.EFBIG
+
+
 class NoAttribute(CkptfsError):
     """No such extended attribute."""
 

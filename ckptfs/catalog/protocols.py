@@ -103,9 +103,11 @@ class NamespaceCatalog(Protocol):
         ...
 
     def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
-                  replace_only: bool = False) -> Inode:
+                  replace_only: bool = False, total_max: int | None = None) -> Inode:
         """Store an attribute (and bump the inode's ctime). ``create``: EEXIST if it is
-        there; ``replace_only``: ENODATA if it is not. Returns the inode."""
+        there; ``replace_only``: ENODATA if it is not; ``total_max``: ENOSPC if the
+        inode's attributes would then hold more bytes of names and values. Returns the
+        inode."""
         ...
 
     def remove_xattr(self, ino: int, name: bytes) -> Inode:

@@ -36,6 +36,10 @@ __all__ = ["QUOTAS_DDL", "Charge", "NamespaceUsage", "QuotasSql", "charge_commit
 
 T = TypeVar("T")
 
+# A namespace's usage is one of the catalog's signed 64-bit integers: a growth past it is
+# refused like a quota (SQLite would turn the sum into an inexact float, PostgreSQL fail).
+USAGE_MAX = 2**63 - 1
+
 QUOTAS_DDL = """
 -- Usage of each [[namespace]] (catalog/quotas.py): the st_size of its regular files, and
 -- its quota as the last mount declaring it configured it (NULL: none), for status.
@@ -110,6 +114,11 @@ def charge_commit(c: Conn, ino: int, size: int, charge: Charge) -> None:
         raise QuotaExceeded(
             f"namespace {charge.ns}: {used} of {charge.quota} bytes used, this version "
             f"needs {delta} more"
+        )
+    if delta > 0 and used + delta > USAGE_MAX:
+        raise QuotaExceeded(
+            f"namespace {charge.ns}: {used} bytes used, this version needs {delta} more: "
+            f"past the {USAGE_MAX} bytes a namespace's usage can count"
         )
     c.execute("INSERT INTO ns_files (ino, ns, bytes) VALUES (?, ?, ?) ON CONFLICT (ino) DO "
               "UPDATE SET ns=excluded.ns, bytes=excluded.bytes", (ino, charge.ns, size))

@@ -28,6 +28,7 @@ number, the metrics remember checkpoint ids.
 
 from __future__ import annotations
 
+import errno
 import json
 import stat
 import time
@@ -746,7 +747,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
         return {int(r[0]) for r in self._query("SELECT DISTINCT ino FROM xattrs")}
 
     def set_xattr(self, ino: int, name: bytes, value: bytes, *, create: bool = False,
-                  replace_only: bool = False) -> Inode:
+                  replace_only: bool = False, total_max: int | None = None) -> Inode:
         now = time.time_ns()
 
         def body(c: Conn) -> Inode:
@@ -756,6 +757,14 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 raise AlreadyExists(name.decode(errors="replace"))
             if replace_only and not exists:
                 raise NoAttribute(name.decode(errors="replace"))
+            if total_max is not None:
+                # In the transaction: two setxattrs at once cannot both take the last room.
+                others = c.execute("SELECT COALESCE(SUM(LENGTH(name) + LENGTH(value)), 0) "
+                                   "FROM xattrs WHERE ino=? AND name<>?", (ino, name)).fetchone()
+                total = int(others[0]) + len(name) + len(value)
+                if total > total_max:
+                    raise CkptfsError(f"inode {ino}: its xattrs would hold {total} bytes, more "
+                                      f"than {total_max}", errno=errno.ENOSPC)
             c.execute("INSERT INTO xattrs VALUES (?, ?, ?) ON CONFLICT (ino, name) DO UPDATE SET "
                       "value=excluded.value", (ino, name, value))
             c.execute("UPDATE inodes SET ctime_ns=? WHERE ino=?", (now, ino))

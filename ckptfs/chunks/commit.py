@@ -12,7 +12,6 @@ chunks nothing names any more.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +52,7 @@ async def commit_version(
     pins stay with the caller). A failed fsync calls ``sync_failed`` and raises: nothing
     is committed."""
     cs = v.chunk_size
-    n_chunks = math.ceil(v.size / cs)
+    n_chunks = -(-v.size // cs)  # integer ceil: a float loses the last chunk past 2**53
     if synced:
         # Every chunk the file will name, including ones committed by earlier closes; the
         # store skips those it already knows to be synced.

@@ -154,6 +154,15 @@ def parse_catalog_url(value: object, key: str = "catalog") -> str:
     return value
 
 
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    return pages * page if pages > 0 and page > 0 else None
+
+
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     for key in data:
         if key not in _TOP_KEYS:
@@ -173,6 +182,13 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     if memory_budget < 2 * chunk_size:
         raise ConfigError(
             f"memory_budget: {memory_budget} must hold at least two chunks ({2 * chunk_size})"
+        )
+    ram = physical_memory()
+    if ram is not None and memory_budget > ram:
+        # Chunk buffers are allocated as writers fill them: a budget past the machine's
+        # memory is no bound at all, and the daemon would be killed for memory instead.
+        raise ConfigError(
+            f"memory_budget: {memory_budget} is more than this machine's memory ({ram} bytes)"
         )
     io_threads = int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
     remote_copies = int_key(data, "remote_copies", 1, 1, 16)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
@@ -16,6 +17,9 @@ _UNITS = {"": 1, "B": 1, "K": KiB, "M": 1024 * KiB, "G": GiB, "T": 1024 * GiB}
 
 S = TypeVar("S", bound=str)
 
+# The largest size any setting may name: the catalog's signed 64-bit integers.
+MAX_SIZE = 2**63 - 1
+
 
 def parse_size(value: object, key: str) -> int:
     """Parse ``4194304``, ``"4MiB"``, ``"512M"`` or ``"1.5GiB"`` into bytes."""
@@ -24,13 +28,20 @@ def parse_size(value: object, key: str) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"{key}: size must not be negative, got {value}")
-        return value
+        return _bounded(value, value, key)
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m:
             unit = (m.group(2) or "").upper()[:1]
-            return int(float(m.group(1)) * _UNITS[unit])
+            # Exact (a float loses digits, and a long one overflows to infinity).
+            return _bounded(int(Fraction(m.group(1)) * _UNITS[unit]), value, key)
     raise ConfigError(f"{key}: expected a size such as 4194304 or \"4MiB\", got {value!r}")
+
+
+def _bounded(n: int, value: object, key: str) -> int:
+    if n > MAX_SIZE:
+        raise ConfigError(f"{key}: {value!r} is more than {MAX_SIZE} bytes")
+    return n
 
 
 def take_str(table: dict[str, Any], key: str, where: str) -> str:

@@ -75,6 +75,10 @@ XATTR_RESERVED = b"user.ckptfs."  # ckptfs's own names: never stored
 XATTR_STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
 XATTR_NAME_MAX = 255  # as Linux: longer names give ERANGE
 XATTR_SIZE_MAX = 65536  # as Linux: larger values give E2BIG
+# The names and values of one inode's stored xattrs together: room for a value of the
+# largest size and as much again; past it ENOSPC, as ext4 when an inode's xattr space is
+# full. Every one is a catalog row, read back whole and carried by the catalog snapshot.
+XATTR_TOTAL_MAX = 2 * XATTR_SIZE_MAX
 SETID = stat.S_ISUID | stat.S_ISGID
 
 
@@ -1501,7 +1505,7 @@ class Filesystem:
             raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
         inode = await self._db_dirs_changed(lambda: self.catalog.set_xattr(
             ino, name, value, create=bool(flags & os.XATTR_CREATE),
-            replace_only=bool(flags & os.XATTR_REPLACE)))
+            replace_only=bool(flags & os.XATTR_REPLACE), total_max=XATTR_TOTAL_MAX))
         (await self._xattr_index()).add(ino)
         self._new_ctime(inode)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from ..chunks.residency import Locations
 from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
-from ..errors import CkptfsError, QuotaExceeded
+from ..errors import CkptfsError, FileTooLarge, QuotaExceeded
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
 from .pagepush import PagePush
 from .quota import FileAccount, refused
@@ -37,6 +36,12 @@ from .quota import FileAccount, refused
 log = logging.getLogger("ckptfs.vfs")
 
 END_BYTES = 4096  # kept of each file's last stored chunk (checkpoints/events.SMALL_FILE)
+# The largest file ckptfs keeps: 1 EiB. The kernel accepts offsets up to 2**63 - 1 (the
+# catalog's signed 64-bit sizes); the bound leaves room for sums over sizes (a namespace's
+# usage, itself bounded: catalog/quotas.USAGE_MAX). A write past it is cut short there,
+# one starting at it fails with EFBIG, as Linux does at a filesystem's maximum; so does a
+# truncate past it.
+MAX_FILE_SIZE = 1 << 60
 
 
 class MemoryBudget:
@@ -235,6 +240,11 @@ class OpenFile:
 
     async def write(self, off: int, data: bytes) -> int:
         n = len(data)
+        if off + n > MAX_FILE_SIZE:
+            if off >= MAX_FILE_SIZE:
+                raise FileTooLarge(f"write at {off}: past the largest file size, {MAX_FILE_SIZE}")
+            n = MAX_FILE_SIZE - off
+            data = data[:n]
         idx, within = divmod(off, self.cs)
         buf = self.dirty.get(idx)
         if (buf is not None and within + n <= self.cs and self.failed is None
@@ -352,6 +362,8 @@ class OpenFile:
             self._dispatch(idx)
 
     async def truncate(self, size: int) -> None:
+        if size > MAX_FILE_SIZE:
+            raise FileTooLarge(f"truncate to {size}: past the largest file size, {MAX_FILE_SIZE}")
         async with self.lock:
             if self.failed is not None and size == 0:
                 await self._discard()  # truncating to nothing forgets a failed write
@@ -364,7 +376,7 @@ class OpenFile:
                     await self._refused(f"truncate to {size}", exc)
                     raise
             if size < self.size:
-                keep = math.ceil(size / self.cs)
+                keep = -(-size // self.cs)  # integer ceil (a float is wrong past 2**53)
                 for idx in [i for i in self.dirty if i >= keep]:
                     self._drop(self.dirty.pop(idx))
                     self.svc.budget.release(self.cs)
@@ -499,7 +511,7 @@ class OpenFile:
         """fsync the content as last committed (its chunk frames, then the catalog),
         leaving any version being written alone."""
         async with self.lock:
-            n_chunks = math.ceil(self._committed_attrs[0] / self.cs)
+            n_chunks = -(-self._committed_attrs[0] // self.cs)
             await self.svc.store.sync(r for i, r in self.committed.items() if i < n_chunks)
             await self.svc.store.sync_catalog()
 

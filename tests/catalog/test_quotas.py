@@ -15,7 +15,7 @@ import pytest
 
 from ckptfs.catalog import ROOT_INODE, ChunkRef, PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
-from ckptfs.catalog.quotas import Charge, NamespaceUsage
+from ckptfs.catalog.quotas import USAGE_MAX, Charge, NamespaceUsage
 from ckptfs.errors import QuotaExceeded
 
 R = ROOT_INODE
@@ -75,6 +75,19 @@ def test_a_commit_past_the_quota_commits_nothing_and_a_rewrite_counts_its_new_si
     assert cat.namespace_used("/p") == 14
     cat.delete_inode(f.ino)
     assert cat.namespace_usage() == [NamespaceUsage("/p", 4, 1, 20)]
+
+
+def test_a_usage_past_the_catalogs_integers_is_refused(cat: Cat) -> None:
+    """Without a quota too: SQLite made such a sum an inexact float, PostgreSQL failed."""
+    cat.count_namespaces([("/p", None)])
+    p = cat.create(R, b"p", D, 0, 0)
+    f, g = cat.create(p.ino, b"f", F, 0, 0), cat.create(p.ino, b"g", F, 0, 0)
+    cat.commit_file(f.ino, USAGE_MAX - 5, 1, 1, CS, {}, charge=Charge("/p", None))
+    with pytest.raises(QuotaExceeded):
+        cat.commit_file(g.ino, 6, 1, 1, CS, {0: _ref(6, 1)}, charge=Charge("/p", None))
+    assert cat.get_inode(g.ino).size == 0
+    _write(cat, g.ino, 5, Charge("/p", None))
+    assert cat.namespace_used("/p") == USAGE_MAX
 
 
 def test_the_last_closer_of_a_session_frees_the_usage(cat: Cat) -> None:

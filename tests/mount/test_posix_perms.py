@@ -23,6 +23,7 @@ from tests.catalog.test_catalog import make_v1
 from tests.mount.test_posix import expect_errno
 
 from ckptfs.catalog.catalog import SCHEMA_VERSION
+from ckptfs.vfs.filesystem import XATTR_TOTAL_MAX
 
 # The children run a system Python: the test's own may live where other users cannot read.
 CHILD_PYTHON = "/usr/bin/python3"
@@ -289,6 +290,40 @@ def test_reserved_ckptfs_names_are_not_stored(ckpt: Any) -> None:
 
 
 @needs_root
+def _setxattr_errno(path: Path, name: str, value: bytes) -> int:
+    """0 or the errno of a setxattr (no 64 KiB value in a failure's message)."""
+    try:
+        os.setxattr(path, name, value)
+    except OSError as exc:
+        return exc.errno or -1
+    return 0
+
+
+def test_an_inodes_xattrs_are_bounded_in_total_with_enospc(ckpt: Any) -> None:
+    """Issue 33: 1000 xattrs of 64 KiB on one inode were all stored. The names and values
+    of one inode's xattrs hold XATTR_TOTAL_MAX bytes at most (ENOSPC, as ext4)."""
+    f = ckpt.mountpoint / "f"
+    f.write_bytes(b"x")
+    big = os.urandom(65536)
+    os.setxattr(f, "user.0", big)
+    stored = 6 + len(big)
+    i = 1
+    while stored + 6 + len(big) <= XATTR_TOTAL_MAX:  # what still fits, if anything
+        os.setxattr(f, f"user.{i}", big)
+        stored, i = stored + 6 + len(big), i + 1
+    assert _setxattr_errno(f, f"user.{i}", big) == errno.ENOSPC
+    left = XATTR_TOTAL_MAX - stored - len(f"user.{i}")
+    assert _setxattr_errno(f, f"user.{i}", os.urandom(left + 1)) == errno.ENOSPC
+    os.setxattr(f, f"user.{i}", b"s" * left)  # exactly the bound
+    assert sorted(os.listxattr(f)) == sorted(f"user.{n}" for n in range(i + 1))
+    assert os.getxattr(f, "user.0") == big
+    # A removal gives its room back; a replacement counts only the new value.
+    os.removexattr(f, f"user.{i}")
+    os.setxattr(f, "user.0", b"small")
+    os.setxattr(f, "user.again", big)
+    assert os.getxattr(f, "user.again") == big
+
+
 def test_trusted_xattrs_for_root_only(ckpt: Any) -> None:
     mnt = ckpt.mountpoint
     f = ckpt.mountpoint / "f"

@@ -276,6 +276,18 @@ class CatalogConformance:
         catalog.delete_inode(f.ino)
         assert catalog.xattr_inodes() == set()
 
+    def test_xattrs_total_max(self, catalog: Catalog) -> None:
+        f = catalog.create(R, b"f", F, 0, 0)
+        catalog.set_xattr(f.ino, b"user.a", b"x" * 90, total_max=100)  # 6 + 90 bytes
+        assert errno_of(lambda: catalog.set_xattr(f.ino, b"user.b", b"", total_max=100)) == errno.ENOSPC
+        assert catalog.list_xattrs(f.ino) == [b"user.a"]  # nothing stored
+        # Replacing a value counts the new one only.
+        catalog.set_xattr(f.ino, b"user.a", b"y" * 94, total_max=100)
+        assert errno_of(lambda: catalog.set_xattr(f.ino, b"user.a", b"y" * 95, total_max=100)) == errno.ENOSPC
+        assert catalog.get_xattr(f.ino, b"user.a") == b"y" * 94
+        catalog.remove_xattr(f.ino, b"user.a")
+        catalog.set_xattr(f.ino, b"user.b", b"z" * 94, total_max=100)
+
     # -- file contents -----------------------------------------------------------------------
 
     def test_commit_file_and_unreferenced_chunks(self, catalog: Catalog) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.mountutil import Mount
+
 from ckptfs import config as C
 from ckptfs.catalog import open_catalog, recorded_tiers
 from ckptfs.config import (
@@ -27,6 +29,7 @@ from ckptfs.config import (
     load_config,
     parse_size,
 )
+from ckptfs.config.load import physical_memory
 from ckptfs.errors import ConfigError
 
 
@@ -529,3 +532,41 @@ def test_write_behind_key() -> None:
     assert config_from_dict({"write_behind": "auto"}).store.write_behind == "auto"
     with pytest.raises(ConfigError, match="write_behind: expected one of"):
         config_from_dict({"write_behind": "sometimes"})
+
+
+# --------------------------------------------------------------------------- size bounds
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999TiB", "9" * 400, 2**63, "8388608TiB"])
+def test_a_size_past_the_catalogs_integers_is_refused_naming_the_key(value: object) -> None:
+    with pytest.raises(ConfigError) as ei:
+        parse_size(value, "tier[0].capacity")
+    assert str(ei.value).startswith("tier[0].capacity")
+
+
+def test_sizes_are_exact() -> None:
+    assert parse_size("9007199254740993B", "k") == 2**53 + 1  # a float loses the last digit
+    assert parse_size(2**63 - 1, "k") == 2**63 - 1
+
+
+def test_a_memory_budget_past_the_machines_memory_is_refused() -> None:
+    ram = physical_memory()
+    assert ram is not None and ram > 0
+    assert config_from_dict({"memory_budget": ram}).store.memory_budget == ram
+    for value in (ram + 4096, "99999999999999999999TiB", "1024TiB"):
+        with pytest.raises(ConfigError) as ei:
+            config_from_dict({"memory_budget": value})
+        assert str(ei.value).startswith("memory_budget"), ei.value
+
+
+def test_the_cli_exits_2_naming_memory_budget(tmp_path: Path) -> None:
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('memory_budget = "99999999999999999999TiB"\n')
+    m = Mount(tmp_path / "mnt", tmp_path / "state", [], ("--config", str(cfg)))
+    try:
+        with pytest.raises(RuntimeError) as ei:  # a mount that worked is cleaned up below
+            m.start()
+    finally:
+        m.cleanup()
+    assert "ckptfs mount failed (2)" in str(ei.value), ei.value
+    assert "memory_budget" in str(ei.value) and "Traceback" not in str(ei.value), ei.value
