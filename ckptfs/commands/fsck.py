@@ -5,7 +5,10 @@ crash mid-write), leftover temp files, replica rows whose frame is gone, chunks 
 holds (damaged files, reported by path), frames that fail verification (``--verify``),
 and inodes that lost their last name. ``--repair`` fixes what can be fixed without losing
 data: it deletes orphans and unreferenced rows, forgets missing or corrupt replicas, and
-never touches a chunk a committed file references while it is the only copy.
+never touches a chunk a committed file references while it is the only copy. Without
+``--repair``, a copy found missing, corrupt or unreadable is recorded bad (as a read
+records it: ``ckptfs latest`` then counts it as no copy), and ``--verify`` records a copy
+marked bad whose frame verifies as valid again.
 
 Remote tiers (the ones the catalog records, kind "s3") are checked too, unless
 ``remote=False`` (``--local-only``): the objects under ``<prefix>/chunks/`` are listed and
