@@ -85,6 +85,7 @@ from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
 from .vfs.pagepush import PagePush, StorePages
 from .vfs.quota import Quotas
+from .vfs.refusals import Refusals
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -503,6 +504,7 @@ class Daemon:
     session: NodeSession | None = None  # this node's, with a shared catalog
     sealer: AuditSealer | None = None  # with audit.signing_key_file
     keys: NamespaceKeys | None = None  # encrypted namespaces' keys, followed in the catalog
+    refusals: Refusals | None = None  # refused access, aggregated for the audit log
 
 
 def build(
@@ -551,7 +553,8 @@ def build(
     stats = stats_for(tiers)
     # Where copies of each chunk may be (namespaces' allowed_locations): the store, the
     # uploader and the telemetry ask it; load_residency fills it from the catalog.
-    residency = Residency(governance or GovernanceConfig(), {t.name: t.location for t in tiers},
+    gov = governance or GovernanceConfig()
+    residency = Residency(gov, {t.name: t.location for t in tiers},
                           stats)
     upload_wake, delete_wake = Wakeup(), Wakeup()
     commits = CommitStream()  # new upload jobs, one after another: a save of small files
@@ -595,6 +598,7 @@ def build(
     async def ns_used(ns: str) -> int:  # a namespace's usage, read again before a refusal
         return await trio.to_thread.run_sync(catalog.namespace_used, ns, limiter=db_limiter)
 
+    refusals = Refusals(catalog, gov.audit.refusal_window_s)  # refused access, for the audit
     quotas = None
     if namespaces:  # each namespace's usage as counted at mount (count_namespaces)
         quotas = Quotas(namespaces, ns_used, {u.ns: u.bytes for u in catalog.namespace_usage()})
@@ -604,8 +608,8 @@ def build(
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
         quotas=quotas,
-        access=Access(governance or GovernanceConfig(), catalog, db_limiter),
-        sealed_namespace=sealed_namespaces(governance or GovernanceConfig()),
+        access=Access(gov, catalog, db_limiter, refusals=refusals),
+        sealed_namespace=sealed_namespaces(gov),
         page_push=None if store_pages is None or not reads.page_cache_push
         else PagePush.make(store_pages, stats.count, _delivered),
     )
@@ -621,7 +625,7 @@ def build(
         catalog, db_limiter, seal_stores, signing_key, seal_interval_s, auditor)
     return Daemon(catalog, db_limiter, store, uploader, deleter, tracker, gc, janitor, budget,
                   fs, telemetry, auditor, stats_path, session, sealer,
-                  keys)
+                  keys, refusals)
 
 
 def sealed_namespaces(gov: GovernanceConfig) -> Callable[[str], str | None] | None:
@@ -778,6 +782,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
         queues.start(d.uploader.run)  # replays the jobs left by an earlier run at once
         queues.start(d.deleter.run)  # drains rows left by an earlier run at once
         queues.start(d.auditor.run)  # the opens' records
+        if d.refusals is not None:
+            queues.start(d.refusals.run)  # refused access, one record per window
         if d.sealer is not None:
             queues.start(d.sealer.run)
         if d.tracker is not None:
@@ -807,7 +813,10 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
 
 
 async def _last_audit(d: Daemon) -> None:
-    """At shutdown, FUSE stopped: write the opens' records still noted, and seal the head."""
+    """At shutdown, FUSE stopped: close the windows of refused access, write the records
+    still noted, and seal the head."""
+    if d.refusals is not None:
+        d.refusals.close()
     try:
         await d.auditor.flush_now()
     except CatalogUnavailable as exc:

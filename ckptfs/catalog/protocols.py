@@ -219,7 +219,17 @@ class ReplicaCatalog(Protocol):
         ...
 
     def mark_replica_bad(self, digest: bytes, tier: str) -> None:
-        """A read found this copy missing or corrupt: readers skip it until it is healed."""
+        """A read, ``ckptfs verify`` or fsck found this copy missing or corrupt: readers
+        skip it (tried last, when no valid copy is left) and it counts as no copy
+        (checkpoints/reach.py) until it is healed or found valid again."""
+        ...
+
+    def bad_replica_tiers(self, digest: bytes) -> tuple[str, ...]:
+        """The tiers whose copy of this chunk is recorded bad."""
+        ...
+
+    def bad_replica_keys(self, tier: str) -> set[bytes]:
+        """The chunks whose copy on ``tier`` is recorded bad (fsck)."""
         ...
 
     def add_replica_if_known(self, digest: bytes, tier: str) -> bool:

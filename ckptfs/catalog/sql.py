@@ -1415,6 +1415,18 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
             ).fetchall()
         return tuple(str(r[0]) for r in rows)
 
+    def bad_replica_tiers(self, digest: bytes) -> tuple[str, ...]:
+        with self._reading() as c:
+            rows = c.execute(
+                "SELECT tier FROM replicas WHERE digest=? AND state='bad' ORDER BY tier", (digest,)
+            ).fetchall()
+        return tuple(str(r[0]) for r in rows)
+
+    def bad_replica_keys(self, tier: str) -> set[bytes]:
+        with self._reading() as c:
+            rows = c.execute("SELECT digest FROM replicas WHERE tier=? AND state='bad'", (tier,))
+            return {bytes(r[0]) for r in rows}
+
     # -- self-healing ------------------------------------------------------------------------
 
     def mark_replica_bad(self, digest: bytes, tier: str) -> None:

@@ -6,7 +6,9 @@ the catalog alone so that every node gives the same answer.
   remote tier, or a local tier of a node whose session is live (a shared catalog names
   local tiers ``NODE:NAME``, catalog/binding.py). A node whose session expired or ended
   counts as lost: what only its local tiers hold cannot be read anywhere until it returns.
-  With the embedded catalog every recorded copy counts (one node: its own tiers).
+  With the embedded catalog every recorded copy counts (one node: its own tiers). A copy
+  recorded bad (a read, ``verify`` or fsck found it missing or corrupt) is no copy: the
+  catalog's extents list valid copies only.
 * A checkpoint with a file open for writing on **any** node (the sessions' open-handle
   rows; with the embedded catalog the daemon's tracker alone knows, and its row says)
   is still being written, whatever its row says.

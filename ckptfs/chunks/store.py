@@ -1054,7 +1054,11 @@ class ChunkStore:
                     got = again
             if got.data is None and self.catalog.shared:
                 got = await self._await_peer(ref, got, abandon, flight.ticket)
+            if got.data is None or not ref.tiers:
+                # No valid copy recorded or found: copies recorded bad are tried last.
+                got = await self._recheck_bad(ref, got, abandon, flight.ticket)
             if got.data is None:
+                await self._record_lost(ref, got)
                 raise ChunkMissing(
                     f"no valid copy of chunk {ref.key[:16]} ({'; '.join(got.problems)})"
                 )
@@ -1279,6 +1283,64 @@ class ChunkStore:
         self._copy_backs[ref.digest] = (ref, got.data, bad)
         self._copy_back_bytes += len(got.data)
         self._copy_back_wake.set()
+
+    async def _recheck_bad(
+        self, ref: ChunkRef, got: _Fetched, abandon: bool, ticket: Ticket
+    ) -> _Fetched:
+        """A copy recorded bad may be good again: a tier that was away (a disk unmounted,
+        an object the server failed for a while) came back. With no valid copy found,
+        the copies recorded bad are read (verified) before the read fails; one that
+        verifies, or was found by a read of every local tier (the catalog listed no valid
+        copy), is recorded valid again."""
+        if self.guard.uncommitted(ref.digest):
+            return got  # not in the catalog yet: nothing is recorded bad
+        bad = await trio.to_thread.run_sync(
+            self.catalog.bad_replica_tiers, ref.digest, limiter=self.db_limiter
+        )
+        if got.data is None:
+            tried = {t for t, _ in got.failures}
+            names = tuple(t for t in bad if t in self.tiers and t not in tried)
+            if not names:
+                return got
+            again = await self._fetch(ChunkRef(ref.digest, ref.length, names), abandon, ticket)
+            again.failures[:0] = got.failures
+            again.problems[:0] = got.problems
+            got = again
+        if got.source is None or got.source not in bad:
+            return got
+        try:
+            await trio.to_thread.run_sync(
+                self.catalog.add_replica_if_known, ref.digest, got.source,
+                limiter=self.db_limiter,
+            )
+            log.info("chunk %s: copy on tier %s, recorded bad, is valid: recorded valid again",
+                     ref.key[:16], got.source)
+        except CkptfsError as exc:
+            log.warning("chunk %s: copy on tier %s not recorded valid again: %s",
+                        ref.key[:16], got.source, exc)
+        return got
+
+    async def _record_lost(self, ref: ChunkRef, got: _Fetched) -> None:
+        """No copy was valid: record the ones found missing or corrupt as bad before the
+        read fails, so that the catalog stops counting them (``ckptfs latest`` skips the
+        checkpoint, ``ls`` counts the chunk missing: checkpoints/reach.py). Only copies
+        the catalog still lists: one evicted meanwhile is gone, not damaged. A failure to
+        record costs only this: the next read finds the copies bad again."""
+        bad = {t for t, why in got.failures if t in self.tiers and why != "error"}
+        if not bad or self.guard.uncommitted(ref.digest):
+            return
+        try:
+            listed = set(await trio.to_thread.run_sync(
+                self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+            ))
+            for name in sorted(bad & listed):
+                await trio.to_thread.run_sync(
+                    self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
+                )
+                log.info("chunk %s: copy on tier %s recorded bad; no valid copy is left",
+                            ref.key[:16], name)
+        except CkptfsError as exc:
+            log.warning("chunk %s: bad copies not recorded: %s", ref.key[:16], exc)
 
     async def _mark_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
         """Record that these copies are missing or corrupt (readers skip them), without

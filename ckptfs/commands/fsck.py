@@ -5,7 +5,10 @@ crash mid-write), leftover temp files, replica rows whose frame is gone, chunks 
 holds (damaged files, reported by path), frames that fail verification (``--verify``),
 and inodes that lost their last name. ``--repair`` fixes what can be fixed without losing
 data: it deletes orphans and unreferenced rows, forgets missing or corrupt replicas, and
-never touches a chunk a committed file references while it is the only copy.
+never touches a chunk a committed file references while it is the only copy. Without
+``--repair``, a copy found missing, corrupt or unreadable is recorded bad (as a read
+records it: ``ckptfs latest`` then counts it as no copy), and ``--verify`` records a copy
+marked bad whose frame verifies as valid again.
 
 Remote tiers (the ones the catalog records, kind "s3") are checked too, unless
 ``remote=False`` (``--local-only``): the objects under ``<prefix>/chunks/`` are listed and
@@ -67,6 +70,8 @@ class FsckReport:
     kept: int = 0  # problems --repair left alone on purpose (see the messages)
     queued_deletions: int = 0  # unreferenced frames the deletion queue will remove: no problem
     out_of_residency: int = 0  # copies outside their chunk's allowed locations
+    marked_bad: int = 0  # copies found missing or corrupt, recorded bad (not --repair)
+    revalidated: int = 0  # copies recorded bad that --verify found valid: recorded valid
 
     @property
     def clean(self) -> bool:
@@ -141,6 +146,20 @@ def run_fsck(
             catalog.close()
 
 
+def _mark_bad(catalog: Catalog, rep: FsckReport, digest: bytes, tier: str) -> None:
+    """A copy found missing or corrupt is recorded bad, as a read records it (readers try
+    it last; ``ckptfs latest`` counts it as no copy), unless --repair forgets it."""
+    catalog.mark_replica_bad(digest, tier)
+    rep.marked_bad += 1
+
+
+def _revalidate(catalog: Catalog, rep: FsckReport, digest: bytes, tier: str, say: Callable[[str], None]) -> None:
+    """--verify found a copy recorded bad valid (its tier was away, say): valid again."""
+    catalog.add_replica(digest, tier, -1)
+    rep.revalidated += 1
+    say(f"chunk {digest.hex()[:16]} on tier {tier}, recorded bad, is valid: recorded valid again")
+
+
 def _check(
     catalog: Catalog, tiers: list[LocalTier], repair: bool, verify: bool, say: Callable[[str], None],
     remotes: _RemoteCheck | None = None, residency: Residency | None = None,
@@ -171,6 +190,7 @@ def _check(
             problem(f"tier {tier.name}: {exc}")
             continue
         known = catalog.replica_keys(tier.name)
+        marked = catalog.bad_replica_keys(tier.name)
         queued = catalog.deletion_keys(tier.name)  # the next mount's deleter removes them
         on_disk: set[bytes] = set()
         for key in tier.list_keys():
@@ -206,7 +226,13 @@ def _check(
                         catalog.remove_replica(digest, tier.name)
                         tier.delete(key)
                         rep.repaired += 1
+                    elif digest in known and digest not in marked:
+                        _mark_bad(catalog, rep, digest, tier.name)
                     continue
+                if digest in marked:
+                    _revalidate(catalog, rep, digest, tier.name, say)
+            elif digest in marked:
+                continue  # recorded bad and not read again: no valid copy known here
             valid_somewhere.setdefault(digest, []).append(tier.name)
             if digest not in known:
                 # A referenced frame the catalog did not list here: record the replica.
@@ -221,6 +247,8 @@ def _check(
             if repair:
                 catalog.remove_replica(digest, tier.name)
                 rep.repaired += 1
+            elif digest not in marked:
+                _mark_bad(catalog, rep, digest, tier.name)
     if rep.orphans > 20:
         say(f"... {rep.orphans} orphan chunks in all")
 
@@ -398,6 +426,7 @@ class _RemoteCheck:
         name = tier.name
         keys = list(tier.list_keys())  # the whole listing first: a failure changes nothing
         known = catalog.replica_keys(name)
+        marked = catalog.bad_replica_keys(name)
         queued = catalog.deletion_keys(name)  # the next mount's deleter removes them
         pending_digests = {d for d, _t in pending}
         on_remote: set[bytes] = set()
@@ -462,10 +491,13 @@ class _RemoteCheck:
                         tier.delete(key)
                         rep.repaired += 1
                         requeue(digest)
-                    elif repair:
-                        rep.kept += 1
-                        say(f"chunk {key[:16]} on remote tier {name} kept: no valid local copy "
-                            "to upload again")
+                    else:
+                        if repair:
+                            rep.kept += 1
+                            say(f"chunk {key[:16]} on remote tier {name} kept: no valid local "
+                                "copy to upload again")
+                        if digest in known and digest not in marked:
+                            _mark_bad(catalog, rep, digest, name)
                     continue
                 except CorruptChunk as exc:
                     rep.corrupt_replicas += 1
@@ -476,7 +508,13 @@ class _RemoteCheck:
                         rep.repaired += 1
                         if digest in known:
                             requeue(digest)
+                    elif digest in known and digest not in marked:
+                        _mark_bad(catalog, rep, digest, name)
                     continue
+                if digest in marked:
+                    _revalidate(catalog, rep, digest, name, say)
+            elif digest in marked:
+                continue  # recorded bad and not read again: no valid copy known here
             valid.add(digest)
             if digest not in known and (digest, name) not in pending:
                 if repair:
@@ -493,6 +531,8 @@ class _RemoteCheck:
                 catalog.remove_replica(digest, name)
                 rep.repaired += 1
                 requeue(digest)
+            elif digest not in marked:
+                _mark_bad(catalog, rep, digest, name)
         rep.remote_checked.append(name)
         return valid
 
@@ -507,6 +547,9 @@ def cmd_fsck(cfg: Config, *, repair: bool, verify: bool, local_only: bool) -> in
         f"{rep.lost_chunks} chunk(s) with no valid copy, {rep.unlinked_inodes} unlinked inode(s)"
     )
     print(summary)
+    if rep.marked_bad or rep.revalidated:
+        print(f"fsck: {rep.marked_bad} copy(ies) recorded bad, {rep.revalidated} recorded "
+              "valid again")
     if rep.remote_checked or rep.requeued_uploads:
         print(f"fsck: remote tier(s) checked: {', '.join(rep.remote_checked) or 'none'}; "
               f"{rep.requeued_uploads} upload(s) re-queued")

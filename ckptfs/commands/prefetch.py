@@ -131,8 +131,11 @@ def group_by_mount(paths: Iterable[Path]) -> list[MountJob]:
     jobs: dict[Path, MountJob] = {}
     seen: set[tuple[Path, int]] = set()
     for path in paths:
-        if not os.path.lexists(path):
-            raise UsageError(f"{path}: no such file or directory")
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            raise UsageError(f"{path}: no such file or directory") from None
+        # Any other error (EACCES: a path inside another namespace) is the caller's.
         found = mount_of(Path(os.path.realpath(path)))
         if found is None:
             raise UsageError(f"{path} is not inside a ckptfs mount")
@@ -313,7 +316,7 @@ def cmd_prefetch(paths: Sequence[Path], timeout: float | None, jobs: int) -> int
         print(f"ckptfs prefetch: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
-        if exc.errno == errno.EACCES:  # another namespace (or the mode bits): refused
+        if exc.errno in (errno.EACCES, errno.EPERM):  # another namespace, or the mode bits
             print(f"ckptfs prefetch: {exc.filename}: permission denied (a namespace of other "
                   "users, or the mode bits)", file=sys.stderr)
             return EXIT_DENIED

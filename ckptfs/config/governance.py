@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import (
+    DEFAULT_REFUSAL_WINDOW_S,
     DEFAULT_SEAL_INTERVAL_S,
     AuditConfig,
     Config,
@@ -26,7 +27,7 @@ from .parse import array_of_tables, parse_size, seconds, take_bool
 NAMESPACE_KEYS = {"path", "uids", "gids", "allowed_locations", "encrypt", "quota", "retention",
                   "expires"}
 _KEYS_KEYS = {"kek_file", "kek_command"}
-_AUDIT_KEYS = {"signing_key_file", "seal_interval"}
+_AUDIT_KEYS = {"signing_key_file", "seal_interval", "refusal_window"}
 _ACCESS_KEYS = {"admin_gids"}
 _LOCATION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id"
@@ -160,6 +161,8 @@ def governance_from_config(data: dict[str, Any]) -> GovernanceConfig:
                           if "signing_key_file" in audit else None),
         seal_interval_s=seconds(audit.get("seal_interval", DEFAULT_SEAL_INTERVAL_S),
                                 "audit.seal_interval", 1, 30 * 86400),
+        refusal_window_s=seconds(audit.get("refusal_window", DEFAULT_REFUSAL_WINDOW_S),
+                                 "audit.refusal_window", 0.1, 86400),
     )
     return GovernanceConfig(
         namespaces=namespaces,

@@ -345,15 +345,20 @@ class KeysConfig:
 
 
 DEFAULT_SEAL_INTERVAL_S = 3600.0
+DEFAULT_REFUSAL_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
 class AuditConfig:
     """``[audit]``: the Ed25519 private key that signs the head of the audit chain (a key
-    file outside the state dir; None: heads are not signed) and how often a seal is made."""
+    file outside the state dir; None: heads are not signed), how often a seal is made, and
+    the window that aggregates refused access."""
 
     signing_key_file: Path | None = None
     seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S
+    # Refused access is recorded once per (uid, namespace, operation) per this many seconds,
+    # with a count (vfs/refusals.py).
+    refusal_window_s: float = DEFAULT_REFUSAL_WINDOW_S
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ otherwise). So the place of each inode is cached once resolved (lookups teach it
 check costs a dictionary read; only an inode not seen yet costs a ``path_of``.
 
 Checks run at lookup, open and the other namespace operations, never per read or write.
-The daemon's own work (``ROOT``, the exact object) is exempt.
+The daemon's own work (``ROOT``, the exact object) is exempt. Each refusal is counted for
+the audit log (vfs/refusals.py: one record per uid, namespace and operation per window).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..catalog.catalog import ROOT_INODE
 from ..config import DEFAULT_NAMESPACE, GovernanceConfig, NamespaceConfig
 from ..errors import CkptfsError, PermissionDenied
 from .context import ROOT, RequestContext, read_groups
+from .refusals import Refusals
 
 log = logging.getLogger("ckptfs.access")
 
@@ -75,8 +77,10 @@ class Access:
         self, gov: GovernanceConfig, catalog: Catalog | None = None,
         db_limiter: trio.CapacityLimiter | None = None,
         groups_of: Callable[[int], tuple[int, ...]] = read_groups,
+        refusals: Refusals | None = None,
     ) -> None:
         self.gov = gov
+        self.refusals = refusals
         self.enabled = gov.enabled
         self._catalog = catalog
         self._db_limiter = db_limiter
@@ -197,10 +201,16 @@ class Access:
                 "admin_override", path, ctx.uid, ctx.pid, time_ns=time.time_ns(),
                 detail={"op": what, "namespace": ns.path}))
 
+    def _refuse(self, ctx: RequestContext, ns: NamespaceConfig, what: str, why: str) -> PermissionDenied:
+        """The EACCES of a refusal, counted for the audit log."""
+        if self.refusals is not None:
+            self.refusals.note(ctx.uid, ctx.pid, ns.path, what)
+        return PermissionDenied(why)
+
     async def _require(self, ctx: RequestContext, ns: NamespaceConfig, what: str, ino: int,
                        name: bytes | None = None) -> None:
         if not await self._may(ctx, ns, what, ino, name):
-            raise PermissionDenied(
+            raise self._refuse(ctx, ns, what,
                 f"{what}: namespace {ns.path} belongs to other users (uid {ctx.uid} is not "
                 "an owner)")
 
@@ -235,8 +245,8 @@ class Access:
             return
         place = await self.child_place(parent, name)
         if (place.is_root or place.path is not None) and what != "mkdir":
-            raise PermissionDenied(f"{what} {name!r}: the path of a namespace root (or on "
-                                   "the way to one) is for a directory only")
+            raise self._refuse(ctx, place.ns, what, f"{what} {name!r}: the path of a namespace "
+                               "root (or on the way to one) is for a directory only")
         await self._require(ctx, place.ns, what, parent, name)
 
     async def remove(self, ctx: RequestContext, parent: int, name: bytes, what: str) -> None:
@@ -249,7 +259,8 @@ class Access:
             return
         gids = await self._gids(ctx) if self.gov.admin_gids else frozenset()
         if not self.gov.is_admin(gids):
-            raise PermissionDenied(f"{what} of namespace root {place.ns.path}: admins only")
+            raise self._refuse(ctx, place.ns, what,
+                               f"{what} of namespace root {place.ns.path}: admins only")
         log.info("admin override: uid %d pid %d %s %s (namespace root)", ctx.uid, ctx.pid,
                  what, place.ns.path)
         self._audit(ctx, place.ns.path, what, place.ns)

@@ -1,12 +1,15 @@
 """The governance events in the audit log, on real mounts (docs/governance.md "Audit
 log"): an admin's crossing into a namespace it does not own, a write refused by a quota,
-and the key changes (the daemon creating a namespace key, `ckptfs rekey`, `ckptfs shred`),
-each with who did it; the chain stays intact (`ckptfs audit verify`)."""
+a stranger's refused attempts (aggregated per operation and window), and the key changes
+(the daemon creating a namespace key, `ckptfs rekey`, `ckptfs shred`), each with who did
+it; the chain stays intact (`ckptfs audit verify`)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,9 @@ import pytest
 
 from tests.conftest import CkptFactory
 from tests.mount.test_audit import export
-from tests.mount.test_posix_perms import CHILD_PYTHON, needs_root
+from tests.mount.test_namespaces import OWNER as NS_OWNER
+from tests.mount.test_namespaces import REACH_A, STRANGER, made, ns_mounted
+from tests.mount.test_posix_perms import CHILD_PYTHON, as_user, needs_root
 from tests.support import encryption as enc
 from tests.support.mountutil import run_cli, wait_until
 
@@ -37,7 +42,7 @@ def records(m_state: Path, action: str) -> list[dict[str, Any]]:
     return [r for r in export(str(m_state)) if r["action"] == action]
 
 
-@pytest.mark.allow_log_warnings("admin override")
+@pytest.mark.allow_log_warnings("admin override", "access refused")
 def test_admin_crossing_and_quota_refusal_are_recorded_with_who(
     ckpt_factory: CkptFactory, tmp_path: Path,
 ) -> None:
@@ -111,3 +116,47 @@ def test_key_creation_rotation_and_shred_are_recorded(
     assert len(shreds[0]["detail"]["key_ids"]) == 2
     res = run_cli("audit", "verify", "--state-dir", str(m.state_dir))
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def refused_by(m_state: Path, uid: int) -> list[dict[str, Any]]:
+    return [r for r in records(m_state, "access_refused") if r["uid"] == uid]
+
+
+@pytest.mark.allow_log_warnings("access refused")
+def test_a_strangers_refused_attempts_are_audited_once_per_operation_and_window() -> None:
+    # One window for the whole test: the unmount closes it.
+    with ns_mounted("[audit]\nrefusal_window = 86400\n") as m:
+        mp = m.mountpoint
+        made(mp)  # the stranger's mkdir of each namespace root is refused first
+        tries = REACH_A * 3  # 42 attempts into /proj-a, each refused by the daemon
+        assert as_user(mp, STRANGER, STRANGER, tries) == [errno.EACCES] * len(tries)
+        assert as_user(mp, NS_OWNER, NS_OWNER, REACH_A) == [0] * len(REACH_A)  # not refused
+        m.stop()
+        mine = refused_by(m.state_dir, STRANGER)
+        keys = Counter((r["detail"]["namespace"], r["detail"]["op"]) for r in mine)
+        assert keys and max(keys.values()) == 1, keys  # one record per namespace and op
+        assert {("/proj-a", "mkdir"), ("/proj-b", "mkdir"), ("/proj-a", "lookup")} <= set(keys)
+        assert all(r["path"] == r["detail"]["namespace"] and r["detail"]["count"] >= 1
+                   and r["detail"]["first_ns"] <= r["detail"]["last_ns"] for r in mine), mine
+        in_a = sum(r["detail"]["count"] for r in mine if r["detail"]["namespace"] == "/proj-a")
+        assert in_a >= 1 + len(tries), mine  # the mkdir and every attempt, counted
+        assert not refused_by(m.state_dir, NS_OWNER)
+        # One WARNING line per record, naming who, what and where.
+        lines = [ln for ln in m.log.splitlines() if f"access refused: uid {STRANGER}," in ln]
+        assert len(lines) == len(mine), lines
+        assert any("lookup in namespace /proj-a" in ln for ln in lines), lines
+        res = run_cli("audit", "verify", "--state-dir", str(m.state_dir))
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.allow_log_warnings("access refused")
+def test_a_window_of_refusals_is_recorded_when_it_ends_while_mounted() -> None:
+    with ns_mounted("[audit]\nrefusal_window = 0.5\n") as m:
+        mp = m.mountpoint
+        made(mp)
+        assert as_user(mp, STRANGER, STRANGER, ["os.listdir('proj-a')"] * 5) == [errno.EACCES] * 5
+        wait_until(lambda: sum(r["detail"]["count"] for r in refused_by(m.state_dir, STRANGER)
+                               if r["detail"]["namespace"] == "/proj-a") >= 6,
+                   10, "the windows' records written while mounted")
+        tail = run_cli("audit", "tail", "--state-dir", str(m.state_dir))
+        assert tail.returncode == 0 and "access_refused" in tail.stdout, tail.stdout

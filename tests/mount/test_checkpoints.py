@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -291,3 +292,89 @@ def test_a_checkpoint_the_framework_rotates_away_is_deleted(tmp_path: Path) -> N
         shutil.rmtree(out / "checkpoint-1")  # save_total_limit rotation
         wait_until(lambda: states(out).get("/out/checkpoint-1") == "deleted", what="deleted")
         assert states(out)["/out/checkpoint-2"] == "committed"
+
+
+# -- a damaged copy found by a read or by fsck (issue 33, item 6) ---------------------------
+
+
+def latest_of(run: Path) -> str:
+    res = run_cli("latest", str(run))
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def missing_chunks(run: Path, root: str) -> int:
+    return int(next(c for c in ls(run) if c["root"] == root)["missing_chunks"])
+
+
+def two_checkpoints(run: Path) -> bytes:
+    """checkpoint-1000 and checkpoint-1100 committed (no chunk shared); the newer one's
+    model.safetensors."""
+    hf_save(run, 1000, os.urandom(2 * MiB + 3))
+    payload = os.urandom(2 * MiB + 5)
+    hf_save(run, 1100, payload)
+    wait_until(lambda: states(run).get("/run/checkpoint-1100") == "committed", what="commit")
+    assert latest_of(run) == str(run / "checkpoint-1100")
+    return payload
+
+
+def flip_frame(tier: Path, digest: bytes) -> tuple[Path, bytes]:
+    """Flip a payload byte of the frame of ``digest`` on a local tier; its path and old
+    bytes."""
+    victim = next(p for p in (tier / "chunks").glob("*/*") if p.name == digest.hex())
+    old = victim.read_bytes()
+    raw = bytearray(old)
+    raw[frame.HEADER_SIZE + 10] ^= 1
+    victim.write_bytes(bytes(raw))
+    return victim, old
+
+
+@pytest.mark.allow_log_errors  # the reads of the damaged chunk
+def test_a_read_that_finds_the_only_copy_bad_takes_the_checkpoint_out_of_latest(
+    tmp_path: Path,
+) -> None:
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB")) as m:
+        run = m.mountpoint / "run"
+        payload = two_checkpoints(run)
+        m.stop()
+        digest = frame.digest_of(payload[:MiB])
+        victim, good = flip_frame(m.locals[0], digest)
+        m.start()
+        model = run / "checkpoint-1100" / "model.safetensors"
+        with pytest.raises(OSError) as exc:
+            model.read_bytes()
+        assert exc.value.errno == errno.EIO
+        # The read recorded the copy bad: no copy of that chunk is left.
+        assert latest_of(run) == str(run / "checkpoint-1000")
+        assert missing_chunks(run, "/run/checkpoint-1100") == 1
+        assert missing_chunks(run, "/run/checkpoint-1000") == 0
+        assert run_cli("verify", str(run / "checkpoint-1100")).returncode == 1
+        # The copy comes back intact (a disk that was away): a read finds it valid again.
+        m.stop()
+        victim.write_bytes(good)
+        m.start()
+        assert model.read_bytes() == payload
+        assert latest_of(run) == str(run / "checkpoint-1100")
+        assert missing_chunks(run, "/run/checkpoint-1100") == 0
+
+
+def test_fsck_verify_records_a_bad_copy_and_a_valid_one_again(tmp_path: Path) -> None:
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB")) as m:
+        run = m.mountpoint / "run"
+        payload = two_checkpoints(run)
+        m.stop()
+        digest = frame.digest_of(payload[MiB : 2 * MiB])
+        victim, good = flip_frame(m.locals[0], digest)
+        res = run_cli("fsck", "--state-dir", str(m.state_dir), "--verify")
+        assert res.returncode == 1 and f"corrupt chunk {digest.hex()[:16]}" in res.stdout, res
+        assert "1 copy(ies) recorded bad" in res.stdout, res.stdout
+        m.start()
+        # Nothing read it since: the catalog knows from fsck.
+        assert latest_of(run) == str(run / "checkpoint-1000")
+        assert missing_chunks(run, "/run/checkpoint-1100") == 1
+        m.stop()
+        victim.write_bytes(good)
+        res = run_cli("fsck", "--state-dir", str(m.state_dir), "--verify")
+        assert res.returncode == 0 and "recorded valid again" in res.stdout, res
+        m.start()
+        assert latest_of(run) == str(run / "checkpoint-1100")

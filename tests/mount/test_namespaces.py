@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,21 +45,30 @@ gids = [{GROUP}]
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Every test here is refused something: the daemon logs each window of refusals.
+pytestmark = pytest.mark.allow_log_warnings("access refused")
 
-@pytest.fixture
-def ns_mount() -> Iterator[Mount]:
-    """A mount with the namespaces above, under a directory other users may traverse (a
-    test's tmp_path is root's own), with /proj-a and /proj-b made by their owners."""
+
+@contextmanager
+def ns_mounted(extra_config: str = "") -> Iterator[Mount]:
+    """A mount with the namespaces above (and ``extra_config``), under a directory other
+    users may traverse (a test's tmp_path is root's own)."""
     base = Path(tempfile.mkdtemp(prefix="ckptfs-ns-"))
     try:
         base.chmod(0o755)
         cfg = base / "ckptfs.toml"
-        cfg.write_text(CONFIG)
+        cfg.write_text(CONFIG + extra_config)
         with mounted(base, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
             m.mountpoint.chmod(0o777)  # the mount root: anyone may make a directory there
             yield m
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def ns_mount() -> Iterator[Mount]:
+    with ns_mounted() as m:
+        yield m
 
 
 def made(mp: Path) -> None:
@@ -223,8 +233,10 @@ def test_commands_show_a_user_only_its_namespaces(ns_mount: Mount) -> None:
             res = cli_as(mp, uid, *cmd)
             assert res.returncode == 77, (uid, cmd, res.stdout, res.stderr)
             assert "permission denied" in res.stderr, res.stderr
-    res = cli_as(mp, STRANGER, "prefetch", "proj-a")
-    assert res.returncode == 77 and "permission denied" in res.stderr, res.stderr
+    # prefetch too, of the namespace, a checkpoint or a file inside it (not "no such file").
+    for where in ("proj-a", "proj-a/run/checkpoint-7", "proj-a/run/checkpoint-7/config.json"):
+        res = cli_as(mp, STRANGER, "prefetch", where)
+        assert res.returncode == 77 and "permission denied" in res.stderr, (where, res.stderr)
     # The owner verifies its checkpoint through the mount.
     res = cli_as(mp, OWNER, "verify", "proj-a/run/checkpoint-7")
     assert res.returncode == 0, res.stderr

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from tests.mount.test_checkpoints import flip_frame, latest_of, missing_chunks, two_checkpoints
 from tests.remote.test_remote_mount import MiB, write
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
+from tests.support.s3server import SeaweedServer
 
 from ckptfs.codec import frame
 
@@ -118,3 +120,34 @@ def test_every_copy_corrupt_gives_eio_naming_file_and_offset(tmp_path: Path) -> 
         assert exc.value.errno == errno.EIO
         assert f"read of /ckpt.pt at offset {MiB} (chunk 1) failed" in m.log
         wait_until(lambda: counter(m, "integrity_failures") >= 1)
+
+
+@pytest.mark.allow_log_errors  # the reads of the damaged chunk
+def test_a_chunk_corrupt_on_the_local_tier_and_in_the_bucket_takes_the_checkpoint_out_of_latest(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str]  # noqa: F811
+) -> None:
+    """Issue 33, item 6: both copies of one chunk of checkpoint-1100 damaged; the read
+    that finds them so records them bad, and ``ckptfs latest`` names checkpoint-1000."""
+    url, prefix = remote
+    with mounted(tmp_path, 1, ("--chunk-size", "1MiB", "--remote", url)) as m:
+        run = m.mountpoint / "run"
+        payload = two_checkpoints(run)
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+        m.stop()
+        digest = frame.digest_of(payload[:MiB])
+        flip_frame(m.locals[0], digest)
+        key = f"{prefix}/chunks/{digest.hex()}"
+        client = seaweed.client()
+        try:
+            body = bytearray(client.get_object(Bucket=seaweed.bucket, Key=key)["Body"].read())
+            body[frame.HEADER_SIZE + 10] ^= 1
+            client.put_object(Bucket=seaweed.bucket, Key=key, Body=bytes(body))
+        finally:
+            client.close()
+        m.start()
+        with pytest.raises(OSError) as exc:
+            (run / "checkpoint-1100" / "model.safetensors").read_bytes()
+        assert exc.value.errno == errno.EIO
+        assert latest_of(run) == str(run / "checkpoint-1000")
+        assert missing_chunks(run, "/run/checkpoint-1100") == 1
+        assert missing_chunks(run, "/run/checkpoint-1000") == 0
