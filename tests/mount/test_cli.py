@@ -647,7 +647,8 @@ USER = 4242  # no such user needed: a uid that is not root and not the owner
 
 
 def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
-    """setxattr in a child process that dropped to ``uid``; returns 0 or the errno."""
+    """setxattr in a child process that dropped to ``uid`` (for gc, then the getxattr
+    that waits for the pass); returns 0 or the errno."""
     pid = os.fork()
     if pid == 0:  # the child: only syscalls, then _exit
         code = 0
@@ -656,6 +657,8 @@ def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
             os.setgid(uid)
             os.setuid(uid)
             os.setxattr(path, name, value)
+            if name == "user.ckptfs.gc":
+                os.getxattr(path, name)  # returns when the pass is done
         except OSError as exc:
             code = exc.errno or 1
         except BaseException:
