@@ -838,9 +838,9 @@ def detectors_for(cfg: CheckpointConfig) -> DetectorSet | None:
 
 
 def _invalidate_entry(parent: int, name: bytes) -> None:
-    # Queued, not waited for: retention deletes while `ckptfs gc PATH` (a setxattr on PATH,
-    # whose inode the kernel holds locked) waits for it, and the kernel takes the parent's
-    # lock to drop the name: a synchronous invalidation there would never return.
+    # Queued, not waited for: the kernel takes the parent's lock to drop the name, and a
+    # request on that directory may hold it while it waits for retention (a synchronous
+    # invalidation there would never return).
     pyfuse3.invalidate_entry_async(
         pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
     )
