@@ -22,8 +22,9 @@ leaves a window of one heartbeat in which both might believe they hold it (remot
 
 While a node does not hold the lease of a tier, that tier is fenced (``S3Tier.fence``):
 uploads, deletions and snapshots to it fail, reads go on, data stays local. If the remote
-cannot be reached at mount, the mount goes on fenced and the heartbeat task keeps trying to
-take the lease. A node that finds its lease taken by another writer (``--takeover``
+cannot be reached at mount (no answer to a HEAD with short timeouts, mount.py), the mount
+does not wait for it: it goes on fenced and the heartbeat task, whose first heartbeat runs
+at once, keeps trying to take the lease. A node that finds its lease taken by another writer (``--takeover``
 elsewhere) stays fenced until it is remounted.
 
 A heartbeat tries a transient error (a 500, a dropped connection, a reply lost after the
@@ -57,7 +58,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -570,12 +571,21 @@ class WriterLeases:
         # One heartbeat thread per remote: a hung remote holds back no other's heartbeat.
         self._limiter = trio.CapacityLimiter(max(1, len(remotes)))
 
-    def acquire(self) -> None:
+    def acquire(self, later: Collection[str] = ()) -> None:
         """At mount, before anything is written: take every lease. LeaseConflict (after
         releasing the ones taken) refuses the mount; a remote still unreachable after the
         heartbeat's retries only fences its tier until the heartbeat task can take the
-        lease."""
+        lease. The tiers named in ``later`` (no answer at mount) are not asked now: the
+        mount never waits for a hung remote; the heartbeat task takes their leases (a
+        conflict found then fences the tier, as a takeover elsewhere does)."""
         for lease in self.leases:
+            if lease.tier.name in later:
+                lease.tier.fence("the writer lease of this prefix is not taken yet (the "
+                                 "remote did not answer at mount)")
+                log.warning("writer lease of remote tier %s not taken yet (not reachable at "
+                            "mount); uploads to it wait until it is", lease.tier.name)
+                lease.failing = True
+                continue
             try:
                 lease.retrying("mount", lease.acquire)
             except LeaseConflict:
