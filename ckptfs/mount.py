@@ -890,7 +890,12 @@ async def _serve(
 ) -> None:
     async with running(daemon) as nursery:
         if leases is not None:
-            nursery.start_soon(leases.run)  # heartbeats and watchdogs, cancelled after the uploader
+            async def writable(tier: str) -> None:  # a fence lifted: held writes go now
+                await daemon.uploader.tier_writable(tier)
+                daemon.deleter.tier_works(tier)
+
+            # Heartbeats and watchdogs, cancelled after the uploader.
+            nursery.start_soon(leases.run, writable)
         nursery.start_soon(_watch_signals)
         ra_kb = READ_AHEAD_KB if daemon.fs.page_push is None else READ_AHEAD_PUSH_KB
         nursery.start_soon(_after_init, mountpoint, on_ready, ra_kb)

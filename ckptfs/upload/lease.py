@@ -58,7 +58,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -597,26 +597,38 @@ class WriterLeases:
                             "until it is", lease.tier.name, exc)
                 lease.failing = True
 
-    async def run(self) -> None:
+    async def run(self, on_writable: Callable[[str], Awaitable[None]] | None = None) -> None:
         """A task in the mount's nursery, cancelled at unmount: for every remote, its
-        heartbeat and its watchdog, in a nursery of this task."""
+        heartbeat and its watchdog, in a nursery of this task. ``on_writable(tier)``: a
+        heartbeat lifted the tier's fence (the lease is held again, or taken at last after
+        a mount that could not reach the remote): the writes held meanwhile may go now."""
         async with trio.open_nursery() as nursery:
             for lease in self.leases:
                 beats = _Beats()
                 nursery.start_soon(self._watchdog, lease, beats)
-                nursery.start_soon(self._heartbeats, lease, beats)
+                nursery.start_soon(self._heartbeats, lease, beats, on_writable)
 
-    async def _heartbeats(self, lease: WriterLease, beats: _Beats) -> None:
+    async def _heartbeats(
+        self, lease: WriterLease, beats: _Beats,
+        on_writable: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """A heartbeat every ``heartbeat_s``, from the start of one to the start of the
         next (one that took longer is followed at once). The first runs at once (setup,
         such as a catalog restore, may have taken a while)."""
         while True:
             due = trio.current_time() + self.timing.heartbeat_s
+            fenced = lease.tier.fenced
             try:
                 await trio.to_thread.run_sync(lease.heartbeat, limiter=self._limiter)
             except Exception:  # a bug here must not take the mount down
                 log.exception("writer lease heartbeat of tier %s failed", lease.tier.name)
             beats.end()
+            if fenced is not None and lease.tier.fenced is None and on_writable is not None:
+                try:
+                    await on_writable(lease.tier.name)
+                except CkptfsError as exc:  # the backoff timers still retry them
+                    log.warning("tier %s writable again, but its held uploads could not be "
+                                "made due now: %s", lease.tier.name, exc)
             await trio.sleep_until(due)  # a real period: the lease's heartbeat
 
     async def _watchdog(self, lease: WriterLease, beats: _Beats) -> None:
