@@ -1,13 +1,18 @@
 """Reads on one node of chunks another node committed but has not uploaded yet: two
 daemons (without FUSE) on one real PostgreSQL catalog, each with its own local tier, one
-shared in-memory bucket. The read waits up to peer_chunk_wait for the other node's upload,
-then fails with EIO naming that node; never wrong bytes."""
+shared in-memory bucket; and two real mounts with a real SeaweedFS. The read waits up to
+peer_chunk_wait for the other node's upload (once per holder, not per chunk), then fails
+with EIO naming that node; at once if that node's session has ended. Never wrong bytes."""
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,6 +21,10 @@ from typing import Any
 import pytest
 import trio
 
+from tests.conftest import CkptFactory
+from tests.multinode.conftest import Cluster
+from tests.support.mountutil import wait_until
+from tests.support.s3server import SeaweedServer
 from tests.vfs.test_vfs import CS, read_file, write_file
 
 from ckptfs.catalog import PostgresCatalog
@@ -160,3 +169,55 @@ async def test_a_read_waits_once_for_a_node_that_uploads_nothing_not_once_per_ch
                 assert "not waiting again" in str(nxt.value), nxt.value
         finally:
             await b.fs.release(fh)
+
+
+# -- real mounts: node a killed with its chunks on its own tiers only ------------------------
+
+READER = """
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    while os.read(fd, 1 << 20):
+        pass
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+else:
+    print("read")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("postgres")
+@pytest.mark.allow_log_errors("is only on node a")
+@pytest.mark.allow_log_warnings()  # the frozen bucket's uploads and snapshots; b's cleanup
+def test_a_read_on_a_mount_fails_at_once_for_a_killed_node(
+    ckpt_factory: CkptFactory, pg_url: str, own_seaweed: SeaweedServer, tmp_path: Path,
+) -> None:
+    """Issue 33, item 7, as reported: a 32 MiB file whose chunks only the killed node a
+    held (the bucket hung while a saved) took node b 60 s to fail, a peer_chunk_wait per
+    chunk, although a's session had expired long before. peer_chunk_wait is 300 s here:
+    the read must fail with EIO because a's session has ended, not at a deadline."""
+    url = f"s3://{own_seaweed.bucket}/pc-{uuid.uuid4().hex[:10]}?endpoint={own_seaweed.endpoint}"
+    conf = tmp_path / "node.toml"
+    conf.write_text("session_timeout = 2\npeer_chunk_wait = 300\n")
+    cluster = Cluster(ckpt_factory, pg_url, url)
+    a = cluster.node("a", "--config", str(conf))
+    b = cluster.node("b", "--config", str(conf))
+    assert own_seaweed.proc is not None
+    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # a's uploads cannot finish
+    try:
+        (a.mountpoint / "big.bin").write_bytes(os.urandom(32 << 20))
+        a.kill9()
+        cat = PostgresCatalog(pg_url, pool_size=1, readonly=True)
+        try:
+            wait_until(lambda: not any(s.live for s in cat.sessions() if s.node == "a"),
+                       timeout=30, what="a's session expired")
+        finally:
+            cat.close()
+        # Only a hang (a wait for the dead node) reaches this bound.
+        res = subprocess.run([sys.executable, "-c", READER, str(b.mountpoint / "big.bin")],
+                             capture_output=True, text=True, timeout=120)
+        assert res.stdout.strip() == "EIO", res.stdout + res.stderr
+        assert "only on node a" in b.log and "session has ended" in b.log
+    finally:
+        os.kill(own_seaweed.proc.pid, signal.SIGCONT)
