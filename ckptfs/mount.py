@@ -172,7 +172,6 @@ def open_tiers(cfg: Config) -> tuple[list[Tier], set[str]]:
                       rc.name, exc)
         except TierError as exc:
             log.warning("remote tier %s not reachable now (%s); uploads will retry", rc.name, exc)
-            down.add(rc.name)
     return tiers, down
 
 
