@@ -8,6 +8,7 @@ a bucket): one line naming the key or value, exit code 2. Failures while running
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import select
 import subprocess
@@ -231,9 +232,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
         def on_ready(error: str | None) -> None:
             if args.ready_fd is not None:
-                os.write(args.ready_fd, (b"ok\n" if error is None else f"error {error}\n".encode()))
-                os.close(args.ready_fd)
-                args.ready_fd = None
+                fd, args.ready_fd = args.ready_fd, None
+                try:
+                    os.write(fd, (b"ok\n" if error is None else f"error {error}\n".encode()))
+                except OSError as exc:  # EPIPE: the `ckptfs mount` that started us is gone
+                    logging.getLogger("ckptfs.mount").warning(
+                        "could not report to the command that started this daemon (%s); "
+                        "serving anyway", exc.strerror)
+                finally:
+                    os.close(fd)
             elif error is not None:
                 print(f"ckptfs: {error}", file=sys.stderr)
 
@@ -278,7 +285,8 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
         while not reply.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([r], [], [], left)[0]:
-                print(f"ckptfs: daemon (pid {proc.pid}) did not report ready in time; see {cfg.log_path}",
+                print(f"ckptfs: daemon (pid {proc.pid}) did not report ready in time (it goes "
+                      f"on starting; `ckptfs umount` stops it); see {cfg.log_path}",
                       file=sys.stderr)
                 return 1
             chunk = os.read(r, 4096)

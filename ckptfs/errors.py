@@ -138,7 +138,8 @@ class ChunkMissing(CkptfsError):
 
 class PeerChunkPending(ChunkMissing):
     """A shared catalog: the chunk is recorded only on another node's local tiers (not
-    uploaded yet), and no copy reached a tier this node can read within peer_chunk_wait."""
+    uploaded yet), and no copy reached a tier this node can read within peer_chunk_wait
+    (or that node's session has ended: none will)."""
 
     def __init__(self, message: str, nodes: tuple[str, ...]) -> None:
         super().__init__(message)

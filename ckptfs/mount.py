@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -140,8 +140,11 @@ def pool_size(cfg: Config) -> int:
     return max(32, cfg.reads.remote_concurrency + cfg.upload.concurrency + 4)
 
 
-def open_tiers(cfg: Config) -> list[Tier]:
+def open_tiers(cfg: Config) -> tuple[list[Tier], set[str]]:
+    """The tiers, and the names of the remote ones that did not answer at once: the
+    node mounts without waiting for them (uploads wait, reads of local copies go on)."""
     tiers: list[Tier] = []
+    down: set[str] = set()
     for tc in cfg.tiers:
         tier = LocalTier(tc)
         tier.open()
@@ -151,6 +154,14 @@ def open_tiers(cfg: Config) -> list[Tier]:
         from .tiers.s3 import NoSuchBucket, ReadOnlyCredentials, S3Tier
 
         remote = S3Tier(rc, max_pool_connections=pool_size(cfg))
+        tiers.append(remote)
+        # A short probe first: a hung endpoint would hold check() for its read timeout.
+        gone = remote.unreachable()
+        if gone is not None:
+            log.warning("remote tier %s not reachable now (%s); mounting without it: uploads "
+                        "wait until it answers, reads of local copies go on", rc.name, gone)
+            down.add(rc.name)
+            continue
         try:
             remote.check()
             remote.probe_write()
@@ -162,20 +173,23 @@ def open_tiers(cfg: Config) -> list[Tier]:
                       rc.name, exc)
         except TierError as exc:
             log.warning("remote tier %s not reachable now (%s); uploads will retry", rc.name, exc)
-        tiers.append(remote)
-    return tiers
+    return tiers, down
 
 
 def restore_catalog(
-    path: Path, remotes: list[Tier], governance: GovernanceConfig | None = None
+    path: Path, remotes: list[Tier], governance: GovernanceConfig | None = None,
+    down: Collection[str] = (),
 ) -> None:
     """A new node (empty state dir) with remote tiers: restore the catalog snapshot the
     remote holds, verified, so every file durable there is visible again. If a remote
-    cannot be read, refuse to start empty: an empty catalog would later be snapshotted
-    over the remote's."""
+    cannot be read (``down``: it did not answer at mount), refuse to start empty: an
+    empty catalog would later be snapshotted over the remote's."""
     problems = []
     answered = False
     for remote in remotes:
+        if remote.name in down:
+            problems.append(f"{remote.name}: not reachable")
+            continue
         try:
             raw = remote.get_meta(SNAPSHOT_NAME)  # type: ignore[attr-defined]
         except TierError as exc:
@@ -348,18 +362,20 @@ def _serve_locked(
     if fixed:
         log.info("state dir %s made private (0700, files 0600): %s", cfg.state_dir,
                  ", ".join(fixed))
-    tiers = open_tiers(cfg)
+    tiers, down = open_tiers(cfg)
     # One writer per bucket prefix, unless the catalog is shared: then the nodes that share
-    # it write the prefix together, coordinated by the database.
-    leases = None if cfg.catalog.shared else take_writer_leases(cfg.state_dir, tiers, takeover)
+    # it write the prefix together, coordinated by the database. The lease of a remote
+    # that did not answer is taken in the background; writes to it wait until then.
+    leases = None if cfg.catalog.shared else take_writer_leases(cfg.state_dir, tiers,
+                                                                 takeover, down)
     try:
-        return _serve_tiers(cfg, mountpoint, on_ready, tiers, leases)
+        return _serve_tiers(cfg, mountpoint, on_ready, tiers, leases, down)
     finally:
         if leases is not None:
             leases.release()  # after the uploader stopped: the next writer may take over
 
 
-def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
+def open_catalog_of(cfg: Config, tiers: list[Tier], down: Collection[str] = ()) -> Catalog:
     """The catalog engine the config names: the state dir's SQLite file (restored from a
     remote tier's snapshot on a new node), or the shared PostgreSQL database (whose first
     opener creates the schema), bound to this state dir from now on."""
@@ -370,7 +386,7 @@ def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
         return catalog
     if not cfg.catalog_path.exists():
         restore_catalog(cfg.catalog_path, [t for t in tiers if t.kind != "local"],
-                        cfg.governance)
+                        cfg.governance, down)
     catalog = SqliteCatalog(cfg.catalog_path)
     # The catalog (and its WAL and shm, which SQLite creates with the db's mode) may
     # have been made just now, or restored from a snapshot.
@@ -380,8 +396,11 @@ def open_catalog_of(cfg: Config, tiers: list[Tier]) -> Catalog:
     return catalog
 
 
-def take_writer_leases(state_dir: Path, tiers: list[Tier], takeover: bool) -> WriterLeases | None:
-    """One writer per bucket prefix: take the writer lease of every remote tier."""
+def take_writer_leases(
+    state_dir: Path, tiers: list[Tier], takeover: bool, down: Collection[str] = (),
+) -> WriterLeases | None:
+    """One writer per bucket prefix: take the writer lease of every remote tier (of those
+    in ``down``, which did not answer at mount, in the background: never wait for them)."""
     from .tiers.s3 import S3Tier
     from .upload.lease import WriterLeases
 
@@ -389,17 +408,17 @@ def take_writer_leases(state_dir: Path, tiers: list[Tier], takeover: bool) -> Wr
     if not remotes:
         return None
     leases = WriterLeases(remotes, state_dir, takeover=takeover)
-    leases.acquire()
+    leases.acquire(later=down)
     return leases
 
 
 def _serve_tiers(
     cfg: Config, mountpoint: Path, on_ready: Callable[[str | None], None], tiers: list[Tier],
-    leases: WriterLeases | None,
+    leases: WriterLeases | None, down: Collection[str] = (),
 ) -> int:
     key_file = cfg.governance.audit.signing_key_file  # refused before the catalog is touched
     signing_key = None if key_file is None else load_signing_key(key_file)
-    catalog = open_catalog_of(cfg, tiers)
+    catalog = open_catalog_of(cfg, tiers, down)
     catalog.audit_node = cfg.catalog.node
     session = None
     try:
@@ -849,9 +868,9 @@ def detectors_for(cfg: CheckpointConfig) -> DetectorSet | None:
 
 
 def _invalidate_entry(parent: int, name: bytes) -> None:
-    # Queued, not waited for: retention deletes while `ckptfs gc PATH` (a setxattr on PATH,
-    # whose inode the kernel holds locked) waits for it, and the kernel takes the parent's
-    # lock to drop the name: a synchronous invalidation there would never return.
+    # Queued, not waited for: the kernel takes the parent's lock to drop the name, and a
+    # request on that directory may hold it while it waits for retention (a synchronous
+    # invalidation there would never return).
     pyfuse3.invalidate_entry_async(
         pyfuse3.InodeT(parent), pyfuse3.FileNameT(name), ignore_enoent=True
     )
@@ -881,7 +900,12 @@ async def _serve(
 ) -> None:
     async with running(daemon) as nursery:
         if leases is not None:
-            nursery.start_soon(leases.run)  # heartbeats and watchdogs, cancelled after the uploader
+            async def writable(tier: str) -> None:  # a fence lifted: held writes go now
+                await daemon.uploader.tier_writable(tier)
+                daemon.deleter.tier_works(tier)
+
+            # Heartbeats and watchdogs, cancelled after the uploader.
+            nursery.start_soon(leases.run, writable)
         nursery.start_soon(_watch_signals)
         ra_kb = READ_AHEAD_KB if daemon.fs.page_push is None else READ_AHEAD_PUSH_KB
         nursery.start_soon(_after_init, mountpoint, on_ready, ra_kb)

@@ -84,19 +84,33 @@ class GcRequests:
         self._everything = True
         self._wake.set()
 
-    async def run_now(self, scope: str = "/") -> JanitorReport:
-        """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
-        after this call (``ckptfs gc PATH``); postponed deletions are tried again at once."""
-        wanted = self.started + 1
+    async def request(self, scope: str = "/") -> int:
+        """Ask for a pass over the checkpoints under ``scope``; postponed deletions are
+        tried again at once. Returns the ticket to ``wait`` for: the pass that starts
+        next, after this call. Returns without waiting for any pass (`ckptfs gc PATH`
+        asks with a setxattr, during which the kernel holds PATH's inode locked)."""
+        ticket = self.started + 1
         # The scope and the wake-up go in before any await, so the pass this call waits for
         # (the next one to start) covers the scope, and no second pass is asked for.
         self._scopes.add(scope)
         self._wake.set()
         if self._retry_deletions is not None:
             await self._retry_deletions()
-        while self.finished < wanted:
+        return ticket
+
+    def served_ticket(self, ticket: int) -> bool:
+        return self.finished >= ticket
+
+    async def wait(self, ticket: int) -> JanitorReport:
+        """Wait until the pass of ``ticket`` (from ``request``) has ended; its report."""
+        while self.finished < ticket:
             await self._done.wait()
         return self.last
+
+    async def run_now(self, scope: str = "/") -> JanitorReport:
+        """Ask for a pass over the checkpoints under ``scope`` and wait for one that started
+        after this call."""
+        return await self.wait(await self.request(scope))
 
     async def next(self, timeout_s: float) -> tuple[bool, set[str] | None]:
         """The janitor waits for a request (at most ``timeout_s``) and takes it: whether

@@ -250,7 +250,10 @@ def _gc_through_mount(path: Path) -> int:
     """Ask the daemon to apply retention under ``path``; returns when it is done."""
     try:
         with progress("applying retention", None):  # a spinner on a terminal
+            # The set asks for the pass and returns; the get waits for it. A set that waited
+            # would hold PATH's inode locked in the kernel (ls, create) meanwhile.
             os.setxattr(str(path), "user.ckptfs.gc", b"1")
+            os.getxattr(str(path), "user.ckptfs.gc")
     except OSError as exc:
         if exc.errno == errno.EACCES:
             raise denied(path, None, os.getuid()) from None

@@ -469,6 +469,32 @@ class S3Tier:
     def _endpoint_answers(self) -> bool:
         """A HEAD of the bucket with short timeouts (the health probe after a request
         broke off): True if the server answers it."""
+        try:
+            self._probe().head_bucket(Bucket=self.bucket)
+        except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
+                ConnectionError, TimeoutError):
+            return False
+        return True
+
+    def unreachable(self) -> TierError | None:
+        """At mount: a HEAD of the bucket with the probe's short timeouts, so that a hung
+        endpoint costs seconds, not ``read_timeout``. None if the server answered,
+        whatever it said (``check`` tells what); else why not, recorded in ``health``."""
+        try:
+            self._probe().head_bucket(Bucket=self.bucket)
+        except bce.ClientError:
+            return None  # an answer: no bucket, access denied, ... are check()'s to report
+        except (bce.BotoCoreError, urllib3.exceptions.HTTPError, ConnectionError,
+                TimeoutError) as exc:
+            err = self._translate(f"tier {self.name}: check", "check", exc)
+            if isinstance(err, PermanentTierError):
+                return None  # no credentials, a TLS certificate refused: check() says so
+            self.health.failed(err)
+            return err
+        return None
+
+    def _probe(self) -> Any:
+        """The client with the health probe's short timeouts (made on first use)."""
         probe = self._probe_client
         if probe is None:  # made outside the lock: building a client reads its model files
             probe = self._session.client(
@@ -484,12 +510,7 @@ class S3Tier:
                 else:  # another thread made one first
                     probe.close()
                     probe = self._probe_client
-        try:
-            probe.head_bucket(Bucket=self.bucket)
-        except (bce.BotoCoreError, bce.ClientError, urllib3.exceptions.HTTPError,
-                ConnectionError, TimeoutError):
-            return False
-        return True
+        return probe
 
     def _from_client_error(self, what: str, op: str, exc: bce.ClientError) -> TierError:
         code, status = _code(exc), _status(exc)

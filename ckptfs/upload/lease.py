@@ -22,8 +22,9 @@ leaves a window of one heartbeat in which both might believe they hold it (remot
 
 While a node does not hold the lease of a tier, that tier is fenced (``S3Tier.fence``):
 uploads, deletions and snapshots to it fail, reads go on, data stays local. If the remote
-cannot be reached at mount, the mount goes on fenced and the heartbeat task keeps trying to
-take the lease. A node that finds its lease taken by another writer (``--takeover``
+cannot be reached at mount (no answer to a HEAD with short timeouts, mount.py), the mount
+does not wait for it: it goes on fenced and the heartbeat task, whose first heartbeat runs
+at once, keeps trying to take the lease. A node that finds its lease taken by another writer (``--takeover``
 elsewhere) stays fenced until it is remounted.
 
 A heartbeat tries a transient error (a 500, a dropped connection, a reply lost after the
@@ -57,7 +58,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -570,12 +571,21 @@ class WriterLeases:
         # One heartbeat thread per remote: a hung remote holds back no other's heartbeat.
         self._limiter = trio.CapacityLimiter(max(1, len(remotes)))
 
-    def acquire(self) -> None:
+    def acquire(self, later: Collection[str] = ()) -> None:
         """At mount, before anything is written: take every lease. LeaseConflict (after
         releasing the ones taken) refuses the mount; a remote still unreachable after the
         heartbeat's retries only fences its tier until the heartbeat task can take the
-        lease."""
+        lease. The tiers named in ``later`` (no answer at mount) are not asked now: the
+        mount never waits for a hung remote; the heartbeat task takes their leases (a
+        conflict found then fences the tier, as a takeover elsewhere does)."""
         for lease in self.leases:
+            if lease.tier.name in later:
+                lease.tier.fence("the writer lease of this prefix is not taken yet (the "
+                                 "remote did not answer at mount)")
+                log.warning("writer lease of remote tier %s not taken yet (not reachable at "
+                            "mount); uploads to it wait until it is", lease.tier.name)
+                lease.failing = True
+                continue
             try:
                 lease.retrying("mount", lease.acquire)
             except LeaseConflict:
@@ -587,26 +597,38 @@ class WriterLeases:
                             "until it is", lease.tier.name, exc)
                 lease.failing = True
 
-    async def run(self) -> None:
+    async def run(self, on_writable: Callable[[str], Awaitable[None]] | None = None) -> None:
         """A task in the mount's nursery, cancelled at unmount: for every remote, its
-        heartbeat and its watchdog, in a nursery of this task."""
+        heartbeat and its watchdog, in a nursery of this task. ``on_writable(tier)``: a
+        heartbeat lifted the tier's fence (the lease is held again, or taken at last after
+        a mount that could not reach the remote): the writes held meanwhile may go now."""
         async with trio.open_nursery() as nursery:
             for lease in self.leases:
                 beats = _Beats()
                 nursery.start_soon(self._watchdog, lease, beats)
-                nursery.start_soon(self._heartbeats, lease, beats)
+                nursery.start_soon(self._heartbeats, lease, beats, on_writable)
 
-    async def _heartbeats(self, lease: WriterLease, beats: _Beats) -> None:
+    async def _heartbeats(
+        self, lease: WriterLease, beats: _Beats,
+        on_writable: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """A heartbeat every ``heartbeat_s``, from the start of one to the start of the
         next (one that took longer is followed at once). The first runs at once (setup,
         such as a catalog restore, may have taken a while)."""
         while True:
             due = trio.current_time() + self.timing.heartbeat_s
+            fenced = lease.tier.fenced
             try:
                 await trio.to_thread.run_sync(lease.heartbeat, limiter=self._limiter)
             except Exception:  # a bug here must not take the mount down
                 log.exception("writer lease heartbeat of tier %s failed", lease.tier.name)
             beats.end()
+            if fenced is not None and lease.tier.fenced is None and on_writable is not None:
+                try:
+                    await on_writable(lease.tier.name)
+                except CkptfsError as exc:  # the backoff timers still retry them
+                    log.warning("tier %s writable again, but its held uploads could not be "
+                                "made due now: %s", lease.tier.name, exc)
             await trio.sleep_until(due)  # a real period: the lease's heartbeat
 
     async def _watchdog(self, lease: WriterLease, beats: _Beats) -> None:

@@ -620,6 +620,12 @@ class Uploader:
         self.residency.snapshot_tiers = [t.name for t in targets]
         return targets
 
+    async def tier_writable(self, tier: str) -> None:
+        """The writer lease of ``tier`` is held again (its fence lifted, upload/lease.py):
+        the uploads postponed while it was fenced are due now, not at their backoff."""
+        self._failing.add(tier)
+        await self._tier_works(tier)
+
     async def _tier_works(self, tier: str) -> None:
         """A put on ``tier`` succeeded: if its uploads were failing, the ones postponed by
         backoff are due now (an event, not their backoff timers)."""

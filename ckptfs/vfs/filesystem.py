@@ -204,7 +204,11 @@ class DurableWaiter(Protocol):
 class GcRunner(Protocol):
     """Retention on request (``user.ckptfs.gc``; checkpoints/janitor.py GcRequests)."""
 
-    async def run_now(self, scope: str = "/") -> object: ...
+    async def request(self, scope: str = "/") -> int: ...
+
+    def served_ticket(self, ticket: int) -> bool: ...
+
+    async def wait(self, ticket: int) -> object: ...
 
 
 class Filesystem:
@@ -262,6 +266,9 @@ class Filesystem:
         self.stages = StagePool(chunk_size, keep=max(1, budget.limit // chunk_size))
         self.uploader = uploader
         self.gc = gc
+        # The gc pass each directory last asked for (``user.ckptfs.gc``): set returns at
+        # once, a getxattr of the same name waits for the pass (no kernel lock held).
+        self._gc_tickets: dict[int, int] = {}
         self.policies = policies
         self.readahead = readahead
         self.copy_back = copy_back
@@ -1438,6 +1445,8 @@ class Filesystem:
         checkpoint's root. None: no such attribute."""
         if not name.startswith(b"security."):  # asked before buffered writes: kept free
             await self.access.inode(ctx, ino, "getxattr")
+        if name == XATTR_GC:
+            return await self._gc_done(ino, ctx)
         if name.startswith(XATTR_RESERVED):
             after = page_after(name)
             if after is not None:  # the checkpoints under a directory (vfs/listing.py)
@@ -1491,8 +1500,8 @@ class Filesystem:
     ) -> None:
         """Store an attribute (``flags``: os.XATTR_CREATE, os.XATTR_REPLACE). ckptfs's own
         names are commands: ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a
-        checkpoint; ``user.ckptfs.gc`` (any value, on any directory) runs retention now and
-        returns when the pass is done (``ckptfs gc``); ``user.ckptfs.prefetch`` stages a
+        checkpoint; ``user.ckptfs.gc`` (any value, on any directory) asks for retention now
+        (``ckptfs gc``; a getxattr of it waits for the pass); ``user.ckptfs.prefetch`` stages a
         file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
         await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
@@ -1528,16 +1537,20 @@ class Filesystem:
     ) -> None:
         """Control xattrs (vfs/control.py), for the inode's owner or root only:
         ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
-        ``user.ckptfs.gc`` (any value) applies retention to the checkpoints under this
-        directory now and returns when the pass is done (``ckptfs gc PATH``);
+        ``user.ckptfs.gc`` (any value) asks for retention of the checkpoints under this
+        directory now; a getxattr of it returns once that pass is done (``ckptfs gc PATH``);
         ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
         check_control(await self.getattr(ino), name, caller)
         if name == XATTR_GC:
             scope = await self.db(self.catalog.path_of, ino)
             await self.db(self.catalog.audit_append, AuditRecord(
                 "gc_request", scope, caller.uid, caller.pid))
-            report = await self.gc.run_now(scope)
-            log.info("gc requested under %s by uid %d: %s", scope, caller.uid, report)
+            # Asked, not waited for: the kernel holds this directory's inode locked for the
+            # whole setxattr, and a pass may wait for the object store (issue 33, item 4).
+            ticket = await self.gc.request(scope)
+            self._gc_tickets = {i: t for i, t in self._gc_tickets.items()
+                                if not self.gc.served_ticket(t)}
+            self._gc_tickets[ino] = max(ticket, self._gc_tickets.get(ino, 0))
             return
         if name == XATTR_PREFETCH:
             await self.stage_file(ino)
@@ -1554,6 +1567,17 @@ class Filesystem:
             "tag", uid=caller.uid, pid=caller.pid))
         if not await self.db(tagged, path, tag):
             raise InvalidArgument(f"{path} is not a known checkpoint")
+
+    async def _gc_done(self, ino: int, caller: RequestContext) -> bytes:
+        """``getxattr user.ckptfs.gc``: wait for the pass the last ``setxattr`` of it on
+        this directory asked for (none pending: at once); the pass's report (JSON)."""
+        ticket = self._gc_tickets.get(ino)
+        if ticket is None:
+            return b"{}"
+        report = await self.gc.wait(ticket)
+        path = await self.db(self.catalog.path_of, ino)
+        log.info("gc requested under %s done (uid %d): %s", path, caller.uid, report)
+        return json.dumps(vars(report), sort_keys=True, default=str).encode()
 
     async def stage_file(self, ino: int) -> None:
         """Copy every chunk of a file that only a remote holds to a local tier, verified,

@@ -647,7 +647,8 @@ USER = 4242  # no such user needed: a uid that is not root and not the owner
 
 
 def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
-    """setxattr in a child process that dropped to ``uid``; returns 0 or the errno."""
+    """setxattr in a child process that dropped to ``uid`` (for gc, then the getxattr
+    that waits for the pass); returns 0 or the errno."""
     pid = os.fork()
     if pid == 0:  # the child: only syscalls, then _exit
         code = 0
@@ -656,6 +657,8 @@ def as_user(uid: int, path: Path, name: str, value: bytes = b"1") -> int:
             os.setgid(uid)
             os.setuid(uid)
             os.setxattr(path, name, value)
+            if name == "user.ckptfs.gc":
+                os.getxattr(path, name)  # returns when the pass is done
         except OSError as exc:
             code = exc.errno or 1
         except BaseException:
@@ -738,3 +741,36 @@ def test_control_xattrs_only_for_the_owner_and_gc_only_under_path(tmp_path: Path
     finally:
         m.cleanup()
         shutil.rmtree(top, ignore_errors=True)
+
+
+@needs_fuse
+@pytest.mark.allow_log_warnings("could not report to the command that started this daemon")
+def test_a_daemon_whose_starting_command_went_away_keeps_serving(tmp_path: Path) -> None:
+    """Issue 33, item 5: `ckptfs mount` gave up waiting (its readiness pipe closed), the
+    daemon then reported ready into the closed pipe, died on BrokenPipeError and left the
+    mount point answering ECONNABORTED. It serves, and says it could not report."""
+    tier = tmp_path / "tier0"
+    tier.mkdir()
+    m = Mount(tmp_path / "mnt", tmp_path / "state", [tier])
+    m.mountpoint.mkdir()
+    r, w = os.pipe()
+    os.close(r)  # the starting command is gone before the daemon reports
+    try:
+        proc = subprocess.Popen(
+            ckptfs_cmd("mount", str(m.mountpoint), "--foreground", "--ready-fd", str(w),
+                       *m.args()),
+            pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        m.pid = proc.pid
+        m._started.append(proc.pid)
+        os.close(w)
+        wait_until(lambda: "could not report to the command" in m.log or proc.poll() is not None,
+                 timeout=60, what="the daemon's report")
+        assert proc.poll() is None, f"the daemon exited ({proc.returncode}):\n{m.log}"
+        (m.mountpoint / "f").write_bytes(b"served")
+        assert (m.mountpoint / "f").read_bytes() == b"served"
+        m.stop()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        m.cleanup()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,15 @@ import pytest
 
 from tests.faults.test_faults import drop_caches
 from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
-from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
+from tests.support.mountutil import (
+    FUSE_AVAILABLE,
+    SKIP_REASON,
+    Mount,
+    ckptfs_cmd,
+    mounted,
+    run_cli,
+    wait_until,
+)
 from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
 from ckptfs.catalog import SqliteCatalog
@@ -191,3 +200,61 @@ def test_deletions_failing_in_an_outage_are_retried_after_a_remount(
         objects = set(remote_objects(seaweed, prefix))
         assert objects == local_chunk_keys(m.locals) and len(objects) == 2
         assert (m.mountpoint / "kept.bin").stat().st_size == 2 * CS
+
+
+def gc_requests(state_dir: Path, path: str) -> int:
+    cat = SqliteCatalog(state_dir / "catalog.sqlite", readonly=True)
+    try:
+        return sum(1 for e in cat.audit_entries() if e.action == "gc_request" and e.path == path)
+    finally:
+        cat.close()
+
+
+@pytest.mark.slow
+@pytest.mark.allow_log_warnings(*OUTAGE_WARNINGS, "writer lease", "not reachable now")
+def test_a_run_directory_stays_usable_while_gc_waits_for_a_hung_bucket(
+    tmp_path: Path, own_seaweed: SeaweedServer
+) -> None:
+    """Issue 33, item 4: `ckptfs gc RUN` while the bucket hangs took 30 s, and `ls RUN` and
+    a create in RUN waited for it (its setxattr held RUN's inode locked in the kernel)."""
+    prefix = f"g-{uuid.uuid4().hex[:10]}"
+    url = f"s3://{own_seaweed.bucket}/{prefix}?endpoint={own_seaweed.endpoint}"
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "256KiB"\n[[retention]]\npath = "/run5"\nkeep = 1\n')
+    with mounted(tmp_path, 2, ("--config", str(cfg), "--remote", url)) as m:
+        run = m.mountpoint / "run5"
+        for step in (1, 2):
+            save(run, step, os.urandom(2 * CS))
+        wait_until(lambda: states(run).get("/run5/checkpoint-2") == "committed", what="commit 2")
+        assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
+        assert own_seaweed.proc is not None
+        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # connections open, no answers
+        gc = None
+        try:
+            save(run, 3, os.urandom(2 * CS))  # checkpoint-2 expires (keep = 1)
+            wait_until(lambda: states(run).get("/run5/checkpoint-2") == "expired", timeout=60,
+                       what="checkpoint-2 expired")
+            # Its remote copies wait in the deletion queue: the bucket does not answer.
+            wait_until(lambda: sum(n for _, n, _ in deletion_rows(m.state_dir)) >= 2,
+                       what="the remote deletions queued")
+            gc = subprocess.Popen(ckptfs_cmd("gc", str(run)), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            wait_until(lambda: gc_requests(m.state_dir, "/run5") == 1, what="the gc request")
+            # The pass waits for the stuck deletions (at least 10 s, janitor SETTLE_S); the
+            # run directory answers meanwhile. Before the fix, the listing returned only
+            # after the pass had ended and logged its end.
+            names = os.listdir(run)
+            (run / "t").touch()
+            assert "gc requested under /run5" not in m.log, "ls waited for the gc pass"
+            assert "checkpoint-3" in names and (run / "t").exists()
+            assert states(run)["/run5/checkpoint-2"] == "expired"  # not verified gone yet
+            assert sum(n for _, n, _ in deletion_rows(m.state_dir)) >= 2
+        finally:
+            os.kill(own_seaweed.proc.pid, signal.SIGCONT)
+            if gc is not None:
+                out, err = gc.communicate(timeout=180)
+        assert gc.returncode == 0, err
+        wait_until(lambda: not deletion_rows(m.state_dir), timeout=150,
+                   what="the deletion queue drained")
+        assert run_cli("gc", str(run)).returncode == 0
+        assert states(run)["/run5/checkpoint-2"] == "deleted"
