@@ -87,7 +87,7 @@ def daemon_stats(state_dir: Path) -> dict[str, Any] | None:
     daemon killed with -9 leaves its pid file and stats.json behind)."""
     stats = read_stats(state_dir)
     found = daemon_pid(state_dir)
-    if stats is None or found is None or found[0] != stats.get("pid") or not process_alive(*found):
+    if stats is None or found is None or found[0] != stats.get("pid") or daemon_gone(None, state_dir):
         return None
     return stats
 
@@ -126,13 +126,20 @@ def daemon_pid(state_dir: Path) -> tuple[int, float] | None:
 
 
 def daemon_gone(mountpoint: Path | None, state_dir: Path) -> bool:
-    """True when no daemon serves the state dir's mount: the pid file names a process that
-    is gone (a kill -9 leaves the pid file). Where the pid file cannot be read (a state dir
-    private to the daemon's user), the kernel says: a dead FUSE mount answers ENOTCONN."""
+    """True when no daemon serves the state dir's mount (``mountpoint``; None: looked up):
+    the pid file names a process that is gone (a kill -9 leaves the pid file). Where the
+    pid file cannot be read (a state dir private to the daemon's user), or names a process
+    that seems to have started after it was written (its number reused, or the wall clock
+    stepped forward since), the kernel says: a dead FUSE mount answers ENOTCONN."""
     found = daemon_pid(state_dir)
-    if found is not None:
-        return not process_alive(*found)
-    return mountpoint is not None and is_stale(mountpoint)
+    if found is not None and not process_alive(found[0]):
+        return True
+    if found is not None and process_alive(*found):
+        return False
+    where = mountpoint if mountpoint is not None else mountpoint_of(state_dir)
+    if where is None:
+        return found is not None  # a later process has its number, and nothing is mounted
+    return is_stale(Path(where))
 
 
 def require_daemon(mountpoint: Path | None, state_dir: Path, *, unmounted_ok: bool = True
@@ -144,7 +151,7 @@ def require_daemon(mountpoint: Path | None, state_dir: Path, *, unmounted_ok: bo
     where = mountpoint if mountpoint is not None else mountpoint_of(state_dir)
     if where is None:
         found = daemon_pid(state_dir)
-        if unmounted_ok or (found is not None and process_alive(*found)):  # still mounting
+        if unmounted_ok or (found is not None and process_alive(found[0])):  # still mounting
             return
         raise NoDaemon(f"no daemon serves {state_dir}: it is not mounted")
     if daemon_gone(Path(where), state_dir):
