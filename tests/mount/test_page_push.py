@@ -48,26 +48,39 @@ def read_ahead_bytes(mountpoint: Path) -> int:
     return int(kb.read_text()) * 1024
 
 
-def resident(fd: int, lo: int, hi: int) -> int:
-    """Bytes of [lo, hi) (page aligned) of the open file ``fd`` that the kernel's page cache
-    holds (mincore of a mapping that is never touched: no fault, so no read request)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    length = hi - lo
-    addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise OSError(ctypes.get_errno(), "mmap")
-    try:
-        vec = ctypes.create_string_buffer(length // PAGE)
-        if libc.mincore(addr, length, vec) != 0:
+class CacheView:
+    """A read-only shared mapping of [lo, hi) (page aligned) of an open file, never touched
+    but where asked: which of its pages the kernel's page cache holds (mincore: no fault,
+    so no read request), and holding some there (a page mapped into a process is not
+    dropped by drop_caches, and reclaim sees it referenced)."""
+
+    def __init__(self, fd: int, lo: int, hi: int) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        self.libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.length = hi - lo
+        addr = self.libc.mmap(None, self.length, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap")
+        self.addr: int = addr
+
+    def resident(self) -> list[int]:
+        """The pages (indexes from ``lo``) the page cache holds."""
+        vec = ctypes.create_string_buffer(self.length // PAGE)
+        if self.libc.mincore(self.addr, self.length, vec) != 0:
             raise OSError(ctypes.get_errno(), "mincore")
-        return sum(b & 1 for b in vec.raw) * PAGE
-    finally:
-        libc.munmap(addr, length)
+        return [i for i, b in enumerate(vec.raw) if b & 1]
+
+    def hold(self, pages: list[int]) -> None:
+        """Map these (resident) pages into this process: a minor fault each, no request."""
+        for i in pages:
+            ctypes.string_at(self.addr + i * PAGE, 1)
+
+    def close(self) -> None:
+        self.libc.munmap(self.addr, self.length)
 
 
 def test_a_cold_sequential_read_is_served_partly_from_pushed_pages(
@@ -78,8 +91,9 @@ def test_a_cold_sequential_read_is_served_partly_from_pushed_pages(
     pushed: the test waits until 2 MiB of them are there (mincore, the kernel's own word),
     then reads on and gets them without a request. Decided, not raced: a reader at full
     speed on a loaded machine would otherwise catch up with the pushes and its requests
-    answer the rest. (Only an eviction of those pages could still cost replies: no test of
-    the suite drops the machine's page cache, see tests/README.md.)"""
+    answer the rest. The test maps those pages while it reads: a page cache emptied
+    meanwhile (drop_caches, memory pressure) keeps them, and would otherwise make the
+    kernel ask for them again (16 MiB replied for this 16 MiB file, once, under load)."""
     m = ckpt_factory.mount()
     data = os.urandom(16 * MiB)  # 64 chunks
     (m.mountpoint / "f.bin").write_bytes(data)
@@ -89,14 +103,20 @@ def test_a_cold_sequential_read_is_served_partly_from_pushed_pages(
     view = memoryview(buf)
     with open(m.mountpoint / "f.bin", "rb", buffering=0) as f:
         assert f.readinto(view[:CHUNK]) == CHUNK
-        wait_until(lambda: resident(f.fileno(), asked, len(data)) >= 2 * MiB, 30,
-                   "2 MiB pushed into the page cache past the kernel's read-ahead")
-        pushed_before = resident(f.fileno(), asked, len(data))
-        got = CHUNK
-        while got < len(data):
-            n = f.readinto(view[got:got + MiB])
-            assert n, f"short read at {got}"
-            got += n
+        cache = CacheView(f.fileno(), asked, len(data))
+        try:
+            wait_until(lambda: len(cache.resident()) * PAGE >= 2 * MiB, 30,
+                       "2 MiB pushed into the page cache past the kernel's read-ahead")
+            held = cache.resident()
+            cache.hold(held)  # kept there while the reader reads on (nothing evicts them)
+            pushed_before = len(held) * PAGE
+            got = CHUNK
+            while got < len(data):
+                n = f.readinto(view[got:got + MiB])
+                assert n, f"short read at {got}"
+                got += n
+        finally:
+            cache.close()
     assert bytes(buf) == data
     done = time.time()
     wait_until(lambda: (m.state_dir / "stats.json").stat().st_mtime > done + 0.1, 10,
