@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.catalog_conformance import lease_end
 
-from ckptfs.catalog import PostgresCatalog, SqliteCatalog
-from ckptfs.catalog.catalog import SCHEMA_VERSION
+from ckptfs.catalog import ChunkRef, PostgresCatalog, SqliteCatalog
+from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
 
 A, B, C, D, E = (bytes([i]) * 32 for i in range(1, 6))
 Cat = SqliteCatalog | PostgresCatalog
@@ -79,6 +79,24 @@ def test_a_claim_kept_after_a_delete_in_doubt_keeps_its_owner(cat: Cat) -> None:
     cat.postpone_deletion(A, "s3", kept, "read timeout", first, keep_claim=True)
     until = time.time_ns()
     assert cat.adopt_deletion_claims("n1", "new-sid", {"s3": until}) == [(A, "s3", until)]
+
+
+def test_the_upload_a_dead_claim_held_goes_once_the_claim_taken_back_ends(cat: Cat) -> None:
+    """The same bytes written again while a dead daemon's DELETE of the object was claimed:
+    the upload waits for the claim (the DELETE may land after the PUT). Taken back at the
+    start and released when the tier's grace ends, the upload is due then, not after the
+    dead claim's 600 s lease."""
+    cat.queue_deletions([(A, "s3")])
+    assert cat.claim_deletions([(A, "s3")], lease_end(), ("n1", "dead")) == [(A, "s3")]
+    f = cat.create(ROOT_INODE, b"f", 0o100644, 0, 0)
+    cat.commit_file(f.ino, 10, 1, 1, 10, {0: ChunkRef(A, 10, ("l",))}, uploads={A: ["s3"]})
+    assert cat.due_uploads(time.time_ns(), 10, set()) == []  # held by the claim
+    until = time.time_ns()
+    assert cat.adopt_deletion_claims("n1", "new", {"s3": until}) == [(A, "s3", until)]
+    assert cat.due_uploads(time.time_ns(), 10, set()) == []  # still held: the grace
+    assert cat.release_deletion_claims([(A, "s3")], until) == 1  # the grace ended
+    assert [(j.digest, j.tier) for j in cat.due_uploads(time.time_ns(), 10, set())] == [
+        (A, "s3")]
 
 
 def _claims_work(c: Cat) -> None:
