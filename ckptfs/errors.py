@@ -85,6 +85,13 @@ class QuotaExceeded(CkptfsError):
     errno = _errno.EDQUOT
 
 
+class NoDaemon(CkptfsError):
+    """A command needs the daemon of a mount and none serves it (killed or crashed: the
+    mount point is left as a dead FUSE mount until it is mounted again)."""
+
+    errno = _errno.ENOTCONN
+
+
 class ResidencyRefused(CkptfsError):
     """A copy the residency of its namespace does not allow (no allowed tier for a write:
     freeing space would not help, so EIO, not ENOSPC; docs/governance.md)."""

@@ -586,7 +586,10 @@ def build(
                       forget_frames=synced.difference_update, wake=delete_wake,
                       on_done=upload_wake.set,  # an upload may wait for a deletion
                       # Other nodes queue and end rows (a shared catalog; None: SQLite).
-                      listener=catalog.listen_deletions())
+                      listener=catalog.listen_deletions(),
+                      # Its claims name it: a restart of this node takes them back.
+                      owner=None if session is None else (lambda: (session.node, session.sid)),
+                      one_daemon=not shared)
     uploader = Uploader(
         catalog, tiers, db_limiter, upload, guard=guard, stats=stats, room=room,
         deleter=deleter, wake=upload_wake,

@@ -48,6 +48,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
+from .claims import CLAIMS_DDL
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
@@ -139,10 +140,15 @@ def _add_moves(c: Conn) -> None:
     _run_ddl(c, MOVES_DDL)
 
 
+def _add_claims(c: Conn) -> None:
+    """Schema 8: deletion_claims (claims.CLAIMS_DDL)."""
+    _run_ddl(c, CLAIMS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
 MIGRATIONS: dict[int, Callable[[Conn], None]] = {
-    3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves,
+    3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves, 7: _add_claims,
 }
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")

@@ -370,7 +370,8 @@ class DeletionQueue(Protocol):
         ...
 
     def claim_deletions(
-        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None
+        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> list[tuple[bytes, str]]:
         """The pairs whose frame may be deleted now. A row whose chunk is wanted again on
         its tier (a valid replica row, an upload job, or a node's move of its uncommitted
@@ -381,7 +382,19 @@ class DeletionQueue(Protocol):
         (remote tiers: another node could upload the same object meanwhile), or until
         finished, postponed or released with that value; no upload of a claimed pair is
         due or recorded. The value names the claim: a caller that could not learn whether
-        its claim committed (the database went away) releases exactly that claim."""
+        its claim committed (the database went away) releases exactly that claim.
+        ``owner`` (node, session): recorded with each claim, so that a restart of that
+        node takes back the claims its dead daemon left (catalog/claims.py)."""
+        ...
+
+    def adopt_deletion_claims(
+        self, node: str, sid: str, until_by_tier: Mapping[str, int], every: bool = False,
+    ) -> list[tuple[bytes, str, int]]:
+        """At a daemon's start: claim again, as (``node``, ``sid``)'s and until its tier's
+        value in ``until_by_tier``, the claimed rows of those tiers that a dead daemon of
+        ``node`` left (an owner row naming ``node`` and a session that is not alive;
+        ``every``: every claimed row, for a catalog only one daemon uses at a time).
+        Returns (digest, tier, lease value) of each (catalog/claims.py)."""
         ...
 
     def finish_deletions(

@@ -51,6 +51,7 @@ from ..errors import (
     NotPermitted,
 )
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
+from .claims import CLAIMS_DDL, ClaimsSql, forget_owner, move_owner, record_owner
 from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
 from .keys import KEYS_DDL, KeysSql
@@ -85,7 +86,7 @@ T = TypeVar("T")
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
 # (keys.py); 7: chunk_moves (moves.py). Every engine stores this layout (the remote snapshot
 # is a SQLite file of it).
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -214,11 +215,12 @@ CREATE TABLE IF NOT EXISTS deletions (
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
-""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL
+""" + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL + CLAIMS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
-# tables, nor chunk_wants and chunk_moves: a restore from the snapshot is one node, without
-# sessions, and the uncommitted chunks a live node moved are no content of the restore).
+# tables, nor chunk_wants, chunk_moves and deletion_claims: a restore from the snapshot is
+# one node, without sessions, and the uncommitted chunks a live node moved and the owners
+# of its claims are no content of the restore).
 TABLES: dict[str, tuple[str, ...]] = {
     "meta": ("key", "value"),
     "inodes": ("ino", "mode", "uid", "gid", "size", "nlink", "atime_ns", "mtime_ns", "ctime_ns",
@@ -382,7 +384,7 @@ def _touched(pdir: Inode, now: int, nlink_delta: int = 0) -> Inode:
     return replace(pdir, mtime_ns=now, ctime_ns=now, nlink=pdir.nlink + nlink_delta)
 
 
-class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, AuditSql,
+class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, QuotasSql, AuditSql,
                  KeysSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_write``,
     ``_reading``, ``backup_bytes`` and ``close``."""
@@ -959,7 +961,8 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
         return min(due, default=None)
 
     def claim_deletions(
-        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None
+        self, pairs: Sequence[tuple[bytes, str]], lease_until_ns: int | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> list[tuple[bytes, str]]:
         todo = list(pairs)
 
@@ -991,6 +994,8 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 if lease_until_ns is not None:
                     c.execute("UPDATE deletions SET next_try_ns=? WHERE digest=? AND tier=?",
                               (-lease_until_ns, d, tier))
+                    if owner is not None:  # a restart of its node takes it back (claims.py)
+                        record_owner(c, d, tier, lease_until_ns, owner)
                 ok.append((d, tier))
             if cancelled:  # the row ended: a settle may wait for it
                 self._notify_deletions(c)
@@ -1017,8 +1022,10 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
                 if row is None:
                     continue
                 ended = True
-                if int(row[0]) < 0 and _restamp_jobs(c, d, tier, now):
-                    held = True
+                if int(row[0]) < 0:
+                    forget_owner(c, d, tier)
+                    if _restamp_jobs(c, d, tier, now):
+                        held = True
             if ended:  # a settle, on any node, may wait for these rows
                 self._notify_deletions(c)
             if held:
@@ -1069,6 +1076,8 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
             # Tried: a settle may wait for it (and a claim's lease became a retry time).
             self._notify_deletions(c)
             if keep_claim:
+                if lease_until_ns is not None:  # the same owner, a new lease (claims.py)
+                    move_owner(c, digest, tier, lease_until_ns, next_try_ns)
                 return  # still claimed: the jobs it holds stay held
             if lease_until_ns is not None and c.execute(
                 "SELECT 1 FROM upload_jobs WHERE digest=? AND tier=?", (digest, tier)

@@ -12,8 +12,16 @@ from typing import Any
 from ..catalog import Catalog, SqliteCatalog
 from ..catalog.engines import open_state_dir_catalog, shared_binding
 from ..config import CATALOG_FILE, default_state_dir
-from ..errors import CkptfsError, InvalidArgument
-from ..statedir import FSTYPE, find_mount, read_pid, state_dir_of
+from ..errors import CkptfsError, InvalidArgument, NoDaemon
+from ..statedir import (
+    FSTYPE,
+    PID_FILE,
+    find_mount,
+    is_stale,
+    mountpoint_of,
+    read_pid,
+    state_dir_of,
+)
 from ..stats import read_stats
 
 
@@ -38,6 +46,7 @@ def inside_mount(path: Path) -> tuple[Path, Path, str]:
     if found is None:
         raise InvalidArgument(f"{path} is not inside a ckptfs mount")
     mnt, state_dir = found
+    require_daemon(mnt, state_dir)
     rel = os.path.relpath(path.absolute(), mnt)
     return mnt, state_dir, "/" if rel == "." else "/" + rel
 
@@ -74,11 +83,81 @@ def open_catalog(state_dir: Path) -> Catalog:
 
 
 def daemon_stats(state_dir: Path) -> dict[str, Any] | None:
-    """The running daemon's statistics (None if no daemon runs for this state dir)."""
+    """The running daemon's statistics (None if no daemon runs for this state dir: a
+    daemon killed with -9 leaves its pid file and stats.json behind)."""
     stats = read_stats(state_dir)
-    if stats is None or read_pid(state_dir) != stats.get("pid"):
+    found = daemon_pid(state_dir)
+    if stats is None or found is None or found[0] != stats.get("pid") or daemon_gone(None, state_dir):
         return None
     return stats
+
+
+def process_alive(pid: int, since: float | None = None) -> bool:
+    """Whether ``pid`` runs: not gone, not a zombie (a killed daemon whose parent does not
+    reap it) and, with ``since`` (when its pid file was written), started before then: a
+    later one got the number of a dead daemon. Reads /proc only: never blocks."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return False
+    if fields[0] in ("Z", "X"):
+        return False
+    if since is None:
+        return True
+    try:
+        boot = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                    if ln.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return True
+    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return started <= since + 2  # (btime is in whole seconds)
+
+
+def daemon_pid(state_dir: Path) -> tuple[int, float] | None:
+    """The pid in the state dir's pid file and when the file was written (None if it
+    cannot be read: absent, or a state dir private to the daemon's user)."""
+    pid = read_pid(state_dir) if state_dir_readable(state_dir) else None
+    if pid is None:
+        return None
+    try:
+        return pid, (state_dir / PID_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
+def daemon_gone(mountpoint: Path | None, state_dir: Path) -> bool:
+    """True when no daemon serves the state dir's mount (``mountpoint``; None: looked up):
+    the pid file names a process that is gone (a kill -9 leaves the pid file). Where the
+    pid file cannot be read (a state dir private to the daemon's user), or names a process
+    that seems to have started after it was written (its number reused, or the wall clock
+    stepped forward since), the kernel says: a dead FUSE mount answers ENOTCONN."""
+    found = daemon_pid(state_dir)
+    if found is not None and not process_alive(found[0]):
+        return True
+    if found is not None and process_alive(*found):
+        return False
+    where = mountpoint if mountpoint is not None else mountpoint_of(state_dir)
+    if where is None:
+        return found is not None  # a later process has its number, and nothing is mounted
+    return is_stale(Path(where))
+
+
+def require_daemon(mountpoint: Path | None, state_dir: Path, *, unmounted_ok: bool = True
+                   ) -> None:
+    """NoDaemon (exit 1) at once when the mount of ``state_dir`` has lost its daemon,
+    instead of a command that waits for a daemon that will never answer, or reads a
+    catalog nobody keeps up to date any more. ``mountpoint``: None to look it up. A state
+    dir mounted nowhere passes if ``unmounted_ok`` (the command can do without a daemon)."""
+    where = mountpoint if mountpoint is not None else mountpoint_of(state_dir)
+    if where is None:
+        found = daemon_pid(state_dir)
+        if unmounted_ok or (found is not None and process_alive(found[0])):  # still mounting
+            return
+        raise NoDaemon(f"no daemon serves {state_dir}: it is not mounted")
+    if daemon_gone(Path(where), state_dir):
+        raise NoDaemon(
+            f"no daemon serves {where} (it was killed or crashed; its mount point is left "
+            f"dead): mount it again (`ckptfs mount`), which recovers from {state_dir}")
 
 
 def remote_tier_names(catalog: Catalog) -> list[str]:

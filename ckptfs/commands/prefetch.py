@@ -38,7 +38,7 @@ from typing import TextIO
 from ..catalog import Catalog
 from ..errors import EXIT_DENIED, EXIT_USAGE, CkptfsError, UsageError
 from ..stats import read_stats
-from .live import mount_of, open_catalog, state_dir_readable
+from .live import mount_of, open_catalog, require_daemon, state_dir_readable
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -131,12 +131,14 @@ def group_by_mount(paths: Iterable[Path]) -> list[MountJob]:
     jobs: dict[Path, MountJob] = {}
     seen: set[tuple[Path, int]] = set()
     for path in paths:
+        found = mount_of(Path(os.path.realpath(path)))
+        if found is not None:
+            require_daemon(*found)  # a dead mount answers ENOTCONN, not "no such file"
         try:
             os.lstat(path)
         except FileNotFoundError:
             raise UsageError(f"{path}: no such file or directory") from None
         # Any other error (EACCES: a path inside another namespace) is the caller's.
-        found = mount_of(Path(os.path.realpath(path)))
         if found is None:
             raise UsageError(f"{path} is not inside a ckptfs mount")
         mnt, state_dir = found

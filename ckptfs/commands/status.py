@@ -29,7 +29,7 @@ from ..catalog.catalog import Backlog
 from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
-from ..errors import CkptfsError
+from ..errors import CkptfsError, NoDaemon
 from ..metrics.address import read_address
 from ..statedir import mountpoint_of, read_pid
 from .live import (
@@ -37,6 +37,7 @@ from .live import (
     mount_of,
     open_catalog,
     remote_tier_names,
+    require_daemon,
     resolve_state_dir,
     state_dir_readable,
     upload_rate,
@@ -528,6 +529,24 @@ def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = Fals
     sd = resolve_state_dir(path, state_dir)
     found = None if path is None else mount_of(path)
     private = found is not None and not state_dir_readable(sd)
+    try:
+        # A mount whose daemon was killed: the catalog still shows what it left (backlog,
+        # files at risk), then the status says that no daemon serves it, and exits 1.
+        require_daemon(None if found is None else found[0], sd)
+        dead = None
+    except NoDaemon as exc:
+        if private:  # this user sees the status only through the daemon
+            raise
+        dead = exc
+    code = _show(path, sd, found, private, as_json=as_json, watch=watch)
+    if dead is not None and not watch:
+        print(f"ckptfs status: {dead}", file=sys.stderr)
+        return 1
+    return code
+
+
+def _show(path: Path | None, sd: Path, found: tuple[Path, Path] | None, private: bool, *,
+          as_json: bool, watch: bool) -> int:
     if not private:
         open_catalog(sd).close()  # fail early (exit 1) if there is no catalog
     if watch:

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from ..catalog.catalog import Backlog
 from ..catalog.durability import snapshot_covers
-from .live import open_catalog, remote_tier_names, resolve_state_dir
+from .live import mount_of, open_catalog, remote_tier_names, require_daemon, resolve_state_dir
 from .progress import progress
 
 SYNC_POLL_S = 0.1
+# How often the wait looks whether the daemon still runs (a process table read).
+DAEMON_CHECK_S = 1.0
 
 
 def files_under(path: Path) -> list[int]:
@@ -48,6 +50,11 @@ def backlog_line(b: Backlog, rate: tuple[float, float] | None = None) -> str:
 
 def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) -> int:
     sd = resolve_state_dir(path, state_dir)
+    found = None if path is None else mount_of(path)
+    mnt = None if found is None else found[0]
+    # Only the daemon uploads and takes the snapshot: without one, say so now rather than
+    # wait out the timeout (a kill -9 leaves the mount point dead and the backlog as it was).
+    require_daemon(mnt, sd, unmounted_ok=False)
     catalog = open_catalog(sd)
     bars = contextlib.ExitStack()
     try:
@@ -60,6 +67,7 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
         uploaded_ns: int | None = None  # when every chunk under PATH was seen uploaded
         update = bars.enter_context(progress("chunks uploaded", None))  # on a terminal only
         most = 0
+        checked = time.monotonic()
         while True:
             pending = (catalog.pending_uploads_for(inos) if inos is not None
                        else catalog.backlog().chunks)
@@ -74,6 +82,9 @@ def cmd_sync(path: Path | None, state_dir: str | None, timeout: float | None) ->
             if uploaded_ns is not None and snapshot_covers(catalog, uploaded_ns):
                 print(f"ckptfs sync: {path or sd} is durable on the remote tier(s)")
                 return 0
+            if time.monotonic() - checked >= DAEMON_CHECK_S:
+                checked = time.monotonic()
+                require_daemon(mnt, sd, unmounted_ok=False)  # it died while we waited
             if deadline is not None and time.monotonic() >= deadline:
                 print(f"ckptfs sync: {pending} chunk(s) (and the catalog snapshot) still pending "
                       f"after {timeout:.0f} s; "

@@ -57,6 +57,7 @@ import functools
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 import trio
@@ -102,13 +103,16 @@ class Deleter:
         wake: Wakeup | None = None, on_done: Callable[[], None] | None = None,
         concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
         listener: Listener | None = None,
+        owner: Callable[[], tuple[str, str]] | None = None, one_daemon: bool = True,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first);
         ``forget_frames``: these frames were deleted (a frame put again is not known
         durable); ``wake``: who wakes this queue (the store, the uploader, GC); ``on_done``:
         a batch or row finished (the uploader may wait for a deletion); ``listener``:
         where other nodes' changes of the queue are heard (a shared catalog; this task
-        closes it)."""
+        closes it); ``owner``: (node, session) of this daemon, recorded with its claims
+        (None: a daemon id of its own, no node); ``one_daemon``: only one daemon uses the
+        catalog at a time (SQLite), so every claim found at the start is a dead one's."""
         self.catalog = catalog
         self.tiers = {t.name: t for t in tiers}
         self.local = sorted(t.name for t in tiers if t.kind == "local")
@@ -146,6 +150,13 @@ class Deleter:
         self.deleted_bytes = 0
         self.failures = 0
         self.on_done = on_done
+        run_id = uuid.uuid4().hex
+        self.owner: Callable[[], tuple[str, str]] = owner or (lambda: ("", run_id))
+        self.one_daemon = one_daemon
+        # The claims a dead daemon of this node left: taken back once (not known without a
+        # node of its own on a catalog several daemons share).
+        self._adopted = owner is None and not one_daemon
+        self.adopted: list[Pair] = []  # (tests, status)
 
     def kick(self) -> None:
         self._wake.set()
@@ -200,6 +211,8 @@ class Deleter:
         while True:
             self._wake.clear()
             try:
+                if not self._adopted:
+                    await self._adopt_dead_claims()
                 await self._write_endings()
                 await self._end_graces()
                 if self._recovered:
@@ -278,6 +291,31 @@ class Deleter:
                 self.deleted += 1
                 self.stats.count("deletions")
             self._finished()
+
+    async def _adopt_dead_claims(self) -> None:
+        """At the start: take back the remote claims a dead daemon of this node left
+        (killed mid-delete: catalog/claims.py), instead of waiting out their lease. Its
+        DELETEs were sent at the latest when it died, so each may still land for its
+        tier's request grace: the claim is kept that long, as after a DELETE in doubt,
+        then released (``_end_graces``) and the row tried again. CatalogUnavailable if the
+        catalog does not answer (tried again at the next pass)."""
+        now = self.clock()
+        until = {name: now + int(self.tiers[name].request_grace_s * 1e9) for name in self.remote}
+        node, sid = self.owner()
+        taken = await trio.to_thread.run_sync(
+            functools.partial(self.catalog.adopt_deletion_claims, node, sid, until,
+                              every=self.one_daemon),
+            limiter=self.db_limiter,
+        ) if until else []
+        self._adopted = True
+        for digest, tier, lease in taken:
+            self._graced[(digest, tier)] = lease
+            self.adopted.append((digest, tier))
+        if taken:
+            log.info("took back %d deletion claim(s) a dead daemon of this node left: "
+                     "tried again after their tiers' request grace (%s), not their lease",
+                     len(taken), ", ".join(f"{t} {(u - now) / 1e9:.0f} s"
+                                           for t, u in sorted(until.items())))
 
     async def _end_graces(self) -> None:
         """Release the claims kept after a DELETE in doubt whose lease is over (the DELETE
@@ -440,7 +478,8 @@ class Deleter:
         ending: Ending = ("release", 0, "", False)
         try:
             ok = await trio.to_thread.run_sync(
-                self.catalog.claim_deletions, marked, until, limiter=self.db_limiter
+                self.catalog.claim_deletions, marked, until, self.owner(),
+                limiter=self.db_limiter,
             )
             if not ok:
                 return

@@ -34,6 +34,7 @@ from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
     Mount,
+    drop_cached_pages,
     is_mounted,
     mounted,
     pid_alive,
@@ -99,15 +100,6 @@ def kill9_daemon(m: Mount) -> None:
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not pid_alive(pid), 30, f"daemon {pid} to die")
     m._forget_pid()
-
-
-def drop_caches() -> None:
-    """Best effort: make the next read come from the daemon, not the kernel page cache.
-
-    No sync() first: it would wait on every mount on the machine, hung ones included.
-    """
-    with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def write_file(path: Path, data: bytes, piece: int = 1 * MiB) -> int | None:
@@ -466,7 +458,7 @@ def test_tier_capacity_full_gives_enospc(tmp_path: Path) -> None:
         for t in tiers:
             assert tier_bytes(t) <= 4 * MiB, f"{t.name} holds {tier_bytes(t)} bytes, capacity 4 MiB"
 
-        drop_caches()
+        drop_cached_pages(mnt / "small.bin", mnt / "fill.bin")
         assert read_or_errno(mnt / "small.bin") == small
         assert read_or_errno(mnt / "fill.bin") == fill
         assert log_lines_matching(m, r"ENOSPC|no space|full|capacity"), (
@@ -545,7 +537,7 @@ def test_real_full_device(tmp_path: Path, tmpfs_tiers: list[Path]) -> None:
         small = blob(30, 100 * KiB)
         assert write_file(mnt / "small.bin", small) is None
         failed_big_writes(mnt, 31, (errno.ENOSPC, errno.EIO))
-        drop_caches()
+        drop_cached_pages(mnt / "small.bin")
         assert read_or_errno(mnt / "small.bin") == small
         assert log_lines_matching(m, r"ENOSPC|no space|full"), (
             "no log line explains the full device"
@@ -605,7 +597,7 @@ def test_vanished_tier(tmp_path: Path) -> None:
         backup = tmp_path / "backup"
         shutil.copytree(gone, backup)
         shutil.rmtree(gone)
-        drop_caches()
+        drop_cached_pages(*(m.mountpoint / name for name in files))
 
         lost = [n for n, w in where.items() if v in w]
         whole = [n for n, w in where.items() if v not in w]

@@ -21,13 +21,13 @@ from pathlib import Path
 import blake3
 import pytest
 
-from tests.faults.test_faults import drop_caches
 from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
 from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
     Mount,
     ckptfs_cmd,
+    drop_cached_pages,
     mounted,
     run_cli,
     wait_until,
@@ -109,7 +109,7 @@ def test_expiring_a_checkpoint_keeps_the_chunks_an_open_file_shares(tmp_path: Pa
             os.close(fd)  # commits copy.bin, naming those chunks
         m.stop()
         m.start()
-        drop_caches()
+        drop_cached_pages(m.mountpoint / "other" / "copy.bin")
         assert (m.mountpoint / "other" / "copy.bin").read_bytes() == x
         # copy.bin references the shared chunks now: checkpoint-1 is verified gone.
         assert run_cli("gc", str(run)).returncode == 0

@@ -19,9 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.test_faults import drop_caches
 from tests.remote.test_remote_mount import remote_objects
-from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, pid_alive, run_cli
+from tests.support.mountutil import (
+    FUSE_AVAILABLE,
+    SKIP_REASON,
+    drop_cached_pages,
+    mounted,
+    pid_alive,
+    run_cli,
+)
 from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
@@ -58,7 +64,7 @@ def test_a_node_mounts_with_its_bucket_hung_and_uploads_once_it_answers(
             # Mount.start gives the CLI 60 s: the old mount waited 120 s for the bucket.
             m.start()
             assert m.pid is not None and pid_alive(m.pid)
-            drop_caches()
+            drop_cached_pages(m.mountpoint / "kept.bin")
             assert (m.mountpoint / "kept.bin").read_bytes() == kept  # local copies served
             fresh = os.urandom(2 * CS)
             (m.mountpoint / "fresh.bin").write_bytes(fresh)  # written now, uploaded later

@@ -301,6 +301,20 @@ def wait_until(cond: Callable[[], Any], timeout: float = 20, what: str = "condit
         time.sleep(0.05)  # polling a condition, with a deadline
 
 
+def drop_cached_pages(*paths: Path) -> None:
+    """Best effort: make the next read of each file come from the daemon, not the kernel's
+    page cache (POSIX_FADV_DONTNEED drops its clean pages). Only these files': a write to
+    /proc/sys/vm/drop_caches would also drop the pages of the tests running beside this one
+    (pytest-xdist), e.g. the pushed pages tests/mount/test_page_push.py waits for."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` runs. A zombie counts as gone (PID 1 here does not reap orphans)."""
     with contextlib.suppress(ChildProcessError):
