@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..errors import NotFound, UsageError
 from .deletion_events import DeletionEventsSql
 from .moves import release_moves_of
+from .names import path_bytes, path_str, readable
 from .protocols import ExclusiveLock
 from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
@@ -308,9 +309,10 @@ class SessionsSql(DeletionEventsSql):
         out = []
         for (root,) in c.execute("SELECT root FROM checkpoints WHERE state=?",
                                  (CheckpointState.WRITING.value,)).fetchall():
-            root = str(root)
-            if any(_under(p, root) for p in dead) and not any(_under(p, root) for p in live):
+            path = path_str(root)  # roots are bytes (names.py)
+            if any(_under(p, path) for p in dead) and not any(_under(p, path) for p in live):
                 c.execute("UPDATE checkpoints SET state=?, reason=? WHERE root=?",
-                          (CheckpointState.PARTIAL.value, f"no commit: {why}", root))
-                out.append(root)
+                          (CheckpointState.PARTIAL.value, readable(f"no commit: {why}"),
+                           path_bytes(path)))
+                out.append(path)
         return out
