@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .names import readable
+from ..names import readable
 
 if TYPE_CHECKING:
     from .sql import Conn

@@ -140,7 +140,7 @@ def _add_moves(c: Conn) -> None:
 
 
 def _roots_as_bytes(c: Conn) -> None:
-    """Schema 8: checkpoints.root holds the bytes of the path (names.py: any name)."""
+    """Schema 8: checkpoints.root holds the bytes of the path (ckptfs/names.py: any name)."""
     kind = c.execute("SELECT data_type FROM information_schema.columns WHERE "
                      "table_schema = current_schema() AND table_name = 'checkpoints' "
                      "AND column_name = 'root'").fetchone()

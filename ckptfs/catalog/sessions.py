@@ -35,9 +35,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
+from ..names import path_bytes, path_str, readable
 from .deletion_events import DeletionEventsSql
 from .moves import release_moves_of
-from .names import path_bytes, path_str, readable
 from .protocols import ExclusiveLock
 from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
@@ -309,7 +309,7 @@ class SessionsSql(DeletionEventsSql):
         out = []
         for (root,) in c.execute("SELECT root FROM checkpoints WHERE state=?",
                                  (CheckpointState.WRITING.value,)).fetchall():
-            path = path_str(root)  # roots are bytes (names.py)
+            path = path_str(root)  # roots are bytes (ckptfs/names.py)
             if any(_under(p, path) for p in dead) and not any(_under(p, path) for p in live):
                 c.execute("UPDATE checkpoints SET state=?, reason=? WHERE root=?",
                           (CheckpointState.PARTIAL.value, readable(f"no commit: {why}"),

@@ -49,12 +49,12 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from ..names import path_bytes, path_str, readable
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
 from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
 from .keys import KEYS_DDL, KeysSql
 from .moves import MOVED_PAIR, MOVES_DDL, MovesSql
-from .names import path_bytes, path_str, readable
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
 from .rows import (
     ROOT_INODE,
@@ -83,8 +83,9 @@ T = TypeVar("T")
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
-# (keys.py); 7: chunk_moves (moves.py); 8: checkpoints.root holds bytes (names.py). Every engine stores this layout (the remote snapshot
-# is a SQLite file of it).
+# (keys.py); 7: chunk_moves (moves.py); 8: checkpoints.root holds the bytes of the path
+# (ckptfs/names.py). Every engine stores this layout (the remote snapshot is a SQLite file
+# of it).
 SCHEMA_VERSION = 8
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
@@ -121,7 +122,7 @@ def checkpoints_ddl(table: str) -> str:
 -- by path inside the mount; state is a CheckpointState.
 CREATE TABLE {table} (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    root       BLOB NOT NULL UNIQUE,  -- the bytes of the path (names.py)
+    root       BLOB NOT NULL UNIQUE,  -- the bytes of the path (ckptfs/names.py)
     framework  TEXT NOT NULL,
     step       INTEGER,
     state      TEXT NOT NULL CHECK (state IN ({CHECKPOINT_STATES})),
@@ -1613,7 +1614,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
         return self._write(body, touch=True)
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
-        # Roots are bytes (names.py): "under" compares the leading bytes, no pattern.
+        # Roots are bytes (ckptfs/names.py): "under" compares the leading bytes, no pattern.
         prefix = path_bytes(under.rstrip("/")) + b"/"
         rows = self._query(
             "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
@@ -1633,7 +1634,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, DeletionEventsSql, QuotasSql, 
         # Most renames (a file's, in a save or a rotation) move no checkpoint: a read
         # answers that, without a write transaction per renamed file. A row recorded
         # after this read is as late as one recorded after the transaction would be.
-        src, dst = path_bytes(old), path_bytes(new)  # roots are bytes (names.py)
+        src, dst = path_bytes(old), path_bytes(new)  # roots are bytes (ckptfs/names.py)
         args = (src, len(src) + 1, src + b"/")
         if not self._query(under, args):
             return

@@ -64,7 +64,7 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
 
 def _rebuild_checkpoints(c: sqlite3.Connection) -> None:
     """Schema 3: checkpoints.state gets its CHECK; schema 8: checkpoints.root holds the
-    bytes of the path (names.py: any name, UTF-8 or not). SQLite cannot change a column or
+    bytes of the path (ckptfs/names.py: any name, UTF-8 or not). SQLite cannot change a column or
     add a constraint, so the table is rebuilt under the same name with the same rows, ids
     and AUTOINCREMENT sequence (ids are never reused: the metrics remember them)."""
     seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name='checkpoints'").fetchone()

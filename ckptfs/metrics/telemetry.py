@@ -31,6 +31,7 @@ from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..chunks.residency import Residency
 from ..errors import CkptfsError
+from ..names import readable
 from ..tiers.health import FAILING, HEALTHY, Health
 from .exporter import REGISTRY, Endpoint
 from .requests import APP
@@ -519,7 +520,8 @@ class FsCollector(Collector):
             ts = GaugeMetricFamily(f"ckptfs_checkpoint_{key}_timestamp_seconds",
                                    f"Commit time of {what}, per run", labels=["run"])
             for run, c in sorted(facts.get(key, {}).items()):
-                step.add_metric([run], -1 if c["step"] is None else c["step"])
-                ts.add_metric([run], (c["commit_ns"] or 0) / 1e9)
+                label = readable(run)  # the exposition is UTF-8 (ckptfs/names.py)
+                step.add_metric([label], -1 if c["step"] is None else c["step"])
+                ts.add_metric([label], (c["commit_ns"] or 0) / 1e9)
             yield step
             yield ts

@@ -1,11 +1,16 @@
-"""Paths as the catalog stores them. A name is bytes and need not be UTF-8; inside the
-daemon a path is a str whose undecodable bytes are surrogate escapes (U+DC80..U+DCFF,
-Python's ``surrogateescape``). Neither SQLite's nor PostgreSQL's TEXT can hold those, so:
+"""Names are bytes (docs/semantics.md "Names"). A name need not be UTF-8; inside the daemon
+a path is a str whose undecodable bytes are surrogate escapes (U+DC80..U+DCFF, Python's
+``surrogateescape``). Such a str cannot be written as UTF-8, nor stored in SQLite's or
+PostgreSQL's TEXT, so wherever a path leaves the daemon:
 
 * a path the catalog matches on (``checkpoints.root``) is stored as its bytes (BLOB/BYTEA):
-  every name round-trips exactly;
-* free text that only people read (a checkpoint's ``reason``, an audit record's path) is
-  stored with each undecodable byte written ``\\xNN`` (``readable``).
+  every name round-trips exactly (``path_bytes``, ``path_str``);
+* text that people read (a checkpoint's ``reason``, an audit record's path, a log line, a
+  metric's label) has each undecodable byte written ``\\xNN`` (``readable``);
+* JSON (``ckptfs ls --json``, ``status --json``, ``audit tail --json``) is ASCII with the
+  surrogate escapes as ``\\udcNN``: ``os.fsencode(json.loads(...))`` gives the bytes back;
+* a command's plain-text output writes the name's own bytes (cli.py sets stdout's errors
+  to ``surrogateescape``), as ls does into a pipe.
 """
 
 from __future__ import annotations
