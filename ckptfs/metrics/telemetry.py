@@ -425,6 +425,17 @@ class FsCollector(Collector):
             value=APP.read)
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
+        # Background services contained after an unexpected error (ckptfs/supervise.py).
+        faults = CounterMetricFamily("ckptfs_service_errors",
+                                     "Unexpected errors of each background service or task, "
+                                     "contained (the service restarted)", labels=["service"])
+        degraded = GaugeMetricFamily("ckptfs_service_degraded",
+                                     "1 while a service's last unexpected error is recent",
+                                     labels=["service"])
+        for x in stats.service_states():
+            faults.add_metric([x["name"]], x["errors"])
+            degraded.add_metric([x["name"]], 1 if x["state"] == "degraded" else 0)
+        yield from (faults, degraded)
         yield from self._backlog(facts.get("backlog"))
         yield from self._deletions(facts.get("deletions") or [])
         yield from self._namespaces(facts.get("namespaces") or [])
