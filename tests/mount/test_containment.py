@@ -81,3 +81,26 @@ def test_an_unexpected_error_in_each_background_service_is_contained_and_shown(
         hf_save(run, 2, b"y" * 10_000)
         wait_until(lambda: states(run).get("/run/checkpoint-2") == "committed", what="commit 2")
         assert m.pid is not None and pid_alive(m.pid)
+
+
+@pytest.mark.allow_log_errors  # the injected fault is logged as ERROR with a traceback
+def test_an_unexpected_error_in_a_chunk_write_fails_that_file_not_the_daemon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A chunk write runs on the mount's nursery, beside the request that filled the chunk:
+    # a bug there fails that version of the file with EIO (nothing committed).
+    monkeypatch.setenv("CKPTFS_TEST_FAULTS", "chunk-write")
+    cfg = tmp_path / "ckptfs.toml"
+    cfg.write_text('chunk_size = "1MiB"\n')
+    with mounted(tmp_path, 2, ("--config", str(cfg))) as m:
+        path = m.mountpoint / "a.bin"
+        with pytest.raises(OSError) as info:
+            path.write_bytes(os.urandom(3 << 20))
+        assert info.value.errno == errno.EIO
+        assert path.read_bytes() == b""  # a new file: nothing of the failed version
+        data = os.urandom(3 << 20)
+        path.write_bytes(data)
+        assert path.read_bytes() == data
+        got = wait_until(lambda: services(m.mountpoint).get("chunk-write"),
+                         what="the fault in status")
+        assert got["state"] == "degraded" and got["errors"] == 1
+        assert m.pid is not None and pid_alive(m.pid)
