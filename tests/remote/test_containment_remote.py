@@ -1,7 +1,7 @@
 """No user stops the daemon, with a remote tier (docs/concurrency.md "No user stops the
 daemon"; tests/mount/test_containment.py for the local services): an unexpected error in
-the writer leases, the uploader and a round of moves of uncommitted chunks (spill) is
-contained, counted and shown by `ckptfs status`; the save goes through, every chunk reaches
+the writer leases, the uploader, a round of moves of uncommitted chunks (spill), the audit
+sealer and the key service is contained, counted and shown by `ckptfs status`; the save goes through, every chunk reaches
 the bucket and the file reads back exact."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.remote.test_audit_seal import keypair
 from tests.remote.test_remote_mount import MiB, remote_objects, write
+from tests.support import encryption as enc
 from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
@@ -25,7 +27,7 @@ from tests.support.s3server import SeaweedServer
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
-FAULTS = ("leases", "uploader", "spill")
+FAULTS = ("leases", "uploader", "spill", "sealer", "keys")
 
 
 @pytest.mark.allow_log_errors  # the injected faults are logged as ERROR with a traceback
@@ -40,10 +42,12 @@ def test_faults_in_the_remote_services_are_contained(
     tier.mkdir()
     cfg = tmp_path / "ckptfs.toml"
     cap = 4 * (MiB + 64)  # 4 chunks: a 12-chunk file moves its own chunks out (spill)
-    cfg.write_text(
+    priv, _pub, _key = keypair(tmp_path)  # the audit sealer runs
+    kek, _ = enc.kek_file(tmp_path / "keys" / "kek")  # the key service runs
+    enc.config(cfg, kek, encrypted=("/enc",), plain=(), extra=(
         'chunk_size = "1MiB"\nlocal_full_timeout = 600\n'
-        f'[[tier]]\nname = "nvme0"\nkind = "local"\npath = "{tier}"\ncapacity = "{cap}"\n'
-    )
+        f'[audit]\nsigning_key_file = "{priv}"\nseal_interval = 3600\n'
+        f'[[tier]]\nname = "nvme0"\nkind = "local"\npath = "{tier}"\ncapacity = "{cap}"\n'))
     data = os.urandom(12 * MiB + 5)
     with mounted(tmp_path, 0, ("--config", str(cfg), "--remote", url)) as m:
         path = m.mountpoint / "big.pt"
@@ -52,6 +56,10 @@ def test_faults_in_the_remote_services_are_contained(
         assert res.returncode == 0, res.stdout + res.stderr
         assert path.read_bytes() == data
         assert len(remote_objects(seaweed, prefix)) == 13
+        secret = m.mountpoint / "enc" / "s.bin"  # the encrypted namespace still works
+        secret.parent.mkdir()
+        secret.write_bytes(b"s" * 5000)
+        assert secret.read_bytes() == b"s" * 5000
         def shown() -> dict[str, dict[str, object]] | None:
             status = run_cli("status", str(m.mountpoint), "--json")
             assert status.returncode == 0, status.stderr
