@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from tests.mount.test_checkpoints import hf_save
-from tests.mount.test_posix_perms import CHILD_PYTHON, OTHER, needs_root
+from tests.mount.test_namespaces import GROUP, MEMBER, OWNER, made, ns_mount  # noqa: F401
+from tests.mount.test_posix_perms import as_user, needs_root
 from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
+    Mount,
     ckptfs_cmd,
     mounted,
     pid_alive,
@@ -45,29 +47,30 @@ def roots(path: Path) -> dict[bytes, str]:
 
 @needs_root
 def test_an_unprivileged_rename_of_a_name_that_is_not_utf8_keeps_the_daemon_up(
-        tmp_path: Path) -> None:
-    # The reproduction of issue 33: x-\xff renamed to y ended the daemon (UnicodeEncodeError
-    # in the tracker's rename_checkpoints) and the mount answered ENOTCONN.
-    with mounted(tmp_path) as m:
-        shared = m.mountpoint / "shared"
-        shared.mkdir()
-        os.chmod(shared, 0o777)
-        child = subprocess.run(
-            [CHILD_PYTHON, "-c",
-             "import os\n"
-             "open(b'x-\\xff', 'wb').write(b'data')\n"
-             "os.rename(b'x-\\xff', b'y')\n"
-             "os.mkdir(b'd-\\xfe')\n"
-             "os.rename(b'd-\\xfe', b'd-\\xfd')\n"],
-            user=OTHER, group=OTHER, cwd=shared, capture_output=True, timeout=60)
-        assert child.returncode == 0, child.stderr
-        # The tracker has seen the renames once a later event's batch is through.
-        (shared / "after").write_bytes(b"z")
-        wait_until(lambda: b"/shared/after" in cli("audit", "tail", str(m.mountpoint)),
-                   what="the events after the renames recorded")
-        assert m.pid is not None and pid_alive(m.pid)
-        assert sorted(os.listdir(os.fsencode(shared))) == [b"after", b"d-\xfd", b"y"]
-        assert (shared / "y").read_bytes() == b"data"
+        ns_mount: Mount) -> None:  # noqa: F811
+    # The reproduction of issue 33: in their own namespace, a user's x-\xff renamed to y
+    # ended the daemon (UnicodeEncodeError in the tracker's rename_checkpoints), and every
+    # namespace on the mount answered ENOENT, then ENOTCONN.
+    mp = ns_mount.mountpoint
+    made(mp)
+    assert as_user(mp, OWNER, OWNER, [
+        "open(b'proj-a/x-\\xff', 'wb').write(b'data')",
+        "os.rename(b'proj-a/x-\\xff', b'proj-a/y')",
+        "os.mkdir(b'proj-a/d-\\xfe')",
+        "os.rename(b'proj-a/d-\\xfe', b'proj-a/d-\\xfd')",
+        "open('proj-a/after', 'w').write('z')",
+    ]) == [0] * 5
+    # The tracker has seen the renames once a later event's batch is through.
+    wait_until(lambda: b"/proj-a/after" in cli("audit", "tail", str(mp), "-n", "100"),
+               what="the events after the renames recorded")
+    assert ns_mount.pid is not None and pid_alive(ns_mount.pid)
+    assert as_user(mp, OWNER, OWNER, [
+        "assert sorted(os.listdir(b'proj-a')) == "
+        "[b'after', b'd', b'd-\\xfd', b'f', b'y'], os.listdir(b'proj-a')",
+        "assert open('proj-a/y', 'rb').read() == b'data'",
+    ]) == [0, 0]
+    # The other namespace is still served to its members.
+    assert as_user(mp, MEMBER, MEMBER, ["open('proj-b/g').read()"], groups=(GROUP,)) == [0]
 
 
 def test_checkpoints_under_names_that_are_not_utf8(tmp_path: Path) -> None:
