@@ -711,11 +711,14 @@ class _Services:
         try:
             with scope:
                 while True:
+                    started = trio.current_time()
                     try:
                         inject(name)
                         await fn(*args)
                         return
                     except Exception as exc:
+                        if trio.current_time() - started > SERVICE_RETRY_MAX_S:
+                            delay = SERVICE_RETRY_MIN_S  # it ran well for a while: start over
                         cause = _outage(exc)
                         if cause is None:
                             failed(self._stats, name, exc)  # a bug: contained, counted

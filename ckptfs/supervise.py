@@ -53,15 +53,19 @@ def failed(stats: Stats | None, name: str, exc: BaseException) -> None:
 async def supervised(stats: Stats | None, name: str,
                      fn: Callable[..., Awaitable[object]], *args: object) -> None:
     """Run service ``fn`` until it returns; after an unexpected error, again after a
-    backoff (RETRY_MIN_S doubling to RETRY_MAX_S). Cancellation ends it as usual."""
+    backoff (RETRY_MIN_S doubling to RETRY_MAX_S; back to RETRY_MIN_S after a run longer
+    than RETRY_MAX_S). Cancellation ends it as usual."""
     delay = RETRY_MIN_S
     while True:
+        started = trio.current_time()
         try:
             inject(name)
             await fn(*args)
             return
         except Exception as exc:
             failed(stats, name, exc)
+        if trio.current_time() - started > RETRY_MAX_S:
+            delay = RETRY_MIN_S  # it ran well for a while: a new failure, not the same one
         await trio.sleep(delay)
         delay = min(delay * 2, RETRY_MAX_S)
 
