@@ -8,6 +8,7 @@ a bucket): one line naming the key or value, exit code 2. Failures while running
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import select
@@ -310,6 +311,10 @@ def _spawn_daemon(cfg: Config, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Names are bytes (names.py): a name that is not UTF-8 is printed as its own bytes,
+    # never a UnicodeEncodeError half way through a listing.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
     # Each subcommand imports only what it runs: `ckptfs status` need not load the daemon,
     # nor `ckptfs mount` the status screen.
     try:

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .names import readable
 from .statedir import touch_private
 
 _SECRET_PATTERNS = [
@@ -49,7 +50,9 @@ def redact(text: str) -> str:
 
 class RedactingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        # A name that is not UTF-8 (names.py): its bytes as \xNN, or the line could not
+        # be written (UnicodeEncodeError in the handler: the line lost).
+        return readable(redact(super().format(record)))
 
 
 def _priority(levelno: int) -> int:
@@ -80,10 +83,10 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": redact(record.getMessage()),
+            "message": readable(redact(record.getMessage())),
         }
         if record.exc_info:
-            entry["exception"] = redact(self.formatException(record.exc_info))
+            entry["exception"] = readable(redact(self.formatException(record.exc_info)))
         return json.dumps(entry, ensure_ascii=False)
 
 

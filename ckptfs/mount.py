@@ -72,7 +72,8 @@ from .metrics.exporter import serve as serve_metrics
 from .metrics.requests import APP
 from .metrics.telemetry import FsCollector, Telemetry
 from .session import NodeSession
-from .stats import STATS_FILE
+from .stats import STATS_FILE, Stats
+from .supervise import failed, inject, supervised
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.auditing import AuditFlusher, AuditSealer
@@ -709,22 +710,27 @@ def load_residency(catalog: Catalog, residency: Residency) -> None:
 
 class _Services:
     """Background services started together and stopped together, in their own cancel
-    scopes inside the mount's nursery; ``stop`` returns once every one has ended."""
+    scopes inside the mount's nursery; ``stop`` returns once every one has ended. No
+    service's error ends the daemon (supervise.py): an outage of the catalog pauses it, an
+    unexpected error is logged, counted in ``stats`` (status: degraded) and it starts again,
+    both after a backoff."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, stats: Stats | None = None) -> None:
         self._nursery = nursery
+        self._stats = stats
         self._scopes: list[trio.CancelScope] = []
         self._running = 0
         self._ended = trio.Event()
 
-    def start(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+    def start(self, name: str, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         scope = trio.CancelScope()
         self._scopes.append(scope)
         self._running += 1
-        self._nursery.start_soon(self._run, scope, fn, args)
+        self._nursery.start_soon(self._run, scope, name, fn, args)
 
     async def _run(
-        self, scope: trio.CancelScope, fn: Callable[..., Awaitable[object]], args: tuple[object, ...]
+        self, scope: trio.CancelScope, name: str, fn: Callable[..., Awaitable[object]],
+        args: tuple[object, ...],
     ) -> None:
         # A shared catalog's database may go away and come back: a service that met the
         # outage pauses (logged once) and starts again, instead of taking the daemon down.
@@ -732,15 +738,20 @@ class _Services:
         try:
             with scope:
                 while True:
+                    started = trio.current_time()
                     try:
+                        inject(name)
                         await fn(*args)
                         return
-                    except (CatalogUnavailable, BaseExceptionGroup) as exc:
+                    except Exception as exc:
+                        if trio.current_time() - started > SERVICE_RETRY_MAX_S:
+                            delay = SERVICE_RETRY_MIN_S  # it ran well for a while: start over
                         cause = _outage(exc)
                         if cause is None:
-                            raise
-                        log.warning("%s paused, retry in %.0f s: %s",
-                                    getattr(fn, "__qualname__", fn), delay, cause)
+                            failed(self._stats, name, exc)  # a bug: contained, counted
+                        else:
+                            log.warning("%s paused, retry in %.0f s: %s",
+                                        getattr(fn, "__qualname__", fn), delay, cause)
                     await trio.sleep(delay)
                     delay = min(delay * 2, SERVICE_RETRY_MAX_S)
         finally:
@@ -800,24 +811,26 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
             await trio.to_thread.run_sync(d.catalog.release_moves, None, limiter=d.db_limiter)
         d.store.attach(nursery)  # heals and copy-backs
         d.fs.attach(nursery)  # the open files' chunk writes and readahead
-        producers, queues = _Services(nursery), _Services(nursery)
-        queues.start(d.uploader.run)  # replays the jobs left by an earlier run at once
-        queues.start(d.deleter.run)  # drains rows left by an earlier run at once
-        queues.start(d.auditor.run)  # the opens' records
+        stats = d.store.stats  # where a service's unexpected errors are counted
+        producers, queues = _Services(nursery, stats), _Services(nursery, stats)
+        queues.start("uploader", d.uploader.run)  # replays the jobs left by an earlier run
+        queues.start("deleter", d.deleter.run)  # drains rows left by an earlier run at once
+        queues.start("auditor", d.auditor.run)  # the opens' records
         if d.refusals is not None:
-            queues.start(d.refusals.run)  # refused access, one record per window
+            queues.start("refusals", d.refusals.run)  # refused access, one record per window
         if d.sealer is not None:
-            queues.start(d.sealer.run)
+            queues.start("sealer", d.sealer.run)
         if d.tracker is not None:
-            producers.start(d.tracker.run)
-        producers.start(d.janitor.run)
+            producers.start("tracker", d.tracker.run)
+        producers.start("janitor", d.janitor.run)
         if d.stats_path is not None:
-            queues.start(d.telemetry.publish, d.stats_path)
+            queues.start("telemetry", d.telemetry.publish, d.stats_path)
         if d.keys is not None:
-            producers.start(d.keys.run, d.db_limiter, d.store.forget_keys)
-        heartbeat = _Services(nursery)
+            producers.start("keys", d.keys.run, d.db_limiter, d.store.forget_keys)
+        heartbeat = _Services(nursery, stats)
         if d.session is not None:
-            heartbeat.start(d.session.run, d.db_limiter, collect, d.fs.sync_open_rows)
+            heartbeat.start("session", d.session.run, d.db_limiter, collect,
+                            d.fs.sync_open_rows)
         await d.fs.replay_signals()  # commit signals a crash kept from the tracker
         await d.fs.recover()
         yield nursery
@@ -908,7 +921,7 @@ async def _serve(
                 daemon.deleter.tier_works(tier)
 
             # Heartbeats and watchdogs, cancelled after the uploader.
-            nursery.start_soon(leases.run, writable)
+            nursery.start_soon(supervised, daemon.store.stats, "leases", leases.run, writable)
         nursery.start_soon(_watch_signals)
         ra_kb = READ_AHEAD_KB if daemon.fs.page_push is None else READ_AHEAD_PUSH_KB
         nursery.start_soon(_after_init, mountpoint, on_ready, ra_kb)

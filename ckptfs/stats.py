@@ -63,10 +63,32 @@ class TierStats:
         }
 
 
+# A service or task that failed unexpectedly (ckptfs/supervise.py) reads as degraded this
+# long after its last error; its count stays.
+SERVICE_DEGRADED_S = 300.0
+
+
+@dataclass
+class ServiceFaults:
+    """The unexpected errors of one background service or task (ckptfs/supervise.py)."""
+
+    name: str
+    errors: int = 0
+    last_error: str = ""
+    last_error_at: float = 0.0  # wall clock
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        degraded = now - self.last_error_at < SERVICE_DEGRADED_S
+        return {"name": self.name, "state": "degraded" if degraded else "recovered",
+                "errors": self.errors, "last_error": self.last_error,
+                "last_error_at": self.last_error_at}
+
+
 @dataclass
 class Stats:
     tiers: dict[str, TierStats] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    services: dict[str, ServiceFaults] = field(default_factory=dict)
     # Facts the daemon gathers once a second (Telemetry, ckptfs/metrics/telemetry.py):
     # merged into the snapshot, top level and per tier (capacity), for `ckptfs status`.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -76,6 +98,20 @@ class Stats:
     def add_tier(self, name: str, kind: str) -> None:
         lat, spb = PRIOR["local" if kind == "local" else "remote"]
         self.tiers[name] = TierStats(name, kind, lat, spb)
+
+    def service_failed(self, name: str, why: str) -> None:
+        """Service or task ``name`` met an unexpected error (contained, retried)."""
+        with self._lock:
+            f = self.services.setdefault(name, ServiceFaults(name))
+            f.errors += 1
+            f.last_error = why[:300]
+            f.last_error_at = time.time()
+
+    def service_states(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Each service that met an unexpected error: degraded or recovered, its count."""
+        at = time.time() if now is None else now
+        with self._lock:
+            return [f.as_dict(at) for _, f in sorted(self.services.items())]
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -162,9 +198,11 @@ class Stats:
             tiers = [{**t.as_dict(), **self.tier_extra.get(t.name, {})}
                      for t in self.tiers.values()]
             counters = dict(sorted(self.counters.items()))
+        now = time.time()
+        services = self.service_states(now)
         order = self.read_order(list(self.tiers), 16 << 20)
-        return {**self.extra, "time": time.time(), "pid": os.getpid(), "tiers": tiers,
-                "read_order_16mib": order, "counters": counters}
+        return {**self.extra, "time": now, "pid": os.getpid(), "tiers": tiers,
+                "read_order_16mib": order, "counters": counters, "services": services}
 
     def write(self, path: Path) -> None:
         """Blocking: replace ``path`` with the current snapshot (atomically)."""

@@ -29,6 +29,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..names import readable
+
 if TYPE_CHECKING:
     from .sql import Conn
 
@@ -235,7 +237,7 @@ class AuditSql:
                 where = (self._path_of(c, r.ino) if r.ino is not None
                          else path() if path is not None else "")
             # Names that are not UTF-8: their bytes escaped, so the text stores and hashes.
-            where = where.encode("utf-8", "backslashreplace").decode()
+            where = readable(where)
             extra = dict(r.detail)
             extra.update(detail)
             if r.ino is not None:

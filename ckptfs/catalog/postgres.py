@@ -145,10 +145,21 @@ def _add_claims(c: Conn) -> None:
     _run_ddl(c, CLAIMS_DDL)
 
 
+def _roots_as_bytes(c: Conn) -> None:
+    """Schema 9: checkpoints.root holds the bytes of the path (ckptfs/names.py: any name)."""
+    kind = c.execute("SELECT data_type FROM information_schema.columns WHERE "
+                     "table_schema = current_schema() AND table_name = 'checkpoints' "
+                     "AND column_name = 'root'").fetchone()
+    if kind is not None and str(kind[0]) != "bytea":
+        c.execute("ALTER TABLE checkpoints ALTER COLUMN root TYPE BYTEA "
+                  "USING convert_to(root, 'UTF8')")
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
 MIGRATIONS: dict[int, Callable[[Conn], None]] = {
     3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves, 7: _add_claims,
+    8: _roots_as_bytes,
 }
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")

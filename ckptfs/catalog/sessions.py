@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NotFound, UsageError
+from ..names import path_bytes, path_str, readable
 from .deletion_events import DeletionEventsSql
 from .moves import release_moves_of
 from .protocols import ExclusiveLock
@@ -308,9 +309,10 @@ class SessionsSql(DeletionEventsSql):
         out = []
         for (root,) in c.execute("SELECT root FROM checkpoints WHERE state=?",
                                  (CheckpointState.WRITING.value,)).fetchall():
-            root = str(root)
-            if any(_under(p, root) for p in dead) and not any(_under(p, root) for p in live):
+            path = path_str(root)  # roots are bytes (ckptfs/names.py)
+            if any(_under(p, path) for p in dead) and not any(_under(p, path) for p in live):
                 c.execute("UPDATE checkpoints SET state=?, reason=? WHERE root=?",
-                          (CheckpointState.PARTIAL.value, f"no commit: {why}", root))
-                out.append(root)
+                          (CheckpointState.PARTIAL.value, readable(f"no commit: {why}"),
+                           path_bytes(path)))
+                out.append(path)
         return out

@@ -50,6 +50,7 @@ from ..errors import (
     NotFound,
     NotPermitted,
 )
+from ..names import path_bytes, path_str, readable
 from .audit import AUDIT_DDL, AuditRecord, AuditSql
 from .claims import CLAIMS_DDL, ClaimsSql, forget_owner, move_owner, record_owner
 from .deletion_events import DeletionEventsSql
@@ -84,9 +85,10 @@ T = TypeVar("T")
 # 2: inodes.rdev and the xattrs table; 3: CHECK on checkpoints.state (sqlite.py migrates);
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
-# (keys.py); 7: chunk_moves (moves.py). Every engine stores this layout (the remote snapshot
-# is a SQLite file of it).
-SCHEMA_VERSION = 8
+# (keys.py); 7: chunk_moves (moves.py); 8: deletion_claims (claims.py); 9: checkpoints.root
+# holds the bytes of the path (ckptfs/names.py). Every engine stores this layout (the remote
+# snapshot is a SQLite file of it).
+SCHEMA_VERSION = 9
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -122,7 +124,7 @@ def checkpoints_ddl(table: str) -> str:
 -- by path inside the mount; state is a CheckpointState.
 CREATE TABLE {table} (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    root       TEXT NOT NULL UNIQUE,
+    root       BLOB NOT NULL UNIQUE,  -- the bytes of the path (ckptfs/names.py)
     framework  TEXT NOT NULL,
     step       INTEGER,
     state      TEXT NOT NULL CHECK (state IN ({CHECKPOINT_STATES})),
@@ -267,7 +269,7 @@ _PATH_UP = (
 
 def _path_from(rows: Sequence[Any]) -> str:
     """The path _PATH_UP's rows spell (``<unlinked>/...`` if they do not reach the root)."""
-    parts = [bytes(r[1]).decode(errors="replace") for r in reversed(rows)]
+    parts = [bytes(r[1]).decode(errors="surrogateescape") for r in reversed(rows)]
     if (not rows or int(rows[-1][0]) != ROOT_INODE) and len(rows) < _MAX_DEPTH:
         return "<unlinked>/" + "/".join(parts)
     return "/" + "/".join(parts)
@@ -365,7 +367,7 @@ class _Paths:
 
     def entry(self, parent: int, name: bytes) -> Callable[[], str]:
         """The path of entry ``name`` of ``parent``, when asked (for an audit record)."""
-        return lambda: self.of(parent).rstrip("/") + "/" + name.decode(errors="replace")
+        return lambda: self.of(parent).rstrip("/") + "/" + name.decode(errors="surrogateescape")
 
 
 def _tell(around: Around | None, paths: _Paths, dirs: dict[int, Inode],
@@ -1520,7 +1522,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
         ino = ROOT_INODE
         for part in [p for p in path.split("/") if p]:
             row = c.execute(
-                "SELECT ino FROM dentries WHERE parent=? AND name=?", (ino, part.encode())
+                "SELECT ino FROM dentries WHERE parent=? AND name=?", (ino, path_bytes(part))
             ).fetchone()
             if row is None:
                 return None
@@ -1545,7 +1547,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
     ) -> bool:
         def body(c: Conn) -> bool:
             row = c.execute("SELECT state, commit_ns FROM checkpoints WHERE root=?",
-                            (root,)).fetchone()
+                            (key,)).fetchone()
             if row is not None and row[0] == CheckpointState.WRITING:
                 return False
             if (keep_newer_commit and row is not None and row[0] == CheckpointState.COMMITTED
@@ -1556,9 +1558,11 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (root) DO UPDATE SET "
                 "framework=excluded.framework, step=excluded.step, state=excluded.state, "
                 "begin_ns=excluded.begin_ns, commit_ns=NULL, reason=NULL",
-                (root, framework, step, CheckpointState.WRITING.value, t_ns),
+                (key, framework, step, CheckpointState.WRITING.value, t_ns),
             )
             return True
+
+        key = path_bytes(root)
 
         return self._write(body)
 
@@ -1573,7 +1577,8 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
                 "framework=excluded.framework, step=coalesce(excluded.step, checkpoints.step), "
                 "state=excluded.state, begin_ns=coalesce(checkpoints.begin_ns, excluded.begin_ns), "
                 "commit_ns=excluded.commit_ns, reason=excluded.reason",
-                (root, framework, step, CheckpointState.COMMITTED.value, t_ns, t_ns, reason),
+                (path_bytes(root), framework, step, CheckpointState.COMMITTED.value, t_ns, t_ns,
+                 readable(reason)),
             )
             self._audit_in(c, audit, lambda: root, framework=framework, step=step, reason=reason)
 
@@ -1592,17 +1597,19 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
             if only_from is None:
                 done = bool(c.execute(
                     "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) WHERE root=?",
-                    (st.value, reason, root),
+                    (st.value, text, key),
                 ).rowcount)
             else:
                 done = bool(c.execute(
                     "UPDATE checkpoints SET state=?, reason=coalesce(?, reason) "
                     "WHERE root=? AND state=?",
-                    (st.value, reason, root, CheckpointState(only_from).value),
+                    (st.value, text, key, CheckpointState(only_from).value),
                 ).rowcount)
             if done:
                 self._audit_in(c, audit, lambda: root, state=st.value, reason=reason)
             return done
+
+        key, text = path_bytes(root), None if reason is None else readable(reason)
 
         return self._write(body, touch=True)
 
@@ -1610,7 +1617,7 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
         left = json.dumps([d.hex() for d in digests]) if digests else None
 
         def body(c: Conn) -> None:
-            c.execute("UPDATE checkpoints SET leftover=? WHERE root=?", (left, root))
+            c.execute("UPDATE checkpoints SET leftover=? WHERE root=?", (left, path_bytes(root)))
 
         self._write(body)
 
@@ -1620,29 +1627,32 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
                 "SELECT root, leftover FROM checkpoints WHERE state=? AND leftover IS NOT NULL",
                 (CheckpointState.EXPIRED.value,),
             ).fetchall()
-        return {str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
+        return {path_str(r): [bytes.fromhex(h) for h in json.loads(v)] for r, v in rows}
 
     def checkpoint_tag(self, root: str, tag: str, *, audit: AuditRecord | None = None) -> bool:
         def body(c: Conn) -> bool:
-            row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (root,)).fetchone()
+            row = c.execute("SELECT tags FROM checkpoints WHERE root=?", (key,)).fetchone()
             if row is None:
                 return False
-            tags = {t for t in str(row[0]).split(",") if t} | {tag}
-            c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), root))
+            tags = {t for t in str(row[0]).split(",") if t} | {readable(tag)}
+            c.execute("UPDATE checkpoints SET tags=? WHERE root=?", (",".join(sorted(tags)), key))
             self._audit_in(c, audit, lambda: root, tag=tag)
             return True
+
+        key = path_bytes(root)
 
         return self._write(body, touch=True)
 
     def checkpoint_rows(self, under: str = "/") -> list[CheckpointRow]:
-        prefix = under.rstrip("/")
+        # Roots are bytes (ckptfs/names.py): "under" compares the leading bytes, no pattern.
+        prefix = path_bytes(under.rstrip("/")) + b"/"
         rows = self._query(
             "SELECT id, root, framework, step, state, begin_ns, commit_ns, reason, tags "
-            "FROM checkpoints WHERE root = ? OR root LIKE ? ESCAPE '\\' ORDER BY id",
-            (prefix or "/", prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"),
+            "FROM checkpoints WHERE root = ? OR substr(root, 1, ?) = ? ORDER BY id",
+            (prefix[:-1] or b"/", len(prefix), prefix),
         )
         return [
-            CheckpointRow(int(i), str(root), str(fw), None if step is None else int(step),
+            CheckpointRow(int(i), path_str(root), str(fw), None if step is None else int(step),
                           CheckpointState(state), None if b is None else int(b),
                           None if cm is None else int(cm), None if why is None else str(why),
                           str(tags))
@@ -1654,13 +1664,16 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
         # Most renames (a file's, in a save or a rotation) move no checkpoint: a read
         # answers that, without a write transaction per renamed file. A row recorded
         # after this read is as late as one recorded after the transaction would be.
-        if not self._query(under, (old, len(old) + 1, old + "/")):
+        src, dst = path_bytes(old), path_bytes(new)  # roots are bytes (ckptfs/names.py)
+        args = (src, len(src) + 1, src + b"/")
+        if not self._query(under, args):
             return
 
         def body(c: Conn) -> None:
-            for cid, root in c.execute(under, (old, len(old) + 1, old + "/")).fetchall():
-                c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (new + str(root)[len(old):], cid))
-                c.execute("UPDATE checkpoints SET root=? WHERE id=?", (new + str(root)[len(old):], cid))
+            for cid, root in c.execute(under, args).fetchall():
+                moved = dst + bytes(root)[len(src):]
+                c.execute("DELETE FROM checkpoints WHERE root=? AND id<>?", (moved, cid))
+                c.execute("UPDATE checkpoints SET root=? WHERE id=?", (moved, cid))
 
         self._write(body)
 

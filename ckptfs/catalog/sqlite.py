@@ -54,18 +54,19 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
         cols = {str(r[1]) for r in c.execute("PRAGMA table_info(inodes)")}
         if "rdev" not in cols:
             c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
-    if version < 3:
-        _add_checkpoint_state_check(c)
+    if version < 9:
+        _rebuild_checkpoints(c)
     # 4: the sessions tables, 5: chunk_wants, 6: ns_usage and ns_files (namespaces are
     # counted at the first mount that declares them), audit_log and namespace_keys, 7:
-    # chunk_moves, 8: deletion_claims; SCHEMA's CREATE IF NOT EXISTS has made them.
+    # chunk_moves, 8: deletion_claims (9: the checkpoints table rebuilt above); SCHEMA's CREATE IF NOT EXISTS has made them.
     c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
-def _add_checkpoint_state_check(c: sqlite3.Connection) -> None:
-    """Schema 3: checkpoints.state gets its CHECK. SQLite cannot add a constraint to a
-    table, so the table is rebuilt under the same name with the same rows, ids and
-    AUTOINCREMENT sequence (ids are never reused: the metrics remember them)."""
+def _rebuild_checkpoints(c: sqlite3.Connection) -> None:
+    """Schema 3: checkpoints.state gets its CHECK; schema 9: checkpoints.root holds the
+    bytes of the path (ckptfs/names.py: any name, UTF-8 or not). SQLite cannot change a column or
+    add a constraint, so the table is rebuilt under the same name with the same rows, ids
+    and AUTOINCREMENT sequence (ids are never reused: the metrics remember them)."""
     seq = c.execute("SELECT seq FROM sqlite_sequence WHERE name='checkpoints'").fetchone()
     bad = c.execute(
         f"SELECT root, state FROM checkpoints WHERE state NOT IN ({CHECKPOINT_STATES}) LIMIT 1"
@@ -74,7 +75,7 @@ def _add_checkpoint_state_check(c: sqlite3.Connection) -> None:
         raise InvalidArgument(f"catalog: checkpoint {bad[0]} has an unknown state {bad[1]!r}")
     c.execute(checkpoints_ddl("checkpoints_v3"))
     c.execute("INSERT INTO checkpoints_v3 (id, root, framework, step, state, begin_ns, commit_ns, "
-              "reason, tags, leftover) SELECT id, root, framework, step, state, begin_ns, "
+              "reason, tags, leftover) SELECT id, CAST(root AS BLOB), framework, step, state, begin_ns, "
               "commit_ns, reason, tags, leftover FROM checkpoints")
     c.execute("DROP TABLE checkpoints")
     c.execute("ALTER TABLE checkpoints_v3 RENAME TO checkpoints")

@@ -26,6 +26,7 @@ import trio
 
 from ..catalog import Catalog
 from ..errors import CkptfsError
+from ..supervise import contained
 from .guard import ChunkGuard
 
 log = logging.getLogger("ckptfs.chunks")
@@ -91,7 +92,7 @@ class MoveMarks:
         for d in done:
             del self._marks[d]
         self._ending.update(done)
-        self._nursery.start_soon(self._end, done)
+        self._nursery.start_soon(contained, None, "move-records", self._end, done)
 
     async def _end(self, done: dict[bytes, set[str]]) -> None:
         pairs = [(d, t) for d, tiers in done.items() for t in sorted(tiers)]

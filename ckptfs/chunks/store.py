@@ -46,6 +46,7 @@ from ..errors import (
     TierError,
 )
 from ..stats import Stats
+from ..supervise import contained, supervised
 from ..tiers.base import Tier
 from .bufpool import FramePool
 from .guard import ChunkGuard
@@ -475,7 +476,7 @@ class ChunkStore:
         if not start:
             return "retry"
         self._spill_running = True
-        self._nursery.start_soon(self._spill, picked)
+        self._nursery.start_soon(contained, self.stats, "spill", self._spill, picked)
         return "running"
 
     async def _spill(self, picked: list[tuple[bytes, int, tuple[str, ...]]]) -> None:
@@ -764,7 +765,8 @@ class ChunkStore:
         done = trio.Event()
         self._behind[ref.digest] = done
         assert self._nursery is not None
-        self._nursery.start_soon(self._sync_behind, ref.digest, ref.key, local, done)
+        self._nursery.start_soon(contained, self.stats, "sync-behind", self._sync_behind,
+                                 ref.digest, ref.key, local, done)
 
     async def _sync_behind(
         self, digest: bytes, key: str, tiers: list[Tier], done: trio.Event
@@ -1298,7 +1300,7 @@ class ChunkStore:
         """Where background heals and copy-backs run (the mount's nursery)."""
         self._nursery = nursery
         self.moves.attach(nursery)
-        nursery.start_soon(self.run_copy_backs)
+        nursery.start_soon(supervised, self.stats, "copy-backs", self.run_copy_backs)
 
     def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
         if self._nursery is None or got.data is None or got.source is None:
@@ -1319,7 +1321,8 @@ class ChunkStore:
         if bad and (got.source in self.local or any(t not in self.local for t, _ in bad)):
             # A bad copy with a local source, or a bad remote copy: heal it now.
             self._healing.add(ref.digest)
-            self._nursery.start_soon(self._heal, ref, got.data, bad, copy_back and remote_only)
+            self._nursery.start_soon(contained, self.stats, "heal", self._heal, ref, got.data,
+                                     bad, copy_back and remote_only)
             return
         # Served by a remote with the damage local only (a restore onto wiped or new disks,
         # where every chunk's local copy is missing), or a plain copy-back: the write waits
@@ -1332,7 +1335,8 @@ class ChunkStore:
             self.stats.count("copy_backs_skipped")
             if bad:
                 self._healing.add(ref.digest)  # no heal of it starts while this runs
-                self._nursery.start_soon(self._mark_bad, ref, bad)
+                self._nursery.start_soon(contained, self.stats, "mark-bad", self._mark_bad,
+                                         ref, bad)
             return
         self._copy_backs[ref.digest] = (ref, got.data, bad)
         self._copy_back_bytes += len(got.data)

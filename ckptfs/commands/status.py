@@ -184,6 +184,8 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "tiers": tiers,
         "read_order": (stats or {}).get("read_order_16mib", []),
         "counters": (stats or {}).get("counters", {}),
+        # Background services that met an unexpected error (ckptfs/supervise.py).
+        "services": (stats or {}).get("services", []),
         "backlog": backlog,
         "at_risk": at_risk,
         "deletions": deletions,
@@ -206,6 +208,13 @@ def _namespaces(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
         "path": u.ns, "used_bytes": u.bytes, "files": u.files, "quota_bytes": u.quota,
         "percent": None if not u.quota else round(100 * u.bytes / u.quota, 1),
     } for u in catalog.namespace_usage() if viewer.may_see(u.ns)]
+
+
+def service_line(x: dict[str, Any]) -> str:
+    """A background service that failed unexpectedly: contained and restarted."""
+    ago = time.time() - x["last_error_at"]
+    return (f"service {x['name']}: {x['state']}, {x['errors']} unexpected error(s), "
+            f"last {_secs(ago)} ago: {x['last_error']}")
 
 
 def namespace_line(n: dict[str, Any]) -> str:
@@ -327,6 +336,7 @@ def plain(s: dict[str, Any]) -> str:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
         if s["counters"]:
             lines.append("counters: " + ", ".join(f"{k} {v}" for k, v in s["counters"].items()))
+        lines += [service_line(x) for x in s["services"]]
         if s.get("residency"):
             lines.append(residency_text(s["residency"]))
     else:
@@ -514,6 +524,9 @@ def render(s: dict[str, Any]) -> Any:
     parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
     if s.get("residency"):
         parts.append(Text(residency_text(s["residency"])))
+    for x in s["services"]:
+        parts.append(Text(service_line(x),
+                          style="bold red" if x["state"] == "degraded" else "yellow"))
     if s["counters"]:
         counters = Text("counters: ", style="bold")
         for k, v in s["counters"].items():

@@ -1,7 +1,8 @@
 """The thin pyfuse3 adapter: converts types, maps CkptfsError to FUSEError(errno).
 
 No logic lives here. Any other exception escaping a handler is a bug: it is logged with its
-traceback and the caller gets EIO (pyfuse3 would otherwise stop the whole filesystem).
+traceback and the caller gets EIO (pyfuse3 would otherwise stop the whole filesystem: no
+user may stop the daemon, docs/concurrency.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..catalog import Inode
 from ..codec.frame import Buffer
 from ..errors import CkptfsError
 from ..metrics.requests import APP, count_op_error, op_observer
+from ..supervise import inject
 from ..vfs.context import RequestContext, read_groups
 from ..vfs.filesystem import Filesystem, uses_direct_io
 
@@ -56,11 +58,13 @@ def boundary(fn: F) -> F:
     # Every request is timed as the application waits for it (ckptfs_fuse_op_seconds).
     op = fn.__name__
     observe = op_observer(op)
+    fault = "fuse." + op
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
+            inject(fault)  # tests only (supervise.py)
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError as exc:
             count_op_error(op, errno.errorcode.get(exc.errno, str(exc.errno)))

@@ -31,6 +31,7 @@ from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
 from ..chunks.residency import Residency
 from ..errors import CkptfsError
+from ..names import readable
 from ..tiers.health import FAILING, HEALTHY, Health
 from .exporter import REGISTRY, Endpoint
 from .requests import APP
@@ -424,6 +425,17 @@ class FsCollector(Collector):
             value=APP.read)
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
+        # Background services contained after an unexpected error (ckptfs/supervise.py).
+        faults = CounterMetricFamily("ckptfs_service_errors",
+                                     "Unexpected errors of each background service or task, "
+                                     "contained (the service restarted)", labels=["service"])
+        degraded = GaugeMetricFamily("ckptfs_service_degraded",
+                                     "1 while a service's last unexpected error is recent",
+                                     labels=["service"])
+        for x in stats.service_states():
+            faults.add_metric([x["name"]], x["errors"])
+            degraded.add_metric([x["name"]], 1 if x["state"] == "degraded" else 0)
+        yield from (faults, degraded)
         yield from self._backlog(facts.get("backlog"))
         yield from self._deletions(facts.get("deletions") or [])
         yield from self._namespaces(facts.get("namespaces") or [])
@@ -519,7 +531,8 @@ class FsCollector(Collector):
             ts = GaugeMetricFamily(f"ckptfs_checkpoint_{key}_timestamp_seconds",
                                    f"Commit time of {what}, per run", labels=["run"])
             for run, c in sorted(facts.get(key, {}).items()):
-                step.add_metric([run], -1 if c["step"] is None else c["step"])
-                ts.add_metric([run], (c["commit_ns"] or 0) / 1e9)
+                label = readable(run)  # the exposition is UTF-8 (ckptfs/names.py)
+                step.add_metric([label], -1 if c["step"] is None else c["step"])
+                ts.add_metric([label], (c["commit_ns"] or 0) / 1e9)
             yield step
             yield ts

@@ -1273,9 +1273,7 @@ class Filesystem:
         fh = self._new_handle(f, flags, ctx)
         if self.tracker is not None:
             path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
-            with contextlib.suppress(UnicodeDecodeError):  # path_of decodes "replace"
-                name.decode()
-                self._cache_path(self.handles[fh], path, token)
+            self._cache_path(self.handles[fh], path, token)  # as path_of spells it
             self.tracker.push(FsEvent("create", path, time.time_ns(), mode=inode.mode))
         return fh, f.attrs()
 

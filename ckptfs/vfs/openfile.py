@@ -29,6 +29,7 @@ from ..chunks.store import ChunkStore
 from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError, FileTooLarge, QuotaExceeded
+from ..supervise import failed, inject
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
 from .pagepush import PagePush
 from .quota import FileAccount, refused
@@ -327,6 +328,7 @@ class OpenFile:
 
     async def _store_chunk(self, idx: int, pending: _Pending) -> None:
         try:
+            inject("chunk-write")  # tests only (supervise.py)
             allowed = await self._residency()
             ref = await self.svc.store.write(pending.data.content(), allowed,
                                              await self._namespace())
@@ -334,6 +336,12 @@ class OpenFile:
             log.error("inode %d: storing chunk %d failed: %s", self.ino, idx, exc)
             if self.failed is None:
                 self.failed = exc
+        except Exception as exc:
+            # A bug: this version of the file fails (EIO at its close or fsync, nothing
+            # committed); the mount's nursery, and so the daemon, goes on.
+            failed(self.svc.store.stats, "chunk-write", exc)
+            if self.failed is None:
+                self.failed = CkptfsError(f"storing chunk {idx} failed unexpectedly: {exc!r}")
         else:
             self.written.append(ref)
             if self.inflight.get(idx) is pending:

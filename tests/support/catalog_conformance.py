@@ -154,9 +154,9 @@ class CatalogConformance:
         f = catalog.create(b.ino, b"f\xff", F, 0, 0)
         assert catalog.path_of(R) == "/"
         assert catalog.path_of(a.ino) == "/a"
-        assert catalog.path_of(f.ino) == "/a/b/f\ufffd"  # a name that is not UTF-8
+        assert catalog.path_of(f.ino) == "/a/b/f\udcff"  # not UTF-8: surrogate escapes
         catalog.link(f.ino, R, b"g")
-        assert catalog.path_of(f.ino) in {"/a/b/f\ufffd", "/g"}  # either of its names
+        assert catalog.path_of(f.ino) in {"/a/b/f\udcff", "/g"}  # either of its names
         catalog.unlink(b.ino, b"f\xff")
         assert catalog.path_of(f.ino) == "/g"
         catalog.unlink(R, b"g")
@@ -780,6 +780,46 @@ class CatalogConformance:
         catalog.checkpoint_commit("/a%/c", "torch", 1, 1, "x")
         assert [r.root for r in catalog.checkpoint_rows("/a_b")] == ["/a_b/c"]
         assert [r.root for r in catalog.checkpoint_rows("/a%")] == ["/a%/c"]
+
+    def test_names_that_are_not_utf8_round_trip_as_checkpoint_roots(self, catalog: Catalog) -> None:
+        # Names are bytes: a daemon path carries the undecodable ones as surrogate escapes
+        # (issue 33: x-\xff renamed to y ended the daemon in rename_checkpoints).
+        d = catalog.create(R, b"run-\xff", D, 0, 0)
+        catalog.create(d.ino, b"checkpoint-\xfe1", D, 0, 0)
+        top, root = "/run-\udcff", "/run-\udcff/checkpoint-\udcfe1"
+        assert catalog.path_of(d.ino) == top
+        assert catalog.resolve(root) is not None
+        assert catalog.list_names(d.ino) == ["checkpoint-\udcfe1"]
+        assert catalog.checkpoint_begin(root, "hf", 1, 10)
+        catalog.checkpoint_commit(root, "hf", 1, 20, "rename tmp-\udcfe -> checkpoint-\udcfe1")
+        catalog.checkpoint_commit("/run-\udcfe/checkpoint-1", "hf", 1, 30, "x")  # another byte
+        [row] = catalog.checkpoint_rows(top)
+        assert (row.root, row.state) == (root, CheckpointState.COMMITTED)
+        assert row.reason == "rename tmp-\\xfe -> checkpoint-\\xfe1"  # readable text
+        assert catalog.checkpoint_tag(root, "best")
+        assert catalog.checkpoint_set_state(root, CheckpointState.EXPIRED, "retention \udcff")
+        catalog.checkpoint_leftover(root, [A])
+        assert catalog.expired_leftovers() == {root: [A]}
+        catalog.rename_checkpoints("/x-\udcff", "/y")  # a file that is no checkpoint
+        catalog.rename_checkpoints(top, "/y-\udcfd")
+        assert [r.root for r in catalog.checkpoint_rows("/y-\udcfd")] == [
+            "/y-\udcfd/checkpoint-\udcfe1"]
+        assert catalog.checkpoint_rows(top) == []
+        assert [r.root for r in catalog.checkpoint_rows("/")] == [
+            "/y-\udcfd/checkpoint-\udcfe1", "/run-\udcfe/checkpoint-1"]
+
+    def test_audit_records_of_names_that_are_not_utf8(self, catalog: Catalog) -> None:
+        from ckptfs.catalog.audit import AuditRecord, verify_chain
+
+        f = catalog.create(R, b"x-\xff", F, 0, 0, audit=AuditRecord("create", uid=5))
+        catalog.audit_append(AuditRecord("refused", path="/x-\udcff\\xff", uid=5,
+                                         detail={"name": "x-\udcff"}))
+        catalog.commit_file(f.ino, 10, 1, 1, 16, {0: ChunkRef(A, 10, ("l",))})
+        got = catalog.audit_entries()
+        assert [e.path for e in got][:2] == ["/x-\\xff", "/x-\\xff\\xff"]
+        assert json.loads(got[1].detail) == {"name": "x-\udcff"}
+        assert verify_chain(got, catalog.audit_genesis()) == []
+        json.dumps([e.as_json() for e in got])  # ASCII JSON: the escapes, no error
 
     def test_checkpoint_tags_leftovers_and_renames(self, catalog: Catalog) -> None:
         catalog.checkpoint_commit("/run/step-1", "torch", 1, 1, "x")
