@@ -150,6 +150,7 @@ class CheckpointTracker:
         self.node = node
         self._recorded_since_persist = False
         self.replay_point_ns = 0  # the last one persisted (0: none yet)
+        self._unrecorded: list[FsEvent] = []  # the batch being recorded (run)
 
     def push(self, ev: FsEvent) -> None:
         """Called by the filesystem after an operation; never blocks."""
@@ -160,26 +161,36 @@ class CheckpointTracker:
             await trio.to_thread.run_sync(self._measure_clock, limiter=self.db_limiter)
         next_tick = time.monotonic() + TICK_S
         while True:
-            batch: list[FsEvent] = []
-            with trio.move_on_at(trio.current_time() + max(0.0, next_tick - time.monotonic())):
-                batch.append(await self._recv.receive())
+            # A batch an outage interrupted (the service restarted this run) goes first.
+            batch, self._unrecorded = self._unrecorded, []
+            if not batch:
+                with trio.move_on_at(
+                        trio.current_time() + max(0.0, next_tick - time.monotonic())):
+                    batch.append(await self._recv.receive())
+                if batch:
+                    # A deadline after an event: the burst's other events join this batch.
+                    # The tick (TICK_S) is a real period: quiescence and settle times are time.
+                    await trio.sleep(BATCH_S)
+                    while True:  # drain what is queued: one thread hop per batch
+                        try:
+                            batch.append(self._recv.receive_nowait())
+                        except trio.WouldBlock:
+                            break
             if batch:
-                # A deadline after an event: the burst's other events join this batch.
-                # The tick (TICK_S) is a real period: quiescence and settle times are time.
-                await trio.sleep(BATCH_S)
-                while True:  # drain what is queued: one thread hop per batch
-                    try:
-                        batch.append(self._recv.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                for ev in batch:
-                    if ev.kind in (RELEASE, RENAME):
-                        crashpoint.reached("tracker-received", ev.path)
+                if crashpoint.ARMED:
+                    for ev in batch:
+                        if ev.kind in (RELEASE, RENAME):
+                            crashpoint.reached("tracker-received", ev.path)
                 inos = self.writing_inos()  # read on the trio thread, which owns the handles
+                # Kept until recorded: a catalog outage ends this run (the service pauses
+                # and starts it again) and the next run records the batch first.
+                self._unrecorded = batch
                 await trio.to_thread.run_sync(self._observe, batch, inos, limiter=self.db_limiter)
-                for ev in batch:
-                    if ev.kind in (RELEASE, RENAME):
-                        crashpoint.reached("tracker-recorded", ev.path)
+                self._unrecorded = []
+                if crashpoint.ARMED:
+                    for ev in batch:
+                        if ev.kind in (RELEASE, RENAME):
+                            crashpoint.reached("tracker-recorded", ev.path)
                 self._recorded_since_persist = True
                 self._publish_commits()
                 continue
@@ -240,25 +251,33 @@ class CheckpointTracker:
     def _observe(self, batch: list[FsEvent], inos: list[int]) -> None:
         view = self._view(inos)
         for ev in batch:
-            # A replayed rename may have moved the rows already; its source then names
-            # nothing, unless something new took the name (whose rows must stay).
-            if ev.kind == "rename" and ev.src is not None and not (
-                    ev.replayed and view.exists(ev.src)):
-                self.catalog.rename_checkpoints(ev.src, ev.path)
-            if ev.kind in ("unlink", "rmdir"):
-                self._removed(ev.path)
             try:
-                found = self.detectors.observe(ev, view)
+                self._observe_one(ev, view)
             except CatalogUnavailable:
-                raise  # not a detector bug: the service pauses and retries (mount._Services)
-            except Exception:  # a detector bug must not stop the filesystem
-                log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
-                continue
-            for d in found:
-                if ev.replayed:
-                    self._record_replayed(d)
-                else:
-                    self._record(d)
+                raise  # not a bug: the service pauses and retries the batch (run)
+            except Exception:  # a bug must cost this event's detection, not the others'
+                log.exception("checkpoint tracker failed on %s %s", ev.kind, ev.path)
+
+    def _observe_one(self, ev: FsEvent, view: CatalogView) -> None:
+        # A replayed rename may have moved the rows already; its source then names
+        # nothing, unless something new took the name (whose rows must stay).
+        if ev.kind == "rename" and ev.src is not None and not (
+                ev.replayed and view.exists(ev.src)):
+            self.catalog.rename_checkpoints(ev.src, ev.path)
+        if ev.kind in ("unlink", "rmdir"):
+            self._removed(ev.path)
+        try:
+            found = self.detectors.observe(ev, view)
+        except CatalogUnavailable:
+            raise
+        except Exception:  # a detector bug must not stop the filesystem
+            log.exception("checkpoint detectors failed on %s %s", ev.kind, ev.path)
+            return
+        for d in found:
+            if ev.replayed:
+                self._record_replayed(d)
+            else:
+                self._record(d)
 
     def _removed(self, path: str) -> None:
         """The application deleted a checkpoint's root (rotation by the framework): it is
