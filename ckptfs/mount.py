@@ -838,6 +838,8 @@ async def running(daemon: Daemon, *, drain: bool = True) -> AsyncIterator[trio.N
             await d.fs.shutdown()
             await d.store.moves.end_now()  # the files are closed: their moves' records end
         await producers.stop()
+        if drain and d.tracker is not None:
+            await d.tracker.drain()  # what is queued is recorded; the next mount replays nothing
         if drain:  # (a crash, drain=False, loses the noted opens)
             await _last_audit(d)
         await heartbeat.stop()

@@ -204,6 +204,31 @@ class CheckpointTracker:
             await trio.to_thread.run_sync(self._tick, inos, now_ns, point, limiter=self.db_limiter)
             self._publish_commits()
 
+    async def drain(self) -> None:
+        """At a clean unmount, once ``run`` is stopped (FUSE has stopped, the files are
+        committed): record what is still queued and move the replay point to now, so the
+        next mount replays nothing (a commit still held in memory keeps it where it is)."""
+        batch, self._unrecorded = self._unrecorded, []
+        while True:
+            try:
+                batch.append(self._recv.receive_nowait())
+            except trio.WouldBlock:
+                break
+        try:
+            if batch:
+                inos = self.writing_inos()
+                await trio.to_thread.run_sync(self._observe, batch, inos, limiter=self.db_limiter)
+                self._recorded_since_persist = True
+                self._publish_commits()
+            point = self._replay_point(time.time_ns())
+            if point is not None:
+                await trio.to_thread.run_sync(self.catalog.set_meta, replay_key(self.node),
+                                              str(point), limiter=self.db_limiter)
+                self.replay_point_ns = point
+        except CatalogUnavailable as exc:  # the next mount replays them from the catalog
+            log.warning("checkpoint events not recorded at unmount (%s): the next mount "
+                        "replays them", exc)
+
     def _replay_point(self, now_ns: int) -> int | None:
         """The replay point to persist at this tick, or None (unchanged). Held while a
         commit waits in the detectors' memory (held for writers, a Lightning file settling,

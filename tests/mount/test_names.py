@@ -46,6 +46,7 @@ def roots(path: Path) -> dict[bytes, str]:
 
 
 @needs_root
+@pytest.mark.allow_log_warnings("access refused")  # the stranger's mkdirs are audited
 def test_an_unprivileged_rename_of_a_name_that_is_not_utf8_keeps_the_daemon_up(
         ns_mount: Mount) -> None:  # noqa: F811
     # The reproduction of issue 33: in their own namespace, a user's x-\xff renamed to y

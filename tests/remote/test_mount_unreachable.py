@@ -27,6 +27,7 @@ from tests.support.mountutil import (
     mounted,
     pid_alive,
     run_cli,
+    wait_until,
 )
 from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
@@ -79,7 +80,8 @@ def test_a_node_mounts_with_its_bucket_hung_and_uploads_once_it_answers(
         # The heartbeat task takes the lease; then fresh.bin's upload goes.
         res = run_cli("sync", str(m.mountpoint), "--timeout", "170", timeout=200)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert not remote_tier(m.mountpoint)["fenced"]
+        # status reads the daemon's statistics, written each second: wait for a fresh one.
+        wait_until(lambda: not remote_tier(m.mountpoint)["fenced"], what="the fence lifted")
         assert len(remote_objects(own_seaweed, prefix)) == 5
         assert (m.mountpoint / "fresh.bin").read_bytes() == fresh
         assert pid_alive(m.pid)

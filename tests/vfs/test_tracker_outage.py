@@ -16,7 +16,7 @@ from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.rows import CheckpointState
 from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.events import FsEvent
-from ckptfs.checkpoints.tracker import CheckpointTracker
+from ckptfs.checkpoints.tracker import CheckpointTracker, replay_key
 from ckptfs.errors import CatalogUnavailable
 
 
@@ -73,4 +73,23 @@ async def test_a_batch_an_outage_interrupted_is_recorded_when_the_tracker_starts
             nursery.cancel_scope.cancel()
     assert runs == 2  # the outage ended the first run; the second recorded the batch
     assert tracker.commits == 1
+    cat.close()
+
+
+async def test_the_drain_at_a_clean_unmount_records_what_is_queued_and_moves_the_point(
+    tmp_path: Path,
+) -> None:
+    """At a clean unmount the tracker is stopped with events still queued (a RELEASE the
+    kernel sent last): drain() records them and moves the replay point to now, so the
+    next mount has nothing to replay."""
+    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
+    tracker = CheckpointTracker(cat, trio.CapacityLimiter(1), DetectorSet.default(), lambda: [],
+                                node="n1")
+    now = time.time_ns()
+    tracker.push(FsEvent("release", "/run/checkpoint-2/trainer_state.json", now,
+                         size=2, last_writer=True, content=b"{}"))
+    await tracker.drain()
+    assert committed(cat, "/run/checkpoint-2")
+    point = cat.get_meta(replay_key("n1"))
+    assert point is not None and int(point) > now
     cat.close()
