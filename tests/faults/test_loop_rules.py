@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.vfs.test_vfs import CS, make_daemon, until_real
+from tests.vfs.test_vfs import CS, make_daemon, until_backlog_empty, until_real
 
 from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -232,7 +232,7 @@ async def test_a_stream_of_small_files_is_snapshotted_once_per_spacing(
         for i in range(5):
             await _write(fs, b"f%d" % i, os.urandom(1000))
             mock_clock.jump(2 * QUIET_S)  # a pause in the stream of commits: uploads go
-            await until_real(lambda: not fs.catalog.backlog().chunks)  # uploaded
+            await until_backlog_empty(fs)  # uploaded
             await trio.testing.wait_all_tasks_blocked()
         assert remote.snapshots == 1  # none of the five within the spacing
         mock_clock.jump(SNAPSHOT_MIN_SPACING_S)

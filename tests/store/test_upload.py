@@ -15,6 +15,7 @@ from tests.vfs.test_vfs import (
     deletions_done,
     make_fs,
     read_file,
+    until_backlog_empty,
     until_real,
     uploader_of,
     write_file,
@@ -292,7 +293,8 @@ async def test_a_stream_of_small_files_is_a_save_for_the_uploads(
             assert await up.wait_durable({digest}, 10)
         assert digest.hex() in remote.frames
         mock_clock.jump(2 * QUIET_S)  # the stream pauses: its end is a deadline, not a look
-        await until_real(lambda: len(remote.frames) == 4 and not fs.catalog.backlog().chunks)
+        await until_real(lambda: len(remote.frames) == 4)
+        await until_backlog_empty(fs)
 
 
 async def test_uploads_finishing_together_are_recorded_in_one_transaction(

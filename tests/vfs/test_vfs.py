@@ -71,6 +71,15 @@ async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 
+async def until_backlog_empty(fs: Filesystem, timeout: float = 10) -> None:
+    """Until the upload backlog is empty, in real time, asked under the catalog limiter
+    (the trio thread must not use the SQLite connection a worker thread may be using)."""
+    deadline = time.monotonic() + timeout
+    while (await fs.db(fs.catalog.backlog)).chunks:
+        assert time.monotonic() < deadline, "the backlog did not empty"
+        await trio.to_thread.run_sync(time.sleep, 0.005)
+
+
 async def until_real(cond: Any, timeout: float = 10) -> None:
     """Until ``cond`` holds, in real time: for tests that freeze trio's clock (MockClock),
     the wait is in a thread."""
