@@ -73,7 +73,7 @@ from .metrics.requests import APP
 from .metrics.telemetry import FsCollector, Telemetry
 from .session import NodeSession
 from .stats import STATS_FILE, Stats
-from .supervise import failed, inject, supervised
+from .supervise import supervised
 from .tiers.base import Tier
 from .tiers.local import LocalTier
 from .upload.auditing import AuditFlusher, AuditSealer
@@ -732,28 +732,9 @@ class _Services:
         self, scope: trio.CancelScope, name: str, fn: Callable[..., Awaitable[object]],
         args: tuple[object, ...],
     ) -> None:
-        # A shared catalog's database may go away and come back: a service that met the
-        # outage pauses (logged once) and starts again, instead of taking the daemon down.
-        delay = SERVICE_RETRY_MIN_S
         try:
             with scope:
-                while True:
-                    started = trio.current_time()
-                    try:
-                        inject(name)
-                        await fn(*args)
-                        return
-                    except Exception as exc:
-                        if trio.current_time() - started > SERVICE_RETRY_MAX_S:
-                            delay = SERVICE_RETRY_MIN_S  # it ran well for a while: start over
-                        cause = _outage(exc)
-                        if cause is None:
-                            failed(self._stats, name, exc)  # a bug: contained, counted
-                        else:
-                            log.warning("%s paused, retry in %.0f s: %s",
-                                        getattr(fn, "__qualname__", fn), delay, cause)
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, SERVICE_RETRY_MAX_S)
+                await supervised(self._stats, name, fn, *args)
         finally:
             self._running -= 1
             if self._running == 0:
@@ -765,23 +746,6 @@ class _Services:
         if self._running:
             await self._ended.wait()
 
-
-SERVICE_RETRY_MIN_S = 1.0
-SERVICE_RETRY_MAX_S = 30.0
-
-
-def _outage(exc: BaseException) -> CatalogUnavailable | None:
-    """The catalog outage ``exc`` is (alone, or every leaf of an exception group)."""
-    if isinstance(exc, CatalogUnavailable):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        match, rest = exc.split(CatalogUnavailable)
-        if match is not None and rest is None:
-            leaf: BaseException = match
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            return leaf if isinstance(leaf, CatalogUnavailable) else None
-    return None
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from .errors import CatalogUnavailable
 from .stats import Stats
 
 log = logging.getLogger("ckptfs.supervise")
@@ -50,11 +51,27 @@ def failed(stats: Stats | None, name: str, exc: BaseException) -> None:
         stats.service_failed(name, f"{type(exc).__name__}: {exc}")
 
 
+def outage(exc: BaseException) -> CatalogUnavailable | None:
+    """The catalog outage ``exc`` is (alone, or every leaf of an exception group)."""
+    if isinstance(exc, CatalogUnavailable):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(CatalogUnavailable)
+        if match is not None and rest is None:
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf if isinstance(leaf, CatalogUnavailable) else None
+    return None
+
+
 async def supervised(stats: Stats | None, name: str,
                      fn: Callable[..., Awaitable[object]], *args: object) -> None:
-    """Run service ``fn`` until it returns; after an unexpected error, again after a
-    backoff (RETRY_MIN_S doubling to RETRY_MAX_S; back to RETRY_MIN_S after a run longer
-    than RETRY_MAX_S). Cancellation ends it as usual."""
+    """Run service ``fn`` until it returns; after an error, again after a backoff
+    (RETRY_MIN_S doubling to RETRY_MAX_S; back to RETRY_MIN_S after a run longer than
+    RETRY_MAX_S). A catalog outage (a shared catalog's database went away) pauses it,
+    logged as such; any other error is a bug: logged with its traceback and counted.
+    Cancellation ends it as usual."""
     delay = RETRY_MIN_S
     while True:
         started = trio.current_time()
@@ -63,9 +80,14 @@ async def supervised(stats: Stats | None, name: str,
             await fn(*args)
             return
         except Exception as exc:
-            failed(stats, name, exc)
-        if trio.current_time() - started > RETRY_MAX_S:
-            delay = RETRY_MIN_S  # it ran well for a while: a new failure, not the same one
+            if trio.current_time() - started > RETRY_MAX_S:
+                delay = RETRY_MIN_S  # it ran well for a while: a new failure, not the same one
+            cause = outage(exc)
+            if cause is None:
+                failed(stats, name, exc)
+            else:
+                log.warning("%s paused, retry in %.0f s: %s",
+                            getattr(fn, "__qualname__", fn), delay, cause)
         await trio.sleep(delay)
         delay = min(delay * 2, RETRY_MAX_S)
 
