@@ -13,6 +13,9 @@ timed loops do nothing per block but a system call on a memoryview slice:
 * ``read_into`` - ``readinto`` a preallocated buffer of the file's size, 1 MiB at a time
   (as torch.load fills a tensor's storage); compare with ``same_bytes`` after the clock.
 * ``cpu_seconds`` - utime + stime of a process from /proc/PID/stat (all its threads).
+* ``thread_cpu_seconds`` / ``busiest_thread`` - the same per thread (/proc/PID/task/*/stat),
+  and which thread used the most CPU during a step: a FUSE daemon's one request thread
+  (pyfuse3's trio thread) caps its throughput at 1 / (its CPU s per GB), whatever the cores.
 * ``run_forked`` - N forked worker processes, ready before the clock starts; timed until
   the last job returns.
 """
@@ -28,7 +31,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 MiB = 1024 * 1024
 BLOCK = MiB
@@ -141,10 +144,75 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            stat = f.read()
     except OSError:
         return None
+    return _utime_stime(stat)
+
+
+def _utime_stime(stat: str) -> float:
+    """utime + stime in seconds from a /proc stat line (fields after the ``)`` of comm)."""
+    fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid: int | None) -> dict[int, tuple[str, float]] | None:
+    """Per thread of a process: tid -> (its comm name, utime + stime seconds so far), from
+    /proc/PID/task/TID/stat; None if the process is gone. A thread that ends between the
+    listing and its read is left out. Resolution: one clock tick (1 / SC_CLK_TCK s) per
+    thread."""
+    if pid is None:
+        return None
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out: dict[int, tuple[str, float]] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended after the listing
+            continue
+        # comm may hold spaces and parentheses: it runs from the first "(" to the last ")"
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[int(tid)] = (name, _utime_stime(stat))
+    return out or None  # a live process has at least one thread
+
+
+class ThreadStep(NamedTuple):
+    """A process's CPU during a step, from two ``thread_cpu_seconds`` snapshots."""
+
+    total: float  # CPU seconds of the threads alive at the end, during the step
+    busiest_tid: int
+    busiest_name: str
+    busiest_s: float  # CPU seconds of the busiest thread during the step
+
+
+def busiest_thread(
+    before: dict[int, tuple[str, float]] | None, after: dict[int, tuple[str, float]] | None
+) -> ThreadStep | None:
+    """The step between two snapshots of one process: the CPU of all its threads and of the
+    one that used the most (None if either snapshot is missing).
+
+    A thread that appeared during the step counts from 0. A thread that ended during the step
+    is not in ``after`` and its CPU is lost: ``total`` can be below the process's own
+    ``cpu_seconds`` difference (which keeps what ended threads used), and a short-lived
+    thread that was the busiest is missed. A tid reused within the step would count from its
+    old value (the kernel reuses a tid only after pid_max others)."""
+    if before is None or after is None or not after:
+        return None
+    total = 0.0
+    best: tuple[int, str, float] | None = None
+    for tid, (name, secs) in after.items():
+        prev = before.get(tid)
+        used = secs - prev[1] if prev is not None else secs
+        used = max(used, 0.0)
+        total += used
+        if best is None or used > best[2]:
+            best = (tid, name, used)
+    assert best is not None
+    return ThreadStep(total, *best)
 
 
 def read_calls(pid: int | None) -> int | None:
