@@ -44,7 +44,11 @@ Tests:
 Next to every rate: the CPU seconds the serving daemon (ckptfs: the pid in STATE_DIR/
 daemon.pid; nullfs: its process) used during the step, per GB (metadata: CPU ms per 1000
 operations), from utime + stime in /proc/PID/stat; "+x" is what it used after the step
-returned, until the next step began (background work the step left behind).
+returned, until the next step began (background work the step left behind). Beside it, the
+same for the daemon's busiest thread alone (/proc/PID/task/*/stat; pyfuse3's trio thread, as
+a rule) and the ceiling it implies, 1 / (its CPU s per GB) in GB/s (metadata: op/s): that
+thread runs on one core, so the daemon cannot go faster whatever the core count. The table
+of rates is followed by one of the daemons' CPU.
 
 Each pass runs the targets in turn, the order rotating from pass to pass (so no target is
 always first), by default 3 passes (1 with --quick). The table shows the median of the
@@ -87,6 +91,8 @@ from benchio import (  # noqa: E402
     MiB,
     Pattern,
     Source,
+    ThreadStep,
+    busiest_thread,
     cpu_seconds,
     drop_caches,
     fsync_dir,
@@ -96,6 +102,7 @@ from benchio import (  # noqa: E402
     read_into,
     run_forked,
     same_bytes,
+    thread_cpu_seconds,
     write_from,
 )
 
@@ -105,6 +112,7 @@ META_SIZE = 4096
 REPO = Path(__file__).resolve().parent.parent
 NULLFS = REPO / "scripts" / "nullfs.py"
 TARGETS = ("plain", "ckptfs", "nullfs", "base")
+CPU_TARGETS = ("ckptfs", "nullfs", "base")  # the targets served by a daemon of their own
 # "base": ckptfs run from another checkout (--base-code DIR), e.g. the code before a change,
 # side by side with this one in the same run.
 GROUPS = ("a", "b", "c", "c1", "c2", "d", "t", "m")  # c1 = (c'), c2 = (c'')
@@ -723,13 +731,25 @@ def run_target(
                 out.results[key]["cpu_after_s"] = now - c_end
 
     def record(
-        key: str, unit: str, amount: int, secs: float, cpu: float | None, calls: int | None = None
+        key: str, unit: str, amount: int, secs: float, cpu: float | None,
+        calls: int | None = None, busy: ThreadStep | None = None,
     ) -> None:
-        r: dict[str, Any] = {"unit": unit, "amount": amount, "seconds": secs, "cpu_s": cpu}
+        r: dict[str, Any] = {"unit": unit, "amount": amount, "seconds": secs, "cpu_s": cpu,
+                             "busiest_cpu_s": None if busy is None else busy.busiest_s,
+                             "busiest_thread": None if busy is None else busy.busiest_name}
+        # The busiest thread (pyfuse3's trio thread, as a rule) runs on one core: its CPU
+        # per unit sets the daemon's ceiling however many cores there are.
+        busiest = ""
+        if busy is not None:
+            b = busy.busiest_s * per_unit_scale(unit, amount)
+            busiest = (f", busiest thread {busy.busiest_name!r} "
+                       + (f"{b:.2f} s/GB" if unit == "bytes" else f"{b:.1f} ms/1000 ops")
+                       + f" (ceiling {ceiling(b, unit, amount)})")
         if unit == "bytes":
             r["mb_per_s"] = amount / secs / 1e6
             rate = f"{r['mb_per_s']:10.1f} MB/s"
             per = f"; daemon {cpu / (amount / 1e9):.2f} CPU s/GB" if cpu is not None else ""
+            per += busiest
             if calls is not None:
                 # read(2) calls of the daemon per MiB: about its FUSE requests per MiB
                 r["reads_per_mib"] = calls / (amount / MiB)
@@ -738,6 +758,7 @@ def run_target(
             r["ops_per_s"] = amount / secs
             rate = f"{r['ops_per_s']:10.0f} op/s"
             per = f"; daemon {cpu * 1e6 / amount:.1f} CPU ms/1000 ops" if cpu is not None else ""
+            per += busiest
         out.results[key] = r
         print(f"  {key:<20} {rate}  ({secs:.2f} s{per})", flush=True)
 
@@ -760,13 +781,16 @@ def run_target(
         flush_trailing()
         pid = t.daemon_pid()
         c0 = cpu_seconds(pid)
+        th0 = thread_cpu_seconds(pid)
         r0 = read_calls(pid)
         try:
             t0 = time.perf_counter()
             got = fn()
             secs = got if got is not None else time.perf_counter() - t0
-            c1 = cpu_seconds(pid) if t.daemon_pid() == pid else None
-            r1 = read_calls(pid) if t.daemon_pid() == pid else None
+            same = t.daemon_pid() == pid
+            c1 = cpu_seconds(pid) if same else None
+            th1 = thread_cpu_seconds(pid) if same else None
+            r1 = read_calls(pid) if same else None
             if check is not None:
                 check()
         except (BenchError, OSError) as e:
@@ -776,7 +800,7 @@ def run_target(
             return
         cpu = c1 - c0 if c0 is not None and c1 is not None else None
         calls = r1 - r0 if r0 is not None and r1 is not None else None
-        record(key, unit, amount, secs, cpu, calls)
+        record(key, unit, amount, secs, cpu, calls, busiest_thread(th0, th1))
         # "After" starts when the check is done: its reads are the benchmark's, not the step's.
         c2 = cpu_seconds(pid) if t.daemon_pid() == pid else None
         if pid is not None and c2 is not None:
@@ -974,6 +998,38 @@ def cpu_per_unit(rs: list[TargetResult] | None, t: Test) -> tuple[float | None, 
     )
 
 
+def per_unit_scale(unit: str, amount: int) -> float:
+    """Seconds of CPU -> s per GB (bytes) or ms per 1000 operations (ops)."""
+    return 1e9 / amount if unit == "bytes" else 1e6 / amount
+
+
+def ceiling(per_unit: float | None, unit: str, amount: int) -> str:
+    """The rate a thread that costs ``per_unit`` (s/GB, or ms per 1000 ops) allows at most,
+    on a core of its own: 1 / per_unit, in GB/s (or op/s). Below one clock tick of CPU in
+    the step (the resolution of /proc), only a bound: ">x"."""
+    if per_unit is None:
+        return "-"
+    floor = per_unit_scale(unit, amount) / os.sysconf("SC_CLK_TCK")  # one tick, per unit
+    top = 1.0 if unit == "bytes" else 1e6
+    v, sign = (top / floor, ">") if per_unit < floor else (top / per_unit, "")
+    return f"{sign}{v:.2f} GB/s" if unit == "bytes" else f"{sign}{v:.0f} op/s"
+
+
+def busiest_per_unit(rs: list[TargetResult] | None, t: Test) -> tuple[float | None, str, int]:
+    """Median CPU of the daemon's busiest thread per GB (s) or per 1000 ops (ms) during the
+    step; the thread's name (names joined by "," if the passes differ); the step's amount."""
+    vals, names, amount = [], [], 0
+    for r in rs or []:
+        res = r.results.get(t.key)
+        if res is None or res.get("busiest_cpu_s") is None:
+            continue
+        amount = res["amount"]
+        vals.append(res["busiest_cpu_s"] * per_unit_scale(t.unit, amount))
+        names.append(res["busiest_thread"])
+    return (statistics.median(vals) if vals else None,
+            ",".join(sorted(set(names), key=names.index)), amount)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -989,12 +1045,11 @@ def print_table(
     w = max(len(t.label) for t in tests)
     head = (
         f"{'test':<{w}}  {'unit':>4}  {'plain':>8}  {'ckptfs':>8}  {'nullfs':>8}  "
-        f"{'ck/plain':>8}  {'ck/null':>7}  {'ckptfs range':>13}  {'ckptfs CPU':>11}  "
-        f"{'nullfs CPU':>11}"
+        f"{'ck/plain':>8}  {'ck/null':>7}  {'ckptfs range':>13}"
     )
     with_base = bool(res.get("base"))
     if with_base:
-        head += f"  {'base':>8}  {'base/plain':>10}  {'base CPU':>11}"
+        head += f"  {'base':>8}  {'base/plain':>10}"
     print(head)
     print("-" * len(head))
     for t in tests:
@@ -1012,15 +1067,6 @@ def print_table(
                 return f"{'-':>8}"
             return f"{'FAILED':>8}"
 
-        def cpu_cell(name: str, t: Test = t) -> str:
-            during, after = cpu_per_unit(res.get(name), t)
-            if during is None:
-                return f"{'-':>11}"
-            text = f"{during:.2f}" if t.unit == "bytes" else f"{during:.0f}"
-            if after is not None:
-                text += f"+{after:.2f}" if t.unit == "bytes" else f"+{after:.0f}"
-            return f"{text:>11}"
-
         ck_all = rates_all(res.get("ckptfs"), t)
         rng = f"{min(ck_all):.0f}-{max(ck_all):.0f}" if ck_all else "-"
         r_plain, r_null = ratio(vals["ckptfs"], vals["plain"]), ratio(vals["ckptfs"], vals["nullfs"])
@@ -1029,13 +1075,13 @@ def print_table(
             f"{t.label:<{w}}  {unit:>4}  {cell(vals['plain'], 'plain')}  "
             f"{cell(vals['ckptfs'], 'ckptfs')}  {cell(vals['nullfs'], 'nullfs')}  "
             f"{'-' if r_plain is None else f'{r_plain:.2f}':>8}  "
-            f"{'-' if r_null is None else f'{r_null:.2f}':>7}  {rng:>13}  "
-            f"{cpu_cell('ckptfs')}  {cpu_cell('nullfs')}"
+            f"{'-' if r_null is None else f'{r_null:.2f}':>7}  {rng:>13}"
             + (f"  {cell(vals['base'], 'base')}  {fmt_ratio(ratio(vals['base'], vals['plain'])):>10}"
-               f"  {cpu_cell('base')}" if with_base else "")
+               if with_base else "")
         )
         ck_cpu, ck_cpu_after = cpu_per_unit(res.get("ckptfs"), t)
         null_cpu, _ = cpu_per_unit(res.get("nullfs"), t)
+        busiest = {n: busiest_per_unit(res.get(n), t) for n in CPU_TARGETS}
         rows.append(
             {
                 "test": t.key,
@@ -1051,6 +1097,12 @@ def print_table(
                 "nullfs_cpu": null_cpu,
                 "base_over_plain": ratio(vals["base"], vals["plain"]),
                 "base_cpu": cpu_per_unit(res.get("base"), t)[0],
+                **{f"{n}_busiest_cpu": busiest[n][0] for n in CPU_TARGETS},
+                **{f"{n}_busiest_thread": busiest[n][1] or None for n in CPU_TARGETS},
+                **{f"{n}_ceiling": (None if (b := busiest[n][0]) is None or b == 0
+                                    else (1.0 if t.unit == "bytes" else 1e6) / b)
+                   for n in CPU_TARGETS},
+                "ceiling_unit": "GB/s" if t.unit == "bytes" else "ops/s",
             }
         )
     what = f"median of {passes} passes" if passes > 1 else "one pass"
@@ -1058,11 +1110,7 @@ def print_table(
         f"MB/s = 10^6 bytes per second, op/s = operations per second ({what}); wall clock of "
         "the whole operation (open to close, fsync and rename included where named)."
     )
-    print(
-        "CPU = the serving daemon's utime+stime during the step, s per GB (MB/s rows) or ms "
-        "per 1000 operations (op/s rows); +x = what it used after the step, until the next "
-        "began. The plain directory's CPU is the kernel's and is not attributed."
-    )
+    print_cpu_table(tests, res, w, with_base)
     if passes > 1:
         print(f"range over the {passes} passes (min-max):")
         for t in tests:
@@ -1072,6 +1120,50 @@ def print_table(
                 cells.append(f"{name} {min(v):.0f}-{max(v):.0f}" if v else f"{name} -")
             print(f"  {t.label:<{w}}  " + "   ".join(cells))
     return rows
+
+
+def fmt_cpu(v: float, t: Test) -> str:
+    return f"{v:.2f}" if t.unit == "bytes" else f"{v:.0f}"
+
+
+def print_cpu_table(
+    tests: list[Test], res: dict[str, list[TargetResult]], w: int, with_base: bool
+) -> None:
+    """The serving daemons' CPU per unit of work: all threads, the busiest thread, and the
+    rate that thread allows at most (it runs on one core however many there are)."""
+    names = [n for n in CPU_TARGETS if n != "base" or with_base]
+    head = f"{'daemon CPU':<{w}}  {'unit':>6}" + "".join(
+        f"  {n + ' CPU':>11}  {'busiest':>7}  {'ceiling':>11}" for n in names
+    ) + "  busiest thread (" + " / ".join(names) + ")"
+    print()
+    print(head)
+    print("-" * len(head))
+    for t in tests:
+        cells, threads = [], []
+        for n in names:
+            during, after = cpu_per_unit(res.get(n), t)
+            busy, thread, amount = busiest_per_unit(res.get(n), t)
+            text = "-" if during is None else fmt_cpu(during, t)
+            if during is not None and after is not None:
+                text += "+" + fmt_cpu(after, t)
+            b = "-" if busy is None else fmt_cpu(busy, t)
+            c = ceiling(busy, t.unit, amount) if busy is not None else "-"
+            cells.append(f"  {text:>11}  {b:>7}  {c:>11}")
+            threads.append(thread or "-")
+        unit = "s/GB" if t.unit == "bytes" else "ms/kop"
+        print(f"{t.label:<{w}}  {unit:>6}" + "".join(cells) + "  " + " / ".join(threads))
+    print(
+        "CPU = the serving daemon's utime+stime during the step (all threads), s per GB "
+        "(MB/s rows) or ms per 1000 operations (ms/kop, op/s rows); +x = what it used after "
+        "the step, until the next began. The plain directory's CPU is the kernel's and is not "
+        "attributed."
+    )
+    print(
+        "busiest = the same for the daemon's busiest thread alone (/proc/PID/task/*/stat; "
+        "threads that ended during the step are not counted); ceiling = 1 / busiest, the "
+        "rate that thread allows on a core of its own, however many cores (>x: it used less "
+        "than one clock tick, 1/SC_CLK_TCK s, in the step)."
+    )
 
 
 def mem_available() -> int:
