@@ -27,7 +27,10 @@ Each pass (3 by default, 1 with --quick) measures, in this order:
    clock stops.
 
 For every step: the CPU seconds (utime + stime from /proc) of the ckptfs daemon, of SeaweedFS
-and of this script, per GB. The table shows the median over passes and the range.
+and of this script, per GB; and of the daemon's busiest thread alone (/proc/PID/task/*/stat),
+with the ceiling it implies, 1 / (its s/GB) in GB/s: that thread (pyfuse3's trio thread, as a
+rule) runs on one core whatever the core count. The table shows the median over passes and
+the range.
 
 SeaweedFS, the daemons and the mounts are started here and stopped by PID in all cases.
 """
@@ -67,11 +70,13 @@ from benchio import (  # noqa: E402
     MiB,
     Pattern,
     Source,
+    busiest_thread,
     cpu_seconds,
     drop_caches,
     prefault,
     read_into,
     same_bytes,
+    thread_cpu_seconds,
     write_from,
 )
 
@@ -393,7 +398,7 @@ class Steps:
         self.nbytes = nbytes
         self.can_drop = can_drop
         self.pause = pause
-        self.passes: list[dict[str, dict[str, float | None]]] = []
+        self.passes: list[dict[str, dict[str, Any]]] = []
 
     def settle(self, cold: bool) -> None:
         """Before a timed step: dirty pages written back, and for a cold read the page cache
@@ -411,18 +416,29 @@ class Steps:
         dpid = node.pid if node is not None else None
         pids = (dpid, self.server.pid, os.getpid())
         before = [cpu_seconds(p) for p in pids]
+        threads0 = thread_cpu_seconds(dpid)
         t0 = time.perf_counter()
         fn()
         secs = time.perf_counter() - t0
         after = [cpu_seconds(p) for p in pids]
+        # The daemon's busiest thread (pyfuse3's trio thread, as a rule) runs on one core: its
+        # CPU per GB caps the daemon's rate whatever the core count.
+        busy = busiest_thread(threads0, thread_cpu_seconds(dpid))
         cpu = [None if a is None or b is None else a - b for a, b in zip(after, before, strict=True)]
         if check is not None:
             check()
         self.passes[-1][key] = {"seconds": secs, "cpu_daemon_s": cpu[0],
-                                "cpu_seaweed_s": cpu[1], "cpu_script_s": cpu[2]}
+                                "cpu_seaweed_s": cpu[1], "cpu_script_s": cpu[2],
+                                "cpu_daemon_busiest_s": None if busy is None else busy.busiest_s,
+                                "daemon_busiest_thread": None if busy is None
+                                else busy.busiest_name}
         gb = self.nbytes / 1e9
         cells = ", ".join(f"{what} {'-' if c is None else f'{c / gb:.2f}'}"
                           for what, c in zip(("daemon", "SeaweedFS", "script"), cpu, strict=True))
+        if busy is not None:
+            per_gb = busy.busiest_s / gb
+            cells += (f"; daemon's busiest thread {busy.busiest_name!r} {per_gb:.2f} "
+                      f"(ceiling {ceiling_gbps(per_gb, gb)})")
         extra = ""
         if node is not None and node.pid is not None:
             st = node.stats()
@@ -463,13 +479,22 @@ def med(vals: list[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def ceiling_gbps(s_per_gb: float | None, gb: float) -> str:
+    """1 / (the busiest thread's CPU s/GB): the GB/s that thread allows on a core of its own;
+    ">x" when it used less than one clock tick in the step (the resolution of /proc)."""
+    if s_per_gb is None:
+        return "-"
+    floor = 1 / os.sysconf("SC_CLK_TCK") / gb  # one tick, per GB
+    return f">{1 / floor:.2f} GB/s" if s_per_gb < floor else f"{1 / s_per_gb:.2f} GB/s"
+
+
 def report(steps: Steps, nbytes: int) -> dict[str, Any]:
     gb = nbytes / 1e9
     npass = len(steps.passes)
     what = f"median of {npass} passes, range" if npass > 1 else "one pass"
     print(f"\n| measurement ({gb:.2f} GB; {what}) | s | GB/s | CPU s/GB: daemon / SeaweedFS / "
-          "script |")
-    print("|---|---|---|---|")
+          "script | daemon's busiest thread: CPU s/GB, ceiling |")
+    print("|---|---|---|---|---|")
     summary: dict[str, Any] = {}
     for key, label in ROWS:
         runs = [p[key] for p in steps.passes if key in p]
@@ -482,8 +507,15 @@ def report(steps: Steps, nbytes: int) -> dict[str, Any]:
         assert m is not None
         rng = f" ({min(secs):.2f}-{max(secs):.2f})" if npass > 1 else ""
         cells = " / ".join("-" if c is None else f"{c:.2f}" for c in cpu)
-        print(f"| {label} | {m:.2f}{rng} | {gb / m:.2f} | {cells} |")
-        summary[key] = {"seconds": m, "all_seconds": secs, "cpu_s_per_gb": cpu}
+        busiest = med([v / gb for r in runs if (v := r.get("cpu_daemon_busiest_s")) is not None])
+        names = list(dict.fromkeys(n for r in runs if (n := r.get("daemon_busiest_thread"))))
+        thread = ("-" if busiest is None else
+                  f"{busiest:.2f} ({','.join(names)}), {ceiling_gbps(busiest, gb)}")
+        print(f"| {label} | {m:.2f}{rng} | {gb / m:.2f} | {cells} | {thread} |")
+        summary[key] = {"seconds": m, "all_seconds": secs, "cpu_s_per_gb": cpu,
+                        "daemon_busiest_s_per_gb": busiest,
+                        "daemon_busiest_thread": ",".join(names) or None,
+                        "daemon_ceiling_gb_per_s": None if not busiest else 1 / busiest}
     print("\n| ratio | aim | value |")
     print("|---|---|---|")
     for label, num, den, aim in RATIOS:
@@ -544,7 +576,9 @@ def one_pass(n: int, base: Path, server: SeaweedServer, client: Any, files: list
         if isinstance(timeline, Timeline):
             timeline.show(label)
         steps.passes[-1][stall_key] = {"seconds": stall[0], "cpu_daemon_s": None,
-                                       "cpu_seaweed_s": None, "cpu_script_s": None}
+                                       "cpu_seaweed_s": None, "cpu_script_s": None,
+                                       "cpu_daemon_busiest_s": None,
+                                       "daemon_busiest_thread": None}
         print(f"  of which the save (stall): {stall[0]:.2f} s", flush=True)
 
     # The same on a node whose uploads overlap the save (upload_during_save = "overlap").
