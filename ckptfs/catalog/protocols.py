@@ -19,6 +19,7 @@ from typing import Protocol
 
 from .audit import AuditEntry, AuditRecord
 from .deletion_events import Listener
+from .hooks import CatalogHooks
 from .keys import KeyRow, Wrap
 from .quotas import Charge, NamespaceUsage
 from .rows import (
@@ -203,8 +204,7 @@ class ContentsCatalog(Protocol):
 
 
 class ReplicaCatalog(Protocol):
-    """Where chunk copies are (replicas), the upload jobs that copy them to remote
-    tiers, and local eviction."""
+    """Where chunk copies are (replica rows: valid or bad), and local eviction."""
 
     def replica_tiers(self, digest: bytes) -> tuple[str, ...]:
         ...
@@ -262,6 +262,10 @@ class ReplicaCatalog(Protocol):
         """Turn a local replica row into a deletion row if a remote copy still backs it and
         no upload needs it (checked again in the transaction)."""
         ...
+
+
+class UploadQueue(Protocol):
+    """The upload jobs that copy chunks to remote tiers (upload/uploader.py runs them)."""
 
     def requeue_upload(self, digest: bytes, tier: str) -> bool:
         """Copy a chunk to a remote tier again (its copy there is missing or corrupt)."""
@@ -706,8 +710,11 @@ class AuditCatalog(Protocol):
     event that changes nothing else by ``audit_append``; an open for reading by
     ``audit_note`` (memory only), written by the next ``audit_flush``."""
 
-    audit_node: str  # this node's name in the records
-    # Called after each ``audit_note`` (the noting thread): thread-safe, must not block.
+    # Read from the hooks given at open (hooks.CatalogHooks): this node's name in the
+    # records (``node``), and what is called after each ``audit_note`` (the noting thread).
+    # Setting either replaces that field of the hooks: kept until the daemon gives its
+    # hooks when it opens the catalog (issue 34).
+    audit_node: str
     on_audit_note: Callable[[], None] | None
 
     def audit_append(self, records: AuditRecord | Sequence[AuditRecord]) -> None:
@@ -758,9 +765,9 @@ class KeyCatalog(Protocol):
 
 
 class Catalog(
-    NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, CheckpointCatalog,
-    MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog, AuditCatalog,
-    KeyCatalog, Protocol,
+    NamespaceCatalog, ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue,
+    CheckpointCatalog, MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog,
+    AuditCatalog, KeyCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 
@@ -770,6 +777,14 @@ class Catalog(
     concurrency: int
     # Several nodes may use this catalog at once (PostgreSQL), each with its own local tiers.
     shared: bool
-    # Called (in the calling thread, after the COMMIT) by every transaction that changed
-    # the namespace or file contents: thread-safe, must not block.
+
+    @property
+    def hooks(self) -> CatalogHooks:
+        """What the engine calls back (``on_touch`` after every transaction that changed
+        the namespace or file contents; ``on_audit_note``) and the node's name in audit
+        records: given when the catalog is opened (engines.open_catalog's ``hooks``)."""
+        ...
+
+    # Read from ``hooks``. Setting it replaces that field of the hooks: kept until the
+    # daemon gives its hooks when it opens the catalog (issue 34).
     on_touch: Callable[[], None] | None
