@@ -2,8 +2,9 @@
 jobs, the deletion queue, checkpoint rows and meta.
 
 protocols.py is its surface (a Protocol per concern, ``protocols.Catalog`` the whole);
-rows.py the rows every engine returns; sql.py the logic, once, in SQL both engines take;
-sqlite.py the SQLite engine (a file in the state dir), postgres.py the PostgreSQL engine (a
+rows.py the rows every engine returns; sql.py the logic, once, in SQL both engines take
+(assembled from a module per role over conn.py, which owns connections and transactions);
+hooks.py what an engine calls back, given when it is opened; sqlite.py the SQLite engine (a file in the state dir), postgres.py the PostgreSQL engine (a
 database shared by nodes). ``Catalog`` here is the Protocol; engines.py picks an engine
 (``open_catalog``), and imports postgres.py (psycopg) only when one is a database.
 durability.py is the one definition of "durable on the remote", read through the protocols

@@ -21,25 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from ..names import readable
-
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn, SqlBase
+from .hooks import CatalogHooks
+from .tree import path_of
 
 __all__ = [
     "AUDIT_DDL", "AUDIT_FORMAT", "AuditEntry", "AuditProblem", "AuditRecord", "AuditSql",
     "canonical_json", "genesis", "record_bytes", "record_digest", "verify_chain",
 ]
-
-T = TypeVar("T")
 
 AUDIT_FORMAT = b"ckptfs-audit-1"  # the first field of every encoded record
 
@@ -184,32 +180,34 @@ def verify_chain(entries: Iterable[AuditEntry], first_prev: bytes) -> list[Audit
     return problems
 
 
-class AuditSql:
-    """The audit methods of SqlCatalog (which provides ``_write``, ``_reading``,
-    ``_query`` and ``_path_of``)."""
+class AuditSql(SqlBase):
+    """The audit methods of SqlCatalog. This node's name in the records is the hooks'
+    ``node``; their ``on_audit_note`` (the daemon's flusher's wake) is called in the
+    noting thread after each ``audit_note``."""
 
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _reading(self) -> AbstractContextManager[Conn]:
-        raise NotImplementedError
-
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def _path_of(c: Conn, ino: int) -> str:
-        raise NotImplementedError
-
-    def __init__(self) -> None:
-        # This node's name in the records (mount.py sets the configured node name).
-        self.audit_node = socket.gethostname()
-        # Called (in the noting thread) after each ``audit_note``: the daemon's flusher's
-        # wake. Thread-safe, never blocks.
-        self.on_audit_note: Callable[[], None] | None = None
+    def __init__(self, hooks: CatalogHooks | None = None) -> None:
+        super().__init__(hooks)
         self._audit_lock = threading.Lock()
         self._audit_backlog: list[AuditRecord] = []  # noted, not yet written
         self._audit_dropped = 0  # noted and dropped (BACKLOG_MAX)
+
+    # Until the daemon gives its hooks when it opens the catalog (issue 34): each replaces
+    # that field of ``hooks``.
+    @property
+    def audit_node(self) -> str:
+        return self.hooks.node
+
+    @audit_node.setter
+    def audit_node(self, node: str) -> None:
+        self.hooks = replace(self.hooks, node=node)
+
+    @property
+    def on_audit_note(self) -> Callable[[], None] | None:
+        return self.hooks.on_audit_note
+
+    @on_audit_note.setter
+    def on_audit_note(self, fn: Callable[[], None] | None) -> None:
+        self.hooks = replace(self.hooks, on_audit_note=fn)
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -230,11 +228,11 @@ class AuditSql:
         else:
             seq, prev = int(row[0]), bytes(row[1])
         now = time.time_ns()
-        node = self.audit_node
+        node = self.hooks.node
         for r in todo:
             where = r.path
             if where is None:
-                where = (self._path_of(c, r.ino) if r.ino is not None
+                where = (path_of(c, r.ino) if r.ino is not None
                          else path() if path is not None else "")
             # Names that are not UTF-8: their bytes escaped, so the text stores and hashes.
             where = readable(where)
@@ -266,8 +264,9 @@ class AuditSql:
                 del self._audit_backlog[0]
                 self._audit_dropped += 1
             self._audit_backlog.append(record)
-        if self.on_audit_note is not None:
-            self.on_audit_note()
+        woke = self.hooks.on_audit_note
+        if woke is not None:
+            woke()
 
     def audit_pending(self) -> int:
         """How many noted records wait for ``audit_flush``."""

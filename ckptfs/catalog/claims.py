@@ -2,7 +2,7 @@
 claims its dead predecessor left (issue 33, item 9; upload/deleter.py): the SQL, once for
 every engine.
 
-A deleter claims a remote row for a lease (sql.CLAIM_LEASE_NS, 600 s: its negative
+A deleter claims a remote row for a lease (deletion_queue.CLAIM_LEASE_NS, 600 s: its negative
 next_try_ns) before its DELETE; while claimed, no node uploads the pair. A daemon killed
 mid-delete left its claims to run out with that lease: its rows, and the uploads of
 their pairs, waited ten minutes after the restart. Each claim now records its owner in
@@ -23,15 +23,11 @@ its row's claim is stale and ignored, and the adoption drops those.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping
 
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn, SqlBase
 
 __all__ = ["CLAIMS_DDL", "ClaimsSql", "forget_owner", "move_owner", "record_owner"]
-
-T = TypeVar("T")
 
 CLAIMS_DDL = """
 -- The owner of each claimed remote deletion row (catalog/claims.py): its node and session,
@@ -67,15 +63,9 @@ def forget_owner(c: Conn, digest: bytes, tier: str) -> None:
     c.execute("DELETE FROM deletion_claims WHERE digest=? AND tier=?", (digest, tier))
 
 
-class ClaimsSql:
-    """The claim-owner methods of SqlCatalog (which provides ``_write``); the sessions'
-    table is sessions.SESSIONS_DDL, its times the database's clock (``_db_now``)."""
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _db_now(self, c: Conn) -> int:
-        raise NotImplementedError
+class ClaimsSql(SqlBase):
+    """The claim-owner methods of SqlCatalog; the sessions' table is
+    sessions.SESSIONS_DDL, its times the database's clock (``_db_now``)."""
 
     def adopt_deletion_claims(
         self, node: str, sid: str, until_by_tier: Mapping[str, int], every: bool = False,

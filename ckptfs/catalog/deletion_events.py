@@ -7,9 +7,9 @@ With a shared catalog a node waits for deletion rows another node writes or ends
   dropped chunks it holds), for remote rows any node may take, and for the end of rows it
   settles on (Deleter.settle) that another node deletes or claimed;
 * its uploader for upload jobs held by another node's claim of the pair's remote
-  deletion (sql._CLAIMED): they may run once the claim ends.
+  deletion (uploads._CLAIMED): they may run once the claim ends.
 
-sql.py calls ``_notify_deletions`` (rows queued, made due, or ended) and ``_notify_held``
+The catalog's SQL (deletion_queue.py, contents.py, uploads.py, ...) calls ``_notify_deletions`` (rows queued, made due, or ended) and ``_notify_held``
 (a claim ended while an upload job of its pair waited) at most once per transaction. On
 PostgreSQL they are a NOTIFY, delivered to every listening session when the transaction
 commits (never if it rolls back: its rerun notifies); SQLite has one node, whose deleter
@@ -21,10 +21,9 @@ A claim that nobody ends (its node died) is no event: its lease's end is a deadl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn, SqlBase
 
 __all__ = ["DELETIONS_CHANNEL", "HELD_CHANNEL", "DeletionEventsSql", "Listener"]
 
@@ -46,7 +45,7 @@ class Listener(Protocol):
         ...
 
 
-class DeletionEventsSql:
+class DeletionEventsSql(SqlBase):
     """The hooks of SqlCatalog's deletion queue; an engine with other nodes overrides
     them (postgres.py). The defaults: one node, nobody to tell."""
 

@@ -1,12 +1,10 @@
 """Writing a row of the deletion queue inside another transaction: the one helper every
-module of the catalog that drops a copy uses (sql.py, moves.py, sessions.py)."""
+module of the catalog that drops a copy uses (contents.py, uploads.py, replicas.py,
+deletion_queue.py, moves.py, sessions.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn
 
 __all__ = ["queue_deletion"]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import statedir
 from ..config.model import CATALOG_FILE
+from .hooks import CatalogHooks
 from .protocols import Catalog as CatalogProtocol
 from .sql import SqlCatalog
 from .sqlite import SqliteCatalog
@@ -33,17 +34,20 @@ def is_database_url(where: str | Path) -> bool:
     return isinstance(where, str) and where.startswith(("postgresql://", "postgres://"))
 
 
-def open_catalog(where: Path | str, readonly: bool = False, *, pool_size: int = 4) -> SqlCatalog:
+def open_catalog(where: Path | str, readonly: bool = False, *, pool_size: int = 4,
+                 hooks: CatalogHooks | None = None) -> SqlCatalog:
     """The catalog at ``where``: a SQLite file (a path), or a PostgreSQL database (a
-    ``postgresql://`` URI, with ``pool_size`` connections)."""
+    ``postgresql://`` URI, with ``pool_size`` connections). ``hooks``: what the engine
+    calls back (hooks.py)."""
     if is_database_url(where):
-        return postgres_engine()(str(where), pool_size=pool_size, readonly=readonly)
-    return SqliteCatalog(Path(where), readonly=readonly)
+        return postgres_engine()(str(where), pool_size=pool_size, readonly=readonly, hooks=hooks)
+    return SqliteCatalog(Path(where), readonly=readonly, hooks=hooks)
 
 
-def open_shared_catalog(url: str, *, pool_size: int, readonly: bool = False) -> CatalogProtocol:
+def open_shared_catalog(url: str, *, pool_size: int, readonly: bool = False,
+                        hooks: CatalogHooks | None = None) -> CatalogProtocol:
     """The shared catalog at ``url`` (PostgreSQL); its first opener creates the schema."""
-    return postgres_engine()(url, pool_size=pool_size, readonly=readonly)
+    return postgres_engine()(url, pool_size=pool_size, readonly=readonly, hooks=hooks)
 
 
 def shared_binding(state_dir: Path) -> tuple[str, str] | None:
@@ -51,10 +55,11 @@ def shared_binding(state_dir: Path) -> tuple[str, str] | None:
     return statedir.read_binding(state_dir)
 
 
-def open_state_dir_catalog(state_dir: Path, readonly: bool = True) -> CatalogProtocol:
+def open_state_dir_catalog(state_dir: Path, readonly: bool = True, *,
+                           hooks: CatalogHooks | None = None) -> CatalogProtocol:
     """The catalog a state dir's daemon uses, for a command beside it (read-only by
     default): its SQLite file, or the shared database it is bound to."""
     binding = statedir.read_binding(state_dir)
     if binding is not None:
-        return open_shared_catalog(binding[0], pool_size=1, readonly=readonly)
-    return SqliteCatalog(state_dir / CATALOG_FILE, readonly=readonly)
+        return open_shared_catalog(binding[0], pool_size=1, readonly=readonly, hooks=hooks)
+    return SqliteCatalog(state_dir / CATALOG_FILE, readonly=readonly, hooks=hooks)

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn, SqlBase
 
 __all__ = ["KEYS_DDL", "KeyRow", "KeysSql", "Wrap"]
-
-T = TypeVar("T")
 
 KEYS_DDL = """
 -- Versions of encrypted namespaces' data keys, wrapped by the KEK (catalog/keys.py);
@@ -69,14 +65,8 @@ def _row(r: Any) -> KeyRow:
                   str(r[4]), int(r[5]), None if r[6] is None else int(r[6]))
 
 
-class KeysSql:
-    """The key methods of SqlCatalog (which provides ``_write`` and ``_reading``)."""
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _reading(self) -> AbstractContextManager[Conn]:
-        raise NotImplementedError
+class KeysSql(SqlBase):
+    """The key methods of SqlCatalog."""
 
     def namespace_keys(self, namespace: str | None = None) -> list[KeyRow]:
         """Every key version (with tombstones), of one namespace or all, by key id."""

@@ -24,18 +24,13 @@ of a dead node (its open handles) goes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable, Sequence
 
+from .conn import Conn
 from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
 
-if TYPE_CHECKING:
-    from .sql import Conn
-
 __all__ = ["MOVED_PAIR", "MOVES_DDL", "MovesSql", "release_moves_of"]
-
-T = TypeVar("T")
 
 MOVES_DDL = """
 -- Uncommitted chunks a node moves or moved to a remote tier (its local tiers full;
@@ -50,7 +45,7 @@ CREATE TABLE IF NOT EXISTS chunk_moves (
 );
 """
 
-# A move of the pair (digest, tier) on any node: claim_deletions' "wanted" (sql.py).
+# A move of the pair (digest, tier) on any node: claim_deletions' "wanted" (deletion_queue.py).
 MOVED_PAIR = "SELECT 1 FROM chunk_moves WHERE digest=? AND tier=?"
 
 
@@ -81,15 +76,8 @@ def release_moves_of(c: Conn, node: str | None) -> int:
 
 
 class MovesSql(DeletionEventsSql):
-    """The move methods of SqlCatalog (which provides ``_write`` and ``_reading``). A
-    deletion row a move queues or cancels is an event for other nodes' deleters (a settle
-    may wait for a cancelled row)."""
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        raise NotImplementedError
+    """The move methods of SqlCatalog. A deletion row a move queues or cancels is an
+    event for other nodes' deleters (a settle may wait for a cancelled row)."""
 
     def begin_move(self, digest: bytes, length: int, tiers: Sequence[str], node: str) -> bool:
         """Before ``node`` PUTs its uncommitted chunk on ``tiers``: False, writing nothing,
@@ -101,7 +89,7 @@ class MovesSql(DeletionEventsSql):
         def body(c: Conn) -> bool:
             for tier in todo:
                 # Any claim holds, also one whose lease ran out: its deleter may still
-                # be deleting (as for uploads, sql._CLAIMED); another deleter takes it
+                # be deleting (as for uploads, uploads._CLAIMED); another deleter takes it
                 # over, and its end lets the move go on.
                 if c.execute("SELECT 1 FROM deletions WHERE digest=? AND tier=? AND "
                              "next_try_ns<0", (digest, tier)).fetchone():

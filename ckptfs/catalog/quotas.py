@@ -20,21 +20,15 @@ mount with the namespace, and a file charged to another namespace (a changed con
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import QuotaExceeded
-
-if TYPE_CHECKING:
-    from .rows import Inode
-    from .sql import Conn
+from .conn import Conn, SqlBase
+from .tree import files_under
 
 __all__ = ["QUOTAS_DDL", "Charge", "NamespaceUsage", "QuotasSql", "charge_commit",
            "uncharge_inode"]
-
-T = TypeVar("T")
 
 # A namespace's usage is one of the catalog's signed 64-bit integers: a growth past it is
 # refused like a quota (SQLite would turn the sum into an inexact float, PostgreSQL fail).
@@ -135,20 +129,8 @@ def uncharge_inode(c: Conn, ino: int) -> None:
     c.execute("DELETE FROM ns_files WHERE ino=?", (ino,))
 
 
-class QuotasSql:
-    """The usage methods of SqlCatalog (which provides ``_write``, ``_reading``,
-    ``_files_under`` and ``_missing_table``)."""
-
-    _missing_table: tuple[type[Exception], ...] = ()
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _reading(self) -> AbstractContextManager[Conn]:
-        raise NotImplementedError
-
-    def _files_under(self, c: Conn, root: str) -> list[Inode]:
-        raise NotImplementedError
+class QuotasSql(SqlBase):
+    """The usage methods of SqlCatalog."""
 
     def count_namespaces(self, namespaces: Sequence[tuple[str, int | None]]) -> list[str]:
         """Record each namespace's (path, quota); one not counted before is counted now
@@ -164,7 +146,7 @@ class QuotasSql:
                     c.execute("UPDATE ns_usage SET quota=? WHERE ns=?", (quota, ns))
                     continue
                 seen: set[int] = set()
-                for inode in self._files_under(c, ns):
+                for inode in files_under(c, ns):
                     if inode.ino in seen:
                         continue  # two names of one file: counted once
                     seen.add(inode.ino)

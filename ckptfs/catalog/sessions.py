@@ -30,24 +30,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Sequence
 
 from ..errors import NotFound, UsageError
 from ..names import path_bytes, path_str, readable
+from .conn import SQLITE_NOW_NS, Conn
 from .deletion_events import DeletionEventsSql
 from .moves import release_moves_of
 from .protocols import ExclusiveLock
 from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
-
-if TYPE_CHECKING:
-    from .sql import Conn
+from .tree import path_of
 
 __all__ = ["SESSIONS_DDL", "SQLITE_NOW_NS", "OneNodeLock", "SessionsSql"]
-
-T = TypeVar("T")
 
 SESSIONS_DDL = """
 -- Node sessions of a shared catalog (catalog/sessions.py). Times: the database's clock, ns.
@@ -71,9 +66,6 @@ CREATE INDEX IF NOT EXISTS open_handles_ino ON open_handles (ino);
 
 _SET_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', ?) "
                 "ON CONFLICT (key) DO UPDATE SET value=excluded.value")
-
-# SQLite's clock in ns since the epoch (julianday has sub-millisecond precision).
-SQLITE_NOW_NS = "CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)"
 
 
 def _under(path: str, root: str) -> bool:
@@ -107,23 +99,10 @@ class OneNodeLock:
 
 
 class SessionsSql(DeletionEventsSql):
-    """The session methods of SqlCatalog (which provides ``_write``, ``_reading`` and
-    ``_path_of``); an engine provides ``_now_ns_sql`` and ``_cleanup_lock``."""
+    """The session methods of SqlCatalog; an engine provides ``_now_ns_sql`` (conn.py)
+    and ``_cleanup_lock``."""
 
-    _now_ns_sql: str = SQLITE_NOW_NS
-    on_touch: Callable[[], None] | None
-
-    # -- what SqlCatalog and the engine provide ----------------------------------------------
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _reading(self) -> AbstractContextManager[Conn]:
-        raise NotImplementedError
-
-    @staticmethod
-    def _path_of(c: Conn, ino: int) -> str:
-        raise NotImplementedError
+    # -- what the engine provides ------------------------------------------------------------
 
     def _cleanup_lock(self, c: Conn) -> bool:
         """Whether this transaction may clean up expired sessions (one node at a time)."""
@@ -132,9 +111,6 @@ class SessionsSql(DeletionEventsSql):
     def try_exclusive(self, name: str) -> ExclusiveLock | None:
         """One node uses this engine: the lock is always granted (PostgreSQL overrides)."""
         return OneNodeLock()
-
-    def _db_now(self, c: Conn) -> int:
-        return int(c.execute(f"SELECT {self._now_ns_sql}").fetchone()[0])
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -213,8 +189,8 @@ class SessionsSql(DeletionEventsSql):
             return ended
 
         ended = self._write(body)
-        if ended and self.on_touch is not None:
-            self.on_touch()
+        if ended:
+            self._fire_touch()
         return ended
 
     def sessions(self) -> list[SessionRow]:
@@ -276,7 +252,7 @@ class SessionsSql(DeletionEventsSql):
         with self._reading() as c:
             inos = [int(r[0]) for r in c.execute(
                 "SELECT DISTINCT ino FROM open_handles WHERE writing=1 ORDER BY ino").fetchall()]
-            paths = [self._path_of(c, ino) for ino in inos]
+            paths = [path_of(c, ino) for ino in inos]
         return [p for p in paths if p.startswith("/")]
 
     # -- ending a session --------------------------------------------------------------------
@@ -284,7 +260,7 @@ class SessionsSql(DeletionEventsSql):
     def _end(self, c: Conn, sid: str, node: str, why: str) -> SessionEnd:
         held = [(int(i), bool(w)) for i, w in
                 c.execute("SELECT ino, writing FROM open_handles WHERE sid=?", (sid,)).fetchall()]
-        writing = [self._path_of(c, ino) for ino, w in held if w]
+        writing = [path_of(c, ino) for ino, w in held if w]
         c.execute("DELETE FROM open_handles WHERE sid=?", (sid,))
         c.execute("DELETE FROM sessions WHERE sid=?", (sid,))
         dropped: list[int] = []
@@ -304,7 +280,7 @@ class SessionsSql(DeletionEventsSql):
     def _mark_partial(self, c: Conn, dead: list[str], why: str) -> list[str]:
         """The checkpoints still "writing" with a file under them that the ended session
         had open for writing, and none that another session has: partial."""
-        live = [self._path_of(c, int(r[0])) for r in
+        live = [path_of(c, int(r[0])) for r in
                 c.execute("SELECT DISTINCT ino FROM open_handles WHERE writing=1").fetchall()]
         out = []
         for (root,) in c.execute("SELECT root FROM checkpoints WHERE state=?",

@@ -29,18 +29,19 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
-from .sql import (
+from .hooks import CatalogHooks
+from .schema import (
     CHECKPOINT_STATES,
     MARK_CHANGED,
     SCHEMA,
     SCHEMA_VERSION,
     SEQUENCES,
     TABLES,
-    SqlCatalog,
     checkpoints_ddl,
     init_rows,
     newer_schema,
 )
+from .sql import SqlCatalog
 
 __all__ = ["SqliteCatalog", "catalog_file", "read_recorded_tiers"]
 
@@ -128,10 +129,12 @@ class SqliteCatalog(SqlCatalog):
     concurrency = 1
     _missing_table = (sqlite3.OperationalError,)
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
+    def __init__(self, path: Path, readonly: bool = False, *,
+                 hooks: CatalogHooks | None = None) -> None:
         """``readonly`` opens a live catalog beside its daemon (status, sync) without
-        touching it; WAL lets the reader see every committed transaction."""
-        super().__init__()
+        touching it; WAL lets the reader see every committed transaction. ``hooks``: what
+        it calls back (hooks.py)."""
+        super().__init__(hooks)
         self.path = path
         if readonly:
             self.conn = sqlite3.connect(

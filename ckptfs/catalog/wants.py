@@ -15,16 +15,12 @@ clocks differ), like the sessions'.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .sql import Conn
+from .conn import Conn, SqlBase
 
 __all__ = ["WANTS_CHANNEL", "WANTS_DDL", "WantListener", "WantsSql", "held_on"]
-
-T = TypeVar("T")
 
 WANTS_CHANNEL = "ckptfs_chunk_wants"
 
@@ -67,18 +63,9 @@ def held_on(sources: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
             f"h.state = 'valid' AND h.tier IN ({ph}))", tuple(sources))
 
 
-class WantsSql:
-    """The want methods of SqlCatalog (which provides ``_write``, ``_reading`` and
-    ``_db_now``); an engine provides ``_notify_wants`` and ``listen_wants``."""
-
-    def _write(self, body: Callable[[Conn], T], synced: bool = False, touch: bool = False) -> T:
-        raise NotImplementedError
-
-    def _reading(self) -> AbstractContextManager[Conn]:
-        raise NotImplementedError
-
-    def _db_now(self, c: Conn) -> int:  # SessionsSql's (before this class in SqlCatalog's MRO)
-        raise NotImplementedError
+class WantsSql(SqlBase):
+    """The want methods of SqlCatalog; an engine provides ``_notify_wants`` and
+    ``listen_wants``."""
 
     def _notify_wants(self, c: Conn) -> None:
         """Tell the other nodes, at this transaction's commit, that a want was recorded.
@@ -125,7 +112,7 @@ class WantsSql:
 
     def wanted_uploads(self, sources: Sequence[str] | None, limit: int = 1000) -> list[bytes]:
         """The chunks some live want names that still have an upload job of ``sources``
-        (see sql.due_uploads), the longest wanted first."""
+        (see uploads.due_uploads), the longest wanted first."""
         held, args = held_on(sources)
         with self._reading() as c:
             now = self._db_now(c)

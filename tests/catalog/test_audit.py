@@ -18,6 +18,7 @@ import pytest
 from ckptfs.catalog import ROOT_INODE, ChunkRef, PostgresCatalog, SqlCatalog, SqliteCatalog
 from ckptfs.catalog.audit import AuditRecord, verify_chain
 from ckptfs.catalog.catalog import SCHEMA_VERSION
+from ckptfs.catalog.hooks import CatalogHooks
 from ckptfs.errors import AlreadyExists
 
 R = ROOT_INODE
@@ -26,13 +27,19 @@ D = stat.S_IFDIR | 0o755
 A = b"\x0a" * 32
 
 
+@pytest.fixture
+def woke() -> list[int]:
+    """A call per audit note (the hooks' on_audit_note of ``cat``)."""
+    return []
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlCatalog]:
+def cat(request: pytest.FixtureRequest, tmp_path: Path, woke: list[int]) -> Iterator[SqlCatalog]:
+    hooks = CatalogHooks(node="n1", on_audit_note=lambda: woke.append(1))
     if request.param == "sqlite":
-        c: SqlCatalog = SqliteCatalog(tmp_path / "c.sqlite")
+        c: SqlCatalog = SqliteCatalog(tmp_path / "c.sqlite", hooks=hooks)
     else:
-        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    c.audit_node = "n1"
+        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2, hooks=hooks)
     try:
         yield c
     finally:
@@ -76,10 +83,8 @@ def test_a_failed_change_records_nothing(cat: SqlCatalog) -> None:
     assert [e.seq for e in cat.audit_entries()] == [1]
 
 
-def test_noted_records_wait_for_the_flush(cat: SqlCatalog) -> None:
+def test_noted_records_wait_for_the_flush(cat: SqlCatalog, woke: list[int]) -> None:
     f = cat.create(R, b"w", F, 0, 0)
-    woke: list[int] = []
-    cat.on_audit_note = lambda: woke.append(1)
     cat.audit_note(AuditRecord("open", uid=5, pid=6, ino=f.ino, detail={"access": "r"}))
     cat.audit_note(AuditRecord("open", uid=5, pid=7, ino=f.ino, detail={"access": "r"}))
     assert woke == [1, 1] and cat.audit_entries() == [] and cat.audit_pending() == 2
@@ -160,14 +165,13 @@ def test_the_snapshot_carries_the_chain(tmp_path: Path) -> None:
 
 
 def test_two_nodes_appending_at_once_make_one_chain(pg_url: str) -> None:
-    nodes = [PostgresCatalog(pg_url, pool_size=2) for _ in range(2)]
-    nodes[0].audit_node, nodes[1].audit_node = "a", "b"
+    nodes = [PostgresCatalog(pg_url, pool_size=2, hooks=CatalogHooks(node=n)) for n in "ab"]
     errors: list[BaseException] = []
 
     def work(c: PostgresCatalog, k: int) -> None:
         try:
             for i in range(40):
-                c.create(R, f"{c.audit_node}{k}-{i}".encode(), F, 0, 0,
+                c.create(R, f"{c.hooks.node}{k}-{i}".encode(), F, 0, 0,
                          audit=AuditRecord("create", uid=k))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

@@ -21,6 +21,7 @@ from tests.support.pgserver import PgServer
 
 from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 from ckptfs.catalog import postgres as postgres_engine
+from ckptfs.catalog.hooks import CatalogHooks
 from ckptfs.catalog.postgres import CONNECT_TIMEOUT, POOL_WAIT
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef, Inode
 from ckptfs.catalog.sql import SCHEMA_VERSION, Conn
@@ -397,24 +398,27 @@ def test_the_snapshot_restores_as_a_sqlite_catalog_with_the_same_namespace_and_e
 
 
 def test_a_change_on_one_node_makes_the_snapshot_stale_for_every_node(
-    nodes: tuple[PostgresCatalog, PostgresCatalog], tmp_path: Path
+    nodes: tuple[PostgresCatalog, PostgresCatalog], tmp_path: Path, pg_url: str
 ) -> None:
-    a, b = nodes
+    _, b = nodes
     touched = threading.Event()
-    a.on_touch = touched.set
-    b.set_meta("snapshot_of_ns", str(time.time_ns()))
-    assert a.snapshot_is_current() and b.snapshot_is_current()
-    a.set_meta("x", "1")  # not a namespace or content change
-    assert not touched.is_set() and b.snapshot_is_current()
-    a.create(R, b"f", F, 0, 0)
-    assert touched.is_set()  # after the commit, in the calling thread
-    assert not b.snapshot_is_current()
-    # The mark never goes backwards (the nodes' clocks differ a little).
-    ahead = str(time.time_ns() + 10**12)
-    b.set_meta("changed_ns", ahead)
-    a.create(R, b"g", F, 0, 0)
-    assert b.get_meta("changed_ns") == ahead
-    assert a.concurrency == 4  # the pool size: what the daemon's catalog limiter allows
+    a = PostgresCatalog(pg_url, hooks=CatalogHooks(on_touch=touched.set))
+    try:
+        b.set_meta("snapshot_of_ns", str(time.time_ns()))
+        assert a.snapshot_is_current() and b.snapshot_is_current()
+        a.set_meta("x", "1")  # not a namespace or content change
+        assert not touched.is_set() and b.snapshot_is_current()
+        a.create(R, b"f", F, 0, 0)
+        assert touched.is_set()  # after the commit, in the calling thread
+        assert not b.snapshot_is_current()
+        # The mark never goes backwards (the nodes' clocks differ a little).
+        ahead = str(time.time_ns() + 10**12)
+        b.set_meta("changed_ns", ahead)
+        a.create(R, b"g", F, 0, 0)
+        assert b.get_meta("changed_ns") == ahead
+        assert a.concurrency == 4  # the pool size: what the daemon's catalog limiter allows
+    finally:
+        a.close()
     s = SqliteCatalog(tmp_path / "c.sqlite")
     try:
         assert s.concurrency == 1
