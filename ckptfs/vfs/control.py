@@ -15,7 +15,7 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ..catalog import CheckpointRow, Inode
 from ..catalog.audit import AuditRecord
@@ -24,6 +24,7 @@ from ..errors import InvalidArgument, NotPermitted
 from .access import Access
 from .context import RequestContext
 from .listing import ListingCatalog, listing, page_after
+from .openrows import Db
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -55,12 +56,6 @@ def check_control(inode: Inode, name: bytes, caller: RequestContext) -> None:
 class ControlCatalog(ListingCatalog, AuditCatalog, Protocol):
     """What the checkpoint xattrs read and change: paths, checkpoint rows and their tags,
     the listing's summaries, the audit records of the commands."""
-
-
-class Db(Protocol):
-    """A catalog call in the catalog's worker thread (Filesystem.db)."""
-
-    async def __call__(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class GcRunner(Protocol):

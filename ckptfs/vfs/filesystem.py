@@ -38,13 +38,10 @@ from ..errors import (
     InvalidArgument,
     IsADirectory,
     NameTooLong,
-    NoAttribute,
     NoSpace,
     NotADirectory,
     NotFound,
     NotPermitted,
-    NotSupported,
-    PermissionDenied,
 )
 from ..service import syncfs_all
 from ..tiers.base import TierUsage
@@ -57,6 +54,7 @@ from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 from .openrows import OpenRows
 from .options import FsGovernance, FsKernel, FsOptions, FsPeers
 from .setid import SETID, SetidRules, owner_rules
+from .xattrs import XATTR_TOTAL_MAX, StoredXattrs
 
 # Handle, HandleTable and uses_direct_io live in vfs/handles.py: imported from here too.
 __all__ = ["XATTR_TOTAL_MAX", "Filesystem", "FsCatalog", "FsStats", "Handle", "HandleTable",
@@ -70,13 +68,6 @@ NAME_MAX = 255
 # Files whose cached version a node remembers (shared catalog); older ones drop their pages.
 CACHED_VERSIONS_MAX = 1 << 16
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
-XATTR_STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
-XATTR_NAME_MAX = 255  # as Linux: longer names give ERANGE
-XATTR_SIZE_MAX = 65536  # as Linux: larger values give E2BIG
-# The names and values of one inode's stored xattrs together: room for a value of the
-# largest size and as much again; past it ENOSPC, as ext4 when an inode's xattr space is
-# full. Every one is a catalog row, read back whole and carried by the catalog snapshot.
-XATTR_TOTAL_MAX = 2 * XATTR_SIZE_MAX
 
 
 def _check_name(name: bytes) -> bytes:
@@ -139,6 +130,8 @@ class Filesystem:
         # ckptfs's own xattrs: checkpoint state and the control commands.
         self.control = ControlXattrs(catalog, self.db, peers.gc, self.access, self.getattr,
                                      self.stage_file)
+        self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
+                                   open_files)
         self.setid = SetidRules(self.getattr, self._chmod)
         self._init_caches()
 
@@ -165,10 +158,6 @@ class Filesystem:
         self._drop_cache: set[int] = set()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
-        # Inodes with stored xattrs (loaded at first use): the kernel asks for
-        # security.capability before buffered writes, and the answer for the others
-        # must not cost a catalog round trip.
-        self._xattr_inos: set[int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -645,8 +634,7 @@ class Filesystem:
         if gone is None:
             await self._maybe_delete(inode)
         else:
-            if self._xattr_inos is not None:
-                self._xattr_inos.discard(inode.ino)
+            self.xattrs.forget(inode.ino)
             self.store.collected(gone)
         if self.tracker is not None:
             path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
@@ -789,8 +777,7 @@ class Filesystem:
         await self._collect_dropped(ino, digests)
 
     async def _collect_dropped(self, ino: int, digests: Sequence[bytes]) -> None:
-        if self._xattr_inos is not None:
-            self._xattr_inos.discard(ino)
+        self.xattrs.forget(ino)
         if digests:
             # The catalog knows the tiers of these chunks; refs only need the digests here.
             await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
@@ -1200,12 +1187,7 @@ class Filesystem:
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
 
-    # -- checkpoint state as extended attributes -----------------------------------------
-
-    async def _xattr_index(self) -> set[int]:
-        if self._xattr_inos is None:
-            self._xattr_inos = await self.db(self.catalog.xattr_inodes)
-        return self._xattr_inos
+    # -- extended attributes: stored (vfs/xattrs.py) and ckptfs's own (vfs/control.py) --------
 
     async def getxattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> bytes | None:
         """A stored attribute, or ckptfs's own: ``user.ckptfs.state`` (writing, committed,
@@ -1213,39 +1195,13 @@ class Filesystem:
         checkpoint's root. None: no such attribute."""
         if not name.startswith(b"security."):  # asked before buffered writes: kept free
             await self.access.inode(ctx, ino, "getxattr")
-        if name.startswith(XATTR_RESERVED):  # vfs/control.py
+        if name.startswith(XATTR_RESERVED):
             return await self.control.get(ino, name, ctx)
-        if ino not in await self._xattr_index():
-            return None
-        return await self.db(self.catalog.get_xattr, ino, name)
+        return await self.xattrs.get(ino, name)
 
     async def listxattr(self, ino: int, ctx: RequestContext = ROOT) -> list[bytes]:
         await self.access.inode(ctx, ino, "listxattr")
-        names = []
-        if ino in await self._xattr_index():
-            # trusted.* is for root only (the kernel leaves the listing to us).
-            names = [n for n in await self.db(self.catalog.list_xattrs, ino)
-                     if ctx.is_root or not n.startswith(b"trusted.")]
-        return names + await self.control.names(ino)
-
-    async def _check_xattr_write(self, ino: int, name: bytes, ctx: RequestContext) -> None:
-        """Which attributes may be stored, as on Linux (the kernel checks the same with
-        default_permissions): user.* on files and directories by writers, trusted.* by
-        root, security.*; system.* (ACLs) and other namespaces are not supported."""
-        if len(name) > XATTR_NAME_MAX or not name:
-            raise CkptfsError(f"xattr name of {len(name)} bytes", errno=errno.ERANGE)
-        if not name.startswith(XATTR_STORED_PREFIXES):
-            raise NotSupported(f"xattr namespace of {name!r} is not supported")
-        if name.startswith(b"trusted.") and not ctx.is_root:
-            raise NotPermitted("trusted.* xattrs are for root")
-        inode = await self.getattr(ino)
-        if name.startswith(b"user."):
-            if not (inode.is_dir or inode.is_reg):
-                raise NotPermitted("user.* xattrs only on files and directories")
-            if not ctx.may_write(inode.mode, inode.uid, inode.gid):
-                raise PermissionDenied("no write permission")
-            if inode.is_dir and inode.mode & stat.S_ISVTX and not ctx.owns(inode.uid):
-                raise NotPermitted("user.* xattrs of a sticky directory: owner only")
+        return await self.xattrs.names(ino, ctx) + await self.control.names(ino)
 
     async def setxattr(
         self, ino: int, name: bytes, value: bytes, ctx: RequestContext = ROOT, flags: int = 0
@@ -1257,30 +1213,15 @@ class Filesystem:
         file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
         await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
-            await self.control.set(ino, name, value, ctx)  # vfs/control.py
+            await self.control.set(ino, name, value, ctx)
             return
-        await self._check_xattr_write(ino, name, ctx)
-        if len(value) > XATTR_SIZE_MAX:
-            raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
-        inode = await self._db_dirs_changed(lambda: self.catalog.set_xattr(
-            ino, name, value, create=bool(flags & os.XATTR_CREATE),
-            replace_only=bool(flags & os.XATTR_REPLACE), total_max=XATTR_TOTAL_MAX))
-        (await self._xattr_index()).add(ino)
-        self._new_ctime(inode)
+        await self.xattrs.set(ino, name, value, ctx, flags)
 
     async def removexattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         await self.access.inode(ctx, ino, "removexattr")
         if name.startswith(XATTR_RESERVED):
             raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
-        await self._check_xattr_write(ino, name, ctx)
-        if ino not in await self._xattr_index():
-            raise NoAttribute(name.decode(errors="replace"))
-        self._new_ctime(await self._db_dirs_changed(self.catalog.remove_xattr, ino, name))
-
-    def _new_ctime(self, inode: Inode) -> None:
-        f = self.open_files.get(inode.ino)
-        if f is not None:
-            f.ctime_ns = inode.ctime_ns
+        await self.xattrs.remove(ino, name, ctx)
 
     async def stage_file(self, ino: int) -> None:
         """Copy every chunk of a file that only a remote holds to a local tier, verified,
