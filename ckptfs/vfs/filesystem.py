@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import logging
 import os
 import stat
@@ -26,8 +25,7 @@ from ..catalog import Around, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
 from ..catalog.protocols import QuotaCatalog
-from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
-from ..checkpoints.tracker import replay_key
+from ..checkpoints.events import FsEvent
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
@@ -54,6 +52,7 @@ from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
 from .openrows import OpenRows
 from .options import FsGovernance, FsKernel, FsOptions, FsPeers
 from .setid import SETID, SetidRules, owner_rules
+from .signals import CommitSignals
 from .xattrs import XATTR_TOTAL_MAX, StoredXattrs
 
 # Handle, HandleTable and uses_direct_io live in vfs/handles.py: imported from here too.
@@ -133,6 +132,8 @@ class Filesystem:
         self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
                                    open_files)
         self.setid = SetidRules(self.getattr, self._chmod)
+        self.signals = CommitSignals(catalog, self.db, self.tracker, self.chunk_size,
+                                     self._read_committed)
         self._init_caches()
 
     def _init_caches(self) -> None:
@@ -227,120 +228,10 @@ class Filesystem:
             return None
         return h.path, f.attrs(), dict(f.committed)
 
-    async def _release_event(
-        self, h: Handle, last: bool,
-        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None,
-    ) -> None:
-        """After a writing handle closed: the committed size, mode, tail (and content of a
-        small file) as the catalog has them (``known``: taken from a clean open file before
-        the release, see _committed_state), and the chunks; never from the open file's
-        later state, which a concurrent request (the kernel sends RELEASE asynchronously)
-        may change."""
-        ev = await self._committed_event(h.file.ino, last, h.file, known)
-        if ev is not None:
-            assert self.tracker is not None
-            self.tracker.push(ev)
-
-    async def _committed_event(
-        self, ino: int, last: bool, f: OpenFile | None = None,
-        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None, *,
-        time_ns: int | None = None, replayed: bool = False,
-    ) -> FsEvent | None:
-        """The release event of ``ino`` as committed (``_release_event``; ``f``: the open
-        file whose stored end may save a read). None: the file is gone."""
-
-        def committed() -> tuple[str, Inode, dict[int, ChunkRef]]:
-            return (self.catalog.path_of(ino), self.catalog.get_inode(ino),
-                    self.catalog.extents(ino))
-
-        if known is not None:
-            path, inode, refs = known
-        else:
-            try:
-                path, inode, refs = await self.db(committed)
-            except CkptfsError:
-                return None  # deleted meanwhile
-        if inode.nlink <= 0 or not inode.is_reg:
-            return None  # unlinked before its last close: no checkpoint to detect
-        content = tail = None
-        lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
-        data = None if f is None else self._known_end(f, refs, lo, inode.size)
-        try:
-            if data is None:  # not what this open file stored last: read it back
-                data = await self._read_committed(refs, lo, inode.size)
-            content = data if inode.size <= SMALL_FILE else None
-            tail = data[-TAIL:]
-        except CkptfsError:
-            pass  # the read logged it; the event goes without the bytes
-        return FsEvent(
-            "release", path, time.time_ns() if time_ns is None else time_ns, size=inode.size,
-            mode=inode.mode, last_writer=last, content=content, tail=tail, replayed=replayed,
-        )
-
     async def replay_signals(self) -> int:
         """At start, before serving: the commit signals a crash may have kept from the
-        tracker, replayed from the catalog's records (checkpoints/tracker.py, "Crashes"):
-        each close's commit and each rename of this node from its replay point on, in
-        their order, as events marked ``replayed``. Returns how many were queued."""
-        if self.tracker is None:
-            return 0
-        key = replay_key(self.tracker.node)
-        raw = await self.db(self.catalog.get_meta, key)
-        if raw is None:  # the first mount that replays: from here on
-            await self.db(self.catalog.set_meta, key, str(time.time_ns()))
-            return 0
-        since = int(raw)
-        node = self.tracker.node
-        entries = [e for e in await self.db(self.catalog.audit_entries, 0, since)
-                   if e.node == node and e.action in ("commit", "rename")]
-        # A file's last commit stands for its earlier ones (the event reads it as it is now).
-        last_commit: dict[int, int] = {}
-        details = [json.loads(e.detail) for e in entries]
-        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
-            if e.action == "commit" and isinstance(d.get("ino"), int):
-                last_commit[d["ino"]] = i
-        events: list[FsEvent] = []
-        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
-            ino = d.get("ino")
-            if not isinstance(ino, int):
-                continue
-            if e.action == "commit":
-                if last_commit.get(ino) == i:
-                    ev = await self._committed_event(ino, True, time_ns=e.time_ns, replayed=True)
-                    if ev is not None:
-                        events.append(ev)
-                continue
-            src = d.get("src")
-            # Paths of names that are not UTF-8 are stored escaped: not to be trusted here.
-            if not isinstance(src, str) or "\\" in src or "\\" in e.path:
-                continue
-            try:
-                moved = await self.db(self.catalog.get_inode, ino)
-            except CkptfsError:
-                continue  # gone since: nothing of it to detect
-            events.append(FsEvent("rename", e.path, e.time_ns, src=src, is_dir=moved.is_dir,
-                                  size=moved.size, mode=moved.mode, replayed=True))
-        for ev in events:
-            self.tracker.push(ev)
-        if events:
-            log.info("replaying %d commit and rename record(s) since the replay point",
-                     len(events))
-        return len(events)
-
-    def _known_end(self, f: OpenFile, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes | None:
-        """Bytes [lo, hi) of the committed file from what the open file stored last, if
-        that chunk is the one the catalog names at the end and the range is in memory."""
-        if f.chunk_end is None or hi == 0:
-            return None
-        idx, digest, end = f.chunk_end
-        ref = refs.get(idx)
-        base = idx * self.chunk_size
-        if ref is None or ref.digest != digest or (hi - 1) // self.chunk_size != idx:
-            return None
-        start = base + ref.length - len(end)  # file offset of end[0]
-        if base + ref.length != hi or lo < start:
-            return None
-        return end[lo - start:]
+        tracker, replayed (vfs/signals.py). Returns how many were queued."""
+        return await self.signals.replay()
 
     async def _read_committed(self, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes:
         out = bytearray()
@@ -1179,7 +1070,7 @@ class Filesystem:
         await self._drop_handle_ref(h.file)
         if self.tracker is not None and h.writable:
             try:
-                await self._release_event(h, last, known)
+                await self.signals.released(h.file, last, known)
             finally:
                 if last:
                     self.tracker.fence.file_released(h.file.ino)
