@@ -78,7 +78,8 @@ class FsKernel:
 @dataclass(frozen=True)
 class FsGovernance:
     """The namespace rules (docs/governance.md): ``access``, asked at each operation that
-    reaches a name or an inode (vfs/access.py; None: none); ``quotas``: the namespaces,
+    reaches a name or an inode (vfs/access.py; the default: no namespace, no rule, as an
+    unguarded mount); ``quotas``: the namespaces,
     whose files are charged to them (vfs/quota.py; None: no namespace);
     ``sealed_namespace``: the encrypted namespace of a path (None: none is encrypted)."""
 
