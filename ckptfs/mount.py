@@ -84,6 +84,7 @@ from .upload.uploader import SNAPSHOT_NAME, Uploader
 from .vfs.access import Access
 from .vfs.filesystem import Filesystem, HandleTable
 from .vfs.openfile import MemoryBudget, OpenFiles
+from .vfs.options import FsGovernance, FsKernel, FsOptions, FsPeers
 from .vfs.pagepush import PagePush, StorePages
 from .vfs.quota import Quotas
 from .vfs.refusals import Refusals
@@ -626,15 +627,14 @@ def build(
     if namespaces:  # each namespace's usage as counted at mount (count_namespaces)
         quotas = Quotas(namespaces, ns_used, {u.ns: u.bytes for u in catalog.namespace_usage()})
     fs = Filesystem(
-        catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
-        handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
-        invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
-        readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
-        quotas=quotas,
-        access=Access(gov, catalog, db_limiter, refusals=refusals),
-        sealed_namespace=sealed_namespaces(gov),
-        page_push=None if store_pages is None or not reads.page_cache_push
-        else PagePush.make(store_pages, stats.count, _delivered),
+        catalog, store, FsOptions(chunk_size, policies, reads.readahead, reads.copy_back, shared),
+        db_limiter=db_limiter, budget=budget, open_files=open_files, handles=handles,
+        peers=FsPeers(uploader, gc, tracker, session),
+        kernel=FsKernel(invalidate, invalidate_entry, None if store_pages is None
+                        or not reads.page_cache_push
+                        else PagePush.make(store_pages, stats.count, _delivered)),
+        governance=FsGovernance(Access(gov, catalog, db_limiter, refusals=refusals), quotas,
+                                sealed_namespaces(gov)),
     )
     high = retention.local_high_watermark
     janitor = Janitor(catalog, db_limiter, store, deleter, gc, fs.remove_tree,

@@ -24,12 +24,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
+from ..catalog.protocols import AuditCatalog, NamespaceCatalog
 from ..config import DEFAULT_NAMESPACE, GovernanceConfig, NamespaceConfig
 from ..errors import CkptfsError, PermissionDenied
 from .context import ROOT, RequestContext, read_groups
@@ -70,11 +71,15 @@ def _join(base: str, name: bytes) -> str:
     return base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
 
 
+class AccessCatalog(NamespaceCatalog, AuditCatalog, Protocol):
+    """What the rules read (an inode's path) and note (the refusals' audit records)."""
+
+
 class Access:
     """The namespace rules of one mount. Built by the composition root (mount.py)."""
 
     def __init__(
-        self, gov: GovernanceConfig, catalog: Catalog | None = None,
+        self, gov: GovernanceConfig, catalog: AccessCatalog | None = None,
         db_limiter: trio.CapacityLimiter | None = None,
         groups_of: Callable[[int], tuple[int, ...]] = read_groups,
         refusals: Refusals | None = None,

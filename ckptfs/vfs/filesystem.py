@@ -10,76 +10,63 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import logging
 import os
 import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import trio
 
 from .. import crashpoint, threads
-from ..catalog import Around, Catalog, CheckpointRow, ChunkRef, Inode
+from ..catalog import Around, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
-from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
-from ..checkpoints.fence import SignalFence
-from ..checkpoints.tracker import replay_key
+from ..catalog.protocols import QuotaCatalog
+from ..checkpoints.events import FsEvent
 from ..chunks.store import ChunkStore
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
-from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig, policy_for
+from ..config import policy_for
 from ..errors import (
     CatalogUnavailable,
     CkptfsError,
     InvalidArgument,
     IsADirectory,
     NameTooLong,
-    NoAttribute,
     NoSpace,
     NotADirectory,
     NotFound,
     NotPermitted,
-    NotSupported,
-    PermissionDenied,
 )
 from ..service import syncfs_all
 from ..tiers.base import TierUsage
-from .access import Access
 from .context import ROOT, RequestContext
-from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
+from .control import XATTR_RESERVED, ControlCatalog, ControlXattrs
 from .dirattrs import DirAttrs
-from .listing import listing, page_after
+from .handles import FsStats, Handle, HandleTable, uses_direct_io
 from .names import KnownNames
 from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
-from .pagepush import PagePush
-from .quota import Quotas
-from .rowlocks import RowLocks
+from .openrows import OpenRows
+from .options import FsGovernance, FsKernel, FsOptions, FsPeers
+from .setid import SETID, SetidRules, owner_rules
+from .signals import CommitSignals
+from .xattrs import XATTR_TOTAL_MAX, StoredXattrs
+
+# Handle, HandleTable and uses_direct_io live in vfs/handles.py: imported from here too.
+__all__ = ["XATTR_TOTAL_MAX", "Filesystem", "FsCatalog", "FsStats", "Handle", "HandleTable",
+           "uses_direct_io"]
 
 log = logging.getLogger("ckptfs.vfs")
 
 T = TypeVar("T")
 
 NAME_MAX = 255
-XATTR_STATE = b"user.ckptfs.state"
-XATTR_RECORD = b"user.ckptfs.checkpoint"
 # Files whose cached version a node remembers (shared catalog); older ones drop their pages.
 CACHED_VERSIONS_MAX = 1 << 16
 STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
-XATTRS = (XATTR_STATE, XATTR_RECORD)
-XATTR_RESERVED = b"user.ckptfs."  # ckptfs's own names: never stored
-XATTR_STORED_PREFIXES = (b"user.", b"trusted.", b"security.")
-XATTR_NAME_MAX = 255  # as Linux: longer names give ERANGE
-XATTR_SIZE_MAX = 65536  # as Linux: larger values give E2BIG
-# The names and values of one inode's stored xattrs together: room for a value of the
-# largest size and as much again; past it ENOSPC, as ext4 when an inode's xattr space is
-# full. Every one is a catalog row, read back whole and carried by the catalog snapshot.
-XATTR_TOTAL_MAX = 2 * XATTR_SIZE_MAX
-SETID = stat.S_ISUID | stat.S_ISGID
 
 
 def _check_name(name: bytes) -> bytes:
@@ -88,195 +75,69 @@ def _check_name(name: bytes) -> bytes:
     return name
 
 
-def _owner_rules(
-    inode: Inode, mode: int | None, uid: int | None, gid: int | None, times: bool,
-    ctx: RequestContext,
-) -> int | None:
-    """What chmod, chown and utimens may do (as Linux): EPERM for what only the owner or
-    root may change; returns the mode to store (setuid/setgid cleared where Linux does)."""
-    owner = ctx.owns(inode.uid)
-    if uid is not None and uid != inode.uid and not ctx.is_root:
-        raise NotPermitted("only root may give a file away")
-    if gid is not None and gid != inode.gid and not (ctx.is_root or (owner and ctx.in_group(gid))):
-        raise NotPermitted("only the owner may change the group, to one of its own")
-    if times and not owner and not ctx.may_write(inode.mode, inode.uid, inode.gid):
-        # Setting explicit times needs ownership; the kernel (default_permissions) answers
-        # that with EPERM before asking us, since only it knows "now" from explicit times.
-        raise PermissionDenied("times: not the owner and no write permission")
-    if mode is not None and not owner:
-        # The kernel clears setuid/setgid as the writer of a file (before a write, truncate
-        # or chown): a non-owner may drop those bits, nothing else.
-        new, cur = stat.S_IMODE(mode), stat.S_IMODE(inode.mode)
-        if (new ^ cur) & ~SETID or new & ~cur:
-            raise NotPermitted("only the owner may change the mode")
-    if (mode is not None and owner and not ctx.is_root and mode & stat.S_ISGID
-            and not ctx.in_group(inode.gid if gid is None else gid)):
-        mode &= ~stat.S_ISGID  # as Linux: a non-member cannot set setgid; silently
-    if (uid is not None or gid is not None) and not inode.is_dir:
-        # chown clears setuid, and setgid with group execute (as Linux, also for root).
-        cur = inode.mode if mode is None else mode
-        cleared = cur & ~stat.S_ISUID
-        if cur & stat.S_IXGRP:
-            cleared &= ~stat.S_ISGID
-        if cleared != cur:
-            mode = cleared
-    return mode
-
-
 def _audit(action: str, ctx: RequestContext, **detail: Any) -> AuditRecord:
     """The audit record of a change ``ctx`` asks for (its path: the catalog's, in the
     change's transaction)."""
     return AuditRecord(action, uid=ctx.uid, pid=ctx.pid, detail=detail)
 
 
-def uses_direct_io(flags: int) -> bool:
-    """Write-only handles bypass the kernel page cache: a checkpoint save then costs one
-    copy less and does not double-cache the checkpoint in RAM, and nothing can mmap a
-    write-only handle. O_DIRECT asks for it explicitly."""
-    return bool(flags & os.O_DIRECT) or (flags & os.O_ACCMODE) == os.O_WRONLY
-
-
-@dataclass
-class Handle:
-    file: OpenFile
-    flags: int
-    wrote: bool = False
-    caller_uid: int = 0  # who opened it: a write by non-root clears setuid/setgid
-    caller_pid: int = 0  # and its process (the audit record of its commit)
-    # The file's path for checkpoint events, valid while the namespace generation it was
-    # resolved at is current (Filesystem._cached_path): no catalog round trip per event.
-    path: str | None = None
-    path_gen: int = -1
-
-    @property
-    def writable(self) -> bool:
-        return (self.flags & os.O_ACCMODE) != os.O_RDONLY
-
-    @property
-    def direct_io(self) -> bool:
-        return uses_direct_io(self.flags)
-
-
-@dataclass(frozen=True)
-class FsStats:
-    block_size: int
-    blocks: int
-    blocks_free: int
-    blocks_avail: int
-    files: int
-    files_free: int
-    name_max: int
-
-
-class HandleTable(dict[int, Handle]):
-    """The open handles by number. Built by the composition root and shared with the
-    checkpoint tracker (files open for writing) and the janitor (files open at all)."""
-
-    def writing_inos(self) -> list[int]:
-        return sorted({h.file.ino for h in self.values() if h.writable})
-
-    def open_inos(self) -> list[int]:
-        return sorted({h.file.ino for h in self.values()})
-
-
-class SessionId(Protocol):
-    """This node's session in a shared catalog (session.NodeSession): its current id."""
-
-    sid: str
-
-
-class EventSink(Protocol):
-    """Where filesystem events go (checkpoints/tracker.py); never blocks. ``fence``: the
-    signals not yet queued; ``node``: whose records a restart replays (tracker.py)."""
-
-    fence: SignalFence
-    node: str
-
-    def push(self, ev: FsEvent) -> None: ...
-
-
-class DurableWaiter(Protocol):
-    """The upload queue, for ``durability = "remote"`` (upload/uploader.py)."""
-
-    async def wait_durable(self, digests: set[bytes], timeout_s: float) -> bool: ...
-
-
-class GcRunner(Protocol):
-    """Retention on request (``user.ckptfs.gc``; checkpoints/janitor.py GcRequests)."""
-
-    async def request(self, scope: str = "/") -> int: ...
-
-    def served_ticket(self, ticket: int) -> bool: ...
-
-    async def wait(self, ticket: int) -> object: ...
+class FsCatalog(ControlCatalog, QuotaCatalog, Protocol):
+    """The catalog roles the filesystem uses: the namespace, the files' contents, meta, the
+    open-handle rows (SessionCatalog), the checkpoint rows and the audit records (both in
+    ControlCatalog), the namespaces' usage."""
 
 
 class Filesystem:
     def __init__(
-        self,
-        catalog: Catalog,
-        store: ChunkStore,
-        *,
-        db_limiter: trio.CapacityLimiter,
-        budget: MemoryBudget,
-        open_files: OpenFiles,
-        handles: HandleTable,
-        chunk_size: int,
-        uploader: DurableWaiter,
-        gc: GcRunner,
-        tracker: EventSink | None = None,
-        invalidate: Callable[[int], None] | None = None,
-        invalidate_entry: Callable[[int, bytes], None] | None = None,
-        policies: tuple[DurabilityPolicy, ...] = (),
-        readahead: int = DEFAULT_READAHEAD,
-        copy_back: str = "sequential",
-        shared: bool = False,
-        session: SessionId | None = None,
-        quotas: Quotas | None = None,
-        access: Access | None = None,
-        sealed_namespace: Callable[[str], str | None] | None = None,
-        page_push: PagePush | None = None,
+        self, catalog: FsCatalog, store: ChunkStore, options: FsOptions, *,
+        db_limiter: trio.CapacityLimiter, budget: MemoryBudget, open_files: OpenFiles,
+        handles: HandleTable, peers: FsPeers, kernel: FsKernel | None = None,
+        governance: FsGovernance | None = None,
     ) -> None:
         """Built by the composition root (mount.py ``build``), which also builds what it is
         given: ``store`` (chunks and the commit of a file), ``budget`` (whose spill writes
         out the partial chunks of ``open_files``), ``handles`` (shared with the tracker and
-        the janitor), ``uploader`` (waits for remote durability), ``gc`` (retention now),
-        ``tracker`` (checkpoint events; None: off). ``shared``: the catalog is shared with
-        other nodes (docs/multinode.md), whose changes no cache of this node sees: the
-        caches that assume one writer are off, and an open drops the kernel's cached pages
-        of a file another node changed. ``session``: this node's session in the shared
-        catalog, under which the inodes it holds open are noted (an inode with no name left
-        is dropped by the last closer on any node). ``access``: the namespace rules (vfs/
-        access.py), asked at each operation that reaches a name or an inode (None: none);
-        ``quotas``: the namespaces, whose files are charged to them (vfs/quota.py; None: no
-        namespace). ``page_push``: hands chunks fetched ahead of a reader to the kernel's
-        page cache (vfs/pagepush.py; None, and always with a shared catalog: off)."""
+        the janitor); ``options``, ``peers`` (the daemon's services), ``kernel`` (its
+        callbacks; None: no kernel) and ``governance`` (None: no namespace): vfs/options.py."""
+        kernel = kernel if kernel is not None else FsKernel()
+        governance = governance if governance is not None else FsGovernance()
         self.catalog = catalog
-        self.quotas = quotas
-        self.access = access if access is not None else Access(GovernanceConfig())
-        self.invalidate = invalidate
+        self.options = options
+        self.quotas = governance.quotas
+        self.access = governance.access
+        self.invalidate = kernel.invalidate
+        self.invalidate_entry = kernel.invalidate_entry
         # The encrypted namespace of a path (docs/governance.md), None: none is encrypted.
-        self.sealed_namespace = sealed_namespace
-        self.chunk_size = chunk_size
+        self.sealed_namespace = governance.sealed_namespace
+        self.chunk_size = options.chunk_size
         self.db_limiter = db_limiter
         self.store = store
         self.budget = budget
         # Buffers a save's chunks are assembled in, reused (codec/staged.py): as many as
         # the memory budget lets be in memory at once.
-        self.stages = StagePool(chunk_size, keep=max(1, budget.limit // chunk_size))
-        self.uploader = uploader
-        self.gc = gc
-        # The gc pass each directory last asked for (``user.ckptfs.gc``): set returns at
-        # once, a getxattr of the same name waits for the pass (no kernel lock held).
-        self._gc_tickets: dict[int, int] = {}
-        self.policies = policies
-        self.readahead = readahead
-        self.copy_back = copy_back
-        self.invalidate_entry = invalidate_entry
+        self.stages = StagePool(self.chunk_size, keep=max(1, budget.limit // self.chunk_size))
+        self.uploader = peers.uploader
         # Checkpoint awareness: operations become events for the detectors (None: off).
-        self.tracker = tracker
+        self.tracker = peers.tracker
         self.open_files = open_files
         self.handles = handles
+        self.shared = options.shared
+        self.page_push = None if self.shared else kernel.page_push
+        # Shared catalog: the inodes held open, noted under this node's session.
+        self.rows = OpenRows(catalog, peers.session if self.shared else None, self.db,
+                             self._db_dirs_changed, self._held_here, self._collect_dropped)
+        # ckptfs's own xattrs: checkpoint state and the control commands.
+        self.control = ControlXattrs(catalog, self.db, peers.gc, self.access, self.getattr,
+                                     self.stage_file)
+        self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
+                                   open_files)
+        self.setid = SetidRules(self.getattr, self._chmod)
+        self.signals = CommitSignals(catalog, self.db, self.tracker, self.chunk_size,
+                                     self._read_committed)
+        self._init_caches()
+
+    def _init_caches(self) -> None:
+        """What this mount knows without asking the catalog, and the state of its opens."""
         # Opens between their catalog read and their entry in open_files: an unlink must
         # not drop such an inode in its own catalog call (_unlinked).
         self._opening: dict[int, int] = {}
@@ -288,38 +149,16 @@ class Filesystem:
         # cannot hold a page of them (nothing could read or map one), so their direct-I/O
         # writes need no invalidation of its page cache at commit (a round trip to it).
         self._uncached: set[OpenFile] = set()
-        self.shared = shared
-        self.page_push = None if shared else page_push
-        self.session = session if shared else None
-        # Shared catalog: the inodes noted open under the session (ino -> noted for writing).
-        self._noted: dict[int, bool] = {}
-        # One note or release of an inode's open-handle row at a time, in the order they
-        # were decided (vfs/rowlocks.py): else a note could commit after the release of the
-        # close that followed it (a stale row), or a release after the next open's note.
-        self._rows = RowLocks()
-        # Inodes of _noted whose note went to a session that has ended (this node registered
-        # again): noted anew under the new one after the next heartbeat (sync_open_rows);
-        # _rows_sid is the session id the rest of _noted is noted under.
-        self._stale: set[int] = set()
-        self._rows_sid = self.session.sid if self.session is not None else ""
-        # Last closes the catalog did not take (it was unreachable): released again after
-        # the next heartbeat (``sync_open_rows``), else the rows would keep them "open" on
-        # this node for retention and the last-closer drop until the session ends.
-        self._unreleased: set[int] = set()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
-        self._dirs = DirAttrs(enabled=not shared)
+        self._dirs = DirAttrs(enabled=not self.shared)
         # The names of directories this mount created: missing names answered from memory.
-        self._names = KnownNames(enabled=not shared)
+        self._names = KnownNames(enabled=not self.shared)
         # Shared catalog: the version (size, mtime) of each file whose pages this kernel
         # may cache, and the files whose next handle must drop them (close-to-open).
         self._cached_versions: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self._drop_cache: set[int] = set()
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
-        # Inodes with stored xattrs (loaded at first use): the kernel asks for
-        # security.capability before buffered writes, and the answer for the others
-        # must not cost a catalog round trip.
-        self._xattr_inos: set[int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -389,120 +228,10 @@ class Filesystem:
             return None
         return h.path, f.attrs(), dict(f.committed)
 
-    async def _release_event(
-        self, h: Handle, last: bool,
-        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None,
-    ) -> None:
-        """After a writing handle closed: the committed size, mode, tail (and content of a
-        small file) as the catalog has them (``known``: taken from a clean open file before
-        the release, see _committed_state), and the chunks; never from the open file's
-        later state, which a concurrent request (the kernel sends RELEASE asynchronously)
-        may change."""
-        ev = await self._committed_event(h.file.ino, last, h.file, known)
-        if ev is not None:
-            assert self.tracker is not None
-            self.tracker.push(ev)
-
-    async def _committed_event(
-        self, ino: int, last: bool, f: OpenFile | None = None,
-        known: tuple[str, Inode, dict[int, ChunkRef]] | None = None, *,
-        time_ns: int | None = None, replayed: bool = False,
-    ) -> FsEvent | None:
-        """The release event of ``ino`` as committed (``_release_event``; ``f``: the open
-        file whose stored end may save a read). None: the file is gone."""
-
-        def committed() -> tuple[str, Inode, dict[int, ChunkRef]]:
-            return (self.catalog.path_of(ino), self.catalog.get_inode(ino),
-                    self.catalog.extents(ino))
-
-        if known is not None:
-            path, inode, refs = known
-        else:
-            try:
-                path, inode, refs = await self.db(committed)
-            except CkptfsError:
-                return None  # deleted meanwhile
-        if inode.nlink <= 0 or not inode.is_reg:
-            return None  # unlinked before its last close: no checkpoint to detect
-        content = tail = None
-        lo = 0 if inode.size <= SMALL_FILE else inode.size - TAIL
-        data = None if f is None else self._known_end(f, refs, lo, inode.size)
-        try:
-            if data is None:  # not what this open file stored last: read it back
-                data = await self._read_committed(refs, lo, inode.size)
-            content = data if inode.size <= SMALL_FILE else None
-            tail = data[-TAIL:]
-        except CkptfsError:
-            pass  # the read logged it; the event goes without the bytes
-        return FsEvent(
-            "release", path, time.time_ns() if time_ns is None else time_ns, size=inode.size,
-            mode=inode.mode, last_writer=last, content=content, tail=tail, replayed=replayed,
-        )
-
     async def replay_signals(self) -> int:
         """At start, before serving: the commit signals a crash may have kept from the
-        tracker, replayed from the catalog's records (checkpoints/tracker.py, "Crashes"):
-        each close's commit and each rename of this node from its replay point on, in
-        their order, as events marked ``replayed``. Returns how many were queued."""
-        if self.tracker is None:
-            return 0
-        key = replay_key(self.tracker.node)
-        raw = await self.db(self.catalog.get_meta, key)
-        if raw is None:  # the first mount that replays: from here on
-            await self.db(self.catalog.set_meta, key, str(time.time_ns()))
-            return 0
-        since = int(raw)
-        node = self.tracker.node
-        entries = [e for e in await self.db(self.catalog.audit_entries, 0, since)
-                   if e.node == node and e.action in ("commit", "rename")]
-        # A file's last commit stands for its earlier ones (the event reads it as it is now).
-        last_commit: dict[int, int] = {}
-        details = [json.loads(e.detail) for e in entries]
-        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
-            if e.action == "commit" and isinstance(d.get("ino"), int):
-                last_commit[d["ino"]] = i
-        events: list[FsEvent] = []
-        for i, (e, d) in enumerate(zip(entries, details, strict=True)):
-            ino = d.get("ino")
-            if not isinstance(ino, int):
-                continue
-            if e.action == "commit":
-                if last_commit.get(ino) == i:
-                    ev = await self._committed_event(ino, True, time_ns=e.time_ns, replayed=True)
-                    if ev is not None:
-                        events.append(ev)
-                continue
-            src = d.get("src")
-            # Paths of names that are not UTF-8 are stored escaped: not to be trusted here.
-            if not isinstance(src, str) or "\\" in src or "\\" in e.path:
-                continue
-            try:
-                moved = await self.db(self.catalog.get_inode, ino)
-            except CkptfsError:
-                continue  # gone since: nothing of it to detect
-            events.append(FsEvent("rename", e.path, e.time_ns, src=src, is_dir=moved.is_dir,
-                                  size=moved.size, mode=moved.mode, replayed=True))
-        for ev in events:
-            self.tracker.push(ev)
-        if events:
-            log.info("replaying %d commit and rename record(s) since the replay point",
-                     len(events))
-        return len(events)
-
-    def _known_end(self, f: OpenFile, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes | None:
-        """Bytes [lo, hi) of the committed file from what the open file stored last, if
-        that chunk is the one the catalog names at the end and the range is in memory."""
-        if f.chunk_end is None or hi == 0:
-            return None
-        idx, digest, end = f.chunk_end
-        ref = refs.get(idx)
-        base = idx * self.chunk_size
-        if ref is None or ref.digest != digest or (hi - 1) // self.chunk_size != idx:
-            return None
-        start = base + ref.length - len(end)  # file offset of end[0]
-        if base + ref.length != hi or lo < start:
-            return None
-        return end[lo - start:]
+        tracker, replayed (vfs/signals.py). Returns how many were queued."""
+        return await self.signals.replay()
 
     async def _read_committed(self, refs: dict[int, ChunkRef], lo: int, hi: int) -> bytes:
         out = bytearray()
@@ -583,7 +312,8 @@ class Filesystem:
         return Services(
             store=self.store, budget=self.budget, nursery=self._nursery,
             chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
-            readahead=self.readahead, copy_back=self.copy_back, stages=self.stages,
+            readahead=self.options.readahead, copy_back=self.options.copy_back,
+            stages=self.stages,
             namespace_of=None if self.sealed_namespace is None else self._namespace_of,
             page_push=self.page_push,
         )
@@ -654,7 +384,7 @@ class Filesystem:
                     await self._drop_handle_ref(f)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
             if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
-                mode = _owner_rules(await self.getattr(ino), mode, uid, gid,
+                mode = owner_rules(await self.getattr(ino), mode, uid, gid,
                                     atime_ns is not None or mtime_ns is not None, ctx)
             new = await self._db_dirs_changed(
                 lambda: self.catalog.setattr(
@@ -725,7 +455,7 @@ class Filesystem:
         await self.access.create(ctx, parent, name, "mknod")
         if kind not in (stat.S_IFCHR, stat.S_IFBLK):
             rdev = 0
-        mode = await self._new_mode(parent, kind | stat.S_IMODE(mode), ctx)
+        mode = await self.setid.new_mode(parent, kind | stat.S_IMODE(mode), ctx)
         with self._naming(parent):
             inode = await self._db_dirs_changed(
                 functools.partial(self.catalog.create, audit=_audit("create", ctx)), parent,
@@ -734,16 +464,6 @@ class Filesystem:
         if kind == stat.S_IFREG:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
-
-    async def _new_mode(self, parent: int, mode: int, ctx: RequestContext) -> int:
-        """A non-member creating a setgid file in a setgid directory (whose group it gets)
-        loses the setgid bit, as on Linux."""
-        if not mode & stat.S_ISGID or stat.S_ISDIR(mode) or ctx.is_root:
-            return mode
-        pdir = await self.getattr(parent)
-        if not ctx.in_group(pdir.gid if pdir.mode & stat.S_ISGID else ctx.gid):
-            mode &= ~stat.S_ISGID
-        return mode
 
     def _check_sticky(self, parent: int, names: Sequence[bytes], ctx: RequestContext) -> None:
         """In a sticky directory only root, the directory's owner and an entry's owner may
@@ -805,8 +525,7 @@ class Filesystem:
         if gone is None:
             await self._maybe_delete(inode)
         else:
-            if self._xattr_inos is not None:
-                self._xattr_inos.discard(inode.ino)
+            self.xattrs.forget(inode.ino)
             self.store.collected(gone)
         if self.tracker is not None:
             path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
@@ -949,8 +668,7 @@ class Filesystem:
         await self._collect_dropped(ino, digests)
 
     async def _collect_dropped(self, ino: int, digests: Sequence[bytes]) -> None:
-        if self._xattr_inos is not None:
-            self._xattr_inos.discard(ino)
+        self.xattrs.forget(ino)
         if digests:
             # The catalog knows the tiers of these chunks; refs only need the digests here.
             await self.store.collect(ChunkRef(d, 0, ()) for d in digests)
@@ -974,85 +692,14 @@ class Filesystem:
 
     # -- open files --------------------------------------------------------------------------
 
-    def _needs_note(self, ino: int, writing: bool) -> bool:
-        return self.session is not None and (ino not in self._noted or writing > self._noted[ino])
-
-    def _note(self, ino: int, writing: bool) -> str:
-        """In the worker thread of an open's catalog call: note ``ino`` open under the
-        session (NotFound if another node dropped it meanwhile); the session id it went
-        under. The caller records it (``_noted_now``) on the trio thread after the call,
-        still under the inode's row lock."""
-        if self.session is None:
-            return ""
-        sid = self.session.sid  # read once: a re-registration may change it meanwhile
-        self.catalog.note_open(sid, ino, writing)
-        return sid
-
-    def _noted_now(self, ino: int, writing: bool, sid: str) -> None:
-        if self.session is not None:
-            self._noted[ino] = self._noted.get(ino, False) or writing
-            if sid != self.session.sid:  # under the session that ended: noted anew later
-                self._stale.add(ino)
-
     def _held_here(self, ino: int) -> bool:
         return (ino in self.open_files or ino in self._opening
                 or any(h.file.ino == ino for h in self.handles.values()))
 
-    async def _release_noted(self, ino: int) -> None:
-        """This node's last handle of ``ino`` closed (shared catalog): release it under the
-        session; the catalog drops the inode if it has no name left and no other node
-        holds it open."""
-        if self.session is None or ino not in self._noted or self._held_here(ino):
-            return
-        del self._noted[ino]
-        self._stale.discard(ino)
-        try:
-            # After the notes decided before (an open meanwhile notes after this release).
-            async with self._rows.hold(ino):
-                digests = await self._db_dirs_changed(self.catalog.release_inode,
-                                                      self.session.sid, ino)
-        except CatalogUnavailable as exc:
-            if not self._unreleased:
-                log.warning("the catalog did not take the close of inode %d (%s): closes are "
-                            "noted again after the next heartbeat", ino, exc)
-            self._unreleased.add(ino)
-            return
-        except BaseException:  # cancelled, maybe before the call: after the next heartbeat
-            self._unreleased.add(ino)
-            raise
-        if digests is not None:
-            await self._collect_dropped(ino, digests)
-
     async def sync_open_rows(self) -> None:
         """After a heartbeat (the catalog answers again): the open-handle rows made to match
-        what this node holds open. A session registered again has none: every inode held
-        is noted anew; then the closes the catalog missed (and the notes of opens that
-        failed half-way) are released."""
-        if self.session is None:
-            return
-        if self.session.sid != self._rows_sid:
-            self._rows_sid = self.session.sid
-            self._stale.update(self._noted)
-        if self._stale:
-            await self._note_stale()
-        pending, self._unreleased = self._unreleased, set()
-        for ino in sorted(pending):
-            if ino in self._noted or self._held_here(ino):
-                continue  # opened again meanwhile: its next last close releases it
-            self._noted[ino] = False
-            await self._release_noted(ino)  # back in the set if it fails again
-
-    async def _note_stale(self) -> None:
-        """Note the inodes of _stale under the current session, in one catalog call under
-        their row locks (a close meanwhile has taken its inode out of _noted: not noted)."""
-        assert self.session is not None
-        stale = sorted(self._stale)
-        async with self._rows.hold_all(stale):
-            notes = [(ino, self._noted[ino]) for ino in stale
-                     if ino in self._stale and ino in self._noted]
-            # An inode another node dropped meanwhile (unlinked) is skipped: it reads on here.
-            await self.db(self.catalog.note_open_many, self.session.sid, notes)
-            self._stale.difference_update(ino for ino, _ in notes)
+        what this node holds open (vfs/openrows.py)."""
+        await self.rows.sync()
 
     def _done_opening(self, ino: int) -> None:
         left = self._opening.pop(ino) - 1
@@ -1063,70 +710,82 @@ class Filesystem:
         """An open of ``ino`` failed: a last close meanwhile left the inode's row to it (it
         was held here, in _opening); released now if nothing else holds it."""
         self._done_opening(ino)
-        await self._release_noted(ino)
+        await self.rows.release(ino)
 
     async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
         f = self.open_files.get(ino)
-        if f is not None and self._needs_note(ino, writing):
-            # Held meanwhile: a last close of the other handles leaves the row to this one.
-            self._opening[ino] = self._opening.get(ino, 0) + 1
-            try:
-                async with self._rows.hold(ino):  # after a release decided before
-                    sid = await self.db(self._note, ino, writing)
-                    self._noted_now(ino, writing, sid)
-            except BaseException:
-                await self._open_failed(ino)
-                raise
-            self._done_opening(ino)
-        if f is None:
-            note = self._needs_note(ino, writing)
-
-            def read() -> tuple[Inode, dict[int, ChunkRef], str]:
-                inode = self.catalog.get_inode(ino)
-                if inode.is_dir:
-                    raise IsADirectory("is a directory")
-                # Before its extents are read: an unlink on another node keeps it.
-                sid = self._note(ino, writing) if note else ""
-                return inode, self.catalog.extents(ino), sid
-
-            self._opening[ino] = self._opening.get(ino, 0) + 1
-            token = self._path_token()
-            try:
-                # The note after a release decided before (a close of this inode meanwhile).
-                async with self._rows.hold(ino) if note else contextlib.nullcontext():
-                    inode, extents, sid = await self.db(read)
-                    if note:
-                        self._noted_now(ino, writing, sid)
-            except BaseException as exc:
-                if note and isinstance(exc, CatalogUnavailable):
-                    self._unreleased.add(ino)  # the note may have gone in before the failure
-                await self._open_failed(ino)
-                raise
-            self._done_opening(ino)
-            f = self.open_files.get(ino)  # another open may have raced us during the await
-            stale = False
-            if f is None:
-                if self.shared and self._cached_versions.pop(ino, None) != (
-                    inode.size, inode.mtime_ns
-                ):
-                    self._drop_cache.add(ino)  # another node's version, or not known
-                    stale = True
-                f = OpenFile(inode, extents, self._services())
-                f.ns_gen = -1 if token is None else token
-                self.open_files[ino] = f
-                # Its commits change the row: the attributes come from f until it closes.
-                self._dirs.forget(self._dirs.stamp(), ino)
+        if f is not None:
+            if self.rows.needs_note(ino, writing):
+                await self._note_held(ino, writing)
             f.handles += 1
-            if stale and self.invalidate is not None:
-                # The kernel may hold attributes of an older version (a lookup or stat up
-                # to the attribute timeout ago, e.g. of the file while another node was
-                # still writing it), and its cached size bounds this open's reads: dropped
-                # before the open returns, so the first read asks for the new ones
-                # (close-to-open). Shielded: the handle is counted already.
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self.invalidate, ino)
             return f
+        note = self.rows.needs_note(ino, writing)
+
+        def read() -> tuple[Inode, dict[int, ChunkRef], str]:
+            inode = self.catalog.get_inode(ino)
+            if inode.is_dir:
+                raise IsADirectory("is a directory")
+            # Before its extents are read: an unlink on another node keeps it.
+            sid = self.rows.note(ino, writing) if note else ""
+            return inode, self.catalog.extents(ino), sid
+
+        self._opening[ino] = self._opening.get(ino, 0) + 1
+        token = self._path_token()
+        try:
+            # The note after a release decided before (a close of this inode meanwhile).
+            async with self.rows.hold(ino) if note else contextlib.nullcontext():
+                inode, extents, sid = await self.db(read)
+                if note:
+                    self.rows.noted_now(ino, writing, sid)
+        except BaseException as exc:
+            if note and isinstance(exc, CatalogUnavailable):
+                self.rows.unsure(ino)  # the note may have gone in before the failure
+            await self._open_failed(ino)
+            raise
+        self._done_opening(ino)
+        f = self.open_files.get(ino)  # another open may have raced us during the await
+        if f is not None:
+            f.handles += 1
+            return f
+        return await self._first_open(inode, extents, token)
+
+    async def _note_held(self, ino: int, writing: bool) -> None:
+        """An open of a file open here already needs a (writing) note of its row."""
+        # Held meanwhile: a last close of the other handles leaves the row to this one.
+        self._opening[ino] = self._opening.get(ino, 0) + 1
+        try:
+            async with self.rows.hold(ino):  # after a release decided before
+                sid = await self.db(self.rows.note, ino, writing)
+                self.rows.noted_now(ino, writing, sid)
+        except BaseException:
+            await self._open_failed(ino)
+            raise
+        self._done_opening(ino)
+
+    async def _first_open(
+        self, inode: Inode, extents: dict[int, ChunkRef], token: int | None
+    ) -> OpenFile:
+        """The OpenFile of an inode nothing here has open, as the catalog read it (at
+        namespace generation ``token``), with its first handle counted."""
+        ino = inode.ino
+        stale = False
+        if self.shared and self._cached_versions.pop(ino, None) != (inode.size, inode.mtime_ns):
+            self._drop_cache.add(ino)  # another node's version, or not known
+            stale = True
+        f = OpenFile(inode, extents, self._services())
+        f.ns_gen = -1 if token is None else token
+        self.open_files[ino] = f
+        # Its commits change the row: the attributes come from f until it closes.
+        self._dirs.forget(self._dirs.stamp(), ino)
         f.handles += 1
+        if stale and self.invalidate is not None:
+            # The kernel may hold attributes of an older version (a lookup or stat up
+            # to the attribute timeout ago, e.g. of the file while another node was
+            # still writing it), and its cached size bounds this open's reads: dropped
+            # before the open returns, so the first read asks for the new ones
+            # (close-to-open). Shielded: the handle is counted already.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.invalidate, ino)
         return f
 
     async def _drop_handle_ref(self, f: OpenFile) -> None:
@@ -1145,8 +804,8 @@ class Filesystem:
                 self._cached_versions[f.ino] = (f.size, f.mtime_ns)
                 while len(self._cached_versions) > CACHED_VERSIONS_MAX:
                     self._cached_versions.popitem(last=False)
-            if self.session is not None:
-                await self._release_noted(f.ino)  # the catalog knows its link count
+            if self.rows.session is not None:
+                await self.rows.release(f.ino)  # the catalog knows its link count
             elif f.inode.nlink <= 0:
                 await self._delete_inode(f.ino)
             elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
@@ -1156,8 +815,8 @@ class Filesystem:
             else:
                 self._dirs.forget(self._dirs.stamp(), f.ino)
         elif f.ino not in self.open_files:
-            if self.session is not None:
-                await self._release_noted(f.ino)
+            if self.rows.session is not None:
+                await self.rows.release(f.ino)
                 return
             # A retired file does not follow link counts: ask the catalog.
             try:
@@ -1221,7 +880,7 @@ class Filesystem:
         self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
     ) -> tuple[int, Inode]:
         await self.access.create(ctx, parent, name, "create")
-        mode = await self._new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
+        mode = await self.setid.new_mode(parent, stat.S_IFREG | stat.S_IMODE(mode), ctx)
         _check_name(name)
         tracked = self.tracker is not None
         counted = self.quotas is not None  # its namespace is known from the path
@@ -1240,7 +899,7 @@ class Filesystem:
             created.append(inode.ino)
             # Another node's unlink keeps it while it is open here. No row lock: nothing
             # else notes or releases a new inode before this create returns.
-            sid = self._note(inode.ino, True)
+            sid = self.rows.note(inode.ino, True)
             return (inode, around.dir_paths.get(parent, ""), around.dirs[parent],
                     self._dirs.stamp(), sid)
 
@@ -1249,12 +908,12 @@ class Filesystem:
             with self._naming(parent):
                 inode, base, pdir, seq, sid = await self._db_refreshing(work)
         except CatalogUnavailable:
-            if created and self.session is not None:  # created, maybe noted: released later
-                self._unreleased.add(created[0])
+            if created:  # created, maybe noted: released later
+                self.rows.unsure(created[0])
             raise
         self._names.added(parent, name, inode.ino)
         self.access.learn(parent, name, inode.ino)
-        self._noted_now(inode.ino, True, sid)
+        self.rows.noted_now(inode.ino, True, sid)
         self._dirs.put(seq, pdir)
         # A new inode (numbers are never reused): nothing has it open, it has no extents.
         f = OpenFile(inode, {}, self._services())
@@ -1300,14 +959,8 @@ class Filesystem:
         if f.account is not None and used is not None:
             quotas.note_used(f.account.ns, used, before)
 
-    async def _kill_setid(self, f: OpenFile) -> None:
-        """A write by a non-root caller clears setuid, and setgid with group execute (as
-        Linux; the kernel does it for cached writes, not for direct I/O ones)."""
-        mode = f.inode.mode & ~stat.S_ISUID
-        if mode & stat.S_IXGRP:
-            mode &= ~stat.S_ISGID
-        if mode != f.inode.mode:
-            await self.setattr(f.ino, mode=mode)
+    async def _chmod(self, ino: int, mode: int) -> None:
+        await self.setattr(ino, mode=mode)
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:
         h = self._handle(fh)
@@ -1320,7 +973,7 @@ class Filesystem:
         if h.direct_io and h.file not in self._uncached:
             h.file.bypassed_cache = True
         if h.caller_uid != 0 and h.file.inode.mode & SETID:
-            await self._kill_setid(h.file)
+            await self.setid.written(h.file.ino, h.file.inode.mode)
         h.file.writer = (h.caller_uid, h.caller_pid)
         n = await h.file.write(off, data)
         if not h.wrote:
@@ -1363,10 +1016,10 @@ class Filesystem:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and
         a catalog snapshot naming them are on the remote tiers; EIO after the timeout (the
         file stays committed locally and its upload goes on)."""
-        if not self.policies or not self.store.remotes:
+        if not self.options.policies or not self.store.remotes:
             return
         path = await self.db(self.catalog.path_of, f.ino)
-        policy = policy_for(self.policies, path)
+        policy = policy_for(self.options.policies, path)
         if policy is None or policy.durability != "remote":
             return
         digests = {r.digest for r in f.committed.values()}
@@ -1417,7 +1070,7 @@ class Filesystem:
         await self._drop_handle_ref(h.file)
         if self.tracker is not None and h.writable:
             try:
-                await self._release_event(h, last, known)
+                await self.signals.released(h.file, last, known)
             finally:
                 if last:
                     self.tracker.fence.file_released(h.file.ino)
@@ -1425,17 +1078,7 @@ class Filesystem:
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
 
-    # -- checkpoint state as extended attributes -----------------------------------------
-
-    async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
-        path = await self.db(self.catalog.path_of, ino)
-        rows = [c for c in await self.db(self.catalog.checkpoint_rows, path) if c.root == path]
-        return rows[0] if rows else None
-
-    async def _xattr_index(self) -> set[int]:
-        if self._xattr_inos is None:
-            self._xattr_inos = await self.db(self.catalog.xattr_inodes)
-        return self._xattr_inos
+    # -- extended attributes: stored (vfs/xattrs.py) and ckptfs's own (vfs/control.py) --------
 
     async def getxattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> bytes | None:
         """A stored attribute, or ckptfs's own: ``user.ckptfs.state`` (writing, committed,
@@ -1443,55 +1086,13 @@ class Filesystem:
         checkpoint's root. None: no such attribute."""
         if not name.startswith(b"security."):  # asked before buffered writes: kept free
             await self.access.inode(ctx, ino, "getxattr")
-        if name == XATTR_GC:
-            return await self._gc_done(ino, ctx)
         if name.startswith(XATTR_RESERVED):
-            after = page_after(name)
-            if after is not None:  # the checkpoints under a directory (vfs/listing.py)
-                visible = await self.access.viewer(ctx)
-                path = await self.db(self.catalog.path_of, ino)
-                return await listing(self.catalog, self.db, path, after, visible)
-            if name not in XATTRS:
-                return None
-            ckpt = await self._checkpoint_of(ino)
-            if ckpt is None:
-                return None
-            if name == XATTR_STATE:
-                return ckpt.state.value.encode()
-            return json.dumps(ckpt.as_dict(), sort_keys=True).encode()
-        if ino not in await self._xattr_index():
-            return None
-        return await self.db(self.catalog.get_xattr, ino, name)
+            return await self.control.get(ino, name, ctx)
+        return await self.xattrs.get(ino, name)
 
     async def listxattr(self, ino: int, ctx: RequestContext = ROOT) -> list[bytes]:
         await self.access.inode(ctx, ino, "listxattr")
-        names = []
-        if ino in await self._xattr_index():
-            # trusted.* is for root only (the kernel leaves the listing to us).
-            names = [n for n in await self.db(self.catalog.list_xattrs, ino)
-                     if ctx.is_root or not n.startswith(b"trusted.")]
-        if await self._checkpoint_of(ino) is not None:
-            names += XATTRS
-        return names
-
-    async def _check_xattr_write(self, ino: int, name: bytes, ctx: RequestContext) -> None:
-        """Which attributes may be stored, as on Linux (the kernel checks the same with
-        default_permissions): user.* on files and directories by writers, trusted.* by
-        root, security.*; system.* (ACLs) and other namespaces are not supported."""
-        if len(name) > XATTR_NAME_MAX or not name:
-            raise CkptfsError(f"xattr name of {len(name)} bytes", errno=errno.ERANGE)
-        if not name.startswith(XATTR_STORED_PREFIXES):
-            raise NotSupported(f"xattr namespace of {name!r} is not supported")
-        if name.startswith(b"trusted.") and not ctx.is_root:
-            raise NotPermitted("trusted.* xattrs are for root")
-        inode = await self.getattr(ino)
-        if name.startswith(b"user."):
-            if not (inode.is_dir or inode.is_reg):
-                raise NotPermitted("user.* xattrs only on files and directories")
-            if not ctx.may_write(inode.mode, inode.uid, inode.gid):
-                raise PermissionDenied("no write permission")
-            if inode.is_dir and inode.mode & stat.S_ISVTX and not ctx.owns(inode.uid):
-                raise NotPermitted("user.* xattrs of a sticky directory: owner only")
+        return await self.xattrs.names(ino, ctx) + await self.control.names(ino)
 
     async def setxattr(
         self, ino: int, name: bytes, value: bytes, ctx: RequestContext = ROOT, flags: int = 0
@@ -1503,79 +1104,15 @@ class Filesystem:
         file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
         await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
-            if not is_control(name):
-                raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
-            await self._control_xattr(ino, name, value, ctx)
+            await self.control.set(ino, name, value, ctx)
             return
-        await self._check_xattr_write(ino, name, ctx)
-        if len(value) > XATTR_SIZE_MAX:
-            raise CkptfsError(f"xattr value of {len(value)} bytes", errno=errno.E2BIG)
-        inode = await self._db_dirs_changed(lambda: self.catalog.set_xattr(
-            ino, name, value, create=bool(flags & os.XATTR_CREATE),
-            replace_only=bool(flags & os.XATTR_REPLACE), total_max=XATTR_TOTAL_MAX))
-        (await self._xattr_index()).add(ino)
-        self._new_ctime(inode)
+        await self.xattrs.set(ino, name, value, ctx, flags)
 
     async def removexattr(self, ino: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         await self.access.inode(ctx, ino, "removexattr")
         if name.startswith(XATTR_RESERVED):
             raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
-        await self._check_xattr_write(ino, name, ctx)
-        if ino not in await self._xattr_index():
-            raise NoAttribute(name.decode(errors="replace"))
-        self._new_ctime(await self._db_dirs_changed(self.catalog.remove_xattr, ino, name))
-
-    def _new_ctime(self, inode: Inode) -> None:
-        f = self.open_files.get(inode.ino)
-        if f is not None:
-            f.ctime_ns = inode.ctime_ns
-
-    async def _control_xattr(
-        self, ino: int, name: bytes, value: bytes, caller: RequestContext
-    ) -> None:
-        """Control xattrs (vfs/control.py), for the inode's owner or root only:
-        ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a checkpoint;
-        ``user.ckptfs.gc`` (any value) asks for retention of the checkpoints under this
-        directory now; a getxattr of it returns once that pass is done (``ckptfs gc PATH``);
-        ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
-        check_control(await self.getattr(ino), name, caller)
-        if name == XATTR_GC:
-            scope = await self.db(self.catalog.path_of, ino)
-            await self.db(self.catalog.audit_append, AuditRecord(
-                "gc_request", scope, caller.uid, caller.pid))
-            # Asked, not waited for: the kernel holds this directory's inode locked for the
-            # whole setxattr, and a pass may wait for the object store (issue 33, item 4).
-            ticket = await self.gc.request(scope)
-            self._gc_tickets = {i: t for i, t in self._gc_tickets.items()
-                                if not self.gc.served_ticket(t)}
-            self._gc_tickets[ino] = max(ticket, self._gc_tickets.get(ino, 0))
-            return
-        if name == XATTR_PREFETCH:
-            await self.stage_file(ino)
-            # Once staged (what a prefetch changes is replica rows, many transactions).
-            await self.db(self.catalog.audit_append, AuditRecord(
-                "prefetch", uid=caller.uid, pid=caller.pid, ino=ino))
-            return
-        assert name == XATTR_TAG
-        tag = value.decode(errors="replace").strip()
-        if not tag or not all(ch.isalnum() or ch in "-_." for ch in tag) or len(tag) > 64:
-            raise InvalidArgument(f"bad tag {tag!r} (1-64 of letters, digits, - _ .)")
-        path = await self.db(self.catalog.path_of, ino)
-        tagged = functools.partial(self.catalog.checkpoint_tag, audit=AuditRecord(
-            "tag", uid=caller.uid, pid=caller.pid))
-        if not await self.db(tagged, path, tag):
-            raise InvalidArgument(f"{path} is not a known checkpoint")
-
-    async def _gc_done(self, ino: int, caller: RequestContext) -> bytes:
-        """``getxattr user.ckptfs.gc``: wait for the pass the last ``setxattr`` of it on
-        this directory asked for (none pending: at once); the pass's report (JSON)."""
-        ticket = self._gc_tickets.get(ino)
-        if ticket is None:
-            return b"{}"
-        report = await self.gc.wait(ticket)
-        path = await self.db(self.catalog.path_of, ino)
-        log.info("gc requested under %s done (uid %d): %s", path, caller.uid, report)
-        return json.dumps(vars(report), sort_keys=True, default=str).encode()
+        await self.xattrs.remove(ino, name, ctx)
 
     async def stage_file(self, ino: int) -> None:
         """Copy every chunk of a file that only a remote holds to a local tier, verified,

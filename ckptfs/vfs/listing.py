@@ -16,9 +16,16 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from ..catalog import Catalog, CheckpointRow
+from ..catalog.protocols import (
+    CheckpointCatalog,
+    ContentsCatalog,
+    MetaCatalog,
+    NamespaceCatalog,
+    SessionCatalog,
+)
 from ..checkpoints.reach import Reach
 from ..checkpoints.summary import summarize
 from ..errors import InvalidArgument
@@ -27,6 +34,14 @@ XATTR_LIST = b"user.ckptfs.checkpoints"
 PAGE_BYTES = 60_000  # below the 64 KiB an xattr value may hold, with room for "next"
 
 Db = Callable[..., Awaitable[Any]]
+
+
+class ListingCatalog(CheckpointCatalog, NamespaceCatalog, ContentsCatalog, MetaCatalog,
+                     SessionCatalog, Protocol):
+    """What a listing reads: the checkpoint rows, and for each summary its files, their
+    extents, the recorded tiers and the live sessions (checkpoints/summary.py, reach.py)."""
+
+    shared: bool
 
 
 def page_after(name: bytes) -> int | None:
@@ -41,7 +56,7 @@ def page_after(name: bytes) -> int | None:
     return int(tail)
 
 
-async def listing(catalog: Catalog, db: Db, under: str, after: int,
+async def listing(catalog: ListingCatalog, db: Db, under: str, after: int,
                   visible: Callable[[str], bool]) -> bytes:
     """One page of the checkpoints under ``under`` with an id above ``after``, those whose
     root ``visible`` accepts. Each summary is its own catalog call: a long listing does
@@ -49,10 +64,13 @@ async def listing(catalog: Catalog, db: Db, under: str, after: int,
     rows: list[CheckpointRow] = [r for r in await db(catalog.checkpoint_rows, under)
                                  if r.id > after and visible(r.root)]
     reach: Reach = await db(Reach.of, catalog)
+    # summarize is typed against the whole Catalog (checkpoints/summary.py) but reads only
+    # the roles of ListingCatalog.
+    whole = cast(Catalog, catalog)
     out: list[dict[str, Any]] = []
     size = 0
     for r in rows:
-        info = asdict(await db(summarize, catalog, Path(""), r, reach))
+        info = asdict(await db(summarize, whole, Path(""), r, reach))
         info.update(id=r.id, begin_ns=r.begin_ns, commit_ns=r.commit_ns, path=None)
         item = json.dumps(info, sort_keys=True)
         if out and size + len(item) + 2 > PAGE_BYTES:

@@ -139,6 +139,31 @@ class OpenFile:
         self.failed: CkptfsError | None = None
         self.lock = trio.Lock()
         self.handles = 0
+        self._init_reads()
+        # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
+        # A close reports a file's tail (and a small file's content) to the checkpoint
+        # detectors from here, instead of reading the chunk back from its tier.
+        self.chunk_end: tuple[int, bytes, bytes] | None = None
+        # The filesystem's namespace generation when this open state was read from the
+        # catalog (-1: unknown). Unchanged at the last close: no rename, unlink or link
+        # touched the inode since, so attrs() is exactly its row (vfs/dirattrs.py).
+        self.ns_gen = -1
+        # Its namespace's quota (vfs/quota.py), set by the filesystem before anything may
+        # write: None outside every namespace; ``account_known`` once decided.
+        self.account: FileAccount | None = None
+        self.account_known = False
+        # Where this file's chunks may be (its namespace's allowed_locations), looked up
+        # at its first chunk write; "?" until then.
+        self._allowed: Locations | str = "?"
+        # The encrypted namespace its chunks are sealed for, looked up at its first chunk
+        # write (False: not yet). A file keeps it while open (a rename does not re-seal).
+        self._sealed_ns: str | None | bool = False
+        # Who wrote to it last (uid, pid of the handle; the filesystem sets it): the audit
+        # record of a quota refusal names them.
+        self.writer: tuple[int, int] = (0, 0)
+
+    def _init_reads(self) -> None:
+        """The state of its reads: readahead, and what the kernel's page cache holds."""
         self._last_read_idx = -2
         # Readahead in flight, by chunk index: owned by this file, cancelled and waited for
         # when its last handle closes (``stop_readahead``), so none outlives the file.
@@ -161,27 +186,6 @@ class OpenFile:
         self._pushes_ended = trio.Event()
         # The end of the highest read request since the last seek back (pushes stop there).
         self.read_hi = 0
-        # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
-        # A close reports a file's tail (and a small file's content) to the checkpoint
-        # detectors from here, instead of reading the chunk back from its tier.
-        self.chunk_end: tuple[int, bytes, bytes] | None = None
-        # The filesystem's namespace generation when this open state was read from the
-        # catalog (-1: unknown). Unchanged at the last close: no rename, unlink or link
-        # touched the inode since, so attrs() is exactly its row (vfs/dirattrs.py).
-        self.ns_gen = -1
-        # Its namespace's quota (vfs/quota.py), set by the filesystem before anything may
-        # write: None outside every namespace; ``account_known`` once decided.
-        self.account: FileAccount | None = None
-        self.account_known = False
-        # Where this file's chunks may be (its namespace's allowed_locations), looked up
-        # at its first chunk write; "?" until then.
-        self._allowed: Locations | str = "?"
-        # The encrypted namespace its chunks are sealed for, looked up at its first chunk
-        # write (False: not yet). A file keeps it while open (a rename does not re-seal).
-        self._sealed_ns: str | None | bool = False
-        # Who wrote to it last (uid, pid of the handle; the filesystem sets it): the audit
-        # record of a quota refusal names them.
-        self.writer: tuple[int, int] = (0, 0)
 
     @property
     def ino(self) -> int:

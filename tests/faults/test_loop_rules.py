@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.vfs.test_vfs import CS, make_daemon, until_backlog_empty, until_real
+from tests.vfs.test_vfs import CS, catalog_of, make_daemon, until_backlog_empty, until_real
 
 from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -192,7 +192,7 @@ async def test_an_idle_uploader_has_no_timer_and_a_rename_is_snapshotted(
                 await trio.testing.wait_all_tasks_blocked()
                 if up._sleeping and not up.running and up._dirty_since is None:
                     if (await fs.db(fs.catalog.snapshot_is_current)
-                            and not (await fs.db(fs.catalog.backlog)).chunks and up._sleeping):
+                            and not (await fs.db(catalog_of(fs).backlog)).chunks and up._sleeping):
                         return
                     # A snapshot right after the last one waits SNAPSHOT_MIN_SPACING_S,
                     # uploads wait for the stream of commits to pause (QUIET_S).
@@ -295,7 +295,7 @@ async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
             await _write(fs, name, os.urandom(CS))
 
         async def postponed() -> int:
-            jobs = await fs.db(fs.catalog.due_uploads, 2**62, 10, set())
+            jobs = await fs.db(catalog_of(fs).due_uploads, 2**62, 10, set())
             return sum(j.attempts > 0 for j in jobs)
 
         with trio.fail_after(10):
@@ -303,8 +303,8 @@ async def test_uploads_postponed_by_an_outage_go_when_the_tier_works_again(
                 await trio.sleep(0.01)  # polling the catalog for the condition
         assert up._failing == {"r"}
         remote.fail_puts = False
-        [first, *_] = await fs.db(fs.catalog.due_uploads, 2**62, 1, set())
-        await fs.db(fs.catalog.postpone_upload, first.digest, "r", 0, "", False)
+        [first, *_] = await fs.db(catalog_of(fs).due_uploads, 2**62, 1, set())
+        await fs.db(catalog_of(fs).postpone_upload, first.digest, "r", 0, "", False)
         up.kick()  # one job is due: it succeeds, and the tier works again
         await until(lambda: len(inner.frames) == 3)
         assert not up._failing

@@ -31,7 +31,7 @@ from tests.support.s3fixtures import SKIP_REASON as NO_WEED
 from tests.support.s3fixtures import remove_prefix, tier_config
 from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed, running_seaweed
 from tests.support.tier_conformance import framed, joined
-from tests.vfs.test_vfs import CS, make_fs, uploader_of, write_file
+from tests.vfs.test_vfs import CS, catalog_of, make_fs, uploader_of, write_file
 
 from ckptfs.catalog import ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -204,7 +204,7 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
             # Healed: the copy was marked bad and uploaded again from the local copy.
             with trio.fail_after(60):
                 while uploader_of(fs).uploaded_bytes == uploaded or "r" not in await fs.db(
-                    fs.catalog.replica_tiers, ref.digest
+                    catalog_of(fs).replica_tiers, ref.digest
                 ):
                     await trio.sleep(0.05)  # polling the catalog, with a deadline
             raw = await trio.to_thread.run_sync(r_tier.get, ref.key)

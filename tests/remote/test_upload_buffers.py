@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from tests.store.test_upload import skip_backoff
-from tests.vfs.test_vfs import make_fs, uploader_of, write_file
+from tests.vfs.test_vfs import catalog_of, make_fs, uploader_of, write_file
 
 from ckptfs.codec import frame
 from ckptfs.config import TierConfig, UploadConfig
@@ -43,7 +43,7 @@ async def test_uploads_reuse_their_read_buffers_and_never_send_a_damaged_frame(
                        upload=UploadConfig(concurrency=1, during_save="overlap")) as fs:
         await write_file(fs, b"a", os.urandom(2 * CHUNK), step=CHUNK // 4)
         with trio.fail_after(20):
-            while (await fs.db(fs.catalog.backlog)).last_error is None:
+            while (await fs.db(catalog_of(fs).backlog)).last_error is None:
                 await trio.sleep(0.01)  # polling the catalog for the condition
         bad, good = sorted(local.list_keys())
         _flip_a_bit(local._path(bad), CHUNK // 2)  # on the local device, after its commit
@@ -55,7 +55,7 @@ async def test_uploads_reuse_their_read_buffers_and_never_send_a_damaged_frame(
         # blocked: tried later, on the real clock, its read would take a buffer below.
         with trio.fail_after(30):
             while not s3_tier.has(good) or (
-                    (b := await fs.db(fs.catalog.backlog)).chunks, b.blocked) != (1, 1):
+                    (b := await fs.db(catalog_of(fs).backlog)).chunks, b.blocked) != (1, 1):
                 await trio.sleep(0.01)  # polling the bucket and the catalog
         assert not s3_tier.has(bad)  # its only copy is damaged: it stays local, unsent
         up.clock = time.time_ns  # the damaged one waits out its long retry
@@ -66,7 +66,7 @@ async def test_uploads_reuse_their_read_buffers_and_never_send_a_damaged_frame(
         made, reused = up.frames.made, up.frames.reused
         await write_file(fs, b"b", os.urandom(3 * CHUNK), step=CHUNK // 4)
         with trio.fail_after(30):
-            while (await fs.db(fs.catalog.backlog)).chunks != 1:
+            while (await fs.db(catalog_of(fs).backlog)).chunks != 1:
                 await trio.sleep(0.01)
         assert up.frames.made - made == 1
         assert up.frames.reused - reused == 2

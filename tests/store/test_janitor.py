@@ -11,7 +11,7 @@ import trio
 
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import skip_backoff, wait_backlog_empty
-from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, uploader_of
+from tests.vfs.test_vfs import CS, RW, catalog_of, deletions_done, make_daemon, make_fs, uploader_of
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -114,7 +114,7 @@ async def test_expired_data_on_a_down_remote_is_deleted_when_it_returns(tmp_path
         await d.janitor.run_now()
         assert await state(fs, "/run/checkpoint-1") == "expired"  # not verified gone yet
         assert uploaded <= set(remote.inner.frames)  # type: ignore[attr-defined]
-        backlog = await fs.db(fs.catalog.deletion_backlog)  # the queue keeps them, with why
+        backlog = await fs.db(catalog_of(fs).deletion_backlog)  # the queue keeps them, with why
         assert [(b.tier, b.chunks) for b in backlog] == [("r", len(uploaded))]
         assert backlog[0].last_error and "injected EIO" in backlog[0].last_error
         remote.fail_gets = remote.fail_deletes = False
@@ -140,7 +140,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
         await wait_for(lambda: isinstance(fs.tracker, CheckpointTracker) and fs.tracker.commits >= 4)
         await d.janitor.run_now()
         pending = await fs.db(fs.catalog.digests_under, ["/run/checkpoint-4", "/run/checkpoint-6"])
-        backlog = await fs.db(fs.catalog.backlog)
+        backlog = await fs.db(catalog_of(fs).backlog)
         # Only the newest (6) and the milestone (4) still wait for the remote.
         assert len(pending) == 6 and backlog.chunks == len(pending)
 

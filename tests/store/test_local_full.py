@@ -13,6 +13,7 @@ from tests.store.test_upload import skip_backoff, wait_backlog_empty
 from tests.vfs.test_vfs import (
     CS,
     RW,
+    catalog_of,
     deletions_done,
     make_daemon,
     make_fs,
@@ -195,7 +196,7 @@ async def test_close_under_a_remote_policy_waits_for_the_remote(tmp_path: Path) 
             final = await fs.mkdir(ROOT_INODE, b"final", 0o755, ROOT)
             # Outside the policy: close returns while the upload is still held.
             await write_file(fs, b"scratch", os.urandom(CS))
-            assert (await fs.db(fs.catalog.backlog)).chunks == 1
+            assert (await fs.db(catalog_of(fs).backlog)).chunks == 1
             closed = trio.Event()
 
             async def save() -> None:
@@ -291,7 +292,7 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
         assert moved, refs  # recorded where they are: on the remote only
         assert all(r.key in remote.frames and r.key not in local.frames for r in moved)
         assert all(r.key in local.frames for r in refs.values() if "l" in r.tiers)
-        jobs = await fs.db(fs.catalog.due_uploads, 1 << 62, 100, set())
+        jobs = await fs.db(catalog_of(fs).due_uploads, 1 << 62, 100, set())
         assert not {j.digest for j in jobs} & {r.digest for r in moved}
         assert await read_file(fs, b"big") == data
         await wait_backlog_empty(fs)
@@ -422,7 +423,7 @@ async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copie
 async def wait_for_deletions_failing(fs: Filesystem, tier: str, n: int) -> None:
     with trio.fail_after(10):
         while not any(d.tier == tier and d.failing >= n
-                      for d in await fs.db(fs.catalog.deletion_backlog)):
+                      for d in await fs.db(catalog_of(fs).deletion_backlog)):
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 

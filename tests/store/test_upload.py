@@ -12,6 +12,7 @@ import trio.testing
 from tests.vfs.test_vfs import (
     CS,
     RW,
+    catalog_of,
     deletions_done,
     make_fs,
     read_file,
@@ -40,7 +41,7 @@ def skip_backoff() -> int:
 
 async def wait_backlog_empty(fs, timeout: float = 10) -> None:  # type: ignore[no-untyped-def]
     with trio.fail_after(timeout):
-        while (await fs.db(fs.catalog.backlog)).chunks:
+        while (await fs.db(catalog_of(fs).backlog)).chunks:
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 
@@ -71,9 +72,9 @@ async def test_outage_grows_backlog_then_drains(tmp_path: Path) -> None:
         await write_file(fs, b"a", os.urandom(2 * CS))
         await write_file(fs, b"b", os.urandom(2 * CS))  # writes go on during the outage
         with trio.fail_after(10):
-            while (await fs.db(fs.catalog.backlog)).last_error is None:
+            while (await fs.db(catalog_of(fs).backlog)).last_error is None:
                 await trio.sleep(0.01)
-        backlog = await fs.db(fs.catalog.backlog)
+        backlog = await fs.db(catalog_of(fs).backlog)
         assert backlog.chunks == 4 and backlog.bytes == 4 * CS
         remote.fail_puts = False
         uploader_of(fs).clock = skip_backoff
@@ -89,7 +90,7 @@ async def test_restart_replays_pending_uploads(tmp_path: Path) -> None:
     dead.fail_puts = True
     async with make_fs(tmp_path, [local, dead]) as fs:
         await write_file(fs, b"f", os.urandom(2 * CS))
-        assert (await fs.db(fs.catalog.backlog)).chunks == 2
+        assert (await fs.db(catalog_of(fs).backlog)).chunks == 2
     healthy: list[Tier] = [local, MemoryTier("r", kind="remote")]
     async with make_fs(tmp_path, healthy) as fs:
         uploader_of(fs).clock = skip_backoff
@@ -107,7 +108,7 @@ async def test_deleted_file_removes_remote_copies_and_jobs(tmp_path: Path) -> No
         await fs.unlink(ROOT_INODE, b"f")
         await deletions_done(fs)
         assert remote.frames == {} and local.frames == {}
-        assert (await fs.db(fs.catalog.backlog)).chunks == 0
+        assert (await fs.db(catalog_of(fs).backlog)).chunks == 0
 
 
 async def test_chunks_are_striped_over_remotes(tmp_path: Path) -> None:
@@ -156,9 +157,9 @@ async def test_upload_rate_is_published_for_status(
     async with make_fs(tmp_path, [MemoryTier("l"), MemoryTier("r", kind="remote")]) as fs:
         await write_file(fs, b"f", os.urandom(4 * CS))
         await wait_backlog_empty(fs)
-        rate = live.upload_rate(fs.catalog)
+        rate = live.upload_rate(catalog_of(fs))
         assert rate is not None and rate[0] > 0 and rate[1] < 60
-        backlog = fs.catalog.backlog()
+        backlog = catalog_of(fs).backlog()
         pending = type(backlog)(3, 3 * CS, 0, 0, None)
         assert "ETA" in sync.backlog_line(pending, rate)
 
@@ -198,7 +199,7 @@ async def test_uploads_during_a_save_follow_upload_during_save(tmp_path: Path, m
         if mode in ("defer", "auto-busy"):
             await up._measure_spare()
             assert up._limit() == 0  # nothing starts while the save runs
-            assert (await fs.db(fs.catalog.backlog)).chunks == 2
+            assert (await fs.db(catalog_of(fs).backlog)).chunks == 2
             assert not remote.frames
         else:
             await wait_backlog_empty(fs)  # uploaded while the save still runs
@@ -286,7 +287,7 @@ async def test_a_stream_of_small_files_is_a_save_for_the_uploads(
             await until_real(lambda: len(remote.frames) == 4)
             return
         await until_real(lambda: up._sleeping and not up.running)
-        assert not remote.frames and (await fs.db(fs.catalog.backlog)).chunks == 4
+        assert not remote.frames and (await fs.db(catalog_of(fs).backlog)).chunks == 4
         # A durability wait (a policy, `ckptfs sync`) takes every slot during the stream.
         digest = frame.digest_of(await read_file(fs, b"small0"))
         with trio.fail_after(10):
@@ -332,7 +333,7 @@ async def test_uploads_finishing_together_are_recorded_in_one_transaction(
         assert sum(batches) == 4 and len(batches) <= 2, batches
         for i in range(4):
             digest = frame.digest_of(await read_file(fs, b"f%d" % i))
-            assert "r" in await fs.db(fs.catalog.replica_tiers, digest)
+            assert "r" in await fs.db(catalog_of(fs).replica_tiers, digest)
         assert not up._records.jobs
 
 
@@ -346,7 +347,7 @@ async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Pa
         fh = await _open_save(fs, b"saving")  # uploads wait: we record the jobs ourselves
         for i in range(3):
             await write_file(fs, b"f%d" % i, os.urandom(1000))
-        jobs = await fs.db(fs.catalog.due_uploads, skip_backoff(), 10, set())
+        jobs = await fs.db(catalog_of(fs).due_uploads, skip_backoff(), 10, set())
         assert len(jobs) == 3
         entered, release = threading.Event(), threading.Event()
 
@@ -373,6 +374,6 @@ async def test_a_failed_record_transaction_fails_every_upload_of_it(tmp_path: Pa
             release.set()  # the first batch fails; then the batch of the other two
         assert len(errors) == 3
         assert not up._records.jobs
-        assert (await fs.db(fs.catalog.backlog)).chunks == 3  # nothing recorded
+        assert (await fs.db(catalog_of(fs).backlog)).chunks == 3  # nothing recorded
         await fs.flush(fh)
         await fs.release(fh)

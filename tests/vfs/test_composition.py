@@ -70,8 +70,9 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
         assert pool_size(cfg) == 32 and pool_size(config_from_dict(
             {"remote_read_concurrency": 40, "upload_concurrency": 8})) == 52
         assert d.budget.limit == 4 * 1024 * 1024
-        assert (d.fs.readahead, d.fs.copy_back, d.fs.policies) == (1024 * 1024, "never",
-                                                                  cfg.policies)
+        opts = d.fs.options
+        assert (opts.readahead, opts.copy_back, opts.policies) == (1024 * 1024, "never",
+                                                                   cfg.policies)
         assert d.tracker is not None and d.tracker.partial_after_s == 9.0
         assert (d.janitor.policies, d.janitor.high) == (cfg.retention.policies, 0.7)
         # checkpoints = false: no detectors, no tracker.

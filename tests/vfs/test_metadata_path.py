@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.vfs.test_vfs import make_daemon, make_fs
+from tests.vfs.test_vfs import catalog_of, make_daemon, make_fs
 
 from ckptfs import threads
 from ckptfs.catalog import Inode, SqliteCatalog
@@ -85,7 +85,7 @@ async def test_one_catalog_round_trip_per_create_close_rename_unlink(
         # The unlink dropped the inode and its chunk's rows (the frame: deletion queue).
         assert await fs.db(fs.catalog.unlinked_inodes) == []
         assert await fs.db(fs.catalog.referenced_digests) == set()
-        assert await fs.db(fs.catalog.replica_keys_all) == set()
+        assert await fs.db(catalog_of(fs).replica_keys_all) == set()
 
 
 async def test_events_carry_the_current_path_after_a_rename(tmp_path: Path) -> None:

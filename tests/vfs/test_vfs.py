@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -64,10 +64,16 @@ def uploader_of(fs: Filesystem) -> Uploader:
     return up
 
 
+def catalog_of(fs: Filesystem) -> Catalog:
+    """The whole catalog behind ``fs`` (the filesystem is typed against the catalog roles
+    it uses), for tests that inspect the upload and deletion queues or the replicas."""
+    return cast(Catalog, fs.catalog)
+
+
 async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
     """Wait until the deletion queue is empty (frames are deleted in the background)."""
     with trio.fail_after(timeout):
-        while await fs.db(fs.catalog.deletion_backlog):
+        while await fs.db(catalog_of(fs).deletion_backlog):
             await trio.sleep(0.01)  # polling the catalog for the condition, with a deadline
 
 
@@ -75,7 +81,7 @@ async def until_backlog_empty(fs: Filesystem, timeout: float = 10) -> None:
     """Until the upload backlog is empty, in real time, asked under the catalog limiter
     (the trio thread must not use the SQLite connection a worker thread may be using)."""
     deadline = time.monotonic() + timeout
-    while (await fs.db(fs.catalog.backlog)).chunks:
+    while (await fs.db(catalog_of(fs).backlog)).chunks:
         assert time.monotonic() < deadline, "the backlog did not empty"
         await trio.to_thread.run_sync(time.sleep, 0.005)
 
