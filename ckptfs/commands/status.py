@@ -105,60 +105,10 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     try:
         viewer = Viewer.of(catalog)  # runs and paths of the namespaces this user may reach
         stats = daemon_stats(state_dir)
-        per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
         mountpoint = (stats or {}).get("mountpoint") or mountpoint_of(state_dir)
-        tiers = []
-        stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
-        now = time.time()
-        shared = _shared_devices(catalog.recorded_tiers())
-        for t in catalog.recorded_tiers():
-            s = per_tier.get(t["name"], {})
-            kind = t.get("kind", "local")
-            capacity = s.get("capacity")
-            if capacity is None and kind == "local":
-                capacity = _local_capacity(t.get("path"))
-            chunks, nbytes = stored.get(t["name"], (0, 0))
-            if kind != "local":
-                # A remote's tier object only counts the objects it put or listed (none on
-                # a node restored from the bucket): the catalog's replica rows say more.
-                capacity = {"total": None, "free": None, "capped": False, **(capacity or {}),
-                            "used": nbytes}
-            tiers.append({
-                "name": t["name"], "kind": kind, "location": t.get("path") or t.get("url"),
-                "state": s.get("state", "unknown" if stats is None else "unused"),
-                "degraded_reason": s.get("degraded_reason"),
-                "capacity": capacity,
-                "reads": s.get("reads"), "read_bytes": s.get("read_bytes"),
-                "read_mb_s": s.get("read_mb_s"), "latency_ms": s.get("latency_ms"),
-                "writes": s.get("writes"), "write_bytes": s.get("write_bytes"),
-                "errors": s.get("errors"),
-                "stored_chunks": chunks, "stored_bytes": nbytes,
-                **_tier_health(s, now),
-                "shares_device_with": shared.get(t["name"], []) if kind == "local" else None,
-            })
+        tiers = _tier_facts(catalog, stats)
         remotes = remote_tier_names(catalog)
-        backlog: dict[str, Any] | None = None
-        if remotes:
-            b = catalog.backlog()
-            rate = upload_rate(catalog)
-            live_backlog = (stats or {}).get("backlog") or {}
-            # The daemon's own measure over its last seconds (0 when nothing went up); without
-            # a daemon nothing uploads: no rate, no ETA.
-            fresh = None if stats is None else live_backlog.get("upload_rate_bytes_s")
-            failing = [t["name"] for t in tiers if t["kind"] != "local"
-                       and t["state"] not in ("healthy", "unknown", "unused")]
-            backlog = {
-                "remote_tiers": remotes, "chunks": b.chunks, "bytes": b.bytes,
-                "oldest_age_s": None if b.oldest_enqueued_ns is None
-                else max(0.0, (time.time_ns() - b.oldest_enqueued_ns) / 1e9),
-                "blocked": b.blocked, "last_error": b.last_error,
-                "upload_rate_bytes_s": fresh,
-                "last_upload_rate": None if rate is None
-                else {"bytes_s": rate[0], "age_s": rate[1]},
-                "eta_s": 0.0 if not b.bytes else (
-                    b.bytes / fresh if fresh and not failing else None),
-                "remote_failing": failing,
-            }
+        backlog = _backlog_facts(catalog, remotes, tiers, stats) if remotes else None
         deletions = [{
             "tier": q.tier, "chunks": q.chunks, "bytes": q.bytes, "failing": q.failing,
             "oldest_age_s": None if q.oldest_enqueued_ns is None
@@ -198,6 +148,67 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "metrics": metrics,
         "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,
+    }
+
+
+def _tier_facts(catalog: Catalog, stats: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each recorded tier: what the catalog stores there, and with a daemon its state,
+    capacity, traffic and health."""
+    per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
+    tiers = []
+    stored = catalog.stored_by_tier()  # what the catalog records, not what a daemon saw
+    now = time.time()
+    shared = _shared_devices(catalog.recorded_tiers())
+    for t in catalog.recorded_tiers():
+        s = per_tier.get(t["name"], {})
+        kind = t.get("kind", "local")
+        capacity = s.get("capacity")
+        if capacity is None and kind == "local":
+            capacity = _local_capacity(t.get("path"))
+        chunks, nbytes = stored.get(t["name"], (0, 0))
+        if kind != "local":
+            # A remote's tier object only counts the objects it put or listed (none on
+            # a node restored from the bucket): the catalog's replica rows say more.
+            capacity = {"total": None, "free": None, "capped": False, **(capacity or {}),
+                        "used": nbytes}
+        tiers.append({
+            "name": t["name"], "kind": kind, "location": t.get("path") or t.get("url"),
+            "state": s.get("state", "unknown" if stats is None else "unused"),
+            "degraded_reason": s.get("degraded_reason"),
+            "capacity": capacity,
+            "reads": s.get("reads"), "read_bytes": s.get("read_bytes"),
+            "read_mb_s": s.get("read_mb_s"), "latency_ms": s.get("latency_ms"),
+            "writes": s.get("writes"), "write_bytes": s.get("write_bytes"),
+            "errors": s.get("errors"),
+            "stored_chunks": chunks, "stored_bytes": nbytes,
+            **_tier_health(s, now),
+            "shares_device_with": shared.get(t["name"], []) if kind == "local" else None,
+        })
+    return tiers
+
+
+def _backlog_facts(catalog: Catalog, remotes: list[str], tiers: list[dict[str, Any]],
+                   stats: dict[str, Any] | None) -> dict[str, Any]:
+    """The upload backlog to the remote tiers: its size and age, the rates, the ETA."""
+    b = catalog.backlog()
+    rate = upload_rate(catalog)
+    live_backlog = (stats or {}).get("backlog") or {}
+    # The daemon's own measure over its last seconds (0 when nothing went up); without
+    # a daemon nothing uploads: no rate, no ETA.
+    fresh = None if stats is None else live_backlog.get("upload_rate_bytes_s")
+    failing = [t["name"] for t in tiers if t["kind"] != "local"
+               and t["state"] not in ("healthy", "unknown", "unused")]
+    return {
+        "remote_tiers": remotes, "chunks": b.chunks, "bytes": b.bytes,
+        "oldest_age_s": None if b.oldest_enqueued_ns is None
+        else max(0.0, (time.time_ns() - b.oldest_enqueued_ns) / 1e9),
+        "blocked": b.blocked, "last_error": b.last_error,
+        "upload_rate_bytes_s": fresh,
+        "last_upload_rate": None if rate is None
+        else {"bytes_s": rate[0], "age_s": rate[1]},
+        "eta_s": 0.0 if not b.bytes else (
+            b.bytes / fresh if fresh and not failing else None),
+        "remote_failing": failing,
     }
 
 
@@ -317,21 +328,7 @@ def plain(s: dict[str, Any]) -> str:
     if s["mountpoint"]:
         lines.append(f"mounted at: {s['mountpoint']}")
     running = s["daemon"]["running"]
-    live = {t["name"]: t for t in s["tiers"] if t["state"] not in ("unknown", "unused")}
-    for t in s["tiers"]:
-        rec = {"name": t["name"], "kind": t["kind"]}
-        rec["url" if t["kind"] != "local" else "path"] = t["location"] or ""
-        text = tier_line(rec, live if running else None)
-        if running:
-            text += _health_text(t)
-        cap = _capacity_text(t["capacity"]) if t["kind"] == "local" else None
-        if cap:
-            text += f"; capacity {cap}"
-        # What the catalog records there (a remote has no capacity to show but this).
-        text += f"; {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} stored"
-        if t.get("shares_device_with"):
-            text += f"; shares its device with {', '.join(t['shares_device_with'])}"
-        lines.append(text)
+    lines += _plain_tiers(s, running)
     if running:
         lines.append("read order (fastest valid copy first, measured): " + " > ".join(s["read_order"]))
         if s["counters"]:
@@ -341,30 +338,7 @@ def plain(s: dict[str, Any]) -> str:
             lines.append(residency_text(s["residency"]))
     else:
         lines.append("daemon: not running (no live statistics)")
-    b = s["backlog"]
-    if b is None:
-        lines.append("backlog: none (no remote tier configured; data is on the local tiers only)")
-    else:
-        oldest = None if b["oldest_age_s"] is None else time.time_ns() - int(b["oldest_age_s"] * 1e9)
-        rate = b["last_upload_rate"]
-        live_rate = b["upload_rate_bytes_s"]
-        lines.append(backlog_line(
-            Backlog(b["chunks"], b["bytes"], oldest, b["blocked"], b["last_error"]),
-            None if b["eta_s"] is None or not live_rate else (live_rate, 0.0),
-        ))
-        if b["remote_failing"]:
-            lines.append("uploads: remote tier(s) " + ", ".join(b["remote_failing"])
-                         + " failing; no estimate until uploads succeed again")
-        elif running and live_rate is not None:
-            lines.append(f"upload rate now: {live_rate / 1e6:.1f} MB/s")
-        if rate is not None and not running:
-            lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
-                         f"({rate['age_s']:.0f} s ago)")
-        for r in s.get("at_risk") or ():
-            who = "this node's local tiers" if r["node"] is None else f"node {r['node']}"
-            more = "" if r["files"] <= len(r["paths"]) else ", ..."
-            lines.append(f"at risk: {r['files']} file(s) only on {who} (not on the remote yet): "
-                         + ", ".join(r["paths"]) + more)
+    lines += _plain_backlog(s, running)
     lines.append(deletions_text(s["deletions"]))
     lines.extend(namespace_line(n) for n in s["namespaces"])
     for run in s["runs"]:
@@ -383,6 +357,56 @@ def plain(s: dict[str, Any]) -> str:
     elif running:
         lines.append("metrics: off")
     return "\n".join(lines)
+
+
+def _plain_tiers(s: dict[str, Any], running: bool) -> list[str]:
+    """One line per tier: where, its health (with a daemon), capacity, what it stores."""
+    lines = []
+    live = {t["name"]: t for t in s["tiers"] if t["state"] not in ("unknown", "unused")}
+    for t in s["tiers"]:
+        rec = {"name": t["name"], "kind": t["kind"]}
+        rec["url" if t["kind"] != "local" else "path"] = t["location"] or ""
+        text = tier_line(rec, live if running else None)
+        if running:
+            text += _health_text(t)
+        cap = _capacity_text(t["capacity"]) if t["kind"] == "local" else None
+        if cap:
+            text += f"; capacity {cap}"
+        # What the catalog records there (a remote has no capacity to show but this).
+        text += f"; {t['stored_chunks']} chunk(s), {_size(t['stored_bytes'])} stored"
+        if t.get("shares_device_with"):
+            text += f"; shares its device with {', '.join(t['shares_device_with'])}"
+        lines.append(text)
+    return lines
+
+
+def _plain_backlog(s: dict[str, Any], running: bool) -> list[str]:
+    """The upload backlog, its rate, and the files only this node's tiers hold."""
+    b = s["backlog"]
+    if b is None:
+        return ["backlog: none (no remote tier configured; data is on the local tiers only)"]
+    lines = []
+    oldest = None if b["oldest_age_s"] is None else time.time_ns() - int(b["oldest_age_s"] * 1e9)
+    rate = b["last_upload_rate"]
+    live_rate = b["upload_rate_bytes_s"]
+    lines.append(backlog_line(
+        Backlog(b["chunks"], b["bytes"], oldest, b["blocked"], b["last_error"]),
+        None if b["eta_s"] is None or not live_rate else (live_rate, 0.0),
+    ))
+    if b["remote_failing"]:
+        lines.append("uploads: remote tier(s) " + ", ".join(b["remote_failing"])
+                     + " failing; no estimate until uploads succeed again")
+    elif running and live_rate is not None:
+        lines.append(f"upload rate now: {live_rate / 1e6:.1f} MB/s")
+    if rate is not None and not running:
+        lines.append(f"last measured upload rate: {rate['bytes_s'] / 1e6:.1f} MB/s "
+                     f"({rate['age_s']:.0f} s ago)")
+    for r in s.get("at_risk") or ():
+        who = "this node's local tiers" if r["node"] is None else f"node {r['node']}"
+        more = "" if r["files"] <= len(r["paths"]) else ", ..."
+        lines.append(f"at risk: {r['files']} file(s) only on {who} (not on the remote yet): "
+                     + ", ".join(r["paths"]) + more)
+    return lines
 
 
 def deletions_text(queues: list[dict[str, Any]]) -> str:
@@ -428,8 +452,33 @@ def render(s: dict[str, Any]) -> Any:
     """The status as a rich renderable (one screen)."""
     from rich.console import Group
     from rich.panel import Panel
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [_rich_head(s), _rich_tiers(s),
+                        Panel(_rich_backlog(s), title="upload backlog", title_align="left")]
+    dq = deletions_text(s["deletions"])
+    parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
+    for n in s["namespaces"]:
+        full = n["percent"] is not None and n["percent"] >= 90
+        parts.append(Text(namespace_line(n), style="bold red" if full else ""))
+    parts.append(_rich_checkpoints(s) if s["runs"] else Text("no checkpoints yet", style="dim"))
+    if s.get("residency"):
+        parts.append(Text(residency_text(s["residency"])))
+    for x in s["services"]:
+        parts.append(Text(service_line(x),
+                          style="bold red" if x["state"] == "degraded" else "yellow"))
+    if s["counters"]:
+        counters = Text("counters: ", style="bold")
+        for k, v in s["counters"].items():
+            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures",
+                              "unreadable_copies")
+            counters.append(f"{k} {v}  ", style="bold red" if bad else "")
+        parts.append(counters)
+    return Group(*parts)
+
+
+def _rich_head(s: dict[str, Any]) -> Any:
+    """The first line: the mount, the state dir, the daemon, the metrics address."""
     from rich.text import Text
 
     running = s["daemon"]["running"]
@@ -443,6 +492,14 @@ def render(s: dict[str, Any]) -> Any:
         head.append("○ daemon not running", style="yellow")
     head.append("   metrics ")
     head.append(s["metrics_url"] or "off", style="cyan" if s["metrics"] else "dim")
+    return head
+
+
+def _rich_tiers(s: dict[str, Any]) -> Any:
+    """One row per tier: health, a capacity bar, reads, speed, location."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
 
     tiers = Table(title="tiers", title_justify="left", expand=True, box=None, pad_edge=False)
     for col in ("tier", "kind", "health", "capacity", "", "free", "reads", "MB/s", "ms", "location"):
@@ -473,6 +530,12 @@ def render(s: dict[str, Any]) -> Any:
                       (t["location"] or "") + (
                           f" (device shared with {', '.join(t['shares_device_with'])})"
                           if t.get("shares_device_with") else ""))
+    return tiers
+
+
+def _rich_backlog(s: dict[str, Any]) -> Any:
+    """What waits for the remote, how fast it goes, and what blocks it."""
+    from rich.text import Text
 
     b = s["backlog"]
     if b is None:
@@ -494,6 +557,13 @@ def render(s: dict[str, Any]) -> Any:
             backlog.append(f", {b['blocked']} blocked", style="bold red")
         if b["last_error"]:
             backlog.append(f"\nlast error: {b['last_error'][:200]}", style="red")
+    return backlog
+
+
+def _rich_checkpoints(s: dict[str, Any]) -> Any:
+    """The latest checkpoints of each run (☁: the newest durable on the remote)."""
+    from rich.table import Table
+    from rich.text import Text
 
     ck = Table(title="latest checkpoints", title_justify="left", expand=True, box=None,
                pad_edge=False)
@@ -515,26 +585,7 @@ def render(s: dict[str, Any]) -> Any:
                        "" if c["write_s"] is None else _secs(c["write_s"]),
                        "" if c["completion_skew_s"] is None else _secs(c["completion_skew_s"]),
                        ",".join(c["durable_on"]) or "-")
-    parts: list[Any] = [head, tiers, Panel(backlog, title="upload backlog", title_align="left")]
-    dq = deletions_text(s["deletions"])
-    parts.append(Text(dq, style="yellow" if any(q["failing"] for q in s["deletions"]) else ""))
-    for n in s["namespaces"]:
-        full = n["percent"] is not None and n["percent"] >= 90
-        parts.append(Text(namespace_line(n), style="bold red" if full else ""))
-    parts.append(ck if s["runs"] else Text("no checkpoints yet", style="dim"))
-    if s.get("residency"):
-        parts.append(Text(residency_text(s["residency"])))
-    for x in s["services"]:
-        parts.append(Text(service_line(x),
-                          style="bold red" if x["state"] == "degraded" else "yellow"))
-    if s["counters"]:
-        counters = Text("counters: ", style="bold")
-        for k, v in s["counters"].items():
-            bad = v and k in ("integrity_failures", "missing_copies", "heal_failures",
-                              "unreadable_copies")
-            counters.append(f"{k} {v}  ", style="bold red" if bad else "")
-        parts.append(counters)
-    return Group(*parts)
+    return ck
 
 
 def cmd_status(path: Path | None, state_dir: str | None, *, as_json: bool = False,
