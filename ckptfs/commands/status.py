@@ -22,10 +22,11 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..catalog import Catalog, CheckpointRow, CheckpointState
 from ..catalog.catalog import Backlog
+from ..catalog.protocols import MetaCatalog, NamespaceCatalog, QuotaCatalog, ReplicaCatalog
 from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
@@ -151,7 +152,11 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     }
 
 
-def _tier_facts(catalog: Catalog, stats: dict[str, Any] | None) -> list[dict[str, Any]]:
+class TierFactsCatalog(ReplicaCatalog, MetaCatalog, Protocol):
+    """The recorded tiers, what each stores, the upload backlog and its last rate."""
+
+
+def _tier_facts(catalog: TierFactsCatalog, stats: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Each recorded tier: what the catalog stores there, and with a daemon its state,
     capacity, traffic and health."""
     per_tier = {} if stats is None else {t["name"]: t for t in stats.get("tiers", [])}
@@ -187,7 +192,7 @@ def _tier_facts(catalog: Catalog, stats: dict[str, Any] | None) -> list[dict[str
     return tiers
 
 
-def _backlog_facts(catalog: Catalog, remotes: list[str], tiers: list[dict[str, Any]],
+def _backlog_facts(catalog: TierFactsCatalog, remotes: list[str], tiers: list[dict[str, Any]],
                    stats: dict[str, Any] | None) -> dict[str, Any]:
     """The upload backlog to the remote tiers: its size and age, the rates, the ETA."""
     b = catalog.backlog()
@@ -212,7 +217,7 @@ def _backlog_facts(catalog: Catalog, remotes: list[str], tiers: list[dict[str, A
     }
 
 
-def _namespaces(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
+def _namespaces(catalog: QuotaCatalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Each namespace's committed usage and quota, as the catalog counts them (quota: as
     the last mount declaring the namespace configured it); only those ``viewer`` may see."""
     return [{
@@ -429,7 +434,11 @@ def deletions_text(queues: list[dict[str, Any]]) -> str:
 AT_RISK_SAMPLE = 5
 
 
-def _at_risk(catalog: Catalog, viewer: Viewer) -> list[dict[str, Any]]:
+class AtRiskCatalog(ReplicaCatalog, NamespaceCatalog, Protocol):
+    """The files not durable yet, by tier, and their paths."""
+
+
+def _at_risk(catalog: AtRiskCatalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Files whose chunks are not on the remote yet, by the node holding them (a shared
     catalog names its local tiers NODE:NAME; the embedded catalog's are this node's, node
     None): what losing that node would lose."""
