@@ -367,16 +367,20 @@ def load_config(
                                 allow_shared_device=t.allow_shared_device or allow_shared_device)
             for t in tiers
         )
-    paths = [t.path for t in tiers]
-    for i, p in enumerate(paths):
-        if p in paths[:i]:
-            raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
+    _check_unique_paths(tiers)
     if remote_urls:
         remote_tiers = remote_tiers + _remote_url_tiers(remote_urls, tiers, remote_tiers)
     # Everything else as the file (and the flags above) set it.
     out = dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
     check_governance(out)
     return out
+
+
+def _check_unique_paths(tiers: tuple[TierConfig, ...]) -> None:
+    paths = [t.path for t in tiers]
+    for i, p in enumerate(paths):
+        if p in paths[:i]:
+            raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
 
 
 def _read_toml(path: str | Path) -> dict[str, Any]:
