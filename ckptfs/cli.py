@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeAlias
 
 from . import __version__, preflight, statedir
 from .catalog import recorded_tiers
@@ -54,6 +55,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="this node's name in a shared catalog (default: the host name)")
 
 
+# What add_subparsers returns: each command group adds its parsers to it.
+_Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ckptfs",
@@ -61,7 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ckptfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # In the order `ckptfs --help` lists them.
+    _add_mount_parser(sub)
+    _add_data_parsers(sub)
+    _add_checkpoint_parsers(sub)
+    _add_report_parsers(sub)
+    _add_audit_parser(sub)
+    _add_key_parsers(sub)
+    _add_fsck_parser(sub)
+    return parser
 
+
+def _add_mount_parser(sub: _Subparsers) -> None:
     m = sub.add_parser("mount", help="mount ckptfs at MOUNTPOINT")
     m.add_argument("mountpoint", type=Path)
     _add_config_args(m)
@@ -90,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
+
+def _add_data_parsers(sub: _Subparsers) -> None:
+    """umount, sync, prefetch."""
     u = sub.add_parser("umount", help="flush, unmount and wait for the daemon to exit")
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
@@ -108,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--jobs", "-j", type=int, default=4, metavar="N",
                     help="files read at once (default 4)")
 
+
+def _add_checkpoint_parsers(sub: _Subparsers) -> None:
+    """ls, show, latest, tag, verify, gc (commands/checkpoints.py)."""
     ls = sub.add_parser("ls", help="the checkpoints under PATH (a table, or --json)")
     ls.add_argument("path", type=Path, help="a directory in a ckptfs mount")
     ls.add_argument("--json", action="store_true")
@@ -127,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("path", type=Path, help="a path in a ckptfs mount (its checkpoints)")
     gc.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
 
+
+def _add_report_parsers(sub: _Subparsers) -> None:
+    """plan, status."""
     pl = sub.add_parser(
         "plan", help="capacity and bandwidth each tier needs (exit 1 if one given is too small)"
     )
@@ -141,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true",
                     help="redraw every second until Ctrl-C (exit 0)")
 
+
+def _add_audit_parser(sub: _Subparsers) -> None:
     au = sub.add_parser("audit", help="the audit log: tail, export, verify, seal")
     asub = au.add_subparsers(dest="audit_command", required=True, parser_class=_Parser)
     for name, text in (("tail", "the newest records"), ("export", "every record (or --since)"),
@@ -165,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the Ed25519 public key the seals must be signed with")
         if name == "seal":
             ap.add_argument("--key", metavar="FILE", help="the Ed25519 signing key")
+
+
+def _add_key_parsers(sub: _Subparsers) -> None:
+    """rekey, shred (commands/keys.py)."""
     rk = sub.add_parser("rekey", help="rotate a namespace's data key and/or rewrap every key "
                                       "under a new key-encryption key")
     _add_config_args(rk)
@@ -180,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--timeout", type=float, default=120.0, metavar="S",
                     help="seconds to wait for the remote catalog snapshot (default 120)")
 
+
+def _add_fsck_parser(sub: _Subparsers) -> None:
     f = sub.add_parser("fsck", help="check the catalog against the tiers (offline)")
     _add_config_args(f)
     f.add_argument("--repair", action="store_true", help="reclaim orphans and fix what is safe")
@@ -187,7 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also read and verify every chunk (remote objects too)")
     f.add_argument("--local-only", action="store_true",
                    help="skip the remote tiers (when the remote is known to be down)")
-    return parser
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -315,65 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     # never a UnicodeEncodeError half way through a listing.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="surrogateescape")
-    # Each subcommand imports only what it runs: `ckptfs status` need not load the daemon,
-    # nor `ckptfs mount` the status screen.
     try:
-        if args.command == "mount":
-            return cmd_mount(args)
-        if args.command == "umount":
-            from .commands.umount import cmd_umount
-
-            return cmd_umount(args.mountpoint, args.timeout)
-        if args.command == "sync":
-            from .commands.sync import cmd_sync
-
-            return cmd_sync(args.path, args.state_dir, args.timeout)
-        if args.command == "prefetch":
-            from .commands.prefetch import cmd_prefetch
-
-            return cmd_prefetch(args.paths, args.timeout, args.jobs)
-        if args.command in ("ls", "show", "latest", "tag", "verify", "gc"):
-            from .commands import checkpoints
-
-            if args.command == "ls":
-                return checkpoints.cmd_ls(args.path, args.json)
-            if args.command == "show":
-                return checkpoints.cmd_show(args.path, args.json)
-            if args.command == "latest":
-                return checkpoints.cmd_latest(args.path)
-            if args.command == "tag":
-                return checkpoints.cmd_tag(args.path, args.tag)
-            if args.command == "gc":
-                return checkpoints.cmd_gc(args.path, args.dry_run)
-            return checkpoints.cmd_verify(args.path)
-        if args.command == "plan":
-            from .commands.plan import cmd_plan
-
-            return cmd_plan(args)
-        if args.command == "audit":
-            from .commands import audit
-
-            if args.audit_command == "tail":
-                return audit.cmd_tail(args.path, args.state_dir, args.n, args.json)
-            if args.audit_command == "export":
-                return audit.cmd_export(args.path, args.state_dir, args.since, args.json)
-            if args.audit_command == "verify":
-                return audit.cmd_verify(args.path, args.state_dir, args.public_key, args.config)
-            return audit.cmd_seal(args.path, args.state_dir, args.config, args.key)
-        if args.command == "status":
-            from .commands.status import cmd_status
-
-            return cmd_status(args.path, args.state_dir, as_json=args.json, watch=args.watch)
-        if args.command in ("rekey", "shred"):
-            from .commands import keys
-
-            if args.command == "rekey":
-                return keys.cmd_rekey(_config(args), args.namespace, args.new_kek_file)
-            return keys.cmd_shred(_config(args), args.namespace, args.yes, args.timeout)
-        from .commands.fsck import cmd_fsck
-
-        return cmd_fsck(_config(args), repair=args.repair, verify=args.verify,
-                        local_only=args.local_only)
+        return _run(args)
     except KeyboardInterrupt:
         # Ctrl-C in a long command (sync, prefetch, verify, gc): stop cleanly, no traceback.
         print(f"ckptfs {args.command}: interrupted", file=sys.stderr)
@@ -387,6 +362,76 @@ def main(argv: list[str] | None = None) -> int:
     except CkptfsError as exc:
         print(f"ckptfs: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand; main turns its errors into messages and exit codes."""
+    # Each subcommand imports only what it runs: `ckptfs status` need not load the daemon,
+    # nor `ckptfs mount` the status screen.
+    if args.command == "mount":
+        return cmd_mount(args)
+    if args.command == "umount":
+        from .commands.umount import cmd_umount
+
+        return cmd_umount(args.mountpoint, args.timeout)
+    if args.command == "sync":
+        from .commands.sync import cmd_sync
+
+        return cmd_sync(args.path, args.state_dir, args.timeout)
+    if args.command == "prefetch":
+        from .commands.prefetch import cmd_prefetch
+
+        return cmd_prefetch(args.paths, args.timeout, args.jobs)
+    if args.command in ("ls", "show", "latest", "tag", "verify", "gc"):
+        return _run_checkpoints(args)
+    if args.command == "plan":
+        from .commands.plan import cmd_plan
+
+        return cmd_plan(args)
+    if args.command == "audit":
+        return _run_audit(args)
+    if args.command == "status":
+        from .commands.status import cmd_status
+
+        return cmd_status(args.path, args.state_dir, as_json=args.json, watch=args.watch)
+    if args.command in ("rekey", "shred"):
+        from .commands import keys
+
+        if args.command == "rekey":
+            return keys.cmd_rekey(_config(args), args.namespace, args.new_kek_file)
+        return keys.cmd_shred(_config(args), args.namespace, args.yes, args.timeout)
+    from .commands.fsck import cmd_fsck
+
+    return cmd_fsck(_config(args), repair=args.repair, verify=args.verify,
+                    local_only=args.local_only)
+
+
+def _run_checkpoints(args: argparse.Namespace) -> int:
+    from .commands import checkpoints
+
+    if args.command == "ls":
+        return checkpoints.cmd_ls(args.path, args.json)
+    if args.command == "show":
+        return checkpoints.cmd_show(args.path, args.json)
+    if args.command == "latest":
+        return checkpoints.cmd_latest(args.path)
+    if args.command == "tag":
+        return checkpoints.cmd_tag(args.path, args.tag)
+    if args.command == "gc":
+        return checkpoints.cmd_gc(args.path, args.dry_run)
+    return checkpoints.cmd_verify(args.path)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    from .commands import audit
+
+    if args.audit_command == "tail":
+        return audit.cmd_tail(args.path, args.state_dir, args.n, args.json)
+    if args.audit_command == "export":
+        return audit.cmd_export(args.path, args.state_dir, args.since, args.json)
+    if args.audit_command == "verify":
+        return audit.cmd_verify(args.path, args.state_dir, args.public_key, args.config)
+    return audit.cmd_seal(args.path, args.state_dir, args.config, args.key)
 
 
 if __name__ == "__main__":

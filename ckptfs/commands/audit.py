@@ -11,10 +11,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..catalog import Catalog
 from ..catalog.audit import AuditEntry, verify_chain
+from ..catalog.protocols import AuditCatalog, MetaCatalog
 from ..catalog.recorded import remote_tier_of
 from ..config import load_config
 from ..errors import CkptfsError, TierError
@@ -88,13 +89,17 @@ class Verdict:
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
 
-def _remotes(catalog: Catalog) -> list[Any]:
+class AuditLogCatalog(AuditCatalog, MetaCatalog, Protocol):
+    """The audit log and the filesystem's id (what a seal names)."""
+
+
+def _remotes(catalog: MetaCatalog) -> list[Any]:
     from ..tiers.s3 import S3Tier  # boto3 only for the commands that reach a remote
 
     return [S3Tier(remote_tier_of(t)) for t in catalog.recorded_tiers() if t.get("kind") == "s3"]
 
 
-def verify_log(catalog: Catalog, remotes: list[Any], public_key: Any | None) -> Verdict:
+def verify_log(catalog: AuditLogCatalog, remotes: list[Any], public_key: Any | None) -> Verdict:
     """The chain of ``catalog``'s log and, on each of ``remotes``, its seals: each seal's
     signature (with ``public_key``; None: not authenticated) and that the log holds the
     record it names with the digest it names."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..catalog import Catalog, SqliteCatalog
 from ..catalog.engines import open_state_dir_catalog, shared_binding
+from ..catalog.protocols import MetaCatalog
 from ..config import CATALOG_FILE, default_state_dir
 from ..errors import CkptfsError, InvalidArgument, NoDaemon
 from ..statedir import (
@@ -160,11 +161,11 @@ def require_daemon(mountpoint: Path | None, state_dir: Path, *, unmounted_ok: bo
             f"dead): mount it again (`ckptfs mount`), which recovers from {state_dir}")
 
 
-def remote_tier_names(catalog: Catalog) -> list[str]:
+def remote_tier_names(catalog: MetaCatalog) -> list[str]:
     return [t["name"] for t in catalog.recorded_tiers() if t.get("kind", "local") != "local"]
 
 
-def upload_rate(catalog: Catalog) -> tuple[float, float] | None:
+def upload_rate(catalog: MetaCatalog) -> tuple[float, float] | None:
     """(bytes/s, age in s) of the last upload rate the daemon published."""
     raw = catalog.get_meta("upload_rate")
     if raw is None:

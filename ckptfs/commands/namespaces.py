@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog
+from ..catalog.protocols import MetaCatalog
 from ..config import DEFAULT_NAMESPACE, GovernanceConfig
 from ..config.recorded_access import access_from_record
 from ..errors import CkptfsError, PermissionDenied
@@ -41,7 +41,7 @@ class Viewer:
     gids: frozenset[int]
 
     @classmethod
-    def of(cls, catalog: Catalog) -> Viewer:
+    def of(cls, catalog: MetaCatalog) -> Viewer:
         return cls(access_from_record(catalog.get_meta("access")), os.getuid(),
                    frozenset((os.getgid(), *os.getgroups())))
 

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
-from ..catalog import Catalog
+from ..catalog.protocols import ContentsCatalog, MetaCatalog, ReplicaCatalog
 from ..errors import EXIT_DENIED, EXIT_USAGE, CkptfsError, UsageError
 from ..stats import read_stats
 from .live import mount_of, open_catalog, require_daemon, state_dir_readable
@@ -80,7 +80,7 @@ class ChunkStatus:
 # -- catalog -------------------------------------------------------------------------------
 
 
-def local_tier_names(catalog: Catalog, state_dir: Path) -> list[str]:
+def local_tier_names(catalog: MetaCatalog, state_dir: Path) -> list[str]:
     """The local tiers the running daemon serves (from its stats.json), else the local
     tiers the catalog records. A copy on a tier the daemon does not serve is no use."""
     stats = read_stats(state_dir)
@@ -91,7 +91,7 @@ def local_tier_names(catalog: Catalog, state_dir: Path) -> list[str]:
     return [t["name"] for t in catalog.recorded_tiers() if t.get("kind", "local") == "local"]
 
 
-def chunk_status(catalog: Catalog, inos: Sequence[int], local_tiers: Sequence[str]) -> ChunkStatus:
+def chunk_status(catalog: ContentsCatalog, inos: Sequence[int], local_tiers: Sequence[str]) -> ChunkStatus:
     """Read-only: for the files ``inos``, which chunks have a valid copy on ``local_tiers``."""
     st = ChunkStatus()
     seen: dict[bytes, bool] = {}
@@ -107,7 +107,11 @@ def chunk_status(catalog: Catalog, inos: Sequence[int], local_tiers: Sequence[st
     return st
 
 
-def local_usage(catalog: Catalog, state_dir: Path) -> list[str]:
+class TierUsageCatalog(MetaCatalog, ReplicaCatalog, Protocol):
+    """The tiers recorded and what each one stores."""
+
+
+def local_usage(catalog: TierUsageCatalog, state_dir: Path) -> list[str]:
     """One line per local tier: chunk bytes recorded there and free space on its device."""
     lines = []
     served = set(local_tier_names(catalog, state_dir))
@@ -377,66 +381,98 @@ def _prefetch_mount(job: MountJob, deadline: float | None, timeout: float | None
             return EXIT_OK
         progress = ProgressLine(sys.stderr, st.file_bytes)
         reader.start([by_ino[i] for i in sorted(st.incomplete)])
+        staging = _Staging(catalog, job.state_dir, by_ino, local, reader, progress, t0)
+        return staging.wait(st.remote_only, deadline, timeout)
+    finally:
+        reader.shutdown()
+        catalog.close()
+
+
+class PrefetchCatalog(ContentsCatalog, TierUsageCatalog, Protocol):
+    """What prefetch reads: the files' extents and replicas, the tiers and their usage."""
+
+
+@dataclass
+class _Staging:
+    """The files being read: polls the catalog until every chunk is local, a read fails,
+    the deadline passes, or the copy-backs stall."""
+
+    catalog: PrefetchCatalog
+    state_dir: Path
+    by_ino: dict[int, FileItem]
+    local: list[str]
+    reader: Reader
+    progress: ProgressLine
+    t0: float
+
+    def status(self) -> ChunkStatus:
+        return chunk_status(self.catalog, list(self.by_ino), self.local)
+
+    def wait(self, remote_only: int, deadline: float | None, timeout: float | None) -> int:
+        reader = self.reader
         passes = 0
-        best = st.remote_only
+        best = remote_only
         last_change = time.monotonic()
         while True:
-            st = chunk_status(catalog, inos, local)
-            progress.update(reader.bytes_read, st.local_bytes, st.remote_only)
+            st = self.status()
+            self.progress.update(reader.bytes_read, st.local_bytes, st.remote_only)
             if reader.errors:
-                reader.shutdown()
-                progress.finish()
-                for path, exc in reader.errors:
-                    print(f"ckptfs prefetch: staging {path} failed: {exc.strerror or exc}",
-                          file=sys.stderr)
-                if any(exc.errno == errno.ENOSPC for _, exc in reader.errors):
-                    st = chunk_status(catalog, inos, local)
-                    print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only "
-                          "on a remote tier: the local tiers have no room", file=sys.stderr)
-                    _diagnose(catalog, job.state_dir, st, by_ino)
-                return EXIT_FAILED
+                return self._read_failed()
             if st.remote_only == 0:
-                reader.shutdown()
-                secs = time.monotonic() - t0
-                progress.update(reader.bytes_read, st.local_bytes, 0, force=True)
-                progress.finish()
-                print(f"ckptfs prefetch: {len(inos)} file(s), {st.file_bytes / 1e9:.2f} GB on "
-                      f"the local tiers ({reader.bytes_read / 1e9:.2f} GB read in {secs:.1f} s, "
-                      f"{reader.bytes_read / max(secs, 1e-6) / 1e6:.0f} MB/s)")
-                return EXIT_OK
+                return self._staged(st)
             now = time.monotonic()
             if st.remote_only < best:
                 best, last_change = st.remote_only, now
             elif not reader.done:
                 last_change = now  # reading still goes on: copy-backs follow it
             if deadline is not None and now >= deadline:
-                reader.shutdown()
-                progress.finish()
-                print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only on a "
-                      f"remote tier after {timeout:.0f} s", file=sys.stderr)
-                _diagnose(catalog, job.state_dir, st, by_ino)
-                return EXIT_FAILED
+                return self._give_up(st, f" after {timeout:.0f} s")
             if reader.done and now - last_change >= STALL_S:
-                if passes < REREADS:
-                    # A copy-back can be skipped (no room at that moment, or the chunk was
-                    # answered from a cache): read the files still incomplete once more.
-                    passes += 1
-                    last_change = now
-                    reader.start([by_ino[i] for i in sorted(st.incomplete)])
-                else:
-                    progress.finish()
-                    print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only "
-                          f"on a remote tier: no copy-back for {STALL_S:.0f} s after reading "
-                          "everything", file=sys.stderr)
-                    _diagnose(catalog, job.state_dir, st, by_ino)
-                    return EXIT_FAILED
+                if passes >= REREADS:
+                    return self._give_up(st, f": no copy-back for {STALL_S:.0f} s after "
+                                             "reading everything")
+                # A copy-back can be skipped (no room at that moment, or the chunk was
+                # answered from a cache): read the files still incomplete once more.
+                passes += 1
+                last_change = now
+                reader.start([self.by_ino[i] for i in sorted(st.incomplete)])
             time.sleep(POLL_S)  # the daemon records copy-backs in its own process: poll
-    finally:
+
+    def _staged(self, st: ChunkStatus) -> int:
+        reader = self.reader
         reader.shutdown()
-        catalog.close()
+        secs = time.monotonic() - self.t0
+        self.progress.update(reader.bytes_read, st.local_bytes, 0, force=True)
+        self.progress.finish()
+        print(f"ckptfs prefetch: {len(self.by_ino)} file(s), {st.file_bytes / 1e9:.2f} GB on "
+              f"the local tiers ({reader.bytes_read / 1e9:.2f} GB read in {secs:.1f} s, "
+              f"{reader.bytes_read / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+        return EXIT_OK
+
+    def _read_failed(self) -> int:
+        self.reader.shutdown()
+        self.progress.finish()
+        for path, exc in self.reader.errors:
+            print(f"ckptfs prefetch: staging {path} failed: {exc.strerror or exc}",
+                  file=sys.stderr)
+        if any(exc.errno == errno.ENOSPC for _, exc in self.reader.errors):
+            st = self.status()
+            print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only "
+                  "on a remote tier: the local tiers have no room", file=sys.stderr)
+            _diagnose(self.catalog, self.state_dir, st, self.by_ino)
+        return EXIT_FAILED
+
+    def _give_up(self, st: ChunkStatus, why: str) -> int:
+        """The deadline passed, or the copy-backs stalled after the last read pass."""
+        self.reader.shutdown()
+        self.progress.finish()
+        print(f"ckptfs prefetch: {st.remote_only} of {st.chunks} chunk(s) still only on a "
+              f"remote tier{why}", file=sys.stderr)
+        _diagnose(self.catalog, self.state_dir, st, self.by_ino)
+        return EXIT_FAILED
 
 
-def _diagnose(catalog: Catalog, state_dir: Path, st: ChunkStatus, by_ino: dict[int, FileItem]) -> None:
+def _diagnose(catalog: TierUsageCatalog, state_dir: Path, st: ChunkStatus, by_ino: dict[int, FileItem]) -> None:
     """Name the files not yet local and where the local tiers stand. The daemon skips a
     copy-back when no local tier has room, and does not copy back a chunk it answers from
     its decoded-chunk cache (one read non-sequentially before, e.g. through mmap)."""

@@ -46,6 +46,7 @@ from .model import (
     DurabilityPolicy,
     FuseConfig,
     GiB,
+    GovernanceConfig,
     MetricsConfig,
     PatternConfig,
     ReadConfig,
@@ -167,11 +168,55 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
     for key in data:
         if key not in _TOP_KEYS:
             raise ConfigError(f"{key}: unknown key (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    state_dir = _state_dir_from(data)
+    store = _store_from(data)
+    upload = UploadConfig(
+        concurrency=int_key(data, "upload_concurrency", 8, 1, 256),
+        during_save=choice(data.get("upload_during_save", "auto"), "upload_during_save",
+                           UPLOAD_DURING_SAVE, quoted=False),
+        compression=choice(data.get("remote_compression", "auto"), "remote_compression",
+                           REMOTE_COMPRESSION_MODES, quoted=False),
+    )
+    reads = _reads_from(data)
+    checkpoints = _checkpoints_from(data)
+    governance = governance_from_config(data)
+    retention = _retention_from(data, governance)
+    policies = _policies_from(data.get("policy", []))
+    metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
+    catalog = _catalog_from(data)
+    # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
+    allow_other = take_bool(data.get("allow_other", os.geteuid() == 0), "allow_other")
+    default_permissions = take_bool(data.get("default_permissions", True), "default_permissions")
+    tiers, remote_tiers = _tiers_from(data)
+    return Config(
+        state_dir=state_dir,
+        tiers=tiers,
+        remote_tiers=remote_tiers,
+        store=store,
+        upload=upload,
+        reads=reads,
+        checkpoints=checkpoints,
+        retention=retention,
+        policies=policies,
+        fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
+        metrics=MetricsConfig(address=metrics_address),
+        catalog=catalog,
+        governance=governance,
+        source=source,
+    )
+
+
+def _state_dir_from(data: dict[str, Any]) -> Path:
     state_dir = default_state_dir()
     if "state_dir" in data:
         state_dir = Path(take_str(data, "state_dir", "state_dir"))
         if not state_dir.is_absolute():
             raise ConfigError(f"state_dir: must be an absolute path, got {str(state_dir)!r}")
+    return state_dir
+
+
+def _store_from(data: dict[str, Any]) -> StoreConfig:
+    """Chunks, the memory they may take, the I/O threads, copies, a full local tier."""
     chunk_size = parse_size(data.get("chunk_size", DEFAULT_CHUNK_SIZE), "chunk_size")
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE or chunk_size % 4096:
         raise ConfigError(
@@ -192,11 +237,21 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         )
     io_threads = int_key(data, "io_threads", DEFAULT_IO_THREADS, 1, 256)
     remote_copies = int_key(data, "remote_copies", 1, 1, 16)
-    upload_concurrency = int_key(data, "upload_concurrency", 8, 1, 256)
-    upload_during_save = choice(data.get("upload_during_save", "auto"), "upload_during_save",
-                                UPLOAD_DURING_SAVE, quoted=False)
-    remote_compression = choice(data.get("remote_compression", "auto"), "remote_compression",
-                                REMOTE_COMPRESSION_MODES, quoted=False)
+    on_local_full = choice(data.get("on_local_full", "block"), "on_local_full", ON_LOCAL_FULL)
+    write_behind = choice(data.get("write_behind", StoreConfig.write_behind), "write_behind",
+                          WRITE_BEHIND)
+    local_full_timeout_s = seconds(
+        data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
+    )
+    return StoreConfig(
+        chunk_size=chunk_size, chunk_size_set="chunk_size" in data,
+        memory_budget=memory_budget, io_threads=io_threads,
+        remote_copies=remote_copies, on_local_full=on_local_full,
+        local_full_timeout_s=local_full_timeout_s, write_behind=write_behind,
+    )
+
+
+def _reads_from(data: dict[str, Any]) -> ReadConfig:
     readahead = parse_size(data.get("readahead", DEFAULT_READAHEAD), "readahead")
     if readahead > 4 * GiB:
         raise ConfigError(f"readahead: {readahead} is more than 4 GiB")
@@ -206,27 +261,33 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
                            1, 256)
     peer_wait = seconds(data.get("peer_chunk_wait", DEFAULT_PEER_CHUNK_WAIT_S), "peer_chunk_wait",
                         0, 3600)
+    return ReadConfig(readahead=readahead, copy_back=copy_back,
+                      remote_concurrency=remote_reads, peer_wait_s=peer_wait,
+                      page_cache_push=page_cache_push)
+
+
+def _checkpoints_from(data: dict[str, Any]) -> CheckpointConfig:
     checkpoints = take_bool(data.get("checkpoints", True), "checkpoints")
     partial_after = seconds(
         data.get("checkpoint_partial_after", 600), "checkpoint_partial_after", 0.001, 7 * 86400
     )
-    hwm = data.get("local_high_watermark", 0.9)
-    if isinstance(hwm, bool) or not isinstance(hwm, int | float) or not 0.5 <= hwm <= 0.99:
-        raise ConfigError(f"local_high_watermark: expected a fraction from 0.5 to 0.99, got {hwm!r}")
-    governance = governance_from_config(data)
-    retention = namespace_retention(governance, policies_from_config(data.get("retention", [])))
     patterns: tuple[PatternConfig, ...] = ()
     if "checkpoint_pattern" in data:
         patterns = patterns_from_config(data["checkpoint_pattern"])
-    on_local_full = choice(data.get("on_local_full", "block"), "on_local_full", ON_LOCAL_FULL)
-    write_behind = choice(data.get("write_behind", StoreConfig.write_behind), "write_behind",
-                          WRITE_BEHIND)
-    local_full_timeout_s = seconds(
-        data.get("local_full_timeout", 600), "local_full_timeout", 0.001, 7 * 86400
-    )
-    policies = _policies_from(data.get("policy", []))
-    metrics_address = parse_metrics_address(data.get("metrics_address", DEFAULT_METRICS_ADDRESS))
-    catalog = CatalogConfig(
+    return CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
+                            patterns=patterns)
+
+
+def _retention_from(data: dict[str, Any], governance: GovernanceConfig) -> RetentionConfig:
+    hwm = data.get("local_high_watermark", 0.9)
+    if isinstance(hwm, bool) or not isinstance(hwm, int | float) or not 0.5 <= hwm <= 0.99:
+        raise ConfigError(f"local_high_watermark: expected a fraction from 0.5 to 0.99, got {hwm!r}")
+    retention = namespace_retention(governance, policies_from_config(data.get("retention", [])))
+    return RetentionConfig(policies=retention, local_high_watermark=float(hwm))
+
+
+def _catalog_from(data: dict[str, Any]) -> CatalogConfig:
+    return CatalogConfig(
         url=parse_catalog_url(data.get("catalog", SQLITE_CATALOG)),
         url_set="catalog" in data,
         node=parse_node(data["node"]) if "node" in data else default_node(),
@@ -235,9 +296,10 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         session_timeout_s=seconds(data.get("session_timeout", DEFAULT_SESSION_TIMEOUT_S),
                                   "session_timeout", 1, 3600),
     )
-    # A root daemon serves the users training jobs run as (like JuiceFS): allow_other.
-    allow_other = take_bool(data.get("allow_other", os.geteuid() == 0), "allow_other")
-    default_permissions = take_bool(data.get("default_permissions", True), "default_permissions")
+
+
+def _tiers_from(data: dict[str, Any]) -> tuple[tuple[TierConfig, ...], tuple[S3TierConfig, ...]]:
+    """The ``[[tier]]`` tables: (local tiers, remote tiers), names unique across both."""
     raw_tiers = data.get("tier", [])
     if not isinstance(raw_tiers, list):
         raise ConfigError("tier: expected an array of tables ([[tier]])")
@@ -248,31 +310,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
             raise ConfigError(f"tier[{i}].name: duplicate tier name {name!r}")
     tiers = tuple(t for t in all_tiers if isinstance(t, TierConfig))
     remote_tiers = tuple(t for t in all_tiers if isinstance(t, S3TierConfig))
-    return Config(
-        state_dir=state_dir,
-        tiers=tiers,
-        remote_tiers=remote_tiers,
-        store=StoreConfig(
-            chunk_size=chunk_size, chunk_size_set="chunk_size" in data,
-            memory_budget=memory_budget, io_threads=io_threads,
-            remote_copies=remote_copies, on_local_full=on_local_full,
-            local_full_timeout_s=local_full_timeout_s, write_behind=write_behind,
-        ),
-        upload=UploadConfig(concurrency=upload_concurrency, during_save=upload_during_save,
-                            compression=remote_compression),
-        reads=ReadConfig(readahead=readahead, copy_back=copy_back,
-                         remote_concurrency=remote_reads, peer_wait_s=peer_wait,
-                         page_cache_push=page_cache_push),
-        checkpoints=CheckpointConfig(enabled=checkpoints, partial_after_s=partial_after,
-                                     patterns=patterns),
-        retention=RetentionConfig(policies=retention, local_high_watermark=float(hwm)),
-        policies=policies,
-        fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
-        metrics=MetricsConfig(address=metrics_address),
-        catalog=catalog,
-        governance=governance,
-        source=source,
-    )
+    return tiers, remote_tiers
 
 
 def load_config(
@@ -301,17 +339,7 @@ def load_config(
     data: dict[str, Any] = {}
     source = "<embedded default>"
     if path is not None:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"--config: no such file: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except OSError as exc:
-            raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+        data = _read_toml(path)
         source = str(path)
     if state_dir is not None:
         data["state_dir"] = str(Path(state_dir).expanduser().absolute())
@@ -324,18 +352,7 @@ def load_config(
     cfg = config_from_dict(data, source)
     tiers = cfg.tiers
     if local_dirs:
-        extra = local_tiers_from_paths(local_dirs)
-        taken = {t.name for t in tiers} | {t.name for t in cfg.remote_tiers}
-        renamed = []
-        for i, t in enumerate(extra):
-            name = t.name
-            n = i
-            while name in taken:
-                n += 1
-                name = f"local{n}"
-            taken.add(name)
-            renamed.append(dataclasses.replace(t, name=name))
-        tiers = tiers + tuple(renamed)
+        tiers = tiers + _local_dir_tiers(local_dirs, tiers, cfg.remote_tiers)
     remote_tiers = cfg.remote_tiers
     if not tiers and not remote_tiers and not remote_urls and recorded is not None:
         # A remount with only --state-dir: the tiers the catalog was last mounted with.
@@ -350,22 +367,66 @@ def load_config(
                                 allow_shared_device=t.allow_shared_device or allow_shared_device)
             for t in tiers
         )
-    paths = [t.path for t in tiers]
-    for i, p in enumerate(paths):
-        if p in paths[:i]:
-            raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
+    _check_unique_paths(tiers)
     if remote_urls:
-        taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
-        added = []
-        n = 0
-        for url in remote_urls:
-            while f"remote{n}" in taken:
-                n += 1
-            name = f"remote{n}"
-            taken.add(name)
-            added.append(parse_remote_url(url, name))
-        remote_tiers = remote_tiers + tuple(added)
+        remote_tiers = remote_tiers + _remote_url_tiers(remote_urls, tiers, remote_tiers)
     # Everything else as the file (and the flags above) set it.
     out = dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
     check_governance(out)
     return out
+
+
+def _check_unique_paths(tiers: tuple[TierConfig, ...]) -> None:
+    paths = [t.path for t in tiers]
+    for i, p in enumerate(paths):
+        if p in paths[:i]:
+            raise ConfigError(f"tier[{i}].path: {p} is used by two tiers")
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    """The config file as TOML; ConfigError naming the file (or --config) if it cannot be."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+
+
+def _local_dir_tiers(
+    local_dirs: list[str], tiers: tuple[TierConfig, ...], remote_tiers: tuple[S3TierConfig, ...],
+) -> tuple[TierConfig, ...]:
+    """``--local`` directories as tiers, renamed local<N> past the names already taken."""
+    extra = local_tiers_from_paths(local_dirs)
+    taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
+    renamed = []
+    for i, t in enumerate(extra):
+        name = t.name
+        n = i
+        while name in taken:
+            n += 1
+            name = f"local{n}"
+        taken.add(name)
+        renamed.append(dataclasses.replace(t, name=name))
+    return tuple(renamed)
+
+
+def _remote_url_tiers(
+    remote_urls: list[str], tiers: tuple[TierConfig, ...], remote_tiers: tuple[S3TierConfig, ...],
+) -> tuple[S3TierConfig, ...]:
+    """``--remote`` URLs as tiers named remote0, remote1, ... past the names already taken."""
+    taken = {t.name for t in tiers} | {t.name for t in remote_tiers}
+    added = []
+    n = 0
+    for url in remote_urls:
+        while f"remote{n}" in taken:
+            n += 1
+        name = f"remote{n}"
+        taken.add(name)
+        added.append(parse_remote_url(url, name))
+    return tuple(added)

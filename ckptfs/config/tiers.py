@@ -86,34 +86,8 @@ def s3_tier_from_table(table: dict[str, Any], name: str, where: str) -> S3TierCo
     def key(k: str) -> str:
         return f"{where}.{k}" if where else k
 
-    if "bucket" not in table:
-        raise ConfigError(f"{key('bucket')}: missing required key")
-    bucket = take_str(table, "bucket", key("bucket"))
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
-        raise ConfigError(
-            f"{key('bucket')}: {bucket!r} is not a valid bucket name "
-            "(3-63 of lowercase letters, digits, '.' and '-', starting and ending with a "
-            "letter or digit)"
-        )
-    prefix = ""
-    if "prefix" in table:
-        raw = table["prefix"]
-        if not isinstance(raw, str):
-            raise ConfigError(f"{key('prefix')}: expected a string, got {raw!r}")
-        prefix = raw.rstrip("/")
-        if prefix:
-            if prefix.startswith("/"):
-                raise ConfigError(f"{key('prefix')}: must not start with '/', got {raw!r}")
-            if _PREFIX_BAD_CHARS.search(prefix):
-                raise ConfigError(
-                    f"{key('prefix')}: control characters and '\\' are not allowed, got {raw!r}"
-                )
-            if any(seg in ("", ".", "..") for seg in prefix.split("/")):
-                raise ConfigError(
-                    f"{key('prefix')}: empty, '.' or '..' path segments are not allowed, got {raw!r}"
-                )
-            if len(prefix.encode()) > 512:
-                raise ConfigError(f"{key('prefix')}: longer than 512 bytes")
+    bucket = _bucket_of(table, key("bucket"))
+    prefix = _prefix_of(table, key("prefix"))
     endpoint_url = None
     if "endpoint_url" in table:
         endpoint_url = take_str(table, "endpoint_url", key("endpoint_url"))
@@ -145,6 +119,43 @@ def s3_tier_from_table(table: dict[str, Any], name: str, where: str) -> S3TierCo
         location=location,
         weight=weight,
     )
+
+
+def _bucket_of(table: dict[str, Any], where: str) -> str:
+    if "bucket" not in table:
+        raise ConfigError(f"{where}: missing required key")
+    bucket = take_str(table, "bucket", where)
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise ConfigError(
+            f"{where}: {bucket!r} is not a valid bucket name "
+            "(3-63 of lowercase letters, digits, '.' and '-', starting and ending with a "
+            "letter or digit)"
+        )
+    return bucket
+
+
+def _prefix_of(table: dict[str, Any], where: str) -> str:
+    """The key prefix, without its trailing '/' ("" for the bucket's root)."""
+    prefix = ""
+    if "prefix" in table:
+        raw = table["prefix"]
+        if not isinstance(raw, str):
+            raise ConfigError(f"{where}: expected a string, got {raw!r}")
+        prefix = raw.rstrip("/")
+        if prefix:
+            if prefix.startswith("/"):
+                raise ConfigError(f"{where}: must not start with '/', got {raw!r}")
+            if _PREFIX_BAD_CHARS.search(prefix):
+                raise ConfigError(
+                    f"{where}: control characters and '\\' are not allowed, got {raw!r}"
+                )
+            if any(seg in ("", ".", "..") for seg in prefix.split("/")):
+                raise ConfigError(
+                    f"{where}: empty, '.' or '..' path segments are not allowed, got {raw!r}"
+                )
+            if len(prefix.encode()) > 512:
+                raise ConfigError(f"{where}: longer than 512 bytes")
+    return prefix
 
 
 def _check_endpoint_url(url: str, where: str) -> None:

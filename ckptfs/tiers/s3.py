@@ -315,6 +315,30 @@ def _is_not_found(exc: bce.ClientError) -> bool:
     return _code(exc) in _NOT_FOUND_CODES
 
 
+def _client_config(cfg: S3TierConfig, max_pool_connections: int, connect_timeout: float,
+                   read_timeout: float) -> botocore.config.Config:
+    """How every S3 client of a tier talks to the server (retries, checksums, signing)."""
+    return botocore.config.Config(
+        region_name=cfg.region,
+        signature_version="s3v4",
+        max_pool_connections=max_pool_connections,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        retries={"total_max_attempts": 1, "mode": "standard"},  # our own retry layer
+        # Every frame read back is blake3-verified: a second (SHA-256) check of each
+        # response costs CPU a restore needs. Uploads keep their SHA-256.
+        response_checksum_validation="when_required",
+        # Every PUT carries a checksum header of its body (ours, or botocore's for
+        # the metadata objects), which the signature covers and the server checks
+        # against what arrives: that binds the body as a signed payload hash would.
+        # botocore signs the payload over plain HTTP anyway, a second SHA-256 pass
+        # over every chunk (over HTTPS with a checksum header it does not).
+        s3={"addressing_style": cfg.addressing_style, "payload_signing_enabled": False},
+        tcp_keepalive=True,
+        user_agent_extra="ckptfs",
+    )
+
+
 class S3Tier:
     kind = "remote"
     verified_put = False  # a PUT carries a SHA-256 the server checks; verify is a HEAD
@@ -346,25 +370,7 @@ class S3Tier:
         self.health = Health()  # what the last calls said about the tier (status, metrics)
         self._probe_client: Any = None  # made at the first health probe
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
-        client_config = botocore.config.Config(
-            region_name=cfg.region,
-            signature_version="s3v4",
-            max_pool_connections=max_pool_connections,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # our own retry layer
-            # Every frame read back is blake3-verified: a second (SHA-256) check of each
-            # response costs CPU a restore needs. Uploads keep their SHA-256.
-            response_checksum_validation="when_required",
-            # Every PUT carries a checksum header of its body (ours, or botocore's for
-            # the metadata objects), which the signature covers and the server checks
-            # against what arrives: that binds the body as a signed payload hash would.
-            # botocore signs the payload over plain HTTP anyway, a second SHA-256 pass
-            # over every chunk (over HTTPS with a checksum header it does not).
-            s3={"addressing_style": cfg.addressing_style, "payload_signing_enabled": False},
-            tcp_keepalive=True,
-            user_agent_extra="ckptfs",
-        )
+        client_config = _client_config(cfg, max_pool_connections, connect_timeout, read_timeout)
         try:
             if session is None:
                 session = boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region)
