@@ -42,6 +42,7 @@ from ..catalog.protocols import (
     MoveCatalog,
     NamespaceCatalog,
     ReplicaCatalog,
+    UploadQueue,
 )
 from ..catalog.recorded import remote_tier_of
 from ..chunks.residency import Residency
@@ -155,8 +156,8 @@ def run_fsck(
             catalog.close()
 
 
-class FsckCatalog(NamespaceCatalog, ContentsCatalog, ReplicaCatalog, DeletionQueue, MoveCatalog,
-                  MetaCatalog, Protocol):
+class FsckCatalog(NamespaceCatalog, ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue,
+                  MoveCatalog, MetaCatalog, Protocol):
     """What fsck reads and repairs: the names, the file contents, the replica rows and upload
     jobs, the deletion queue, the moves in flight (no orphans yet) and the recorded tiers."""
 

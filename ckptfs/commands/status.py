@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..catalog import Catalog, CheckpointRow, CheckpointState
-from ..catalog.protocols import MetaCatalog, NamespaceCatalog, QuotaCatalog, ReplicaCatalog
+from ..catalog.protocols import (
+    MetaCatalog,
+    NamespaceCatalog,
+    QuotaCatalog,
+    ReplicaCatalog,
+    UploadQueue,
+)
 from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
 from ..checkpoints.summary import summarize
@@ -153,7 +159,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
     }
 
 
-class TierFactsCatalog(ReplicaCatalog, MetaCatalog, Protocol):
+class TierFactsCatalog(ReplicaCatalog, UploadQueue, MetaCatalog, Protocol):
     """The recorded tiers, what each stores, the upload backlog and its last rate."""
 
 
@@ -243,7 +249,7 @@ def _tier_health(s: dict[str, Any], now: float) -> dict[str, Any]:
 AT_RISK_SAMPLE = 5
 
 
-class AtRiskCatalog(ReplicaCatalog, NamespaceCatalog, Protocol):
+class AtRiskCatalog(UploadQueue, NamespaceCatalog, Protocol):
     """The files not durable yet, by tier, and their paths."""
 
 
