@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .. import statedir
 from ..config.model import CATALOG_FILE
+from .hooks import CatalogHooks
 from .protocols import Catalog as CatalogProtocol
 from .sql import SqlCatalog
 from .sqlite import SqliteCatalog
@@ -41,9 +42,11 @@ def open_catalog(where: Path | str, readonly: bool = False, *, pool_size: int = 
     return SqliteCatalog(Path(where), readonly=readonly)
 
 
-def open_shared_catalog(url: str, *, pool_size: int, readonly: bool = False) -> CatalogProtocol:
+def open_shared_catalog(
+    url: str, *, pool_size: int, readonly: bool = False, hooks: CatalogHooks | None = None,
+) -> CatalogProtocol:
     """The shared catalog at ``url`` (PostgreSQL); its first opener creates the schema."""
-    return postgres_engine()(url, pool_size=pool_size, readonly=readonly)
+    return postgres_engine()(url, pool_size=pool_size, readonly=readonly, hooks=hooks)
 
 
 def shared_binding(state_dir: Path) -> tuple[str, str] | None:

@@ -50,6 +50,7 @@ from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
 from .claims import CLAIMS_DDL
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
+from .hooks import CatalogHooks
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
 from .pglisten import PgListener
@@ -242,10 +243,13 @@ class _AdvisoryLock:
 
 
 class PostgresCatalog(SqlCatalog):
-    def __init__(self, url: str, *, pool_size: int = 4, readonly: bool = False) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 4, readonly: bool = False,
+        hooks: CatalogHooks | None = None,
+    ) -> None:
         """``readonly``: reads only (status and the like beside the daemons); an empty
         database is not made a catalog."""
-        super().__init__()
+        super().__init__(hooks)
         self.where = describe(url)
         self.path = Path(self.where)  # the Protocol's name of the catalog (not a file)
         self.readonly = readonly

@@ -55,6 +55,7 @@ from .audit import AUDIT_DDL, AuditRecord, AuditSql
 from .claims import CLAIMS_DDL, ClaimsSql, forget_owner, move_owner, record_owner
 from .deletion_events import DeletionEventsSql
 from .deletions import queue_deletion
+from .hooks import CatalogHooks
 from .keys import KEYS_DDL, KeysSql
 from .moves import MOVED_PAIR, MOVES_DDL, MovesSql
 from .quotas import QUOTAS_DDL, Charge, QuotasSql, charge_commit, uncharge_inode
@@ -398,12 +399,15 @@ class SqlCatalog(SessionsSql, WantsSql, MovesSql, ClaimsSql, DeletionEventsSql, 
     # Errors of a read-only catalog of an older schema that lacks a table.
     _missing_table: tuple[type[Exception], ...] = ()
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: CatalogHooks | None = None) -> None:
         AuditSql.__init__(self)
         # Called (in the calling thread, after the COMMIT) by every transaction that
         # changed the namespace or file contents: the uploader's wake for its snapshot.
         # Must be thread-safe and must not block (TrioToken.run_sync_soon).
         self.on_touch: Callable[[], None] | None = None
+        if hooks is not None:  # what the daemon is called back with (hooks.py)
+            self.on_touch, self.on_audit_note = hooks.on_touch, hooks.on_audit_note
+            self.audit_node = hooks.node
 
     # -- what the engine provides ------------------------------------------------------------
 

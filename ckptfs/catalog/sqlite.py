@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
+from .hooks import CatalogHooks
 from .sql import (
     CHECKPOINT_STATES,
     MARK_CHANGED,
@@ -128,10 +129,12 @@ class SqliteCatalog(SqlCatalog):
     concurrency = 1
     _missing_table = (sqlite3.OperationalError,)
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path, readonly: bool = False, *, hooks: CatalogHooks | None = None
+    ) -> None:
         """``readonly`` opens a live catalog beside its daemon (status, sync) without
         touching it; WAL lets the reader see every committed transaction."""
-        super().__init__()
+        super().__init__(hooks)
         self.path = path
         if readonly:
             self.conn = sqlite3.connect(

@@ -18,7 +18,6 @@ whose node died ends with its lease, a deadline.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import logging
 import math
@@ -49,7 +48,7 @@ from ..errors import (
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..tiers.health import state_of
-from ..wakeup import Wakeup
+from ..wakeup import ThreadWakeup, Wakeup
 from .commits import CommitStream
 from .cpuidle import IdleCores
 from .hearing import hear
@@ -129,6 +128,7 @@ class Uploader:
         room: Room,
         deleter: DeletionQueue | None = None,
         wake: Wakeup | None = None,
+        touches: ThreadWakeup | None = None,
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
         save_over: Callable[[], Awaitable[None]] | None = None,
@@ -139,6 +139,7 @@ class Uploader:
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
+        ``touches``: set by the catalog's on_touch hook (any thread): the snapshot is due;
         ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
         ``saving``: a save is buffering data; ``save_over``: returns when none does (an
         event); ``commits``: new jobs (commits, heals), whose stream counts as a save too;
@@ -173,7 +174,7 @@ class Uploader:
         self._finish_lock = trio.Lock()
         self._sleeping = False  # between passes, waiting for an event or a deadline
         # When a catalog change that queues no upload was first seen since the last look
-        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via the loop.
+        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via ``touches``.
         self._dirty_since: float | None = None
         self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
         self._saving_since: float | None = None
@@ -189,6 +190,7 @@ class Uploader:
         self._wanted: list[bytes] = []
         self._want_news = catalog.shared  # wants left by an earlier run: look at once
         self._held = held
+        self._touches = touches
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
@@ -259,29 +261,27 @@ class Uploader:
             if self._held is not None:  # nothing to upload: nothing held either
                 await trio.to_thread.run_sync(self._held.close)
             return
-        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            if self._touches is not None:
+                nursery.start_soon(self._hear_touches, self._touches)
+            if self.catalog.shared:
+                nursery.start_soon(self._hear_wants)
+            if self._held is not None:
+                # Another node's claim ended: its held jobs may run (a pass finds them).
+                nursery.start_soon(hear, self._held, self.kick,
+                                   "the ends of other nodes' remote deletions", log)
+            while True:
+                self._wake.clear()
+                self.commits.wake.clear()
+                deadline, deferred = await self._pass(nursery)
+                await self._sleep(deadline, deferred)
 
-        def touched() -> None:  # a worker thread, after a catalog transaction that changed it
-            if self._dirty_since is None:  # a stale read only costs one extra call
-                with contextlib.suppress(trio.RunFinishedError):
-                    token.run_sync_soon(self._touched)
-
-        self.catalog.on_touch = touched
-        try:
-            async with trio.open_nursery() as nursery:
-                if self.catalog.shared:
-                    nursery.start_soon(self._hear_wants)
-                if self._held is not None:
-                    # Another node's claim ended: its held jobs may run (a pass finds them).
-                    nursery.start_soon(hear, self._held, self.kick,
-                                       "the ends of other nodes' remote deletions", log)
-                while True:
-                    self._wake.clear()
-                    self.commits.wake.clear()
-                    deadline, deferred = await self._pass(nursery)
-                    await self._sleep(deadline, deferred)
-        finally:
-            self.catalog.on_touch = None
+    async def _hear_touches(self, touches: ThreadWakeup) -> None:
+        """The catalog changed (its on_touch hook sets ``touches``, in a worker thread)."""
+        while True:
+            await touches.wait()
+            touches.clear()
+            self._touched()
 
     async def _pass(self, nursery: trio.Nursery) -> tuple[float, bool]:
         """Take a snapshot if due, start the uploads allowed now. Returns the trio time of
