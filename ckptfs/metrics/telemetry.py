@@ -27,8 +27,9 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..catalog import CheckpointRow, CheckpointState
 from ..catalog.durability import checkpoint_durable
+from ..catalog.protocols import CheckpointCatalog, DeletionQueue, QuotaCatalog, ReplicaCatalog
 from ..checkpoints.retention import run_of
-from ..checkpoints.summary import summarize
+from ..checkpoints.summary import SummaryCatalog, summarize
 from ..chunks.residency import Residency
 from ..errors import CkptfsError
 from ..names import readable
@@ -37,7 +38,6 @@ from .exporter import REGISTRY, Endpoint
 from .requests import APP
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
     from ..stats import Stats
     from ..tiers.base import Tier
 
@@ -94,6 +94,13 @@ class BudgetGauge(Protocol):
     limit: int
 
 
+class TelemetryCatalog(
+    SummaryCatalog, ReplicaCatalog, DeletionQueue, QuotaCatalog, CheckpointCatalog, Protocol,
+):
+    """What the statistics read: the backlogs, the namespaces' usage, the checkpoints
+    (their summaries and durability)."""
+
+
 class Telemetry:
     """Facts refreshed once a second by the daemon's stats loop (``refresh``), kept in
     ``facts`` (a dict replaced whole: the scrape thread reads it without a lock)."""
@@ -101,7 +108,7 @@ class Telemetry:
     DURABLE_CHECK_S = 5.0  # how often the newest remote-durable checkpoint is looked for
 
     def __init__(
-        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
+        self, catalog: TelemetryCatalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
         uploader: UploadCounter, budget: BudgetGauge, mountpoint: str | None = None,
         endpoint: Endpoint | None = None,
     ) -> None:

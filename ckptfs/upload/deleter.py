@@ -61,9 +61,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.catalog import Deletion
 from ..catalog.deletion_events import Listener
+from ..catalog.protocols import DeletionQueue
 from ..catalog.sql import CLAIM_LEASE_NS
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
@@ -96,7 +96,7 @@ Ending = tuple[str, int, str, bool]
 
 class Deleter:
     def __init__(
-        self, catalog: Catalog, tiers: Sequence[Tier], db_limiter: trio.CapacityLimiter, *,
+        self, catalog: DeletionQueue, tiers: Sequence[Tier], db_limiter: trio.CapacityLimiter, *,
         guard: ChunkGuard, stats: Stats, room: Room,
         forget_frames: Callable[[Iterable[bytes]], None] = lambda digests: None,
         wake: Wakeup | None = None, released: ThreadWakeup | None = None,

@@ -29,9 +29,9 @@ from typing import Protocol
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
 from ..catalog.deletion_events import Listener
+from ..catalog.protocols import MetaCatalog, ReplicaCatalog, WantCatalog
 from ..chunks.bufpool import FramePool
 from ..chunks.guard import ChunkGuard
 from ..chunks.residency import Residency, no_residency
@@ -98,6 +98,13 @@ async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
             n.start_soon(one, w)
 
 
+class UploaderCatalog(ReplicaCatalog, MetaCatalog, WantCatalog, Protocol):
+    """What the upload queue uses: its jobs and the replica rows (ReplicaCatalog, the
+    upload queue's methods among them), the snapshot's meta, other nodes' wants."""
+
+    shared: bool  # several nodes use the catalog (their wants are heard)
+
+
 class DeletionQueue(Protocol):
     """What the uploader tells the deleter (upload/deleter.py)."""
 
@@ -118,7 +125,7 @@ class _Records:
 class Uploader:
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: UploaderCatalog,
         tiers: Sequence[Tier],
         db_limiter: trio.CapacityLimiter,
         config: UploadConfig = UploadConfig(),
