@@ -190,6 +190,12 @@ class Telemetry:
                        "writers_waiting_for_room": self.store.waiting_for_room},
             "refreshed": time.time(),
         }
+        self._publish(capacity, health)
+
+    def _publish(
+        self, capacity: dict[str, dict[str, Any]], health: dict[str, dict[str, Any]]
+    ) -> None:
+        """Into the stats snapshot: each tier's capacity and health, and the facts."""
         stats = self.store.stats
         stats.tier_extra = {name: {"capacity": c, **{k: v for k, v in health.get(name, {}).items()
                                                      if k != "kind"}}
@@ -362,6 +368,26 @@ class FsCollector(Collector):
         stats = fs.store.stats
         yield from self._info()
         kinds = {n: ("local" if t.kind == "local" else "remote") for n, t in fs.store.tiers.items()}
+        yield from self._tier_io(kinds, stats, facts.get("health", {}))
+        yield from self._tier_space(kinds, facts)
+        yield from self._counters(stats)
+        yield from self._services(stats)
+        yield from self._backlog(facts.get("backlog"))
+        yield from self._deletions(facts.get("deletions") or [])
+        yield from self._namespaces(facts.get("namespaces") or [])
+        yield from self._checkpoints(facts)
+        yield from self._memory(facts)
+        refreshed = facts.get("refreshed")
+        yield GaugeMetricFamily(
+            "ckptfs_stats_age_seconds",
+            "Seconds since the daemon last refreshed its statistics (should stay near 1)",
+            value=(time.time() - refreshed) if refreshed else math.nan)
+
+    @staticmethod
+    def _tier_io(
+        kinds: dict[str, str], stats: Stats, health: dict[str, dict[str, Any]]
+    ) -> Iterator[Metric]:
+        """Each tier's reads, writes, errors, health and latency."""
         labels = ["tier", "kind"]
         rb = CounterMetricFamily("ckptfs_tier_read_bytes", "Chunk bytes read from each tier",
                                  labels=labels)
@@ -375,7 +401,6 @@ class FsCollector(Collector):
                                "1 if the tier is healthy, 0 while degraded (reads failed there) "
                                "or, for a remote, unreachable, refusing or failing uploads",
                                labels=labels)
-        health = facts.get("health", {})
         lat = GaugeMetricFamily("ckptfs_tier_read_latency_seconds",
                                 "Measured latency of small reads (moving average)", labels=labels)
         for name, ts in list(stats.tiers.items()):
@@ -388,6 +413,10 @@ class FsCollector(Collector):
             up.add_metric(lv, 0 if ts.degraded or not now_ok else 1)
             lat.add_metric(lv, ts.latency_s)
         yield from (rb, wb, reads, errs, up, lat)
+
+    def _tier_space(self, kinds: dict[str, str], facts: dict[str, Any]) -> Iterator[Metric]:
+        """Each tier's capacity, free and used bytes; copies outside their residency."""
+        labels = ["tier", "kind"]
         total = GaugeMetricFamily("ckptfs_tier_capacity_bytes",
                                   "Bytes a local tier may hold (device size or its cap)",
                                   labels=labels)
@@ -408,9 +437,13 @@ class FsCollector(Collector):
             "ckptfs_residency_copies_out",
             "Copies on a tier outside their chunk's allowed locations, found at mount (a tier "
             "relabelled); reads skip them, fsck --repair deletes them", labels=labels)
-        for name, n in fs.store.residency.out_counts.items():
+        for name, n in self.t.store.residency.out_counts.items():
             out.add_metric([name, kinds.get(name, "local")], n)
         yield out
+
+    def _counters(self, stats: Stats) -> Iterator[Metric]:
+        """The daemon's event counters and byte totals."""
+        fs = self.t
         counters = dict(stats.counters)
         for key, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"ckptfs_{key}", doc, value=counters.pop(key, 0))
@@ -432,6 +465,9 @@ class FsCollector(Collector):
             value=APP.read)
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
+
+    @staticmethod
+    def _services(stats: Stats) -> Iterator[Metric]:
         # Background services contained after an unexpected error (ckptfs/supervise.py).
         faults = CounterMetricFamily("ckptfs_service_errors",
                                      "Unexpected errors of each background service or task, "
@@ -443,10 +479,10 @@ class FsCollector(Collector):
             faults.add_metric([x["name"]], x["errors"])
             degraded.add_metric([x["name"]], 1 if x["state"] == "degraded" else 0)
         yield from (faults, degraded)
-        yield from self._backlog(facts.get("backlog"))
-        yield from self._deletions(facts.get("deletions") or [])
-        yield from self._namespaces(facts.get("namespaces") or [])
-        yield from self._checkpoints(facts)
+
+    def _memory(self, facts: dict[str, Any]) -> Iterator[Metric]:
+        """The memory budget and the writers waiting for room."""
+        fs = self.t
         mem = facts.get("memory", {})
         yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
                                 "Memory budget held by chunk buffers of files being written",
@@ -457,11 +493,6 @@ class FsCollector(Collector):
             "ckptfs_writers_waiting_for_room",
             "Chunk writes waiting for uploads to free local room (backpressure)",
             value=mem.get("writers_waiting_for_room", fs.store.waiting_for_room))
-        refreshed = facts.get("refreshed")
-        yield GaugeMetricFamily(
-            "ckptfs_stats_age_seconds",
-            "Seconds since the daemon last refreshed its statistics (should stay near 1)",
-            value=(time.time() - refreshed) if refreshed else math.nan)
 
     def _info(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("ckptfs_info", "The daemon: version, mount point",

@@ -166,24 +166,37 @@ class Uploader:
         self.concurrency = config.concurrency
         self.clock = clock
         self.limiter = trio.CapacityLimiter(config.concurrency)
-        self.running: set[tuple[bytes, str]] = set()
-        self.uploaded_bytes = 0
         self._wake = wake if wake is not None else Wakeup()
-        self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
-        self._snapshot_failures = 0
-        self._rate_mark: tuple[float, int] | None = None
         self._buffering = saving  # a save holds chunk buffers: defer uploads (_limit)
         self._buffers_freed = save_over
         self.commits = commits if commits is not None else CommitStream()
+        self._init_run_state()
+        self._init_save_state(config, idle_cores)
+        self._held = held
+        self._touches = touches
+        self._init_snapshot_state()
+        # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
+        self.compressor = RemoteCompressor(config.compression)
+        # Frames are read from the local tier into these for their upload (one per upload
+        # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
+        self.frames = FramePool(config.concurrency)
+
+    def _init_run_state(self) -> None:
+        """The uploads running, their records, the failing tiers."""
+        self.running: set[tuple[bytes, str]] = set()
+        self.uploaded_bytes = 0
+        self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
+        self._rate_mark: tuple[float, int] | None = None
         # Finished uploads join the open batch of records; the first of a batch to take
         # the lock writes the whole batch (one transaction), the others find it written.
         self._records = _Records()
         self._finish_lock = trio.Lock()
         self._sleeping = False  # between passes, waiting for an event or a deadline
-        # When a catalog change that queues no upload was first seen since the last look
-        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via ``touches``.
-        self._dirty_since: float | None = None
-        self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
+
+    def _init_save_state(
+        self, config: UploadConfig, idle_cores: Callable[[], float | None] | None
+    ) -> None:
+        """What decides how many uploads run while a save runs, and which go first."""
         self._saving_since: float | None = None
         # While a save runs: "defer" (wait for it), "overlap" (upload at once), "auto"
         # (upload on the cores the save leaves idle, measured by ``idle_cores``, blocking).
@@ -195,20 +208,21 @@ class Uploader:
         # catalog/wants.py) that this node uploads, the longest wanted first; looked up
         # again when a notification says a want came (``_want_news``) and while any is left.
         self._wanted: list[bytes] = []
-        self._want_news = catalog.shared  # wants left by an earlier run: look at once
-        self._held = held
-        self._touches = touches
+        self._want_news = self.catalog.shared  # wants left by an earlier run: look at once
+
+    def _init_snapshot_state(self) -> None:
+        """The catalog snapshot's state: when it was last taken, who waits for one."""
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
-        self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
-        self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
-        # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
-        self.compressor = RemoteCompressor(config.compression)
-        # Frames are read from the local tier into these for their upload (one per upload
-        # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
-        self.frames = FramePool(config.concurrency)
+        self._snapshot_failures = 0
         self._snapshot_skip_logged = False
+        self.snapshot_of_ns = self.catalog.snapshot_of_ns() or 0
+        self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
+        # When a catalog change that queues no upload was first seen since the last look
+        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via ``touches``.
+        self._dirty_since: float | None = None
+        self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -575,7 +589,11 @@ class Uploader:
             # they are done, or at SNAPSHOT_INTERVAL_S under a stream of commits.
             return max(SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at))
         assert not isinstance(taken, bool)
-        of_ns, data = taken
+        return await self._store_snapshot(targets, *taken)
+
+    async def _store_snapshot(self, targets: list[Tier], of_ns: int, data: bytes) -> float:
+        """Put a framed copy of ``data`` (the catalog as of ``of_ns``) on ``targets``;
+        record it, or back off after a failure. Returns seconds until the next look."""
 
         def framed_copy() -> bytes:  # hashing a large catalog takes a while: not on the loop
             digest = frame.digest_of(data)
