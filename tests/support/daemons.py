@@ -27,13 +27,13 @@ def build_daemon(
     """``build`` with each option given where it belongs: a StoreConfig field (memory_budget,
     on_local_full, ...), a config section (reads, upload, checkpoints, governance, ...), a
     kernel callback (invalidate, store_pages), else a ``build`` argument. A small memory
-    budget, two I/O threads and 64 KiB chunks unless named."""
+    budget (8 chunks of 64 KiB), two I/O threads and 64 KiB chunks unless named."""
     chunk_size = options.pop("chunk_size", CS)
 
     def take(cls: Any) -> dict[str, Any]:
         return {f.name: options.pop(f.name) for f in dataclasses.fields(cls) if f.name in options}
 
-    store = StoreConfig(**{"memory_budget": 8 * chunk_size, "io_threads": 2, **take(StoreConfig)})
+    store = StoreConfig(**{"memory_budget": 8 * CS, "io_threads": 2, **take(StoreConfig)})
     sections = Sections(store=store, **take(Sections))
     return build(cat, tiers, chunk_size=chunk_size, sections=sections, kernel=Kernel(**take(Kernel)),
                  wakeups=wakeups, **options)
