@@ -254,7 +254,9 @@ def _serve_tiers(
     catalog = open_catalog_of(cfg, tiers, down, wakeups.catalog_hooks())
     session = None
     try:
-        session = _register(cfg, catalog)
+        session = _session_of(cfg, catalog)
+        if session is not None:  # first: refused while the node name has a live session
+            session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         count_namespaces(catalog, cfg.governance.namespaces)
         record_mount(catalog, cfg, mountpoint)
@@ -275,18 +277,15 @@ def _serve_tiers(
         catalog.close()
 
 
-def _register(cfg: Config, catalog: Catalog) -> NodeSession | None:
-    """With a shared catalog, this node's session, registered; first: refused while the
-    node name has a live session. The state dir records its session ids: this daemon
-    holds its lock, so a live session of an earlier daemon of this state dir is a dead
-    one's, ended at once."""
+def _session_of(cfg: Config, catalog: Catalog) -> NodeSession | None:
+    """With a shared catalog, this node's session (not yet registered). The state dir
+    records its session ids: this daemon holds its lock, so a live session of an earlier
+    daemon of this state dir is a dead one's, ended at once."""
     if not cfg.catalog.shared:
         return None
-    session = NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
-                          info=f"host {socket.gethostname()}, pid {os.getpid()}",
-                          state_dir=cfg.state_dir)
-    session.register()
-    return session
+    return NodeSession(catalog, cfg.catalog.node, cfg.catalog.session_timeout_s,
+                       info=f"host {socket.gethostname()}, pid {os.getpid()}",
+                       state_dir=cfg.state_dir)
 
 
 def _serve_daemon(
