@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import trio
 
 from . import statedir
-from .catalog.protocols import Catalog
+from .catalog.protocols import SessionCatalog
 from .catalog.rows import SessionEnd
 from .errors import CkptfsError
 
@@ -51,7 +51,7 @@ class NodeSession:
     """``state_dir``: the state dir this daemon holds the lock of (None: nothing recorded,
     so nothing of an earlier daemon is known; tests of the catalog alone)."""
 
-    def __init__(self, catalog: Catalog, node: str, timeout_s: float, info: str = "",
+    def __init__(self, catalog: SessionCatalog, node: str, timeout_s: float, info: str = "",
                  state_dir: Path | None = None) -> None:
         self.catalog = catalog
         self.node = node

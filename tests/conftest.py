@@ -6,7 +6,7 @@
 The daemon-log check (``daemon_log_check``, autouse) covers every test that starts a
 daemon, however it does: every ``ckptfs mount`` built by mountutil registers its log, and
 the records of the ``ckptfs`` loggers in the test process (daemons built in-process:
-``make_daemon``, ``make_fs``, ``mount.build``) are collected while the test runs. The
+``make_daemon``, ``make_fs``, ``daemon.build``) are collected while the test runs. The
 lines a test's daemons logged must hold no ``ERROR``, ``CRITICAL`` or ``Traceback`` line
 unless the test is marked ``@pytest.mark.allow_log_errors``, and no ``WARNING`` line unless
 it is marked ``@pytest.mark.allow_log_warnings`` (with arguments: only warnings that contain

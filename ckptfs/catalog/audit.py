@@ -197,17 +197,9 @@ class AuditSql(SqlBase):
     def audit_node(self) -> str:
         return self.hooks.node
 
-    @audit_node.setter
-    def audit_node(self, node: str) -> None:
-        self.hooks = replace(self.hooks, node=node)
-
     @property
     def on_audit_note(self) -> Callable[[], None] | None:
         return self.hooks.on_audit_note
-
-    @on_audit_note.setter
-    def on_audit_note(self, fn: Callable[[], None] | None) -> None:
-        self.hooks = replace(self.hooks, on_audit_note=fn)
 
     # -- appending ---------------------------------------------------------------------------
 

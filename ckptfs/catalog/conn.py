@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -80,10 +79,6 @@ class SqlBase:
     @property
     def on_touch(self) -> Callable[[], None] | None:
         return self.hooks.on_touch
-
-    @on_touch.setter
-    def on_touch(self, fn: Callable[[], None] | None) -> None:
-        self.hooks = replace(self.hooks, on_touch=fn)
 
     # -- what the engine provides ------------------------------------------------------------
 

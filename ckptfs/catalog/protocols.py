@@ -54,6 +54,7 @@ class Catalog(
         records: given when the catalog is opened (engines.open_catalog's ``hooks``)."""
         ...
 
-    # Read from ``hooks``. Setting it replaces that field of the hooks: kept until the
-    # daemon gives its hooks when it opens the catalog (issue 34).
-    on_touch: Callable[[], None] | None
+    @property
+    def on_touch(self) -> Callable[[], None] | None:
+        """``hooks.on_touch``: read-only, given at open."""
+        ...

@@ -122,12 +122,16 @@ class AuditCatalog(Protocol):
     event that changes nothing else by ``audit_append``; an open for reading by
     ``audit_note`` (memory only), written by the next ``audit_flush``."""
 
-    # Read from the hooks given at open (hooks.CatalogHooks): this node's name in the
-    # records (``node``), and what is called after each ``audit_note`` (the noting thread).
-    # Setting either replaces that field of the hooks: kept until the daemon gives its
-    # hooks when it opens the catalog (issue 34).
-    audit_node: str
-    on_audit_note: Callable[[], None] | None
+    # Read from the hooks given at open (hooks.CatalogHooks), never set afterwards: this
+    # node's name in the records (``node``), and what is called after each ``audit_note``
+    # (in the noting thread).
+    @property
+    def audit_node(self) -> str:
+        ...
+
+    @property
+    def on_audit_note(self) -> Callable[[], None] | None:
+        ...
 
     def audit_append(self, records: AuditRecord | Sequence[AuditRecord]) -> None:
         ...

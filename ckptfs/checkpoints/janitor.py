@@ -37,9 +37,19 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from ..catalog import Catalog, CheckpointState
+from ..catalog import CheckpointState
 from ..catalog.audit import AuditRecord
-from ..catalog.protocols import ExclusiveLock
+from ..catalog.protocols import (
+    CheckpointCatalog,
+    ContentsCatalog,
+    DeletionQueue,
+    ExclusiveLock,
+    NamespaceCatalog,
+    ReplicaCatalog,
+    SessionCatalog,
+    UploadQueue,
+    WantCatalog,
+)
 from ..errors import CatalogUnavailable, CkptfsError
 from ..tiers.base import Tier
 from .retention import Plan, RetentionPolicy, plan_all, to_ckpts, under
@@ -165,9 +175,20 @@ class JanitorDeleter(Protocol):
     async def settle(self, digests: Iterable[bytes], timeout_s: float) -> None: ...
 
 
+class JanitorCatalog(
+    CheckpointCatalog, ContentsCatalog, NamespaceCatalog, DeletionQueue, ReplicaCatalog,
+    UploadQueue, SessionCatalog, WantCatalog, Protocol,
+):
+    """What retention reads and changes: the checkpoint rows, the chunks under them, the
+    deletion queue, upload jobs to skip (ReplicaCatalog), every node's open inodes and
+    the cluster-wide lock of a pass (WantCatalog.try_exclusive)."""
+
+    shared: bool  # several nodes use the catalog
+
+
 class Janitor:
     def __init__(
-        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: JanitorStore,
+        self, catalog: JanitorCatalog, db_limiter: trio.CapacityLimiter, store: JanitorStore,
         deleter: JanitorDeleter, requests: GcRequests,
         remove_tree: Callable[[str], Awaitable[None]], open_inos: Callable[[], list[int]],
         policies: tuple[RetentionPolicy, ...],

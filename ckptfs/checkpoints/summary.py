@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from ..catalog import Catalog, CheckpointRow
+from ..catalog import CheckpointRow
+from ..catalog.protocols import ContentsCatalog, MetaCatalog, NamespaceCatalog, SessionCatalog
 from .reach import Reach
 from .retention import run_of
 
@@ -37,13 +39,20 @@ class CheckpointSummary:
     reason: str | None = None
 
 
-def files_of(catalog: Catalog, root: str) -> list[tuple[int, int, int]]:
+class SummaryCatalog(NamespaceCatalog, ContentsCatalog, MetaCatalog, SessionCatalog, Protocol):
+    """What a summary reads: the files under a checkpoint, their chunks, the recorded
+    tiers, and (Reach) the nodes' sessions and writers."""
+
+    shared: bool  # several nodes use the catalog
+
+
+def files_of(catalog: NamespaceCatalog, root: str) -> list[tuple[int, int, int]]:
     """(ino, size, mtime_ns) of the regular files at or under root."""
     return [(i.ino, i.size, i.mtime_ns) for i in catalog.files_under(root)]
 
 
 def summarize(
-    catalog: Catalog, mnt: Path, row: CheckpointRow, reach: Reach | None = None
+    catalog: SummaryCatalog, mnt: Path, row: CheckpointRow, reach: Reach | None = None
 ) -> CheckpointSummary:
     """The summary of the checkpoint ``row`` mounted at ``mnt`` (``reach``: read once for
     several rows; None reads it)."""

@@ -57,7 +57,9 @@ class Where:
 
 
 class ChunkGuard:
-    def __init__(self, local_tiers: Iterable[str]) -> None:
+    def __init__(
+        self, local_tiers: Iterable[str], on_release: Callable[[], None] | None = None
+    ) -> None:
         self.local = frozenset(local_tiers)
         self._cond = threading.Condition(threading.Lock())
         self._pins: dict[bytes, int] = {}
@@ -69,8 +71,8 @@ class ChunkGuard:
         self._stay: set[bytes] = set()
         # Called (from any thread) when the last pin of a held-back digest goes, or its
         # deletion in flight ends: the deleter may go on with it. Must be thread-safe
-        # (TrioToken.run_sync_soon).
-        self.on_release: Callable[[], None] | None = None
+        # (TrioToken.run_sync_soon; the daemon gives the deleter's ThreadWakeup.set).
+        self.on_release = on_release
 
     # -- pins ---------------------------------------------------------------------------------
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.audit import AuditRecord
 from ..catalog.keys import KeyRow
+from ..catalog.protocols import AuditCatalog, KeyCatalog
 from ..codec.seal import KEYRING, SealKey
 from ..config.model import GovernanceConfig
 from ..errors import CkptfsError, UsageError
@@ -44,7 +45,7 @@ def live_keys(kek: bytes, rows: Sequence[KeyRow]) -> list[SealKey]:
     return [unwrap(kek, r) for r in rows if not r.shredded]
 
 
-def rotate(catalog: Catalog, kek: bytes, namespace: str) -> KeyRow:
+def rotate(catalog: KeyCatalog, kek: bytes, namespace: str) -> KeyRow:
     """A new version of ``namespace``'s data key (its id key stays: chunk ids, and so
     deduplication within the namespace, do not change with a rotation)."""
     keys = live_keys(kek, catalog.namespace_keys(namespace))
@@ -60,7 +61,7 @@ def rotate(catalog: Catalog, kek: bytes, namespace: str) -> KeyRow:
     )
 
 
-def rewrap_all(catalog: Catalog, old_kek: bytes, new_kek: bytes) -> int:
+def rewrap_all(catalog: KeyCatalog, old_kek: bytes, new_kek: bytes) -> int:
     """Every live key version wrapped by ``new_kek`` instead (one transaction)."""
 
     def again(row: KeyRow) -> tuple[bytes, str]:
@@ -70,7 +71,7 @@ def rewrap_all(catalog: Catalog, old_kek: bytes, new_kek: bytes) -> int:
     return catalog.rewrap_keys(again)
 
 
-def load_keyring(catalog: Catalog, gov: GovernanceConfig) -> int:
+def load_keyring(catalog: KeyCatalog, gov: GovernanceConfig) -> int:
     """A command that reads frames (fsck --verify): every live key into the keyring.
     UsageError if the catalog holds keys and the config names no KEK (every sealed frame
     would look corrupt, and a repair would drop good copies)."""
@@ -85,13 +86,21 @@ def load_keyring(catalog: Catalog, gov: GovernanceConfig) -> int:
     return len(keys)
 
 
+class RingCatalog(KeyCatalog, AuditCatalog, Protocol):
+    """What the keys read and record: the key rows, and the audit of their changes."""
+
+
 class NamespaceKeys:
     """The keys of one daemon: its KEK (memory only) and the encrypted namespaces of its
     config."""
 
-    def __init__(self, catalog: Catalog, gov: GovernanceConfig,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, catalog: RingCatalog, gov: GovernanceConfig,
+                 clock: Callable[[], int] = time.time_ns, *,
+                 on_change: Callable[[], None] | None = None) -> None:
+        """``on_change``: the keys changed (the catalog's on_touch hook: the bucket's
+        snapshot is retaken soon)."""
         self.catalog = catalog
+        self.on_change = on_change
         self.namespaces = tuple(ns.path for ns in gov.namespaces if ns.encrypt)
         # Namespaces that end (``expires``): their keys are shredded at that time.
         self.expires = {ns.path: ns.expires_ns for ns in gov.namespaces
@@ -171,5 +180,5 @@ class NamespaceKeys:
                 continue
             if gone:
                 forget(gone)
-            if self.catalog.on_touch is not None:  # the bucket's snapshot: retaken soon
-                self.catalog.on_touch()
+            if self.on_change is not None:  # the bucket's snapshot: retaken soon
+                self.on_change()

@@ -27,8 +27,15 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..catalog import CheckpointRow, CheckpointState
 from ..catalog.durability import checkpoint_durable
+from ..catalog.protocols import (
+    CheckpointCatalog,
+    DeletionQueue,
+    QuotaCatalog,
+    ReplicaCatalog,
+    UploadQueue,
+)
 from ..checkpoints.retention import run_of
-from ..checkpoints.summary import summarize
+from ..checkpoints.summary import SummaryCatalog, summarize
 from ..chunks.residency import Residency
 from ..errors import CkptfsError
 from ..names import readable
@@ -37,7 +44,6 @@ from .exporter import REGISTRY, Endpoint
 from .requests import APP
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
     from ..stats import Stats
     from ..tiers.base import Tier
 
@@ -94,6 +100,13 @@ class BudgetGauge(Protocol):
     limit: int
 
 
+class TelemetryCatalog(
+    SummaryCatalog, ReplicaCatalog, UploadQueue, DeletionQueue, QuotaCatalog, CheckpointCatalog, Protocol,
+):
+    """What the statistics read: the backlogs, the namespaces' usage, the checkpoints
+    (their summaries and durability)."""
+
+
 class Telemetry:
     """Facts refreshed once a second by the daemon's stats loop (``refresh``), kept in
     ``facts`` (a dict replaced whole: the scrape thread reads it without a lock)."""
@@ -101,7 +114,7 @@ class Telemetry:
     DURABLE_CHECK_S = 5.0  # how often the newest remote-durable checkpoint is looked for
 
     def __init__(
-        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
+        self, catalog: TelemetryCatalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
         uploader: UploadCounter, budget: BudgetGauge, mountpoint: str | None = None,
         endpoint: Endpoint | None = None,
     ) -> None:
@@ -183,6 +196,12 @@ class Telemetry:
                        "writers_waiting_for_room": self.store.waiting_for_room},
             "refreshed": time.time(),
         }
+        self._publish(capacity, health)
+
+    def _publish(
+        self, capacity: dict[str, dict[str, Any]], health: dict[str, dict[str, Any]]
+    ) -> None:
+        """Into the stats snapshot: each tier's capacity and health, and the facts."""
         stats = self.store.stats
         stats.tier_extra = {name: {"capacity": c, **{k: v for k, v in health.get(name, {}).items()
                                                      if k != "kind"}}
@@ -355,6 +374,26 @@ class FsCollector(Collector):
         stats = fs.store.stats
         yield from self._info()
         kinds = {n: ("local" if t.kind == "local" else "remote") for n, t in fs.store.tiers.items()}
+        yield from self._tier_io(kinds, stats, facts.get("health", {}))
+        yield from self._tier_space(kinds, facts)
+        yield from self._counters(stats)
+        yield from self._services(stats)
+        yield from self._backlog(facts.get("backlog"))
+        yield from self._deletions(facts.get("deletions") or [])
+        yield from self._namespaces(facts.get("namespaces") or [])
+        yield from self._checkpoints(facts)
+        yield from self._memory(facts)
+        refreshed = facts.get("refreshed")
+        yield GaugeMetricFamily(
+            "ckptfs_stats_age_seconds",
+            "Seconds since the daemon last refreshed its statistics (should stay near 1)",
+            value=(time.time() - refreshed) if refreshed else math.nan)
+
+    @staticmethod
+    def _tier_io(
+        kinds: dict[str, str], stats: Stats, health: dict[str, dict[str, Any]]
+    ) -> Iterator[Metric]:
+        """Each tier's reads, writes, errors, health and latency."""
         labels = ["tier", "kind"]
         rb = CounterMetricFamily("ckptfs_tier_read_bytes", "Chunk bytes read from each tier",
                                  labels=labels)
@@ -368,7 +407,6 @@ class FsCollector(Collector):
                                "1 if the tier is healthy, 0 while degraded (reads failed there) "
                                "or, for a remote, unreachable, refusing or failing uploads",
                                labels=labels)
-        health = facts.get("health", {})
         lat = GaugeMetricFamily("ckptfs_tier_read_latency_seconds",
                                 "Measured latency of small reads (moving average)", labels=labels)
         for name, ts in list(stats.tiers.items()):
@@ -381,6 +419,10 @@ class FsCollector(Collector):
             up.add_metric(lv, 0 if ts.degraded or not now_ok else 1)
             lat.add_metric(lv, ts.latency_s)
         yield from (rb, wb, reads, errs, up, lat)
+
+    def _tier_space(self, kinds: dict[str, str], facts: dict[str, Any]) -> Iterator[Metric]:
+        """Each tier's capacity, free and used bytes; copies outside their residency."""
+        labels = ["tier", "kind"]
         total = GaugeMetricFamily("ckptfs_tier_capacity_bytes",
                                   "Bytes a local tier may hold (device size or its cap)",
                                   labels=labels)
@@ -401,9 +443,13 @@ class FsCollector(Collector):
             "ckptfs_residency_copies_out",
             "Copies on a tier outside their chunk's allowed locations, found at mount (a tier "
             "relabelled); reads skip them, fsck --repair deletes them", labels=labels)
-        for name, n in fs.store.residency.out_counts.items():
+        for name, n in self.t.store.residency.out_counts.items():
             out.add_metric([name, kinds.get(name, "local")], n)
         yield out
+
+    def _counters(self, stats: Stats) -> Iterator[Metric]:
+        """The daemon's event counters and byte totals."""
+        fs = self.t
         counters = dict(stats.counters)
         for key, doc in _COUNTERS.items():
             yield CounterMetricFamily(f"ckptfs_{key}", doc, value=counters.pop(key, 0))
@@ -425,6 +471,9 @@ class FsCollector(Collector):
             value=APP.read)
         yield CounterMetricFamily("ckptfs_uploaded_bytes", "Chunk bytes uploaded to remote tiers",
                                   value=fs.uploader.uploaded_bytes)
+
+    @staticmethod
+    def _services(stats: Stats) -> Iterator[Metric]:
         # Background services contained after an unexpected error (ckptfs/supervise.py).
         faults = CounterMetricFamily("ckptfs_service_errors",
                                      "Unexpected errors of each background service or task, "
@@ -436,10 +485,10 @@ class FsCollector(Collector):
             faults.add_metric([x["name"]], x["errors"])
             degraded.add_metric([x["name"]], 1 if x["state"] == "degraded" else 0)
         yield from (faults, degraded)
-        yield from self._backlog(facts.get("backlog"))
-        yield from self._deletions(facts.get("deletions") or [])
-        yield from self._namespaces(facts.get("namespaces") or [])
-        yield from self._checkpoints(facts)
+
+    def _memory(self, facts: dict[str, Any]) -> Iterator[Metric]:
+        """The memory budget and the writers waiting for room."""
+        fs = self.t
         mem = facts.get("memory", {})
         yield GaugeMetricFamily("ckptfs_memory_budget_used_bytes",
                                 "Memory budget held by chunk buffers of files being written",
@@ -450,11 +499,6 @@ class FsCollector(Collector):
             "ckptfs_writers_waiting_for_room",
             "Chunk writes waiting for uploads to free local room (backpressure)",
             value=mem.get("writers_waiting_for_room", fs.store.waiting_for_room))
-        refreshed = facts.get("refreshed")
-        yield GaugeMetricFamily(
-            "ckptfs_stats_age_seconds",
-            "Seconds since the daemon last refreshed its statistics (should stay near 1)",
-            value=(time.time() - refreshed) if refreshed else math.nan)
 
     def _info(self) -> Iterator[Metric]:
         info = GaugeMetricFamily("ckptfs_info", "The daemon: version, mount point",

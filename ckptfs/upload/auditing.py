@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ..catalog.audit import AuditEntry
 from ..catalog.protocols import AuditCatalog, MetaCatalog
 from ..errors import CatalogUnavailable, CkptfsError
-from ..wakeup import Wakeup
+from ..wakeup import ThreadWakeup
 from .seal import SealStore, make_seal, store_seal
 
 log = logging.getLogger("ckptfs.audit")
@@ -38,38 +38,30 @@ class AuditFlusher:
     ``flush_now`` at shutdown) writes what is left."""
 
     def __init__(self, catalog: AuditCatalog, db_limiter: trio.CapacityLimiter,
-                 delay_s: float = FLUSH_DELAY_S) -> None:
+                 delay_s: float = FLUSH_DELAY_S, *, noted: ThreadWakeup | None = None) -> None:
+        """``noted``: set by the catalog's on_audit_note hook (any thread), given when
+        the catalog was opened (catalog/hooks.py)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.delay_s = delay_s
-        self._wake = Wakeup()
+        self._wake = noted if noted is not None else ThreadWakeup()
 
     async def flush_now(self) -> int:
         return await trio.to_thread.run_sync(self.catalog.audit_flush, limiter=self.db_limiter)
 
     async def run(self) -> None:
-        token = trio.lowlevel.current_trio_token()
-
-        def noted() -> None:  # any thread (the catalog calls it after a note): never blocks
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._wake.set)
-
-        self.catalog.on_audit_note = noted
-        try:
-            while True:
-                await self._wake.wait()
-                await trio.sleep(self.delay_s)
-                self._wake.clear()
-                try:
-                    await self.flush_now()
-                except CatalogUnavailable as exc:
-                    # Kept noted: written by the next flush once the catalog answers.
-                    log.warning("audit: %d open record(s) not written yet: %s",
-                                self.catalog.audit_pending(), exc)
-                    self._wake.set()
-                    await trio.sleep(1.0)
-        finally:
-            self.catalog.on_audit_note = None
+        while True:
+            await self._wake.wait()
+            await trio.sleep(self.delay_s)
+            self._wake.clear()
+            try:
+                await self.flush_now()
+            except CatalogUnavailable as exc:
+                # Kept noted: written by the next flush once the catalog answers.
+                log.warning("audit: %d open record(s) not written yet: %s",
+                            self.catalog.audit_pending(), exc)
+                self._wake.set()
+                await trio.sleep(1.0)
 
 
 class AuditSealer:

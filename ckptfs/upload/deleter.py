@@ -52,7 +52,6 @@ with its lease, a deadline of next_deletion_due_ns.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -62,16 +61,16 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.catalog import Deletion
 from ..catalog.deletion_events import Listener
+from ..catalog.protocols import DeletionQueue
 from ..catalog.sql import CLAIM_LEASE_NS
 from ..chunks.guard import ChunkGuard
 from ..chunks.room import Room
 from ..errors import CatalogUnavailable, CkptfsError, TierError
 from ..stats import Stats
 from ..tiers.base import Tier
-from ..wakeup import Wakeup
+from ..wakeup import ThreadWakeup, Wakeup
 from .hearing import hear
 from .uploader import backoff_s
 
@@ -97,17 +96,19 @@ Ending = tuple[str, int, str, bool]
 
 class Deleter:
     def __init__(
-        self, catalog: Catalog, tiers: Sequence[Tier], db_limiter: trio.CapacityLimiter, *,
+        self, catalog: DeletionQueue, tiers: Sequence[Tier], db_limiter: trio.CapacityLimiter, *,
         guard: ChunkGuard, stats: Stats, room: Room,
         forget_frames: Callable[[Iterable[bytes]], None] = lambda digests: None,
-        wake: Wakeup | None = None, on_done: Callable[[], None] | None = None,
-        concurrency: int = REMOTE_CONCURRENCY, clock: Callable[[], int] = time.time_ns,
-        listener: Listener | None = None,
+        wake: Wakeup | None = None, released: ThreadWakeup | None = None,
+        on_done: Callable[[], None] | None = None, concurrency: int = REMOTE_CONCURRENCY,
+        clock: Callable[[], int] = time.time_ns, listener: Listener | None = None,
         owner: Callable[[], tuple[str, str]] | None = None, one_daemon: bool = True,
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first);
         ``forget_frames``: these frames were deleted (a frame put again is not known
-        durable); ``wake``: who wakes this queue (the store, the uploader, GC); ``on_done``:
+        durable); ``wake``: who wakes this queue (the store, the uploader, GC);
+        ``released``: set by ``guard``'s on_release (any thread): a held-back digest's pin
+        went, or its deletion in flight ended (given to the guard first); ``on_done``:
         a batch or row finished (the uploader may wait for a deletion); ``listener``:
         where other nodes' changes of the queue are heard (a shared catalog; this task
         closes it); ``owner``: (node, session) of this daemon, recorded with its claims
@@ -125,8 +126,26 @@ class Deleter:
         self.clock = clock
         self.concurrency = concurrency
         self._listener = listener
+        self._init_state()
+        self._wake = wake if wake is not None else Wakeup()
+        self._released_wake = released
+        self._progress = trio.Event()  # set (and replaced) after each batch or row
+        self.deleted = 0
+        self.deleted_bytes = 0
+        self.failures = 0
+        self.on_done = on_done
+        run_id = uuid.uuid4().hex
+        self.owner: Callable[[], tuple[str, str]] = owner or (lambda: ("", run_id))
+        self.one_daemon = one_daemon
+        # The claims a dead daemon of this node left: taken back once (not known without a
+        # node of its own on a catalog several daemons share).
+        self._adopted = owner is None and not one_daemon
+        self.adopted: list[Pair] = []  # (tests, status)
+
+    def _init_state(self) -> None:
+        """The queue's state while it runs: limiters, rows in flight, claims."""
         self.local_limiter = trio.CapacityLimiter(2)
-        self.remote_limiter = trio.CapacityLimiter(concurrency)
+        self.remote_limiter = trio.CapacityLimiter(self.concurrency)
         self.running: set[Pair] = set()
         self._held: set[Pair] = set()  # pairs of pinned digests, retried when unpinned
         self._local_busy = False
@@ -144,19 +163,6 @@ class Deleter:
         # once the queue is stopping (inf before): see _remote_one.
         self._stop_shields: set[trio.CancelScope] = set()
         self._stop_deadline = math.inf
-        self._wake = wake if wake is not None else Wakeup()
-        self._progress = trio.Event()  # set (and replaced) after each batch or row
-        self.deleted = 0
-        self.deleted_bytes = 0
-        self.failures = 0
-        self.on_done = on_done
-        run_id = uuid.uuid4().hex
-        self.owner: Callable[[], tuple[str, str]] = owner or (lambda: ("", run_id))
-        self.one_daemon = one_daemon
-        # The claims a dead daemon of this node left: taken back once (not known without a
-        # node of its own on a catalog several daemons share).
-        self._adopted = owner is None and not one_daemon
-        self.adopted: list[Pair] = []  # (tests, status)
 
     def kick(self) -> None:
         self._wake.set()
@@ -181,18 +187,19 @@ class Deleter:
         self._held = {p for p in self._held if p[0] in held}
         self.kick()
 
+    async def _hear_releases(self, released: ThreadWakeup) -> None:
+        while True:
+            await released.wait()
+            released.clear()
+            self._released()
+
     async def run(self) -> None:
-        token = trio.lowlevel.current_trio_token()
-
-        def released() -> None:  # any thread
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._released)
-
-        self.guard.on_release = released
         local, remote = self.local, self.remote
         known = local + remote
         self._stop_deadline = math.inf  # (run again after an outage: not stopping)
         async with trio.open_nursery() as nursery:
+            if self._released_wake is not None:
+                nursery.start_soon(self._hear_releases, self._released_wake)
             if self._listener is not None:
                 nursery.start_soon(hear, self._listener, self._heard,
                                    "other nodes' changes of the deletion queue", log)

@@ -18,7 +18,6 @@ whose node died ends with its lease, a deadline.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import logging
 import math
@@ -30,9 +29,9 @@ from typing import Protocol
 
 import trio
 
-from ..catalog import Catalog
 from ..catalog.catalog import UploadJob
 from ..catalog.deletion_events import Listener
+from ..catalog.protocols import MetaCatalog, ReplicaCatalog, UploadQueue, WantCatalog
 from ..chunks.bufpool import FramePool
 from ..chunks.guard import ChunkGuard
 from ..chunks.residency import Residency, no_residency
@@ -49,7 +48,7 @@ from ..errors import (
 from ..stats import Stats
 from ..tiers.base import Tier
 from ..tiers.health import state_of
-from ..wakeup import Wakeup
+from ..wakeup import ThreadWakeup, Wakeup
 from .commits import CommitStream
 from .cpuidle import IdleCores
 from .hearing import hear
@@ -99,6 +98,13 @@ async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
             n.start_soon(one, w)
 
 
+class UploaderCatalog(UploadQueue, ReplicaCatalog, MetaCatalog, WantCatalog, Protocol):
+    """What the upload queue uses: its jobs (UploadQueue) and the replica rows, the
+    snapshot's meta, other nodes' wants."""
+
+    shared: bool  # several nodes use the catalog (their wants are heard)
+
+
 class DeletionQueue(Protocol):
     """What the uploader tells the deleter (upload/deleter.py)."""
 
@@ -119,7 +125,7 @@ class _Records:
 class Uploader:
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: UploaderCatalog,
         tiers: Sequence[Tier],
         db_limiter: trio.CapacityLimiter,
         config: UploadConfig = UploadConfig(),
@@ -129,6 +135,7 @@ class Uploader:
         room: Room,
         deleter: DeletionQueue | None = None,
         wake: Wakeup | None = None,
+        touches: ThreadWakeup | None = None,
         clock: Callable[[], int] = time.time_ns,
         saving: Callable[[], bool] = lambda: False,
         save_over: Callable[[], Awaitable[None]] | None = None,
@@ -139,6 +146,7 @@ class Uploader:
     ) -> None:
         """``guard``, ``stats`` and ``room`` are the store's (shared, built first: the store
         in turn gets ``copy_uncommitted`` and ``kick``); ``wake``: who wakes this queue;
+        ``touches``: set by the catalog's on_touch hook (any thread): the snapshot is due;
         ``config``: concurrency, uploads during a save, compression (config.UploadConfig);
         ``saving``: a save is buffering data; ``save_over``: returns when none does (an
         event); ``commits``: new jobs (commits, heals), whose stream counts as a save too;
@@ -158,24 +166,37 @@ class Uploader:
         self.concurrency = config.concurrency
         self.clock = clock
         self.limiter = trio.CapacityLimiter(config.concurrency)
-        self.running: set[tuple[bytes, str]] = set()
-        self.uploaded_bytes = 0
         self._wake = wake if wake is not None else Wakeup()
-        self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
-        self._snapshot_failures = 0
-        self._rate_mark: tuple[float, int] | None = None
         self._buffering = saving  # a save holds chunk buffers: defer uploads (_limit)
         self._buffers_freed = save_over
         self.commits = commits if commits is not None else CommitStream()
+        self._init_run_state()
+        self._init_save_state(config, idle_cores)
+        self._held = held
+        self._touches = touches
+        self._init_snapshot_state()
+        # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
+        self.compressor = RemoteCompressor(config.compression)
+        # Frames are read from the local tier into these for their upload (one per upload
+        # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
+        self.frames = FramePool(config.concurrency)
+
+    def _init_run_state(self) -> None:
+        """The uploads running, their records, the failing tiers."""
+        self.running: set[tuple[bytes, str]] = set()
+        self.uploaded_bytes = 0
+        self._failing: set[str] = set()  # tiers whose last upload failed (log once per streak)
+        self._rate_mark: tuple[float, int] | None = None
         # Finished uploads join the open batch of records; the first of a batch to take
         # the lock writes the whole batch (one transaction), the others find it written.
         self._records = _Records()
         self._finish_lock = trio.Lock()
         self._sleeping = False  # between passes, waiting for an event or a deadline
-        # When a catalog change that queues no upload was first seen since the last look
-        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via the loop.
-        self._dirty_since: float | None = None
-        self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
+
+    def _init_save_state(
+        self, config: UploadConfig, idle_cores: Callable[[], float | None] | None
+    ) -> None:
+        """What decides how many uploads run while a save runs, and which go first."""
         self._saving_since: float | None = None
         # While a save runs: "defer" (wait for it), "overlap" (upload at once), "auto"
         # (upload on the cores the save leaves idle, measured by ``idle_cores``, blocking).
@@ -187,19 +208,21 @@ class Uploader:
         # catalog/wants.py) that this node uploads, the longest wanted first; looked up
         # again when a notification says a want came (``_want_news``) and while any is left.
         self._wanted: list[bytes] = []
-        self._want_news = catalog.shared  # wants left by an earlier run: look at once
-        self._held = held
+        self._want_news = self.catalog.shared  # wants left by an earlier run: look at once
+
+    def _init_snapshot_state(self) -> None:
+        """The catalog snapshot's state: when it was last taken, who waits for one."""
         self._snapshot_wanted = 0  # waiters for a snapshot newer than their uploads
         self._snapshot_at = -math.inf  # trio time of the last snapshot
         self._snapshot_retry_at = -math.inf  # after a failed snapshot: not before then
-        self.snapshot_of_ns = catalog.snapshot_of_ns() or 0
-        self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
-        # lz4 for the remote copy, per chunk, when it pays; also the per-put network rate.
-        self.compressor = RemoteCompressor(config.compression)
-        # Frames are read from the local tier into these for their upload (one per upload
-        # running): no fresh pages per chunk. Let go when the queue is idle (``_pass``).
-        self.frames = FramePool(config.concurrency)
+        self._snapshot_failures = 0
         self._snapshot_skip_logged = False
+        self.snapshot_of_ns = self.catalog.snapshot_of_ns() or 0
+        self._progress = trio.Event()  # set (and replaced) after each upload and snapshot
+        # When a catalog change that queues no upload was first seen since the last look
+        # (trio clock; None: none). Set from Catalog.on_touch, any thread, via ``touches``.
+        self._dirty_since: float | None = None
+        self._dirty = trio.Event()  # set (and replaced) when ``_dirty_since`` is set
 
     def kick(self) -> None:
         """Something changed (a commit, a finished upload): look at the queue again."""
@@ -259,29 +282,27 @@ class Uploader:
             if self._held is not None:  # nothing to upload: nothing held either
                 await trio.to_thread.run_sync(self._held.close)
             return
-        token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            if self._touches is not None:
+                nursery.start_soon(self._hear_touches, self._touches)
+            if self.catalog.shared:
+                nursery.start_soon(self._hear_wants)
+            if self._held is not None:
+                # Another node's claim ended: its held jobs may run (a pass finds them).
+                nursery.start_soon(hear, self._held, self.kick,
+                                   "the ends of other nodes' remote deletions", log)
+            while True:
+                self._wake.clear()
+                self.commits.wake.clear()
+                deadline, deferred = await self._pass(nursery)
+                await self._sleep(deadline, deferred)
 
-        def touched() -> None:  # a worker thread, after a catalog transaction that changed it
-            if self._dirty_since is None:  # a stale read only costs one extra call
-                with contextlib.suppress(trio.RunFinishedError):
-                    token.run_sync_soon(self._touched)
-
-        self.catalog.on_touch = touched
-        try:
-            async with trio.open_nursery() as nursery:
-                if self.catalog.shared:
-                    nursery.start_soon(self._hear_wants)
-                if self._held is not None:
-                    # Another node's claim ended: its held jobs may run (a pass finds them).
-                    nursery.start_soon(hear, self._held, self.kick,
-                                       "the ends of other nodes' remote deletions", log)
-                while True:
-                    self._wake.clear()
-                    self.commits.wake.clear()
-                    deadline, deferred = await self._pass(nursery)
-                    await self._sleep(deadline, deferred)
-        finally:
-            self.catalog.on_touch = None
+    async def _hear_touches(self, touches: ThreadWakeup) -> None:
+        """The catalog changed (its on_touch hook sets ``touches``, in a worker thread)."""
+        while True:
+            await touches.wait()
+            touches.clear()
+            self._touched()
 
     async def _pass(self, nursery: trio.Nursery) -> tuple[float, bool]:
         """Take a snapshot if due, start the uploads allowed now. Returns the trio time of
@@ -568,7 +589,11 @@ class Uploader:
             # they are done, or at SNAPSHOT_INTERVAL_S under a stream of commits.
             return max(SNAPSHOT_RECHECK_S, SNAPSHOT_INTERVAL_S - (now - self._snapshot_at))
         assert not isinstance(taken, bool)
-        of_ns, data = taken
+        return await self._store_snapshot(targets, *taken)
+
+    async def _store_snapshot(self, targets: list[Tier], of_ns: int, data: bytes) -> float:
+        """Put a framed copy of ``data`` (the catalog as of ``of_ns``) on ``targets``;
+        record it, or back off after a failure. Returns seconds until the next look."""
 
         def framed_copy() -> bytes:  # hashing a large catalog takes a while: not on the loop
             digest = frame.digest_of(data)

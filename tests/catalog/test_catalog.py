@@ -13,8 +13,8 @@ import pytest
 from ckptfs.catalog import Catalog, CheckpointRow, CheckpointState, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
 from ckptfs.codec import frame
+from ckptfs.daemon.restore import restore_catalog
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import restore_catalog
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.upload.uploader import SNAPSHOT_NAME
 

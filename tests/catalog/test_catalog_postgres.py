@@ -26,8 +26,8 @@ from ckptfs.catalog.postgres import CONNECT_TIMEOUT, POOL_WAIT
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef, Inode
 from ckptfs.catalog.sql import SCHEMA_VERSION, Conn
 from ckptfs.codec import frame
+from ckptfs.daemon.restore import restore_catalog
 from ckptfs.errors import AlreadyExists, CatalogUnavailable, CkptfsError, NotFound, NotPermitted
-from ckptfs.mount import restore_catalog
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.upload.uploader import SNAPSHOT_NAME
 

@@ -85,12 +85,3 @@ def test_a_state_dir_catalog_takes_hooks_too(tmp_path: Path, calls: Calls) -> No
         assert len(calls.touched) == 1 and c.hooks.node == "n"
     finally:
         c.close()
-
-
-def test_the_attributes_still_set_a_field_of_the_hooks(cat: Catalog, calls: Calls) -> None:
-    # Until the daemon gives its hooks at open (issue 34): each setting replaces one field.
-    cat.audit_node = "other"
-    assert cat.hooks.node == "other" and cat.hooks.on_touch is not None
-    cat.on_touch = None
-    cat.create(R, b"f", F, 0, 0)
-    assert calls.touched == [] and cat.hooks.node == "other"

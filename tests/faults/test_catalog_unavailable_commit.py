@@ -22,12 +22,14 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support.daemons import build_daemon
 from tests.vfs.test_vfs import CS, RW, read_file, write_file
 
 from ckptfs.catalog import SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.daemon.build import Daemon, Wakeups
+from ckptfs.daemon.services import running
 from ckptfs.errors import CatalogUnavailable, CkptfsError
-from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
@@ -53,10 +55,11 @@ class DownCatalog(SqliteCatalog):
 
 @asynccontextmanager
 async def daemon(path: Path, invalidated: list[int]) -> AsyncIterator[tuple[Daemon, DownCatalog]]:
-    cat = DownCatalog(path / "catalog.sqlite")
+    wakeups = Wakeups()
+    cat = DownCatalog(path / "catalog.sqlite", hooks=wakeups.catalog_hooks())
     try:
-        d = build(cat, [MemoryTier("local0")], chunk_size=CS, memory_budget=8 * CS,
-                  io_threads=2, invalidate=invalidated.append)
+        d = build_daemon(cat, [MemoryTier("local0")], wakeups, chunk_size=CS,
+                         memory_budget=8 * CS, io_threads=2, invalidate=invalidated.append)
         async with running(d, drain=False):
             yield d, cat
     finally:

@@ -26,7 +26,7 @@ from tests.support.mountutil import (
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
-# The services and tasks a mount with two local tiers runs (mount.running, ChunkStore).
+# The services and tasks a mount with two local tiers runs (daemon/services.py running, ChunkStore).
 LOCAL_SERVICES = ("uploader", "deleter", "auditor", "tracker", "janitor", "telemetry",
                   "copy-backs", "sync-behind")
 

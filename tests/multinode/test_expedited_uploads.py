@@ -22,13 +22,15 @@ import pytest
 import trio
 
 from tests.multinode.conftest import Cluster, Db
+from tests.support.daemons import build_daemon
 from tests.support.mountutil import wait_until
 from tests.support.s3server import SeaweedServer
 from tests.vfs.test_vfs import CS, RW, read_file, write_file
 
 from ckptfs.catalog import ROOT_INODE, PostgresCatalog
 from ckptfs.config import ReadConfig, UploadConfig
-from ckptfs.mount import Daemon, build, running
+from ckptfs.daemon.build import Daemon, Wakeups
+from ckptfs.daemon.services import running
 from ckptfs.session import NodeSession
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.tiers.base import Tier
@@ -108,14 +110,15 @@ def test_a_chunk_another_node_reads_is_uploaded_before_older_jobs(
 @asynccontextmanager
 async def daemon(url: str, tiers: list[Tier], upload: UploadConfig = UploadConfig(),
                  peer_wait_s: float = 30) -> AsyncIterator[Daemon]:
-    cat = PostgresCatalog(url, pool_size=2)
+    wakeups = Wakeups()
+    cat = PostgresCatalog(url, pool_size=2, hooks=wakeups.catalog_hooks())
     # Its session, as a mount has one (a reader waits only for a node that has a live one).
     session = NodeSession(cat, tiers[0].name.split(":", 1)[0], 30)
     try:
         await trio.to_thread.run_sync(session.register)
-        d = build(cat, tiers, shared=True, catalog_slots=cat.concurrency, chunk_size=CS,
-                  memory_budget=16 * CS, io_threads=2, upload=upload, session=session,
-                  reads=ReadConfig(peer_wait_s=peer_wait_s))
+        d = build_daemon(cat, tiers, wakeups, chunk_size=CS, memory_budget=16 * CS,
+                         io_threads=2, upload=upload, session=session,
+                         reads=ReadConfig(peer_wait_s=peer_wait_s))
         async with running(d, drain=False):
             yield d
     finally:

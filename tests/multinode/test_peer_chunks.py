@@ -23,14 +23,16 @@ import trio
 
 from tests.conftest import CkptFactory
 from tests.multinode.conftest import Cluster
+from tests.support.daemons import build_daemon
 from tests.support.mountutil import wait_until
 from tests.support.s3server import SeaweedServer
 from tests.vfs.test_vfs import CS, read_file, write_file
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.config import ReadConfig
+from ckptfs.daemon.build import Daemon, Wakeups
+from ckptfs.daemon.services import running
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import Daemon, build, running
 from ckptfs.session import NodeSession
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
@@ -43,7 +45,8 @@ async def node(
 ) -> AsyncIterator[Daemon]:
     """A daemon of node NAME (its tiers are named ``NAME:...``) with its session, as a
     mount has one; ``crash``: it stops as kill -9 would (its session is left to expire)."""
-    cat = PostgresCatalog(url, pool_size=2)
+    wakeups = Wakeups()
+    cat = PostgresCatalog(url, pool_size=2, hooks=wakeups.catalog_hooks())
     options: dict[str, Any] = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2}
     session = NodeSession(cat, tiers[0].name.split(":", 1)[0], session_timeout_s)
     reads = ReadConfig(peer_wait_s=peer_wait_s)
@@ -51,8 +54,7 @@ async def node(
         reads = ReadConfig(peer_wait_s=peer_wait_s, readahead=readahead)
     try:
         await trio.to_thread.run_sync(session.register)
-        daemon = build(cat, tiers, shared=True, catalog_slots=cat.concurrency, session=session,
-                       reads=reads, **options)
+        daemon = build_daemon(cat, tiers, wakeups, session=session, reads=reads, **options)
         async with running(daemon, drain=False):
             yield daemon
     finally:

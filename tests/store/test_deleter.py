@@ -18,10 +18,9 @@ from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, rea
 
 from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.tracker import CheckpointTracker
 from ckptfs.chunks.guard import ChunkGuard
-from ckptfs.config import RetentionConfig
+from ckptfs.config import CheckpointConfig, RetentionConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
@@ -55,7 +54,8 @@ def test_a_deletion_row_is_cancelled_when_the_chunk_is_wanted_again(tmp_path: Pa
 
 
 def test_a_writer_waits_for_a_local_deletion_of_the_same_frame() -> None:
-    guard = ChunkGuard(["l"])
+    released: list[int] = []
+    guard = ChunkGuard(["l"], on_release=lambda: released.append(1))
     marked, held = guard.begin_delete([(D, "l")])
     assert marked == [(D, "l")] and held == []
     done = threading.Event()
@@ -81,8 +81,7 @@ def test_a_writer_waits_for_a_local_deletion_of_the_same_frame() -> None:
         guard.end_delete(marked)
         t.join(10)
     assert D in guard.held_digests()
-    released = []
-    guard.on_release = lambda: released.append(1)
+    assert released == []
     guard.unpin([D])
     assert released == [1] and not guard.held_digests()
 
@@ -91,7 +90,8 @@ def test_a_moved_chunks_local_frame_is_shared_or_waited_for_never_put_under_the_
     """An uncommitted chunk moved to a remote: its local frame is marked as being deleted.
     A writer of the same bytes shares the remote copy meanwhile; once the last pin went, a
     new writer waits for the delete; the deleter's row of that frame is held until done."""
-    guard = ChunkGuard(["l"])
+    released: list[int] = []
+    guard = ChunkGuard(["l"], on_release=lambda: released.append(1))
     assert guard.pin_for_put(D) is None  # nothing to share: the caller puts
     guard.put_done(D, "l", 10)
     assert guard.current(D) == ("l",)
@@ -126,8 +126,7 @@ def test_a_moved_chunks_local_frame_is_shared_or_waited_for_never_put_under_the_
         guard.end_delete(drop)
         t.join(10)
     guard.end_moves([D])
-    released = []
-    guard.on_release = lambda: released.append(1)
+    released.clear()  # (ends of deletions above released too)
     guard.put_done(D, "l", 10)
     guard.unpin([D])
     assert released == [1] and not guard.held_digests()
@@ -167,7 +166,7 @@ async def save(fs: Filesystem, run: int, step: int, model: bytes) -> None:
 async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tmp_path: Path) -> None:
     local = MemoryTier("l")
     x = os.urandom(3 * CS)
-    async with make_daemon(tmp_path, [local], detectors=DetectorSet.default(),
+    async with make_daemon(tmp_path, [local], checkpoints=CheckpointConfig(),
                            retention=RetentionConfig(POLICY)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)

@@ -11,15 +11,16 @@ import trio
 
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import skip_backoff, wait_backlog_empty
+from tests.support.daemons import build_daemon
 from tests.vfs.test_vfs import CS, RW, catalog_of, deletions_done, make_daemon, make_fs, uploader_of
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.retention import RetentionPolicy
 from ckptfs.checkpoints.tracker import CheckpointTracker
-from ckptfs.config import RetentionConfig
-from ckptfs.mount import build, running
+from ckptfs.config import CheckpointConfig, RetentionConfig
+from ckptfs.daemon.build import Wakeups
+from ckptfs.daemon.services import running
 from ckptfs.session import NodeSession
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.vfs.context import ROOT
@@ -46,7 +47,7 @@ async def state(fs: Filesystem, root: str) -> str | None:
 
 
 def options() -> dict[str, Any]:
-    return {"detectors": DetectorSet.default(), "retention": RetentionConfig(POLICY)}
+    return {"checkpoints": CheckpointConfig(), "retention": RetentionConfig(POLICY)}
 
 
 async def test_a_checkpoint_being_read_is_not_deleted_until_closed(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ async def test_data_not_yet_uploaded_is_never_evicted(tmp_path: Path) -> None:
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True  # the remote is down: nothing gets uploaded
     policy = (RetentionPolicy("/run", keep_local=1, keep=5, skip_superseded_uploads=False),)
-    async with make_daemon(tmp_path, [local, remote], detectors=DetectorSet.default(),
+    async with make_daemon(tmp_path, [local, remote], checkpoints=CheckpointConfig(),
                        retention=RetentionConfig(policy)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
@@ -131,7 +132,7 @@ async def test_a_superseded_checkpoint_leaves_the_upload_backlog(tmp_path: Path)
     remote = FaultyTier(MemoryTier("r", kind="remote"))
     remote.fail_puts = True  # a slow or absent remote: the backlog would grow
     policy = (RetentionPolicy("/run", keep_local=3, keep=5, milestone_every=4),)
-    async with make_daemon(tmp_path, [MemoryTier("l"), remote], detectors=DetectorSet.default(),
+    async with make_daemon(tmp_path, [MemoryTier("l"), remote], checkpoints=CheckpointConfig(),
                        retention=RetentionConfig(policy)) as d:
         fs = d.fs
         run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
@@ -177,7 +178,7 @@ async def test_a_close_reports_the_tail_without_reading_the_chunk_back(tmp_path:
     a read of its last chunk on the tier (that would be extra I/O on every save)."""
     local = FaultyTier(MemoryTier("l"))
     zip_like = b"PK\x03\x04" + os.urandom(150_000) + b"PK\x05\x06" + bytes(18)
-    async with make_fs(tmp_path, [local], detectors=DetectorSet.default()) as fs:
+    async with make_fs(tmp_path, [local], checkpoints=CheckpointConfig()) as fs:
         fh, _ = await fs.create(ROOT_INODE, b"step-3.pt", 0o644, RW, ROOT)
         await fs.write(fh, 0, zip_like)
         await fs.flush(fh)
@@ -192,14 +193,14 @@ async def test_a_checkpoint_another_node_reads_is_not_deleted_until_it_closes(
     tmp_path: Path, pg_url: str,
 ) -> None:
     """Shared catalog: node b's retention sees node a's open files (its session's rows)."""
-    cat = PostgresCatalog(pg_url, pool_size=2)
+    wakeups = Wakeups()
+    cat = PostgresCatalog(pg_url, pool_size=2, hooks=wakeups.catalog_hooks())
     node_a = PostgresCatalog(pg_url, pool_size=1)
     try:
         session = NodeSession(cat, "b", 60)
         session.register()
-        daemon = build(cat, [MemoryTier("b:l")], chunk_size=CS, memory_budget=8 * CS,
-                       io_threads=2, shared=True, catalog_slots=cat.concurrency,
-                       session=session, **options())
+        daemon = build_daemon(cat, [MemoryTier("b:l")], wakeups, chunk_size=CS,
+                              memory_budget=8 * CS, io_threads=2, session=session, **options())
         async with running(daemon, drain=False):
             fs = daemon.fs
             run = await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)

@@ -1,4 +1,4 @@
-"""Residency in the daemon's object graph (mount.build, memory tiers): a chunk that files
+"""Residency in the daemon's object graph (daemon.build, memory tiers): a chunk that files
 of several namespaces share may be only where all of them allow (an upload job made before
 the chunk was bound is dropped, not run), and a write whose chunk no local tier may hold
 fails with EIO and commits nothing."""

@@ -6,7 +6,7 @@ module started, is killed by PID if it did not exit by itself.
 Every ``ckptfs mount`` command built here (``ckptfs_cmd``, so also ``run_cli``) and every
 ``Mount`` registers its state dir's ``ckptfs.log`` in ``DAEMON_LOGS``; tests/conftest.py
 checks, after every test, the lines each of those logs gained during the test.
-Daemons a test builds in its own process (``make_daemon``, ``make_fs``, ``mount.build``)
+Daemons a test builds in its own process (``make_daemon``, ``make_fs``, ``daemon.build``)
 log through the ``ckptfs`` loggers instead: ``InProcessLog`` collects those records, as
 lines in the daemon log's format, so that the same rules judge them.
 """
@@ -120,7 +120,7 @@ class InProcessLog(logging.Handler):
     INFO record with a traceback is seen as it would be in the file."""
 
     LOGGER = "ckptfs"
-    LABEL = "in-process ckptfs loggers (make_daemon, make_fs, mount.build)"
+    LABEL = "in-process ckptfs loggers (make_daemon, make_fs, daemon.build)"
 
     def __init__(self) -> None:
         super().__init__(logging.NOTSET)

@@ -103,7 +103,7 @@ def test_command_line_registers(tmp_path):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "ckptfs.log").write_text({ERR!r} + "\\n")
 
-# Daemons built in the test process (make_daemon, make_fs, mount.build) log to the loggers.
+# Daemons built in the test process (make_daemon, make_fs, daemon.build) log to the loggers.
 def test_in_process_error():
     logging.getLogger("ckptfs.upload").error("upload of chunk cd failed")
 

@@ -18,7 +18,7 @@ from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 from ckptfs.config.model import CATALOG_FILE
 
 # What a command beside the daemon needs none of (rich: only to draw on a terminal).
-HEAVY = ("ckptfs.mount", "pyfuse3", "trio", "prometheus_client", "boto3", "botocore",
+HEAVY = ("ckptfs.mount", "ckptfs.daemon", "pyfuse3", "trio", "prometheus_client", "boto3", "botocore",
          "psycopg", "psycopg_pool", "rich")
 
 _PROBE = f"""
@@ -62,7 +62,7 @@ def test_a_state_dir_bound_to_a_shared_catalog_loads_psycopg(tmp_path: Path, pg_
     statedir.write_binding(tmp_path, pg_url, "a")
     code, loaded, err = run_probed("status", "--state-dir", str(tmp_path), "--json")
     assert code == 0, err
-    assert "psycopg" in loaded and "ckptfs.mount" not in loaded
+    assert "psycopg" in loaded and "ckptfs.mount" not in loaded and "ckptfs.daemon" not in loaded
 
 
 def test_the_processes_tests_start_keep_their_bytecode() -> None:

@@ -1,4 +1,4 @@
-"""The composition root (mount.build, mount.running) and the chunk layer's commit call."""
+"""The composition root (daemon/build.py, daemon/services.py running) and the chunk layer's commit call."""
 
 import logging
 import os
@@ -8,29 +8,46 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.daemons import build_daemon, hooked_sqlite
+from tests.vfs.test_vfs import until_real
+
 from ckptfs.catalog import Catalog, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.chunks.commit import FileVersion, commit_version
-from ckptfs.config import config_from_dict
-from ckptfs.mount import (
-    Daemon,
-    build,
-    build_for_config,
-    pool_size,
-    reconcile_catalog,
-    running,
-)
+from ckptfs.config import CheckpointConfig, config_from_dict
+from ckptfs.daemon.build import Daemon, Wakeups, build_for_config
+from ckptfs.daemon.restore import reconcile_catalog
+from ckptfs.daemon.services import running
+from ckptfs.mount import pool_size
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
 CS = 64 * 1024
 
 
-def daemon_on(cat: Catalog, remote: bool = True) -> Daemon:
+def daemon_on(cat: Catalog, remote: bool = True, wakeups: Wakeups | None = None) -> Daemon:
     tiers = [MemoryTier("l")] + ([MemoryTier("r", kind="remote")] if remote else [])
-    return build(cat, tiers, chunk_size=CS, memory_budget=8 * CS, io_threads=2,
-                 detectors=DetectorSet.default())
+    return build_daemon(cat, tiers, wakeups, chunk_size=CS, memory_budget=8 * CS, io_threads=2,
+                        checkpoints=CheckpointConfig())
+
+
+async def test_every_hook_is_given_at_construction(tmp_path: Path) -> None:
+    """The catalog's hooks and the guard's release are the wake-ups made before the
+    catalog was opened; running the services assigns none of them."""
+    cat, wakeups = hooked_sqlite(tmp_path / "catalog.sqlite")
+    try:
+        d = daemon_on(cat, wakeups=wakeups)
+        hooks = (cat.on_touch, cat.on_audit_note, cat.audit_node, d.store.guard.on_release)
+        assert hooks == (wakeups.touched.set, wakeups.audit_noted.set, wakeups.node,
+                         wakeups.released.set)
+        async with running(d, drain=False):
+            await d.fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)  # a change: the snapshot is due
+            await until_real(lambda: d.uploader.snapshot_of_ns > 0)
+            assert (cat.on_touch, cat.on_audit_note, cat.audit_node,
+                    d.store.guard.on_release) == hooks
+        assert (cat.on_touch, d.store.guard.on_release) == hooks[::3]
+    finally:
+        cat.close()
 
 
 def test_no_component_is_handed_the_filesystem(tmp_path: Path) -> None:

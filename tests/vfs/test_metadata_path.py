@@ -17,11 +17,11 @@ from ckptfs import threads
 from ckptfs.catalog import Inode, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.checkpoints import tracker as tracker_mod
-from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.events import Detection, FsEvent
 from ckptfs.checkpoints.tracker import CheckpointTracker
+from ckptfs.config import CheckpointConfig
+from ckptfs.daemon.build import Daemon
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import Daemon
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs import names as names_mod
 from ckptfs.vfs.context import ROOT
@@ -71,7 +71,7 @@ def recorded(fs: Filesystem) -> list[FsEvent]:
 async def test_one_catalog_round_trip_per_create_close_rename_unlink(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+    async with make_daemon(tmp_path, [MemoryTier("l")], checkpoints=CheckpointConfig()) as daemon:
         fs = daemon.fs
         d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
         calls = count_db_hops(monkeypatch, daemon)
@@ -89,7 +89,7 @@ async def test_one_catalog_round_trip_per_create_close_rename_unlink(
 
 
 async def test_events_carry_the_current_path_after_a_rename(tmp_path: Path) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+    async with make_fs(tmp_path, [MemoryTier("l")], checkpoints=CheckpointConfig()) as fs:
         events = recorded(fs)
         a = await fs.mkdir(ROOT_INODE, b"a", 0o755, ROOT)
         fh, _ = await fs.create(a.ino, b"f", 0o644, os.O_WRONLY, ROOT)
@@ -113,7 +113,7 @@ async def test_events_carry_the_current_path_after_a_rename(tmp_path: Path) -> N
 
 
 async def test_unlinked_while_open_is_dropped_at_the_last_close(tmp_path: Path) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+    async with make_fs(tmp_path, [MemoryTier("l")], checkpoints=CheckpointConfig()) as fs:
         fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, os.O_RDWR, ROOT)
         await fs.write(fh, 0, DATA)
         await fs.flush(fh)
@@ -255,7 +255,7 @@ async def test_directory_attributes_follow_every_change(tmp_path: Path) -> None:
 async def test_file_getattr_after_its_close_needs_no_round_trip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with make_daemon(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as daemon:
+    async with make_daemon(tmp_path, [MemoryTier("l")], checkpoints=CheckpointConfig()) as daemon:
         fs = daemon.fs
         d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
         fh, f = await fs.create(d.ino, b"f", 0o644, os.O_WRONLY, ROOT)
@@ -269,7 +269,7 @@ async def test_file_getattr_after_its_close_needs_no_round_trip(
 
 
 async def test_file_attributes_follow_every_change(tmp_path: Path) -> None:
-    async with make_fs(tmp_path, [MemoryTier("l")], detectors=DetectorSet.default()) as fs:
+    async with make_fs(tmp_path, [MemoryTier("l")], checkpoints=CheckpointConfig()) as fs:
         d = await fs.mkdir(ROOT_INODE, b"d", 0o755, ROOT)
 
         async def check(*inos: int) -> None:

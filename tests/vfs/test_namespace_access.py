@@ -14,11 +14,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ckptfs.catalog import SqliteCatalog
+from tests.support.daemons import build_daemon, hooked_sqlite
+
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.config import config_from_dict
+from ckptfs.daemon.build import build_for_config
+from ckptfs.daemon.services import running
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import build, build_for_config, running
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT, RequestContext
 from ckptfs.vfs.filesystem import Filesystem
@@ -35,13 +37,13 @@ def who(uid: int) -> RequestContext:
 @asynccontextmanager
 async def ns_fs(tmp_path: Path) -> AsyncIterator[Filesystem]:
     cfg = config_from_dict(CONFIG)
-    cat = SqliteCatalog(tmp_path / "catalog.sqlite")
+    cat, wakeups = hooked_sqlite(tmp_path / "catalog.sqlite")
     try:
         # The composition root hands the config's rules to the filesystem ...
         assert build_for_config(cfg, cat, [MemoryTier("l")], CS).fs.access.gov is cfg.governance
         # ... and this one runs without a kernel (no invalidations, no stats file).
-        d = build(cat, [MemoryTier("l")], chunk_size=CS, memory_budget=8 * CS, io_threads=2,
-                  governance=cfg.governance)
+        d = build_daemon(cat, [MemoryTier("l")], wakeups, chunk_size=CS,
+                         memory_budget=8 * CS, io_threads=2, governance=cfg.governance)
         async with running(d, drain=False):
             yield d.fs
     finally:

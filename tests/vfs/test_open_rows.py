@@ -22,12 +22,15 @@ import pytest
 import trio
 import trio.testing
 
+from tests.support.daemons import build_daemon
 from tests.vfs.test_vfs import CS, RW
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.catalog.hooks import CatalogHooks
 from ckptfs.catalog.rows import Registered
-from ckptfs.mount import Daemon, build, running
+from ckptfs.daemon.build import Daemon, Wakeups
+from ckptfs.daemon.services import running
 from ckptfs.session import NodeSession
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
@@ -54,8 +57,8 @@ class GatedCatalog(PostgresCatalog):
     that the test armed a Stop for waits in its worker thread, still holding its catalog
     slot, until the test sets ``go``."""
 
-    def __init__(self, url: str, pool_size: int) -> None:
-        super().__init__(url, pool_size=pool_size)
+    def __init__(self, url: str, pool_size: int, hooks: CatalogHooks | None = None) -> None:
+        super().__init__(url, pool_size=pool_size, hooks=hooks)
         self._armed: list[Stop] = []
         self._lock = threading.Lock()
         self.waiting = 0  # calls held at a stop now
@@ -133,12 +136,13 @@ def rows(pg_url: str, sid: str) -> set[int]:
 @asynccontextmanager
 async def node(tmp_path: Path, pg_url: str, timeout_s: float = 60.0
                ) -> AsyncIterator[tuple[Daemon, GatedCatalog, NodeSession]]:
-    cat = GatedCatalog(pg_url, pool_size=6)
+    wakeups = Wakeups()
+    cat = GatedCatalog(pg_url, pool_size=6, hooks=wakeups.catalog_hooks())
     try:
         session = NodeSession(cat, "a", timeout_s)
         session.register()
-        d = build(cat, [MemoryTier("a:l")], chunk_size=CS, memory_budget=8 * CS, io_threads=2,
-                  shared=True, catalog_slots=cat.concurrency, session=session)
+        d = build_daemon(cat, [MemoryTier("a:l")], wakeups, chunk_size=CS,
+                         memory_budget=8 * CS, io_threads=2, session=session)
         async with running(d, drain=False):
             yield d, cat, session
     finally:

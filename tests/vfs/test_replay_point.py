@@ -12,14 +12,14 @@ import trio
 from tests.vfs.test_vfs import RW, make_daemon
 
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.tracker import replay_key
+from ckptfs.config import CheckpointConfig
 from ckptfs.testing.tiers import MemoryTier
 from ckptfs.vfs.context import ROOT
 
 
 async def test_the_replay_point_waits_for_the_last_writers_release(tmp_path: Path) -> None:
-    async with make_daemon(tmp_path, [MemoryTier("m0")], detectors=DetectorSet.default()) as d:
+    async with make_daemon(tmp_path, [MemoryTier("m0")], checkpoints=CheckpointConfig()) as d:
         fs, tracker = d.fs, d.tracker
         assert tracker is not None
         key = replay_key(tracker.node)

@@ -14,12 +14,14 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from ckptfs.catalog import SqliteCatalog
+from tests.support.daemons import build_daemon, hooked_sqlite
+
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.catalog.protocols import Catalog
 from ckptfs.config import ReadConfig
+from ckptfs.daemon.build import Daemon
+from ckptfs.daemon.services import running
 from ckptfs.errors import CkptfsError
-from ckptfs.mount import Daemon, build, running
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
 from ckptfs.upload.uploader import Uploader
@@ -34,16 +36,17 @@ RW = os.O_RDWR
 async def make_daemon(path: Path, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
     """The daemon's object graph as mount.py builds and runs it (without FUSE). Leaving
     the block stops it as a crash would: open files are not committed (drain=False)."""
-    async with daemon_on(SqliteCatalog(path / "catalog.sqlite"), tiers, **options) as daemon:
+    cat, wakeups = hooked_sqlite(path / "catalog.sqlite")
+    async with daemon_on(cat, tiers, wakeups=wakeups, **options) as daemon:
         yield daemon
 
 
 @asynccontextmanager
 async def daemon_on(cat: Catalog, tiers: list[Tier], **options: Any) -> AsyncIterator[Daemon]:
-    """``make_daemon`` on a catalog of the caller's (closed when the block ends)."""
-    options = {"chunk_size": CS, "memory_budget": 8 * CS, "io_threads": 2, **options}
+    """``make_daemon`` on a catalog of the caller's (closed when the block ends); give
+    ``wakeups`` when it was opened with them as its hooks."""
     try:
-        daemon = build(cat, tiers, **options)
+        daemon = build_daemon(cat, tiers, **options)
         async with running(daemon, drain=False):
             yield daemon
     finally:
