@@ -191,8 +191,7 @@ class AuditSql(SqlBase):
         self._audit_backlog: list[AuditRecord] = []  # noted, not yet written
         self._audit_dropped = 0  # noted and dropped (BACKLOG_MAX)
 
-    # Until the daemon gives its hooks when it opens the catalog (issue 34): each replaces
-    # that field of ``hooks``.
+    # Read from the hooks given at open.
     @property
     def audit_node(self) -> str:
         return self.hooks.node

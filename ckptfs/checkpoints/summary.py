@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Protocol
 
 from ..catalog import CheckpointRow
-from ..catalog.protocols import ContentsCatalog, MetaCatalog, NamespaceCatalog, SessionCatalog
+from ..catalog.protocols import (
+    CheckpointCatalog,
+    ContentsCatalog,
+    MetaCatalog,
+    NamespaceCatalog,
+    SessionCatalog,
+)
 from .reach import Reach
 from .retention import run_of
 
@@ -44,6 +50,11 @@ class SummaryCatalog(NamespaceCatalog, ContentsCatalog, MetaCatalog, SessionCata
     tiers, and (Reach) the nodes' sessions and writers."""
 
     shared: bool  # several nodes use the catalog
+
+
+class RunsCatalog(SummaryCatalog, CheckpointCatalog, Protocol):
+    """What the checkpoint commands read: the checkpoint rows and their summaries."""
+
 
 
 def files_of(catalog: NamespaceCatalog, root: str) -> list[tuple[int, int, int]]:

@@ -22,10 +22,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Catalog, CheckpointRow, CheckpointState
+from ..catalog import CheckpointRow, CheckpointState
 from ..checkpoints.reach import Reach
 from ..checkpoints.retention import RetentionPolicy, plan_all, to_ckpts, under
-from ..checkpoints.summary import CheckpointSummary, files_of, summarize
+from ..checkpoints.summary import CheckpointSummary, RunsCatalog, files_of, summarize
 from ..errors import CkptfsError
 from . import live
 from .live import open_catalog, state_dir_readable
@@ -105,7 +105,7 @@ def cmd_show(path: Path, as_json: bool) -> int:
     return 0
 
 
-def latest(catalog: Catalog, inner: str,
+def latest(catalog: RunsCatalog, inner: str,
            visible: Callable[[str], bool] = lambda root: True) -> CheckpointRow | None:
     """The newest committed checkpoint under ``inner`` whose every chunk has a valid copy
     some live node can read, with no file open for writing on any node (checkpoints/

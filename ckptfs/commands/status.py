@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..catalog import Catalog, CheckpointRow, CheckpointState
+from ..catalog import CheckpointRow, CheckpointState
 from ..catalog.protocols import (
     MetaCatalog,
     NamespaceCatalog,
@@ -36,7 +36,7 @@ from ..catalog.protocols import (
 )
 from ..checkpoints.reach import Reach
 from ..checkpoints.retention import run_of
-from ..checkpoints.summary import summarize
+from ..checkpoints.summary import RunsCatalog, summarize
 from ..errors import CkptfsError, NoDaemon
 from ..metrics.address import read_address
 from ..statedir import mountpoint_of, read_pid
@@ -84,7 +84,7 @@ def _shared_devices(tiers: list[dict[str, Any]]) -> dict[str, list[str]]:
             for n in group}
 
 
-def _checkpoint_runs(catalog: Catalog, mnt: Path | None, live: dict[str, Any] | None,
+def _checkpoint_runs(catalog: RunsCatalog, mnt: Path | None, live: dict[str, Any] | None,
                      viewer: Viewer) -> list[dict[str, Any]]:
     rows = [r for r in catalog.checkpoint_rows("/")
             if r.state is not CheckpointState.DELETED and viewer.may_see(r.root)]
