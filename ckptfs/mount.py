@@ -65,6 +65,7 @@ from .errors import (
     TierError,
     UsageError,
 )
+from .fuse.notify import SessionPages
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
 from .metrics.exporter import Endpoint
@@ -675,7 +676,7 @@ def build_for_config(
     daemon = build(
         catalog, tiers, chunk_size=chunk_size, memory_budget=store.memory_budget,
         io_threads=store.io_threads, invalidate=_invalidate_inode,
-        invalidate_entry=_invalidate_entry, store_pages=_store_pages,
+        invalidate_entry=_invalidate_entry, store_pages=SessionPages(_notify_store).store,
         remote_copies=store.remote_copies,
         on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
         write_behind=store.write_behind, upload=cfg.upload, reads=cfg.reads, policies=cfg.policies,
@@ -862,8 +863,9 @@ def _delivered(n: int) -> None:
     APP.read += n  # pages pushed for readers count as read, as replies do (trio thread)
 
 
-def _store_pages(ino: int, offset: int, data: Buffer) -> None:
-    # FUSE_NOTIFY_STORE (vfs/pagepush.py); pyfuse3 releases the GIL around it.
+def _notify_store(ino: int, offset: int, data: Buffer) -> None:
+    # FUSE_NOTIFY_STORE through pyfuse3 (with the GIL held): used only when the session's
+    # /dev/fuse descriptor cannot be found (fuse/notify.py writes it without the GIL).
     # Its stub says bytes; it takes any contiguous buffer (PyObject_GetBuffer).
     pyfuse3.notify_store(pyfuse3.InodeT(ino), offset, data)  # type: ignore[arg-type]
 
