@@ -45,6 +45,7 @@ from .errors import (
     TierError,
     UsageError,
 )
+from .fuse.notify import SessionPages
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
 from .metrics.exporter import serve as serve_metrics
@@ -268,7 +269,7 @@ def _serve_tiers(
             keys = NamespaceKeys(catalog, cfg.governance, on_change=wakeups.touched.set)
             keys.load()
         daemon = build_for_config(cfg, catalog, tiers, chunk_size, wakeups=wakeups,
-                                  kernel=KERNEL, mountpoint=mountpoint, session=session,
+                                  kernel=kernel_callbacks(), mountpoint=mountpoint, session=session,
                                   signing_key=signing_key, keys=keys)
         return _serve_daemon(cfg, daemon, mountpoint, on_ready, leases, chunk_size)
     finally:
@@ -347,8 +348,9 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
     )
 
 
-def _store_pages(ino: int, offset: int, data: Buffer) -> None:
-    # FUSE_NOTIFY_STORE (vfs/pagepush.py); pyfuse3 releases the GIL around it.
+def _notify_store(ino: int, offset: int, data: Buffer) -> None:
+    # FUSE_NOTIFY_STORE through pyfuse3 (with the GIL held): used only when the session's
+    # /dev/fuse descriptor cannot be found (fuse/notify.py writes it without the GIL).
     # Its stub says bytes; it takes any contiguous buffer (PyObject_GetBuffer).
     pyfuse3.notify_store(pyfuse3.InodeT(ino), offset, data)  # type: ignore[arg-type]
 
@@ -361,9 +363,11 @@ def _invalidate_inode(ino: int) -> None:
             log.warning("could not invalidate inode %d in the kernel: %s", ino, exc)
 
 
-# What the daemon tells the kernel (daemon/build.py Kernel).
-KERNEL = Kernel(invalidate=_invalidate_inode, invalidate_entry=_invalidate_entry,
-                store_pages=_store_pages)
+def kernel_callbacks() -> Kernel:
+    """What the daemon tells the kernel (daemon/build.py Kernel), for one mount: its pushes
+    find that mount's /dev/fuse descriptor at the first push."""
+    return Kernel(invalidate=_invalidate_inode, invalidate_entry=_invalidate_entry,
+                  store_pages=SessionPages(_notify_store).store)
 
 
 async def _serve(

@@ -5,9 +5,11 @@ pages inside ``fuse_reply_buf``, on the one thread that answers requests (pyfuse
 thread), with the GIL held. On a cold restore that copy, into pages the kernel has just
 allocated, is what bounds the read (docs/performance-history.md, "Cold reads on a quiet VM"): the
 fetch threads are ahead, the reply thread is busy. FUSE_NOTIFY_STORE lets the daemon write
-a verified chunk's bytes into the file's page cache from a worker thread instead (pyfuse3's
-``notify_store`` releases the GIL around the write to /dev/fuse); the reader then finds the
-pages cached and the kernel sends no read request for them.
+a verified chunk's bytes into the file's page cache from a worker thread instead; the
+reader then finds the pages cached and the kernel sends no read request for them. The
+message is written by fuse/notify.py with ``os.writev`` on the session's /dev/fuse
+descriptor, without the GIL (pyfuse3's ``notify_store`` holds it, so its pushes would
+serialise with the reply thread): ``PUSH_THREADS`` copies run at once beside the replies.
 
 What is pushed: chunks the readahead fetched (a sequential reader is coming), and the rest
 of a chunk the reader entered before any readahead fetched it (a file's first); only
