@@ -40,7 +40,7 @@ from .checkpoints.tracker import CheckpointTracker
 from .chunks.guard import ChunkGuard
 from .chunks.residency import Residency
 from .chunks.room import Room
-from .chunks.store import ChunkStore, stats_for
+from .chunks.store import ChunkStore, SharedState, StoreHooks, StorePolicy, stats_for
 from .codec import frame
 from .codec.frame import Buffer
 from .config import (
@@ -598,18 +598,23 @@ def build(
         save_over=budget.wait_empty, residency=residency, commits=commits,
         held=catalog.listen_held_uploads(),  # other nodes' claims' ends (None: SQLite)
     )
+    # -- the chunk service (chunks/store.py) --
     store = ChunkStore(
-        tiers, io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
-        catalog=catalog, db_limiter=db_limiter, on_local_full=on_local_full,
-        local_full_timeout_s=local_full_timeout_s, guard=guard, stats=stats, room=room,
-        synced=synced, deleter=deleter,
+        tiers, catalog, db_limiter,
+        StorePolicy(
+            io_threads=io_threads, cache_bytes=max(memory_budget // 2, 2 * chunk_size),
+            on_local_full=on_local_full, local_full_timeout_s=local_full_timeout_s,
+            remote_copies=remote_copies, remote_reads=reads.remote_concurrency,
+            peer_wait_s=reads.peer_wait_s, write_behind=write_behind,
+        ),
+        shared=SharedState(guard=guard, stats=stats, room=room, synced=synced),
+        deleter=deleter,
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         spill_copy=uploader.copy_uncommitted,
-        on_requeue=commits.queued, on_deletions=delete_wake.set, remote_copies=remote_copies,
-        remote_reads=reads.remote_concurrency, peer_wait_s=reads.peer_wait_s,
-        write_behind=write_behind, node="" if session is None else session.node,
-        residency=residency,
+        hooks=StoreHooks(on_requeue=commits.queued, on_deletions=delete_wake.set),
+        node="" if session is None else session.node, residency=residency,
     )
+    # -- end of the chunk service --
     gc = GcRequests(retry_deletions=deleter.retry_now)
     tracker = None if detectors is None else CheckpointTracker(
         catalog, db_limiter, detectors, handles.writing_inos, partial_after_s,
@@ -626,7 +631,7 @@ def build(
     if namespaces:  # each namespace's usage as counted at mount (count_namespaces)
         quotas = Quotas(namespaces, ns_used, {u.ns: u.bytes for u in catalog.namespace_usage()})
     fs = Filesystem(
-        catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
+        catalog, store, tier_view=store.view, db_limiter=db_limiter, budget=budget, open_files=open_files,
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from ..catalog import Catalog
+from ..catalog.protocols import MoveCatalog
 from ..errors import CkptfsError
 from ..supervise import contained
 from .guard import ChunkGuard
@@ -34,7 +34,7 @@ log = logging.getLogger("ckptfs.chunks")
 
 class MoveMarks:
     def __init__(
-        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, guard: ChunkGuard,
+        self, catalog: MoveCatalog, db_limiter: trio.CapacityLimiter, guard: ChunkGuard,
         node: str, on_deletions: Callable[[], None],
         on_ended: Callable[[], None] = lambda: None,
     ) -> None:

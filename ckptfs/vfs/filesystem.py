@@ -29,7 +29,8 @@ from ..catalog.catalog import ROOT_INODE
 from ..checkpoints.events import SMALL_FILE, TAIL, FsEvent
 from ..checkpoints.fence import SignalFence
 from ..checkpoints.tracker import replay_key
-from ..chunks.store import ChunkStore
+from ..chunks.service import FrontEndChunks
+from ..chunks.tierview import TierView
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig, policy_for
@@ -48,7 +49,6 @@ from ..errors import (
     PermissionDenied,
 )
 from ..service import syncfs_all
-from ..tiers.base import TierUsage
 from .access import Access
 from .context import ROOT, RequestContext
 from .control import XATTR_GC, XATTR_PREFETCH, XATTR_TAG, check_control, is_control
@@ -215,8 +215,9 @@ class Filesystem:
     def __init__(
         self,
         catalog: Catalog,
-        store: ChunkStore,
+        store: FrontEndChunks,
         *,
+        tier_view: TierView,
         db_limiter: trio.CapacityLimiter,
         budget: MemoryBudget,
         open_files: OpenFiles,
@@ -260,6 +261,7 @@ class Filesystem:
         self.chunk_size = chunk_size
         self.db_limiter = db_limiter
         self.store = store
+        self.tier_view = tier_view  # the local tiers' roots and usage, any remote tier
         self.budget = budget
         # Buffers a save's chunks are assembled in, reused (codec/staged.py): as many as
         # the memory budget lets be in memory at once.
@@ -574,7 +576,7 @@ class Filesystem:
                     log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
         # Every file closed earlier is synced too: its frames reach the devices
         # before the catalog that names them is synced.
-        roots = [getattr(t, "root", None) for t in self.store.local.values()]
+        roots = self.tier_view.roots()
         await trio.to_thread.run_sync(syncfs_all, roots)
         await self.db(self.catalog.sync)
 
@@ -585,7 +587,7 @@ class Filesystem:
             chunk_size=self.chunk_size, path_of=self._path_of, invalidate=self.invalidate,
             readahead=self.readahead, copy_back=self.copy_back, stages=self.stages,
             namespace_of=None if self.sealed_namespace is None else self._namespace_of,
-            page_push=self.page_push,
+            page_push=self.page_push, audit=self.catalog,
         )
 
     async def _path_of(self, ino: int) -> str:
@@ -1363,7 +1365,7 @@ class Filesystem:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and
         a catalog snapshot naming them are on the remote tiers; EIO after the timeout (the
         file stays committed locally and its upload goes on)."""
-        if not self.policies or not self.store.remotes:
+        if not self.policies or not self.tier_view.has_remotes:
             return
         path = await self.db(self.catalog.path_of, f.ino)
         policy = policy_for(self.policies, path)
@@ -1605,16 +1607,7 @@ class Filesystem:
     # -- statfs ------------------------------------------------------------------------------
 
     async def statfs(self) -> FsStats:
-        def gather() -> list[TierUsage]:
-            out = []
-            for t in self.store.local.values():
-                try:
-                    out.append(t.usage())
-                except CkptfsError as exc:
-                    log.warning("statfs: %s", exc)
-            return out
-
-        usages = await trio.to_thread.run_sync(gather, limiter=self.store.io)
+        usages = await self.tier_view.usage()
         total = free = 0
         seen_devices: set[int] = set()
         for u in usages:
