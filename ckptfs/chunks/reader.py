@@ -7,37 +7,29 @@ read from a remote only are copied back to a local tier when reads pause."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
-import time
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
 from ..catalog import ChunkRef
-from ..catalog.protocols import ReplicaCatalog, SessionCatalog, WantCatalog
 from ..codec import frame
 from ..codec.seal import KEYRING
 from ..errors import (
-    CatalogUnavailable,
     ChunkMissing,
     CkptfsError,
     CorruptChunk,
     NoSpace,
-    ObjectUnreadable,
-    PeerChunkPending,
     ResidencyRefused,
     TierError,
 )
 from ..supervise import contained
 from .cache import ReadCache
+from .fetch import Fetched, TierFetcher
 from .guard import ChunkGuard
 from .parts import Background, Limiters, Pins, StoreHooks, TierSet
+from .peers import PeerCatalog, PeerWaits
 from .placement import Placement
 from .priority import Ticket
 
@@ -45,34 +37,12 @@ log = logging.getLogger("ckptfs.chunks")
 
 COPY_BACK_BUFFER = 256 * 1024 * 1024  # decoded chunks held for copy-back
 COPY_BACK_IDLE_S = 0.2  # copy-backs wait for reads to pause this long
-# A read waiting for another node's upload asks the shared catalog again after this long,
-# doubling up to the max (the catalog is the only news of another node's upload).
-PEER_POLL_MIN_S = 0.1
-PEER_POLL_MAX_S = 1.0
-# After a wait for another node's chunk gave up, reads of chunks only that node holds
-# fail at once for this long (a read of a file it alone holds waits once, not per chunk).
-PEER_QUIET_S = 60.0
-# Such a read records a want in the catalog (catalog/wants.py): the holding node uploads the
-# chunk first. The want outlives the wait by this much (a stale one expires by itself).
-WANT_SLACK_S = 10.0
 
 
-class ReaderCatalog(ReplicaCatalog, SessionCatalog, WantCatalog, Protocol):
+class ReaderCatalog(PeerCatalog, Protocol):
     """What the reader asks of the catalog: where a chunk's copies are (and which are bad),
     other nodes' sessions and wants, and the upload jobs of healed remote copies
     (ReplicaCatalog, until the upload queue is its own role)."""
-
-
-def _runs(names: Sequence[str], remote: Callable[[str], bool]) -> list[tuple[bool, list[str]]]:
-    """``names`` in order, cut into runs of the same kind: [(is_remote, names), ...]."""
-    out: list[tuple[bool, list[str]]] = []
-    for n in names:
-        r = remote(n)
-        if out and out[-1][0] == r:
-            out[-1][1].append(n)
-        else:
-            out.append((r, [n]))
-    return out
 
 
 class _Flight:
@@ -85,18 +55,6 @@ class _Flight:
         # Its place in the queue for a remote GET: a readahead's is promoted when a
         # reader comes to wait for the chunk.
         self.ticket = Ticket(urgent)
-
-
-@dataclass
-class _Fetched:
-    """What a fetch found: the verified plaintext and its tier, and the copies to heal."""
-
-    data: frame.Buffer | None = None
-    source: str | None = None
-    # (tier, missing|corrupt|unreadable|error): all but "error" are this copy's problem
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    refresh: bool = False  # nothing valid among the tiers the caller named: ask the catalog
 
 
 class ChunkReader:
@@ -124,15 +82,8 @@ class ChunkReader:
         self.guard: ChunkGuard = pins.guard
         self.hooks = hooks
         self.background = background
-        self.peer_wait_s = peer_wait_s
-        # Per other node (trio time): when the wait for its chunks now going on began (the
-        # waits on one node share one deadline), and when such a wait last gave up (reads
-        # of its chunks then fail at once for PEER_QUIET_S): a file read waits once for a
-        # node that uploads nothing, not once per chunk.
-        self._peer_waits: dict[str, float] = {}
-        self._peer_gave_up: dict[str, float] = {}
-        # Who waits, in the catalog's wants: the node, and this daemon's run of it.
-        self.waiter = f"{node or 'node'}:{uuid.uuid4().hex[:8]}"
+        self.fetcher = TierFetcher(tiers, limiters, cache.frames)
+        self.peers = PeerWaits(catalog, limiters.db, self.tiers, peer_wait_s, node)
         self._flights: dict[bytes, _Flight] = {}
         self._healing: set[bytes] = set()
         # Chunks to write to a local tier when reads pause, with their bad local copies.
@@ -187,7 +138,7 @@ class ChunkReader:
         flight = _Flight(urgent=not ahead)
         self._flights[ref.digest] = flight
         try:
-            got = await self._fetch(ref, abandon, flight.ticket)
+            got = await self.fetcher.fetch(ref, abandon, flight.ticket)
             if got.data is None and got.refresh:
                 # The caller's idea of where the chunk lives may be old (an upload added
                 # a remote copy, an eviction removed a local one): ask the catalog.
@@ -198,12 +149,12 @@ class ChunkReader:
                     )
                 if tiers and not set(tiers) <= set(ref.tiers):
                     fresh = ChunkRef(ref.digest, ref.length, tiers)
-                    again = await self._fetch(fresh, abandon, flight.ticket)
+                    again = await self.fetcher.fetch(fresh, abandon, flight.ticket)
                     again.failures[:0] = got.failures
                     again.problems[:0] = got.problems
                     got = again
             if got.data is None and self.shared:
-                got = await self._await_peer(ref, got, abandon, flight.ticket)
+                got = await self.peers.await_peer(ref, got, abandon, flight.ticket, self.fetcher.fetch)
             if got.data is None or not ref.tiers:
                 # No valid copy recorded or found: copies recorded bad are tried last.
                 got = await self._recheck_bad(ref, got, abandon, flight.ticket)
@@ -234,205 +185,7 @@ class ChunkReader:
         assert flight.data is not None
         return flight.data
 
-    async def _await_peer(
-        self, ref: ChunkRef, got: _Fetched, abandon: bool, ticket: Ticket
-    ) -> _Fetched:
-        """A shared catalog: a chunk recorded only on other nodes' local tiers was committed
-        there and not uploaded yet. Wait up to ``peer_wait_s`` for a copy on a tier this
-        node reads (their uploader puts it on the bucket), asking the catalog with backoff,
-        then fetch it. PeerChunkPending (EIO) names the nodes if none came, at once if
-        none of them has a live session (dead: nothing will upload it) or a wait on each
-        gave up lately (``_peer_deadline``); ``got`` as it was if the chunk is not another
-        node's. Meanwhile the chunk is wanted in the catalog: its holder uploads it before
-        its other jobs (``_want``)."""
-        deadline: float | None = None
-        delay = PEER_POLL_MIN_S
-        asked = wanted = False
-        try:
-            while True:
-                tiers = await trio.to_thread.run_sync(
-                    self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-                )
-                reachable = tuple(t for t in tiers if t in self.tiers)
-                holders = tuple(t for t in tiers if t not in self.tiers)
-                nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
-                if reachable and not set(reachable) <= set(ref.tiers):
-                    fresh = await self._fetch(
-                        ChunkRef(ref.digest, ref.length, reachable), abandon, ticket
-                    )
-                    if fresh.data is not None:
-                        for n in nodes:  # they deliver: the next chunk waits afresh
-                            self._peer_waits.pop(n, None)
-                            self._peer_gave_up.pop(n, None)
-                        return fresh
-                if reachable or not holders:
-                    return got  # not (only) another node's: missing or damaged as it is
-                where = f"node {', '.join(nodes)} ({', '.join(holders)})"
-                if await self._peers_gone(nodes):
-                    raise PeerChunkPending(
-                        f"chunk {ref.key[:16]} is only on {where}, whose session has ended "
-                        "(the node is down): nothing will upload it until it is back", nodes)
-                if deadline is None:
-                    deadline = self._peer_deadline(nodes)
-                    if deadline is None:
-                        raise PeerChunkPending(
-                            f"chunk {ref.key[:16]} is only on {where}; a read waited "
-                            f"{self.peer_wait_s:g} s for that node's chunks less than "
-                            f"{PEER_QUIET_S:g} s ago: not waiting again", nodes)
-                if trio.current_time() >= deadline:
-                    now = trio.current_time()
-                    for n in nodes:
-                        self._peer_waits.pop(n, None)
-                        self._peer_gave_up[n] = now
-                    raise PeerChunkPending(
-                        f"chunk {ref.key[:16]} is only on {where}, not uploaded within "
-                        f"{self.peer_wait_s:g} s", nodes)
-                if not asked:
-                    asked = True
-                    wanted = await self._want(ref.digest, deadline - trio.current_time())
-                await trio.sleep(min(delay, max(0.0, deadline - trio.current_time())))
-                delay = min(delay * 2, PEER_POLL_MAX_S)
-        finally:
-            if wanted:
-                with trio.CancelScope(shield=True):  # also when the read is cancelled
-                    await self._unwant(ref.digest)
-
-    def _peer_deadline(self, nodes: tuple[str, ...]) -> float | None:
-        """When a wait for a chunk only ``nodes`` hold ends: ``peer_wait_s`` after the
-        wait on them now going on began (one deadline for all their chunks); None: do not
-        wait, a wait on each of them gave up less than PEER_QUIET_S ago."""
-        now = trio.current_time()
-        if all(now - self._peer_gave_up.get(n, -math.inf) < PEER_QUIET_S for n in nodes):
-            return None
-        began = []
-        for n in nodes:
-            since = self._peer_waits.get(n)
-            if since is None or now - since > self.peer_wait_s:  # none, or one abandoned
-                since = self._peer_waits[n] = now
-            began.append(since)
-        return max(began) + self.peer_wait_s
-
-    async def _peers_gone(self, nodes: tuple[str, ...]) -> bool:
-        """True if none of ``nodes`` has a live session in the catalog (dead, or cut off
-        long enough for its session to expire): waiting for their uploads is useless. A
-        catalog that cannot say: False (wait as usual)."""
-        try:
-            rows = await trio.to_thread.run_sync(self.catalog.sessions, limiter=self.db_limiter)
-        except CatalogUnavailable:
-            return False
-        return not {r.node for r in rows if r.live} & set(nodes)
-
-    async def _want(self, digest: bytes, wait_s: float) -> bool:
-        """Record in the catalog that this node waits for ``digest`` (its holder is told at
-        the commit). A catalog that cannot take it costs only the expedite: False."""
-        try:
-            await trio.to_thread.run_sync(
-                self.catalog.want_chunks, [digest], self.waiter, wait_s + WANT_SLACK_S,
-                limiter=self.db_limiter,
-            )
-        except CatalogUnavailable as exc:
-            log.warning("could not ask for the upload of chunk %s first: %s", digest.hex()[:16], exc)
-            return False
-        return True
-
-    async def _unwant(self, digest: bytes) -> None:
-        # Not removed (the database is away): the want expires by itself (WANT_SLACK_S
-        # after the wait would have ended).
-        with contextlib.suppress(CatalogUnavailable):
-            await trio.to_thread.run_sync(
-                self.catalog.unwant_chunks, [digest], self.waiter, limiter=self.db_limiter
-            )
-
-    async def _fetch(self, ref: ChunkRef, abandon: bool, ticket: Ticket) -> _Fetched:
-        """Try the tiers holding the chunk, the fastest first (measured): local tiers in
-        a thread under the store's I/O limiter, remote ones under ``remote_io`` (a hung
-        object store holds only those threads, never the ones local writes, fsync and
-        reads need)."""
-        names = list(ref.tiers) or list(self.local)
-        got = _Fetched(refresh=True)
-        if self.residency.enabled:
-            # A copy outside the chunk's allowed locations (a tier relabelled since it was
-            # made) is not read: not a source for this read, nor for a heal or copy-back.
-            allowed = [n for n in names
-                       if n not in self.tiers or self.residency.permits(ref.digest, n)]
-            for name in names:
-                if name not in allowed:
-                    self.residency.refuse("read", name, ref.digest)
-                    got.problems.append(f"{name}: outside the chunk's allowed locations")
-            names = allowed
-        for remote, run in _runs(self.stats.read_order(names, ref.length),
-                                 lambda n: n in self.tiers and n not in self.local):
-            # trio takes any object with acquire/release_on_behalf_of as the limiter (its
-            # stub names CapacityLimiter only).
-            limiter: Any = self.remote_io.slot(ticket) if remote else self.io
-            part = await trio.to_thread.run_sync(
-                self._fetch_from, ref, run, limiter=limiter, abandon_on_cancel=abandon,
-            )
-            got.failures += part.failures
-            got.problems += part.problems
-            if part.data is not None:
-                got.data, got.source, got.refresh = part.data, part.source, False
-                return got
-        return got
-
-    def _fetch_from(self, ref: ChunkRef, names: Sequence[str]) -> _Fetched:
-        """Blocking: try these tiers in order; verify; fall back on a miss, damage or an
-        I/O error, noting which copies need healing."""
-        got = _Fetched()
-        for name in names:
-            tier = self.tiers.get(name)
-            if tier is None:
-                got.problems.append(f"{name}: tier not configured")
-                continue
-            started = time.perf_counter()
-            get_into = getattr(tier, "get_into", None)  # GETs, O_DIRECT reads: into our buffers
-            try:
-                raw = tier.get(ref.key) if get_into is None else get_into(ref.key, self.frames.take)
-            except ObjectUnreadable as exc:
-                # This copy is bad (the tier answers other requests): heal it, keep the tier.
-                log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
-                self.stats.count("unreadable_copies")
-                self.stats.record_ok(name)
-                got.failures.append((name, "unreadable"))
-                got.problems.append(f"{name}: {exc}")
-                continue
-            except TierError as exc:
-                log.error("chunk %s on tier %s unreadable: %s", ref.key[:16], name, exc)
-                self.stats.record_error(name, str(exc))
-                got.failures.append((name, "error"))
-                got.problems.append(f"{name}: {exc}")
-                continue
-            if raw is None:
-                self.stats.count("missing_copies")
-                got.failures.append((name, "missing"))
-                got.problems.append(f"{name}: missing")
-                continue
-            self.stats.record_read(name, len(raw), time.perf_counter() - started)
-            self.stats.record_ok(name)
-            try:
-                # A sealed frame opens into a new buffer; a plain one is served in place.
-                data = frame.decode_view(raw, ref.digest)
-                if len(data) != ref.length:
-                    raise CorruptChunk(f"length {len(data)} != {ref.length}")
-            except CorruptChunk as exc:
-                log.error("chunk %s on tier %s is corrupt: %s", ref.key[:16], name, exc)
-                self.stats.count("integrity_failures")
-                got.failures.append((name, "corrupt"))
-                got.problems.append(f"{name}: {exc}")
-                self._drop_frame(raw)
-                continue
-            if not (isinstance(data, memoryview) and isinstance(raw, memoryview)
-                    and data.obj is raw.obj):
-                self._drop_frame(raw)  # decompressed into new bytes: the frame is done with
-            got.data, got.source = data, name
-            return got
-        return got
-
-    def _drop_frame(self, raw: frame.Buffer) -> None:
-        if isinstance(raw, memoryview):
-            self.frames.give(raw.obj)
-
-    def _after_read(self, ref: ChunkRef, got: _Fetched, copy_back: bool) -> None:
+    def _after_read(self, ref: ChunkRef, got: Fetched, copy_back: bool) -> None:
         if self.background.nursery is None or got.data is None or got.source is None:
             return
         if self.guard.uncommitted(ref.digest):
@@ -473,8 +226,8 @@ class ChunkReader:
         self._copy_back_wake.set()
 
     async def _recheck_bad(
-        self, ref: ChunkRef, got: _Fetched, abandon: bool, ticket: Ticket
-    ) -> _Fetched:
+        self, ref: ChunkRef, got: Fetched, abandon: bool, ticket: Ticket
+    ) -> Fetched:
         """A copy recorded bad may be good again: a tier that was away (a disk unmounted,
         an object the server failed for a while) came back. With no valid copy found,
         the copies recorded bad are read (verified) before the read fails; one that
@@ -490,7 +243,7 @@ class ChunkReader:
             names = tuple(t for t in bad if t in self.tiers and t not in tried)
             if not names:
                 return got
-            again = await self._fetch(ChunkRef(ref.digest, ref.length, names), abandon, ticket)
+            again = await self.fetcher.fetch(ChunkRef(ref.digest, ref.length, names), abandon, ticket)
             again.failures[:0] = got.failures
             again.problems[:0] = got.problems
             got = again
@@ -508,7 +261,7 @@ class ChunkReader:
                         ref.key[:16], got.source, exc)
         return got
 
-    async def _record_lost(self, ref: ChunkRef, got: _Fetched) -> None:
+    async def _record_lost(self, ref: ChunkRef, got: Fetched) -> None:
         """No copy was valid: record the ones found missing or corrupt as bad before the
         read fails, so that the catalog stops counting them (``ckptfs latest`` skips the
         checkpoint, ``ls`` counts the chunk missing: checkpoints/reach.py). Only copies
