@@ -1,7 +1,7 @@
 """The catalog's record of this node's moves of uncommitted chunks to remote tiers
 (catalog/moves.py; docs/multinode.md "One chunk, two nodes"), kept by the store.
 
-A full local tier moves a writer's uncommitted chunk to its remote tiers (store.py
+A full local tier moves a writer's uncommitted chunk to its remote tiers (writer.py
 ``_spill``). Chunk objects are keyed by digest, so with a shared catalog another node's
 deletion of the same digest there could remove the object the writer will commit. So:
 
