@@ -631,7 +631,8 @@ def build(
     if namespaces:  # each namespace's usage as counted at mount (count_namespaces)
         quotas = Quotas(namespaces, ns_used, {u.ns: u.bytes for u in catalog.namespace_usage()})
     fs = Filesystem(
-        catalog, store, tier_view=store.view, db_limiter=db_limiter, budget=budget, open_files=open_files,
+        catalog, store, db_limiter=db_limiter, budget=budget, open_files=open_files,
+        tier_view=store.view,  # the local tiers' roots and usage (statfs, syncfs at shutdown)
         handles=handles, chunk_size=chunk_size, uploader=uploader, gc=gc, tracker=tracker,
         invalidate=invalidate, invalidate_entry=invalidate_entry, policies=policies,
         readahead=reads.readahead, copy_back=reads.copy_back, shared=shared, session=session,
