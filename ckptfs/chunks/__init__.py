@@ -1,1 +1,1 @@
-"""Chunks: the frame format and the ChunkStore that stripes and verifies them."""
+"""Chunks: the chunk service (service.py) that stripes, verifies, caches and collects them."""

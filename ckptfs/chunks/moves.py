@@ -1,7 +1,7 @@
 """The catalog's record of this node's moves of uncommitted chunks to remote tiers
 (catalog/moves.py; docs/multinode.md "One chunk, two nodes"), kept by the store.
 
-A full local tier moves a writer's uncommitted chunk to its remote tiers (store.py
+A full local tier moves a writer's uncommitted chunk to its remote tiers (writer.py
 ``_spill``). Chunk objects are keyed by digest, so with a shared catalog another node's
 deletion of the same digest there could remove the object the writer will commit. So:
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from ..catalog import Catalog
+from ..catalog.protocols import MoveCatalog
 from ..errors import CkptfsError
 from ..supervise import contained
 from .guard import ChunkGuard
@@ -34,7 +34,7 @@ log = logging.getLogger("ckptfs.chunks")
 
 class MoveMarks:
     def __init__(
-        self, catalog: Catalog, db_limiter: trio.CapacityLimiter, guard: ChunkGuard,
+        self, catalog: MoveCatalog, db_limiter: trio.CapacityLimiter, guard: ChunkGuard,
         node: str, on_deletions: Callable[[], None],
         on_ended: Callable[[], None] = lambda: None,
     ) -> None:

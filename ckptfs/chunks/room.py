@@ -1,6 +1,6 @@
 """Room on the local tiers: writers that found them full wait here; uploads, moves and
 deletions say that room may have been freed, and the deleter that a claim holding a move
-back ended. Shared by the ChunkStore (the waiting side), the uploader and the deleter
+back ended. Shared by the chunk writer (the waiting side), the uploader and the deleter
 (they free room), built before all three. Trio thread only."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class Room:
         self.gen = 0  # bumped whenever room may have been freed
         self._waiting = 0  # writers blocked until uploads or deletions free local space
         self.event = trio.Event()  # set (and replaced) by every ``freed``
-        # Bumped when something that holds a move back ended (store.py ``_spill``): a
+        # Bumped when something that holds a move back ended (writer.py ``_spill``): a
         # deletion claim of a remote object (any node's) or the end of a move's record.
         self.holds_ended = 0
         self._on_wait = on_wait

@@ -28,7 +28,7 @@ from ..checkpoints.tracker import CheckpointTracker
 from ..chunks.guard import ChunkGuard
 from ..chunks.residency import Residency
 from ..chunks.room import Room
-from ..chunks.store import ChunkStore, stats_for
+from ..chunks.store import ChunkStore, SharedState, StoreHooks, StorePolicy, stats_for
 from ..config import (
     CheckpointConfig,
     Config,
@@ -189,15 +189,19 @@ def _chunk_store(
     reads: ReadConfig, deleter: Deleter, uploader: Uploader, session: NodeSession | None,
 ) -> ChunkStore:
     return ChunkStore(
-        tiers, store.io_threads, cache_bytes=max(store.memory_budget // 2, 2 * chunk_size),
-        catalog=catalog, db_limiter=s.db_limiter, on_local_full=store.on_local_full,
-        local_full_timeout_s=store.local_full_timeout_s, guard=s.guard, stats=s.stats,
-        room=s.room, synced=s.synced, deleter=deleter,
+        tiers, catalog, s.db_limiter,
+        StorePolicy(
+            io_threads=store.io_threads,
+            cache_bytes=max(store.memory_budget // 2, 2 * chunk_size),
+            on_local_full=store.on_local_full, local_full_timeout_s=store.local_full_timeout_s,
+            remote_copies=store.remote_copies, remote_reads=reads.remote_concurrency,
+            peer_wait_s=reads.peer_wait_s, write_behind=store.write_behind,
+        ),
+        shared=SharedState(guard=s.guard, stats=s.stats, room=s.room, synced=s.synced),
+        deleter=deleter,
         # A full local tier moves the writers' uncommitted chunks to the remote through it.
         spill_copy=uploader.copy_uncommitted,
-        on_requeue=s.commits.queued, on_deletions=s.delete_wake.set,
-        remote_copies=store.remote_copies, remote_reads=reads.remote_concurrency,
-        peer_wait_s=reads.peer_wait_s, write_behind=store.write_behind,
+        hooks=StoreHooks(on_requeue=s.commits.queued, on_deletions=s.delete_wake.set),
         node="" if session is None else session.node, residency=s.residency,
     )
 
@@ -221,7 +225,7 @@ def _filesystem(
         catalog, store,
         FsOptions(chunk_size, sections.policies, reads.readahead, reads.copy_back, shared),
         db_limiter=db_limiter, budget=s.budget, open_files=s.open_files, handles=s.handles,
-        peers=FsPeers(parts.uploader, parts.gc, parts.tracker, session),
+        peers=FsPeers(store.view, parts.uploader, parts.gc, parts.tracker, session),
         kernel=FsKernel(kernel.invalidate, kernel.invalidate_entry,
                         None if push is None or not reads.page_cache_push
                         else PagePush.make(push, s.stats.count, _delivered)),

@@ -26,7 +26,7 @@ from ..catalog.audit import AuditRecord
 from ..catalog.catalog import ROOT_INODE
 from ..catalog.protocols import QuotaCatalog
 from ..checkpoints.events import FsEvent
-from ..chunks.store import ChunkStore
+from ..chunks.service import FrontEndChunks
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
 from ..config import policy_for
@@ -42,7 +42,6 @@ from ..errors import (
     NotPermitted,
 )
 from ..service import syncfs_all
-from ..tiers.base import TierUsage
 from .context import ROOT, RequestContext
 from .control import XATTR_RESERVED, ControlCatalog, ControlXattrs
 from .dirattrs import DirAttrs
@@ -89,7 +88,7 @@ class FsCatalog(ControlCatalog, QuotaCatalog, Protocol):
 
 class Filesystem:
     def __init__(
-        self, catalog: FsCatalog, store: ChunkStore, options: FsOptions, *,
+        self, catalog: FsCatalog, store: FrontEndChunks, options: FsOptions, *,
         db_limiter: trio.CapacityLimiter, budget: MemoryBudget, open_files: OpenFiles,
         handles: HandleTable, peers: FsPeers, kernel: FsKernel | None = None,
         governance: FsGovernance | None = None,
@@ -112,6 +111,7 @@ class Filesystem:
         self.chunk_size = options.chunk_size
         self.db_limiter = db_limiter
         self.store = store
+        self.tier_view = peers.tiers  # the local tiers' roots and usage, any remote tier
         self.budget = budget
         # Buffers a save's chunks are assembled in, reused (codec/staged.py): as many as
         # the memory budget lets be in memory at once.
@@ -303,7 +303,7 @@ class Filesystem:
                     log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
         # Every file closed earlier is synced too: its frames reach the devices
         # before the catalog that names them is synced.
-        roots = [getattr(t, "root", None) for t in self.store.local.values()]
+        roots = self.tier_view.roots()
         await trio.to_thread.run_sync(syncfs_all, roots)
         await self.db(self.catalog.sync)
 
@@ -315,7 +315,7 @@ class Filesystem:
             readahead=self.options.readahead, copy_back=self.options.copy_back,
             stages=self.stages,
             namespace_of=None if self.sealed_namespace is None else self._namespace_of,
-            page_push=self.page_push,
+            page_push=self.page_push, audit=self.catalog,
         )
 
     async def _path_of(self, ino: int) -> str:
@@ -1016,7 +1016,7 @@ class Filesystem:
         """Under a ``durability = "remote"`` policy, return only once the file's chunks and
         a catalog snapshot naming them are on the remote tiers; EIO after the timeout (the
         file stays committed locally and its upload goes on)."""
-        if not self.options.policies or not self.store.remotes:
+        if not self.options.policies or not self.tier_view.has_remotes:
             return
         path = await self.db(self.catalog.path_of, f.ino)
         policy = policy_for(self.options.policies, path)
@@ -1142,16 +1142,7 @@ class Filesystem:
     # -- statfs ------------------------------------------------------------------------------
 
     async def statfs(self) -> FsStats:
-        def gather() -> list[TierUsage]:
-            out = []
-            for t in self.store.local.values():
-                try:
-                    out.append(t.usage())
-                except CkptfsError as exc:
-                    log.warning("statfs: %s", exc)
-            return out
-
-        usages = await trio.to_thread.run_sync(gather, limiter=self.store.io)
+        usages = await self.tier_view.usage()
         total = free = 0
         seen_devices: set[int] = set()
         for u in usages:

@@ -23,9 +23,10 @@ import trio
 
 from ..catalog import ChunkRef, Inode
 from ..catalog.audit import AuditRecord
-from ..chunks.commit import FileVersion, commit_version
+from ..catalog.protocols import AuditCatalog
+from ..chunks.commit import FileVersion
 from ..chunks.residency import Locations
-from ..chunks.store import ChunkStore
+from ..chunks.service import FrontEndChunks
 from ..codec.staged import StagePool
 from ..config.model import DEFAULT_READAHEAD
 from ..errors import CkptfsError, FileTooLarge, QuotaExceeded
@@ -95,7 +96,7 @@ class _Pending:
 class Services:
     """What an OpenFile needs from the filesystem around it."""
 
-    store: ChunkStore  # chunk writes and reads, and the commit of a version (chunks/commit.py)
+    store: FrontEndChunks  # chunk writes and reads, and the commit of a version (chunks/commit.py)
     budget: MemoryBudget
     nursery: trio.Nursery  # where chunk writes and readahead run
     chunk_size: int
@@ -115,6 +116,8 @@ class Services:
     namespace_of: Callable[[int], Awaitable[str | None]] | None = None
     # Hands chunks fetched ahead to the kernel's page cache (vfs/pagepush.py); None: off.
     page_push: PagePush | None = None
+    # Where a refusal's audit record is noted (None: not recorded).
+    audit: AuditCatalog | None = None
 
 
 class OpenFile:
@@ -473,8 +476,8 @@ class OpenFile:
             if account is not None:
                 account.tally.begin_commit()
             try:
-                committed = await commit_version(
-                    self.svc.store, version, synced, sync_failed=self._sync_failed
+                committed = await self.svc.store.commit(
+                    version, synced, sync_failed=self._sync_failed
                 )
             except QuotaExceeded as exc:
                 # The catalog's check (other nodes' commits took the room): the version is
@@ -510,7 +513,9 @@ class OpenFile:
         # The refusal changes nothing, so its audit record is noted (no transaction to
         # join) and written with the next batch; who: the handle that wrote last.
         uid, pid = self.writer
-        self.svc.store.catalog.audit_note(AuditRecord(
+        if self.svc.audit is None:
+            return
+        self.svc.audit.audit_note(AuditRecord(
             "quota_refused", path, uid, pid, time_ns=time.time_ns(),
             detail={"call": what, "error": str(exc)}))
 

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ..checkpoints.events import FsEvent
 from ..checkpoints.fence import SignalFence
+from ..chunks.tierview import TierView
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig
 from .access import Access
 from .control import GcRunner
@@ -51,12 +52,14 @@ class FsOptions:
 
 @dataclass(frozen=True)
 class FsPeers:
-    """The daemon's services the filesystem talks to: ``uploader`` (waits for remote
-    durability), ``gc`` (retention now), ``tracker`` (checkpoint events; None: off),
+    """The daemon's services the filesystem talks to: ``tiers`` (the local tiers' roots and
+    usage, whether a remote exists: statfs, syncfs at shutdown), ``uploader`` (waits for
+    remote durability), ``gc`` (retention now), ``tracker`` (checkpoint events; None: off),
     ``session``: this node's session in the shared catalog, under which the inodes it holds
     open are noted (an inode with no name left is dropped by the last closer on any node;
     None, and always with one node: none)."""
 
+    tiers: TierView
     uploader: DurableWaiter
     gc: GcRunner
     tracker: EventSink | None = None

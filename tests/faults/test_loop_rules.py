@@ -18,7 +18,7 @@ from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.chunks.room import Room
-from ckptfs.chunks.store import ChunkStore, stats_for
+from ckptfs.chunks.store import ChunkStore, StorePolicy, stats_for
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig, UploadConfig
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
@@ -55,8 +55,8 @@ async def test_hung_remote_gets_leave_local_reads_and_writes_alone(tmp_path: Pat
     local, inner = MemoryTier("l"), MemoryTier("r", kind="remote")
     remote = FaultyTier(inner)
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
-    store = ChunkStore([local, remote], io_threads=2, cache_bytes=1 << 20, catalog=cat,
-                       db_limiter=trio.CapacityLimiter(1))
+    store = ChunkStore([local, remote], cat, trio.CapacityLimiter(1),
+                       StorePolicy(io_threads=2, cache_bytes=1 << 20))
     remote.get_gate = threading.Event()
     try:
         async with trio.open_nursery() as n:
@@ -66,7 +66,7 @@ async def test_hung_remote_gets_leave_local_reads_and_writes_alone(tmp_path: Pat
             with trio.fail_after(10):
                 ref = await store.write([b"local bytes" * 100])
                 assert ref.tiers == ("l",)
-                store._cache.clear()
+                store.cache.entries.clear()
                 assert bytes(await store.read(ref)) == b"local bytes" * 100
             assert remote.gets_held == 2  # still hung: the local I/O did not wait for them
             remote.get_gate.set()
@@ -420,8 +420,8 @@ async def test_a_reader_that_joined_a_cancelled_readahead_fetches_the_chunk_itse
     is cancelled (its file was released): it fetches the chunk itself."""
     tier = FaultyTier(MemoryTier("l"))
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
-    store = ChunkStore([tier], io_threads=2, cache_bytes=1 << 20, catalog=cat,
-                       db_limiter=trio.CapacityLimiter(1))
+    store = ChunkStore([tier], cat, trio.CapacityLimiter(1),
+                       StorePolicy(io_threads=2, cache_bytes=1 << 20))
     data = os.urandom(5000)
     gate = threading.Event()
     try:

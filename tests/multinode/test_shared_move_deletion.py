@@ -24,10 +24,10 @@ from tests.support.catalog_conformance import lease_end
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
-from ckptfs.chunks.commit import FileVersion, commit_version
+from ckptfs.chunks.commit import FileVersion
 from ckptfs.chunks.guard import ChunkGuard
 from ckptfs.chunks.room import Room
-from ckptfs.chunks.store import ChunkStore, stats_for
+from ckptfs.chunks.store import ChunkStore, SharedState, StorePolicy, stats_for
 from ckptfs.codec import frame
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 from ckptfs.tiers.base import Tier
@@ -72,14 +72,14 @@ class NodeA:
         """One round of moves, as a writer waiting for room starts it (_make_room)."""
         store = self.store
         picked, _ = store.guard.start_moves(
-            1 << 40, frame.HEADER_SIZE, lambda d: store.remote_targets(d, 1), True)
-        await store._spill(picked)
+            1 << 40, frame.HEADER_SIZE, lambda d: store.tier_set.remote_targets(d, 1), True)
+        await store.writer._spill(picked)
 
     async def commit(self, ref: ChunkRef, name: bytes = b"a.bin") -> int:
         """The writer's close: its commit (the chunk where the store has it now)."""
         f = await trio.to_thread.run_sync(self.catalog.create, R, name, F, 0, 0)
         v = FileVersion(f.ino, len(BODY), 5, 5, CHUNK, {}, {0: ref}, [ref])
-        assert await commit_version(self.store, v, synced=False) is not None
+        assert await self.store.commit(v, synced=False) is not None
         await self.store.moves.end_now()
         return f.ino
 
@@ -96,8 +96,9 @@ async def node_a(catalog: PostgresCatalog, remote: Tier) -> AsyncIterator[NodeA]
     guard, stats, room = ChunkGuard(["a:l"]), stats_for(tiers), Room()
     limiter = trio.CapacityLimiter(4)
     uploader = Uploader(catalog, tiers, limiter, guard=guard, stats=stats, room=room)
-    store = ChunkStore(tiers, 2, 8 * CHUNK, catalog, limiter, guard=guard, stats=stats,
-                       room=room, spill_copy=uploader.copy_uncommitted, node="a")
+    store = ChunkStore(tiers, catalog, limiter, StorePolicy(io_threads=2, cache_bytes=8 * CHUNK),
+                       shared=SharedState(guard=guard, stats=stats, room=room),
+                       spill_copy=uploader.copy_uncommitted, node="a")
     async with trio.open_nursery() as n:
         store.attach(n)
         yield NodeA(catalog, store, local)
@@ -164,7 +165,7 @@ async def test_a_move_held_by_a_claim_keeps_its_local_frame_until_the_claim_ends
         await a.move_round()
         assert a.store.guard.current(X) == ("a:l",) and KEY in a.local.frames
         assert in_bucket(bucket) is None and a_cat.chunk_moves() == []
-        assert await a.store.read(a.store.current(ref)) == BODY
+        assert await a.store.read(a.store.pins.current(ref)) == BODY
         b.finish_deletions([(X, REMOTE)])
         await a.move_round()
         assert a.store.guard.current(X) == (REMOTE,) and KEY not in a.local.frames

@@ -13,13 +13,14 @@ import trio.testing
 from tests.faults.test_loop_rules import until_real
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import wait_backlog_empty
-from tests.vfs.test_vfs import CS, make_fs, write_file
+from tests.vfs.test_vfs import CS, make_fs, store_of, write_file
 
 from ckptfs.catalog import Catalog, ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks import store as store_mod
+from ckptfs.chunks import cache as cache_mod
 from ckptfs.chunks.bufpool import FrameBuffer, MiB
-from ckptfs.chunks.store import COPY_BACK_IDLE_S, ChunkStore
+from ckptfs.chunks.reader import COPY_BACK_IDLE_S
+from ckptfs.chunks.store import ChunkStore, StorePolicy
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
@@ -44,7 +45,7 @@ async def _remote_only_file(tmp_path: Path, local: MemoryTier, remote: MemoryTie
     async with make_fs(tmp_path, [local, remote]) as fs:
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
-        assert await fs.store.evict(1 << 30) > 0
+        assert await store_of(fs).evict(1 << 30) > 0
         assert not local.frames
 
 
@@ -60,7 +61,7 @@ async def test_a_sequential_reader_fetches_each_chunk_once_when_the_cache_is_tig
     remote.gets.clear()
     reads = ReadConfig(readahead=3 * CS, copy_back="never")
     async with make_fs(tmp_path, [local, remote], reads=reads, memory_budget=8 * CS) as fs:
-        assert fs.store._cache_limit == 4 * CS
+        assert store_of(fs).cache.limit == 4 * CS
         inode = await fs.lookup(ROOT_INODE, b"f")
         fh = await fs.open(inode.ino, os.O_RDONLY)
         got = bytearray()
@@ -76,14 +77,14 @@ async def test_a_sequential_reader_fetches_each_chunk_once_when_the_cache_is_tig
 def test_consumed_chunks_are_evicted_first(tmp_path: Path) -> None:
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
-        store = ChunkStore([MemoryTier("l")], io_threads=1, cache_bytes=3000, catalog=cat,
-                           db_limiter=trio.CapacityLimiter(1))
+        store = ChunkStore([MemoryTier("l")], cat, trio.CapacityLimiter(1),
+                           StorePolicy(io_threads=1, cache_bytes=3000))
         a, b, c, d = (bytes([i]) * 1000 for i in range(4))
         for x in (a, b, c):
-            store._cache_put(frame.digest_of(x), x)
+            store.cache.put(frame.digest_of(x), x)
         store.consumed(frame.digest_of(c))  # the newest, but read to its end
         store.consumed(b"\0" * 32)  # not cached: nothing happens
-        store._cache_put(frame.digest_of(d), d)
+        store.cache.put(frame.digest_of(d), d)
         assert not store.cached(frame.digest_of(c))
         assert all(store.cached(frame.digest_of(x)) for x in (a, b, d))
     finally:
@@ -104,8 +105,8 @@ class SlowPut(MemoryTier):
 
 def _store(tmp_path: Path, local: MemoryTier, remote: MemoryTier) -> tuple[ChunkStore, Catalog]:
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
-    store = ChunkStore([local, remote], io_threads=1, cache_bytes=1 << 20, catalog=cat,
-                       db_limiter=trio.CapacityLimiter(1))
+    store = ChunkStore([local, remote], cat, trio.CapacityLimiter(1),
+                       StorePolicy(io_threads=1, cache_bytes=1 << 20))
     return store, cat
 
 
@@ -120,7 +121,7 @@ async def _reads_hold_the_copy_back(store: ChunkStore, ref: ChunkRef, data: byte
         clock.jump(COPY_BACK_IDLE_S * 0.9)
         assert bytes(await store.read(ref)) == data
         await trio.testing.wait_all_tasks_blocked()
-        assert ref.digest in store._copy_backs and local.puts == 0
+        assert ref.digest in store.reader._copy_backs and local.puts == 0
     clock.jump(COPY_BACK_IDLE_S * 1.1)
     await until_real(lambda: local.puts == 1)
 
@@ -163,7 +164,7 @@ async def test_a_missing_local_copy_is_rewritten_when_the_restore_pauses(
         async with trio.open_nursery() as n:
             store.attach(n)
             assert bytes(await store.read(ref)) == data  # no copy_back asked: a heal
-            assert store._copy_backs[ref.digest][2] == [("l", "missing")]
+            assert store.reader._copy_backs[ref.digest][2] == [("l", "missing")]
             await _reads_hold_the_copy_back(store, ref, data, local)
             frame.verify(local.frames[digest.hex()], digest)
             n.cancel_scope.cancel()
@@ -183,12 +184,12 @@ async def test_readahead_of_many_files_stops_at_half_the_cache(tmp_path: Path) -
         for name, data in files.items():
             await write_file(fs, name, data)
         await wait_backlog_empty(fs)
-        assert await fs.store.evict(1 << 30) > 0
+        assert await store_of(fs).evict(1 << 30) > 0
         assert not local.frames
     remote.gets.clear()
     reads = ReadConfig(readahead=3 * CS, copy_back="never")
     async with make_fs(tmp_path, [local, remote], reads=reads, memory_budget=8 * CS) as fs:
-        assert fs.store._cache_limit == 4 * CS
+        assert store_of(fs).cache.limit == 4 * CS
         handles = []
         for name in files:
             inode = await fs.lookup(ROOT_INODE, name)
@@ -235,8 +236,8 @@ def _remote_chunks(remote: OrderedRemote, n: int) -> list[tuple[ChunkRef, bytes]
 async def _with_one_get_slot(tmp_path: Path, remote: OrderedRemote, body: Any) -> None:
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
-        store = ChunkStore([MemoryTier("l"), remote], io_threads=1, cache_bytes=1 << 20,
-                           catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=1)
+        store = ChunkStore([MemoryTier("l"), remote], cat, trio.CapacityLimiter(1),
+                           StorePolicy(io_threads=1, cache_bytes=1 << 20, remote_reads=1))
         await body(store)
     finally:
         cat.close()
@@ -263,7 +264,7 @@ async def test_a_chunk_a_reader_waits_for_is_fetched_before_readahead(tmp_path: 
 
             n.start_soon(reader)
             await trio.testing.wait_all_tasks_blocked()
-            assert store.remote_io.waiting == 3
+            assert store.limiters.remote_io.waiting == 3
             remote.get_gate.set()  # type: ignore[union-attr]
         assert results == [need_data]
 
@@ -339,8 +340,8 @@ async def test_a_receive_buffer_is_reused_only_once_nothing_views_it(
         chunks.append((ChunkRef(digest, len(data), (s3_tier.name,)), data))
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
-        store = ChunkStore([MemoryTier("l"), s3_tier], io_threads=1, cache_bytes=3 << 20,
-                           catalog=cat, db_limiter=trio.CapacityLimiter(1), remote_reads=2)
+        store = ChunkStore([MemoryTier("l"), s3_tier], cat, trio.CapacityLimiter(1),
+                           StorePolicy(io_threads=1, cache_bytes=3 << 20, remote_reads=2))
         (first_ref, first), *rest = chunks
         held = await store.read(first_ref)
         assert isinstance(held, memoryview) and isinstance(held.obj, FrameBuffer)
@@ -364,16 +365,16 @@ async def test_chunks_read_to_their_end_leave_the_cache_beyond_the_keep_and_thei
     chunks the oldest leave the cache at once and their receive buffers are reused by the
     next reads (before, the whole cache filled with them first and every read until then
     faulted in a fresh buffer); a chunk read again stays among them, as the newest."""
-    monkeypatch.setattr(store_mod, "CONSUMED_KEEP", 2 * MiB)
+    monkeypatch.setattr(cache_mod, "CONSUMED_KEEP", 2 * MiB)
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
     try:
-        store = ChunkStore([MemoryTier("l")], io_threads=1, cache_bytes=8 * MiB, catalog=cat,
-                           db_limiter=trio.CapacityLimiter(1))
+        store = ChunkStore([MemoryTier("l")], cat, trio.CapacityLimiter(1),
+                           StorePolicy(io_threads=1, cache_bytes=8 * MiB))
         bufs = [store.frames.take(MiB) for _ in range(5)]
         digests = [bytes([i]) * 32 for i in range(5)]
         for d, b in zip(digests, bufs, strict=True):
             assert b is not None
-            store._cache_put(d, memoryview(b)[:MiB])
+            store.cache.put(d, memoryview(b)[:MiB])
         store.consumed(digests[0])
         store.consumed(digests[1])
         assert all(store.cached(d) for d in digests)  # within the keep
@@ -390,6 +391,6 @@ async def test_chunks_read_to_their_end_leave_the_cache_beyond_the_keep_and_thei
         store.consumed(digests[4])
         assert not store.cached(digests[1])
         assert all(store.cached(d) for d in digests[3:])
-        assert store._cache_bytes == 2 * MiB
+        assert store.cache.bytes == 2 * MiB
     finally:
         cat.close()

@@ -14,7 +14,16 @@ import pytest
 
 from tests.store.test_janitor import POLICY, state
 from tests.store.test_local_full import wait_for
-from tests.vfs.test_vfs import CS, RW, deletions_done, make_daemon, make_fs, read_file, write_file
+from tests.vfs.test_vfs import (
+    CS,
+    RW,
+    deletions_done,
+    make_daemon,
+    make_fs,
+    read_file,
+    store_of,
+    write_file,
+)
 
 from ckptfs.catalog import ChunkRef, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -184,7 +193,7 @@ async def test_retention_never_deletes_chunks_an_open_file_is_about_to_commit(tm
         await d.janitor.run_now()  # copy.bin references them now: kept, checkpoint deleted
         assert await state(fs, "/run/checkpoint-1") == "deleted"
         await deletions_done(fs)
-        fs.store._cache.clear()
+        store_of(fs).cache.entries.clear()
         assert await read_file(fs, b"copy.bin") == x
 
 

@@ -12,7 +12,16 @@ import trio
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import skip_backoff, wait_backlog_empty
 from tests.support.daemons import build_daemon
-from tests.vfs.test_vfs import CS, RW, catalog_of, deletions_done, make_daemon, make_fs, uploader_of
+from tests.vfs.test_vfs import (
+    CS,
+    RW,
+    catalog_of,
+    deletions_done,
+    make_daemon,
+    make_fs,
+    store_of,
+    uploader_of,
+)
 
 from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
@@ -166,7 +175,7 @@ async def test_the_local_high_watermark_evicts_the_oldest_chunks_a_remote_holds(
         await write_file(fs, b"f3", os.urandom(CS))
         await wait_backlog_empty(fs)
         await d.janitor._watermark()
-        used, total = fs.store.local_fill()
+        used, total = store_of(fs).local_fill()
         assert used / total <= 0.8 + 1e-9  # down to the low mark (0.1 below)
         assert set(local.frames) <= set(remote.frames)
         refs = await fs.db(fs.catalog.extents, (await fs.lookup(ROOT_INODE, b"f3")).ino)

@@ -18,6 +18,7 @@ from tests.vfs.test_vfs import (
     make_daemon,
     make_fs,
     read_file,
+    store_of,
     uploader_of,
     write_file,
 )
@@ -58,7 +59,7 @@ async def test_full_local_tier_evicts_chunks_the_remote_holds(tmp_path: Path) ->
         await wait_backlog_empty(fs)
         await write_file(fs, b"b", b)  # room only by evicting a's uploaded chunks
         assert len(local.frames) <= 4
-        assert fs.store.evicted_bytes >= 2 * FRAME
+        assert store_of(fs).evicted_bytes >= 2 * FRAME
         assert await read_file(fs, b"a") == a  # from the remote, verified
         assert await read_file(fs, b"b") == b
 
@@ -97,7 +98,7 @@ async def test_block_waits_for_uploads_then_the_save_goes_on(tmp_path: Path) -> 
 
             async with trio.open_nursery() as n:
                 n.start_soon(save_b)
-                await wait_for(lambda: fs.store.waiting_for_room > 0)
+                await wait_for(lambda: store_of(fs).waiting_for_room > 0)
                 assert not done.is_set()  # backpressure: the writer waits, nothing is lost
                 remote.put_gate.set()
             assert done.is_set()
@@ -168,7 +169,7 @@ async def test_without_a_remote_a_writer_waits_for_local_frames_being_deleted(
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(write_file, fs, b"new", new)
-                    await wait_for(lambda: fs.store.waiting_for_room > 0)  # waits, no ENOSPC
+                    await wait_for(lambda: store_of(fs).waiting_for_room > 0)  # waits, no ENOSPC
                     local.delete_gate.set()
             finally:
                 local.delete_gate.set()  # also when the write failed: let the deleter end
@@ -256,9 +257,9 @@ async def test_uploads_wait_while_a_save_is_buffering_and_start_after_it(tmp_pat
         await fs.write(fh, 0, os.urandom(CS // 2))  # a save in progress: a buffer in memory
         assert uploader_of(fs).saving()
         assert uploader_of(fs)._limit() == 0  # no upload competes with the save
-        fs.store.waiting_for_room += 1  # ... unless a writer waits for uploads to free room
+        store_of(fs).waiting_for_room += 1  # ... unless a writer waits for uploads to free room
         assert uploader_of(fs)._limit() == uploader_of(fs).concurrency
-        fs.store.waiting_for_room -= 1
+        store_of(fs).waiting_for_room -= 1
         await fs.flush(fh)
         await fs.release(fh)
         assert uploader_of(fs).saving()  # its commit queued jobs: a stream until quiet
@@ -286,7 +287,7 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
             assert await fs.read(fh, 0, len(data)) == data  # before the commit, too
             await fs.flush(fh)
         await fs.release(fh)
-        assert fs.store.spilled_bytes > 0
+        assert store_of(fs).spilled_bytes > 0
         refs = await fs.db(fs.catalog.extents, inode.ino)
         moved = [r for r in refs.values() if r.tiers == ("r",)]
         assert moved, refs  # recorded where they are: on the remote only
@@ -360,7 +361,7 @@ async def test_a_file_that_commits_while_its_chunks_move_keeps_its_remote_copies
             await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
             async with trio.open_nursery() as n:
                 n.start_soon(write_file, fs, b"b", b)
-                await wait_for(lambda: bool(fs.store.guard.moving()))  # A's chunks are moving
+                await wait_for(lambda: bool(store_of(fs).guard.moving()))  # A's chunks are moving
                 await fs.flush(fa)  # A commits while they move: its upload jobs are queued
                 await fs.release(fa)
                 await wait_for(lambda: len(uploader_of(fs).running) == 2)  # and its jobs run
@@ -403,11 +404,11 @@ async def test_a_version_dropped_while_its_chunks_move_queues_their_remote_copie
             await wait_for(lambda: len(local.frames) == 2)  # A's chunks fill the local tier
             async with trio.open_nursery() as n:
                 n.start_soon(write_file, fs, b"b", b)
-                await wait_for(lambda: fs.store.guard.moving() >= {bytes.fromhex(k) for k in keys})
+                await wait_for(lambda: store_of(fs).guard.moving() >= {bytes.fromhex(k) for k in keys})
                 remote.fail_deletes = True
                 await fs.release(fa)  # dropped, never committed, while its chunks move
                 remote.put_gate.set()
-            await wait_for(lambda: not fs.store.guard.moving())
+            await wait_for(lambda: not store_of(fs).guard.moving())
             assert keys <= set(inner.frames)  # the copies landed after the drop ...
             await wait_for_deletions_failing(fs, "r", len(keys))  # ... and are queued
             remote.fail_deletes = False
@@ -458,7 +459,7 @@ async def test_block_waits_for_local_frames_in_the_deletion_queue(tmp_path: Path
             await wait_for(local.delete_entered.is_set)  # the deleter holds at the gate
             async with trio.open_nursery() as n:
                 n.start_soon(write_file, fs, b"new", new)
-                await wait_for(lambda: fs.store.waiting_for_room > 0)  # waits, no ENOSPC
+                await wait_for(lambda: store_of(fs).waiting_for_room > 0)  # waits, no ENOSPC
                 local.delete_gate.set()
             assert await read_file(fs, b"new") == new
     finally:

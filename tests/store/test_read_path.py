@@ -10,7 +10,7 @@ import trio
 
 from tests.store.test_local_full import wait_for
 from tests.store.test_upload import wait_backlog_empty
-from tests.vfs.test_vfs import CS, make_fs, read_file, write_file
+from tests.vfs.test_vfs import CS, make_fs, read_file, store_of, write_file
 
 from ckptfs.codec import frame
 from ckptfs.config import ReadConfig, TierConfig
@@ -84,7 +84,7 @@ async def test_a_sequential_read_copies_remote_only_chunks_back(tmp_path: Path) 
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
         # Evict every local copy: the chunks live on the remote only.
-        assert await fs.store.evict(1 << 30) > 0
+        assert await store_of(fs).evict(1 << 30) > 0
         assert not local.frames
     async with make_fs(tmp_path, [local, remote]) as fs:
         assert await read_file(fs, b"f") == data
@@ -102,7 +102,7 @@ async def test_copy_back_never_leaves_chunks_on_the_remote_only(tmp_path: Path) 
     async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
         await write_file(fs, b"f", data)
         await wait_backlog_empty(fs)
-        assert await fs.store.evict(1 << 30) > 0
+        assert await store_of(fs).evict(1 << 30) > 0
     async with make_fs(tmp_path, [local, remote], reads=ReadConfig(copy_back="never")) as fs:
         assert await read_file(fs, b"f") == data
         assert fs.store.stats.get("copy_backs") == 0 and not local.frames
@@ -135,7 +135,7 @@ async def test_local_frames_land_in_reused_buffers_and_a_corrupt_one_is_never_se
         assert await read_file(fs, b"f") == data  # the damaged chunk came from the remote
         assert fs.store.stats.get("integrity_failures") == 1
         # Every local read went into a pool buffer (the damaged one's was given back).
-        assert fs.store.frames.made + fs.store.frames.reused >= 3
+        assert store_of(fs).frames.made + store_of(fs).frames.reused >= 3
         await wait_for(lambda: fs.store.stats.get("heals") >= 1)
         frame.verify(victim.read_bytes(), bytes.fromhex(victim.name))  # healed on disk
 
@@ -156,14 +156,14 @@ async def test_buffers_of_chunks_leaving_the_cache_together_are_reused(tmp_path:
             await write_file(fs, f"f{i}".encode(), data, step=MiB)
     async with make_fs(tmp_path, [local], chunk_size=cs, memory_budget=64 * cs,
                        io_threads=2) as fs:
-        store = fs.store
+        store = store_of(fs)
         assert store.frames.keep < len(first)
         for i, data in enumerate(first):
             assert await read_file(fs, f"f{i}".encode()) == data
         made = store.frames.made
         assert made >= len(first) - 1  # one buffer per chunk cached (a few reused at most)
-        for digest in list(store._cache):  # every chunk leaves the cache at once
-            store._uncache(digest)
+        for digest in list(store.cache.entries):  # every chunk leaves the cache at once
+            store.cache.uncache(digest)
         assert store.frames.idle == made
         for i, data in enumerate(second, start=len(first)):
             assert await read_file(fs, f"f{i}".encode()) == data
@@ -195,5 +195,5 @@ async def test_a_heal_that_fails_unexpectedly_leaves_the_daemon_serving(tmp_path
     async with make_fs(tmp_path, [local, remote]) as fs:
         assert await read_file(fs, b"f") == data  # the damaged chunk came from the remote
         await wait_for(lambda: fs.store.stats.get("heal_failures") >= 1)
-        fs.store._cache.clear()
+        store_of(fs).cache.entries.clear()
         assert await read_file(fs, b"f") == data  # still serving, still verified

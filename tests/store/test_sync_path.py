@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from ckptfs.catalog import Catalog, SqliteCatalog
-from ckptfs.chunks.store import ChunkStore
+from ckptfs.chunks.store import ChunkStore, StorePolicy
 from ckptfs.errors import TierError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
 
@@ -56,8 +56,8 @@ async def until(cond: Any, timeout: float = 10) -> None:
 
 def make_store(tmp_path: Path, tier: Any, io_threads: int = 2, **kw: Any) -> tuple[ChunkStore, Catalog]:
     cat = SqliteCatalog(tmp_path / "catalog.sqlite")
-    store = ChunkStore([tier], io_threads=io_threads, cache_bytes=1 << 20, catalog=cat,
-                       db_limiter=trio.CapacityLimiter(1), **kw)
+    store = ChunkStore([tier], cat, trio.CapacityLimiter(1),
+                       StorePolicy(io_threads=io_threads, cache_bytes=1 << 20, **kw))
     return store, cat
 
 
@@ -112,15 +112,15 @@ async def test_write_behind_follows_whether_saves_fsync(tmp_path: Path) -> None:
             first = await store.write([os.urandom(3000)])
             await trio.testing.wait_all_tasks_blocked()
             assert tier.sync_calls == []  # nothing says the saves fsync yet
-            store.note_commit(synced=True, new_chunks=True)
+            store.writer.note_commit(synced=True, new_chunks=True)
             ref = await store.write([os.urandom(3000)])
             await until(lambda: ref.key in tier.synced_keys())
-            await until(lambda: not store._behind)
+            await until(lambda: not store.writer._behind)
             calls = len(tier.sync_calls)
             await store.sync([ref])
             assert len(tier.sync_calls) == calls  # already synced by the write-behind
             assert store.stats.get("write_behind_syncs") == 1
-            store.note_commit(synced=False, new_chunks=True)
+            store.writer.note_commit(synced=False, new_chunks=True)
             late = await store.write([os.urandom(3000)])
             await trio.testing.wait_all_tasks_blocked()
             assert late.key not in tier.synced_keys()
@@ -141,7 +141,7 @@ async def test_a_failed_write_behind_fsync_fails_the_files_fsync(tmp_path: Path)
             store.attach(n)
             tier.fail_syncs = True
             ref = await store.write([os.urandom(3000)])
-            await until(lambda: not store._behind)
+            await until(lambda: not store.writer._behind)
             tier.fail_syncs = False  # a retry would succeed now
             with pytest.raises(TierError, match="injected EIO on fsync"):
                 await store.sync([ref])

@@ -13,7 +13,7 @@ from tests.vfs.test_vfs import until_real
 
 from ckptfs.catalog import Catalog, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE
-from ckptfs.chunks.commit import FileVersion, commit_version
+from ckptfs.chunks.commit import FileVersion
 from ckptfs.config import CheckpointConfig, config_from_dict
 from ckptfs.daemon.build import Daemon, Wakeups, build_for_config
 from ckptfs.daemon.restore import reconcile_catalog
@@ -60,7 +60,7 @@ def test_no_component_is_handed_the_filesystem(tmp_path: Path) -> None:
         assert d.store.deleter is d.deleter and d.uploader.deleter is d.deleter
         assert d.store.guard is d.uploader.guard is d.deleter.guard
         assert d.store.room is d.uploader.room is d.deleter.room
-        assert d.store.spill_copy == d.uploader.copy_uncommitted
+        assert d.store.writer.spill_copy == d.uploader.copy_uncommitted
     finally:
         cat.close()
 
@@ -79,11 +79,12 @@ def test_each_component_gets_its_part_of_the_config(tmp_path: Path) -> None:
         d = build_for_config(cfg, cat, [MemoryTier("l"), MemoryTier("r", kind="remote")], CS)
         assert (d.uploader.concurrency, d.uploader.during_save, d.uploader.compressor.mode) == (
             5, "overlap", "off")
-        assert (d.store.io.total_tokens, d.store.remote_copies, d.store.on_local_full,
-                d.store.local_full_timeout_s) == (3, 2, "enospc", 7.0)
+        assert (d.store.limiters.io.total_tokens, d.store.policy.remote_copies,
+                d.store.policy.on_local_full, d.store.policy.local_full_timeout_s) == (
+            3, 2, "enospc", 7.0)
         # Remote GETs: as many as remote_read_concurrency, beside the 3 local I/O threads;
         # the S3 pool holds them and the uploads.
-        assert d.store.remote_io.total_tokens == 11
+        assert d.store.limiters.remote_io.total_tokens == 11
         assert pool_size(cfg) == 32 and pool_size(config_from_dict(
             {"remote_read_concurrency": 40, "upload_concurrency": 8})) == 52
         assert d.budget.limit == 4 * 1024 * 1024
@@ -146,7 +147,7 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         first = await store.write([os.urandom(CS)])
         assert store.guard.pinned(first.digest)
         v1 = FileVersion(inode.ino, CS, 1, 1, CS, {}, {0: first}, [first])
-        committed = await commit_version(store, v1, synced=True)
+        committed = await store.commit(v1, synced=True)
         assert committed is not None and committed[0].digest == first.digest
         assert cat.extents(inode.ino)[0].digest == first.digest
         assert cat.get_inode(inode.ino).size == CS
@@ -155,13 +156,13 @@ async def test_a_file_version_commits_in_one_call_of_the_chunk_layer(tmp_path: P
         assert d.uploader.commits.running()  # the uploader was told: a stream of commits
         second = await store.write([os.urandom(CS // 2)])
         v2 = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {0: second}, [second])
-        committed = await commit_version(store, v2, synced=False)
+        committed = await store.commit(v2, synced=False)
         assert committed is not None and committed[0].digest == second.digest
         assert not cat.has_chunk(first.digest)  # the replaced chunk was collected ...
         assert {q.tier for q in cat.deletion_backlog()} >= {"l"}  # ... into the deletion queue
         # Nothing changed: nothing to commit, the caller keeps its state.
         same = FileVersion(inode.ino, CS // 2, 2, 2, CS, committed, {}, [])
-        assert await commit_version(store, same, synced=True) is None
+        assert await store.commit(same, synced=True) is None
     finally:
         cat.close()
 

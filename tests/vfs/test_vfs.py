@@ -18,6 +18,7 @@ from tests.support.daemons import build_daemon, hooked_sqlite
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.catalog.protocols import Catalog
+from ckptfs.chunks.store import ChunkStore
 from ckptfs.config import ReadConfig
 from ckptfs.daemon.build import Daemon
 from ckptfs.daemon.services import running
@@ -71,6 +72,14 @@ def catalog_of(fs: Filesystem) -> Catalog:
     """The whole catalog behind ``fs`` (the filesystem is typed against the catalog roles
     it uses), for tests that inspect the upload and deletion queues or the replicas."""
     return cast(Catalog, fs.catalog)
+
+
+def store_of(fs: Filesystem) -> ChunkStore:
+    """The chunk store behind ``fs`` (the filesystem itself only sees the chunk service),
+    for tests that drive or inspect its parts."""
+    store = fs.store
+    assert isinstance(store, ChunkStore)
+    return store
 
 
 async def deletions_done(fs: Filesystem, timeout: float = 10) -> None:
@@ -216,7 +225,7 @@ async def test_an_unexpected_error_in_a_readahead_does_not_stop_the_daemon(
         first = set(t.frames)
         ino = await write_file(fs, b"f", head + rest)
         t.bad = set(t.frames) - first
-        fs.store._cache.clear()
+        store_of(fs).cache.entries.clear()
         fh = await fs.open(ino, os.O_RDONLY)
         assert bytes(await fs.read(fh, 0, CS)) == head  # starts readaheads of chunks 1-3
         assert await trio.to_thread.run_sync(t.raised.wait, 30)  # a readahead met the bug
