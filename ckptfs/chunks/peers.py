@@ -76,43 +76,17 @@ class PeerWaits:
         asked = wanted = False
         try:
             while True:
-                tiers = await trio.to_thread.run_sync(
-                    self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-                )
-                reachable = tuple(t for t in tiers if t in self.tiers)
-                holders = tuple(t for t in tiers if t not in self.tiers)
-                nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
+                reachable, holders, nodes = await self._where_now(ref)
                 if reachable and not set(reachable) <= set(ref.tiers):
                     fresh = await fetch(
                         ChunkRef(ref.digest, ref.length, reachable), abandon, ticket
                     )
                     if fresh.data is not None:
-                        for n in nodes:  # they deliver: the next chunk waits afresh
-                            self._peer_waits.pop(n, None)
-                            self._peer_gave_up.pop(n, None)
+                        self._delivered(nodes)  # they deliver: the next chunk waits afresh
                         return fresh
                 if reachable or not holders:
                     return got  # not (only) another node's: missing or damaged as it is
-                where = f"node {', '.join(nodes)} ({', '.join(holders)})"
-                if await self._peers_gone(nodes):
-                    raise PeerChunkPending(
-                        f"chunk {ref.key[:16]} is only on {where}, whose session has ended "
-                        "(the node is down): nothing will upload it until it is back", nodes)
-                if deadline is None:
-                    deadline = self._peer_deadline(nodes)
-                    if deadline is None:
-                        raise PeerChunkPending(
-                            f"chunk {ref.key[:16]} is only on {where}; a read waited "
-                            f"{self.peer_wait_s:g} s for that node's chunks less than "
-                            f"{PEER_QUIET_S:g} s ago: not waiting again", nodes)
-                if trio.current_time() >= deadline:
-                    now = trio.current_time()
-                    for n in nodes:
-                        self._peer_waits.pop(n, None)
-                        self._peer_gave_up[n] = now
-                    raise PeerChunkPending(
-                        f"chunk {ref.key[:16]} is only on {where}, not uploaded within "
-                        f"{self.peer_wait_s:g} s", nodes)
+                deadline = await self._wait_goes_on(ref, holders, nodes, deadline)
                 if not asked:
                     asked = True
                     wanted = await self._want(ref.digest, deadline - trio.current_time())
@@ -122,6 +96,53 @@ class PeerWaits:
             if wanted:
                 with trio.CancelScope(shield=True):  # also when the read is cancelled
                     await self._unwant(ref.digest)
+
+    async def _where_now(
+        self, ref: ChunkRef
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The chunk's copies as the catalog lists them now: (on tiers this node reads, on
+        other nodes' tiers, those nodes)."""
+        tiers = await trio.to_thread.run_sync(
+            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+        )
+        reachable = tuple(t for t in tiers if t in self.tiers)
+        holders = tuple(t for t in tiers if t not in self.tiers)
+        nodes = tuple(sorted({t.split(":", 1)[0] for t in holders}))
+        return reachable, holders, nodes
+
+    def _delivered(self, nodes: tuple[str, ...]) -> None:
+        for n in nodes:
+            self._peer_waits.pop(n, None)
+            self._peer_gave_up.pop(n, None)
+
+    async def _wait_goes_on(
+        self, ref: ChunkRef, holders: tuple[str, ...], nodes: tuple[str, ...],
+        deadline: float | None,
+    ) -> float:
+        """The deadline of a wait for ``nodes`` that goes on (set at the first look);
+        PeerChunkPending if it ends here: they are down, were waited on lately, or the
+        deadline passed."""
+        where = f"node {', '.join(nodes)} ({', '.join(holders)})"
+        if await self._peers_gone(nodes):
+            raise PeerChunkPending(
+                f"chunk {ref.key[:16]} is only on {where}, whose session has ended "
+                "(the node is down): nothing will upload it until it is back", nodes)
+        if deadline is None:
+            deadline = self._peer_deadline(nodes)
+            if deadline is None:
+                raise PeerChunkPending(
+                    f"chunk {ref.key[:16]} is only on {where}; a read waited "
+                    f"{self.peer_wait_s:g} s for that node's chunks less than "
+                    f"{PEER_QUIET_S:g} s ago: not waiting again", nodes)
+        if trio.current_time() >= deadline:
+            now = trio.current_time()
+            for n in nodes:
+                self._peer_waits.pop(n, None)
+                self._peer_gave_up[n] = now
+            raise PeerChunkPending(
+                f"chunk {ref.key[:16]} is only on {where}, not uploaded within "
+                f"{self.peer_wait_s:g} s", nodes)
+        return deadline
 
     def _peer_deadline(self, nodes: tuple[str, ...]) -> float | None:
         """When a wait for a chunk only ``nodes`` hold ends: ``peer_wait_s`` after the

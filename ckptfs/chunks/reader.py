@@ -356,57 +356,15 @@ class ChunkReader:
         """Repair the copies a read found missing or corrupt from the good bytes it got:
         a local copy is written again (verified), a remote one is uploaded again."""
         try:
-            # Only copies the catalog still lists are damage: a copy evicted (or a chunk
-            # deleted) since the caller looked up the chunk is simply gone.
-            listed = set(await trio.to_thread.run_sync(
-                self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
-            ))
-            bad = [(n, why) for n, why in bad if n in listed]
-            usable = {n for n in listed - {b for b, _ in bad}
-                      if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
-            copy_back = copy_back and not any(n in self.local for n in usable)
+            bad, copy_back = await self._damage_to_heal(ref, bad, copy_back)
             if not bad and not copy_back:
                 return
-            for name, why in bad:
-                await trio.to_thread.run_sync(
-                    self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
-                )
-                log.warning("chunk %s: copy on tier %s %s; healing it", ref.key[:16], name, why)
+            await self._record_heal_bad(ref, bad)
             local_bad = [n for n, _ in bad if n in self.local]
             remote_bad = [n for n, _ in bad if n not in self.local]
             if local_bad or copy_back or remote_bad:
-                self.pins.pin(ref.digest)  # garbage collection must not drop the chunk under us
-                try:
-                    placed = await trio.to_thread.run_sync(
-                        self._write_local_copy, ref, data, local_bad, limiter=self._bg
-                    )
-                    if placed is not None and not await trio.to_thread.run_sync(
-                        self.catalog.add_replica_if_known, ref.digest, placed,
-                        limiter=self.db_limiter,
-                    ):
-                        # The chunk was deleted meanwhile: the copy just made is queued
-                        # for deletion (the deleter respects pins of the same content).
-                        self.hooks.deletions_queued()
-                        placed = None
-                finally:
-                    self.pins.unpin([ref.digest])
-                if placed is not None:
-                    self.stats.count("copy_backs" if copy_back and not local_bad else "heals")
-                    log.info("chunk %s: valid copy written to local tier %s", ref.key[:16], placed)
-                elif local_bad:
-                    self.stats.count("heal_failures")
-                else:
-                    self.stats.count("copy_backs_no_room")
-            for name in remote_bad:
-                if not self.residency.permits(ref.digest, name):
-                    self.residency.refuse("heal", name, ref.digest)
-                    continue
-                if await trio.to_thread.run_sync(
-                    self.catalog.requeue_upload, ref.digest, name, limiter=self.db_limiter
-                ):
-                    self.stats.count("heals")
-                    log.info("chunk %s: upload to tier %s queued again", ref.key[:16], name)
-                    self.hooks.requeued()
+                await self._rewrite_local(ref, data, local_bad, copy_back)
+            await self._requeue_remote(ref, remote_bad)
         except CkptfsError as exc:
             self.stats.count("heal_failures")
             log.warning("chunk %s: heal failed: %s", ref.key[:16], exc)
@@ -417,6 +375,69 @@ class ChunkReader:
             log.exception("chunk %s: heal failed unexpectedly", ref.key[:16])
         finally:
             self._healing.discard(ref.digest)
+
+    async def _damage_to_heal(
+        self, ref: ChunkRef, bad: list[tuple[str, str]], copy_back: bool
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """``bad`` and ``copy_back`` narrowed to what needs doing now (heal's first step)."""
+        # Only copies the catalog still lists are damage: a copy evicted (or a chunk
+        # deleted) since the caller looked up the chunk is simply gone.
+        listed = set(await trio.to_thread.run_sync(
+            self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
+        ))
+        bad = [(n, why) for n, why in bad if n in listed]
+        usable = {n for n in listed - {b for b, _ in bad}
+                  if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
+        copy_back = copy_back and not any(n in self.local for n in usable)
+        return bad, copy_back
+
+    async def _record_heal_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
+        """Record the bad copies in the catalog before healing them (readers skip them)."""
+        for name, why in bad:
+            await trio.to_thread.run_sync(
+                self.catalog.mark_replica_bad, ref.digest, name, limiter=self.db_limiter
+            )
+            log.warning("chunk %s: copy on tier %s %s; healing it", ref.key[:16], name, why)
+
+    async def _rewrite_local(
+        self, ref: ChunkRef, data: frame.Buffer, local_bad: list[str], copy_back: bool
+    ) -> None:
+        """Write a verified local copy (heal or copy-back) and record it, pinned meanwhile."""
+        self.pins.pin(ref.digest)  # garbage collection must not drop the chunk under us
+        try:
+            placed = await trio.to_thread.run_sync(
+                self._write_local_copy, ref, data, local_bad, limiter=self._bg
+            )
+            if placed is not None and not await trio.to_thread.run_sync(
+                self.catalog.add_replica_if_known, ref.digest, placed,
+                limiter=self.db_limiter,
+            ):
+                # The chunk was deleted meanwhile: the copy just made is queued
+                # for deletion (the deleter respects pins of the same content).
+                self.hooks.deletions_queued()
+                placed = None
+        finally:
+            self.pins.unpin([ref.digest])
+        if placed is not None:
+            self.stats.count("copy_backs" if copy_back and not local_bad else "heals")
+            log.info("chunk %s: valid copy written to local tier %s", ref.key[:16], placed)
+        elif local_bad:
+            self.stats.count("heal_failures")
+        else:
+            self.stats.count("copy_backs_no_room")
+
+    async def _requeue_remote(self, ref: ChunkRef, remote_bad: list[str]) -> None:
+        """Queue the upload of each bad remote copy again (where residency permits)."""
+        for name in remote_bad:
+            if not self.residency.permits(ref.digest, name):
+                self.residency.refuse("heal", name, ref.digest)
+                continue
+            if await trio.to_thread.run_sync(
+                self.catalog.requeue_upload, ref.digest, name, limiter=self.db_limiter
+            ):
+                self.stats.count("heals")
+                log.info("chunk %s: upload to tier %s queued again", ref.key[:16], name)
+                self.hooks.requeued()
 
     def _write_local_copy(
         self, ref: ChunkRef, data: frame.Buffer, prefer: list[str]

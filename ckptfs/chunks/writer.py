@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
@@ -37,6 +38,15 @@ ROOM_RECHECK_S = 5.0
 # Without a remote only deletions free room: a writer waits this long at most for local
 # frames in the deletion queue (an `rm` of the previous checkpoint just before this save).
 LOCAL_DELETION_WAIT_S = 30.0
+
+
+@dataclass
+class _SpillRound:
+    """What the concurrent moves of one spill round report back to it."""
+
+    freed: int = 0  # bytes of local frames dropped
+    failed: bool = False  # a move failed: the next round waits SPILL_RETRY_S
+    held: bool = False  # a claimed deletion of a remote object held a move back
 
 
 class WriterCatalog(ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue, Protocol):
@@ -421,65 +431,65 @@ class ChunkWriter:
         drop their local frames; wake the writers waiting for room. Each move is recorded
         in the catalog before its PUT (chunks/moves.py); one a claimed deletion of its
         object holds back keeps its local frame until the next round."""
-        freed = 0
-        failed = held = False
+        spill = _SpillRound()
         holds = self.room.holds_ended  # before any look: no claim's end is missed
-
-        async def one(digest: bytes, length: int, sources: tuple[str, ...]) -> None:
-            nonlocal freed, failed, held
-            targets = self.remote_targets(digest, self.remote_copies)
-            assert self.spill_copy is not None
-            try:
-                if self.moves.ending(digest) or not await self.moves.begin(
-                    digest, length, targets
-                ):
-                    # A node deletes that object now: a PUT could land before its DELETE.
-                    if not held:
-                        log.info("move of uncommitted chunk %s waits for a deletion of its "
-                                 "remote object in progress (until that claim ends)",
-                                 digest.hex()[:16])
-                    held = True
-                    self.stats.count("moves_held")
-                    return
-                for target in targets:
-                    await self.spill_copy(digest, length, sources, target)
-            except CkptfsError as exc:
-                if not failed:
-                    log.warning("could not move uncommitted chunk %s to a remote tier (retry "
-                                "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
-                failed = True
-                return
-            drop = await trio.to_thread.run_sync(
-                self._after_spill, digest, sources, targets, limiter=self.db_limiter
-            )
-            if drop:
-                freed += await self._drop_moved(drop)
-
-        def unknown(digests: list[bytes]) -> set[bytes]:
-            # A chunk a committed file names too (same content) keeps its local copy.
-            return {d for d in digests if not self.catalog.has_chunk(d)}
-
         try:
             fresh = await trio.to_thread.run_sync(
-                unknown, [d for d, _, _ in picked], limiter=self.db_limiter
+                self._unknown_chunks, [d for d, _, _ in picked], limiter=self.db_limiter
             )
             self.guard.stay(d for d, _, _ in picked if d not in fresh)
             async with trio.open_nursery() as n:
                 for digest, length, sources in picked:
                     if digest in fresh:
-                        n.start_soon(one, digest, length, sources)
+                        n.start_soon(self._spill_one, spill, digest, length, sources)
         finally:
             self.guard.end_moves(d for d, _, _ in picked)
             self._spill_running = False
-            self._spill_retry_at = time.monotonic() + SPILL_RETRY_S if failed else -1e9
-            self._held_at = holds if held and not failed else None
+            self._spill_retry_at = time.monotonic() + SPILL_RETRY_S if spill.failed else -1e9
+            self._held_at = holds if spill.held and not spill.failed else None
             self.moves.settle()  # chunks dropped while they moved: their records end
-        if freed:
-            self.spilled_bytes += freed
+        if spill.freed:
+            self.spilled_bytes += spill.freed
             log.info("moved %d bytes of uncommitted chunks to the remote tiers to make room "
-                     "on the local ones", freed)
+                     "on the local ones", spill.freed)
             self.placement.clear_full()
         self.room_may_have_freed()  # moved, or nothing to move: the writers look again
+
+    async def _spill_one(
+        self, spill: _SpillRound, digest: bytes, length: int, sources: tuple[str, ...]
+    ) -> None:
+        """One chunk of a spill round: record the move, PUT it, drop its local frames."""
+        targets = self.remote_targets(digest, self.remote_copies)
+        assert self.spill_copy is not None
+        try:
+            if self.moves.ending(digest) or not await self.moves.begin(
+                digest, length, targets
+            ):
+                # A node deletes that object now: a PUT could land before its DELETE.
+                if not spill.held:
+                    log.info("move of uncommitted chunk %s waits for a deletion of its "
+                             "remote object in progress (until that claim ends)",
+                             digest.hex()[:16])
+                spill.held = True
+                self.stats.count("moves_held")
+                return
+            for target in targets:
+                await self.spill_copy(digest, length, sources, target)
+        except CkptfsError as exc:
+            if not spill.failed:
+                log.warning("could not move uncommitted chunk %s to a remote tier (retry "
+                            "in %.0f s): %s", digest.hex()[:16], SPILL_RETRY_S, exc)
+            spill.failed = True
+            return
+        drop = await trio.to_thread.run_sync(
+            self._after_spill, digest, sources, targets, limiter=self.db_limiter
+        )
+        if drop:
+            spill.freed += await self._drop_moved(drop)
+
+    def _unknown_chunks(self, digests: list[bytes]) -> set[bytes]:
+        # A chunk a committed file names too (same content) keeps its local copy.
+        return {d for d in digests if not self.catalog.has_chunk(d)}
 
     def _after_spill(
         self, digest: bytes, sources: tuple[str, ...], targets: list[str]

@@ -336,19 +336,7 @@ def load_config(
     the local ones. ``create_tiers`` / ``allow_shared_device`` (``--create``,
     ``--allow-shared-device``) set ``create`` / ``allow_shared_device`` on every local tier.
     """
-    data: dict[str, Any] = {}
-    source = "<embedded default>"
-    if path is not None:
-        data = _read_toml(path)
-        source = str(path)
-    if state_dir is not None:
-        data["state_dir"] = str(Path(state_dir).expanduser().absolute())
-    if chunk_size is not None:
-        data["chunk_size"] = chunk_size
-    if catalog_url is not None:
-        data["catalog"] = parse_catalog_url(catalog_url, "--catalog")
-    if node is not None:
-        data["node"] = parse_node(node, "--node")
+    data, source = _file_with_flags(path, state_dir, chunk_size, catalog_url, node)
     cfg = config_from_dict(data, source)
     tiers = cfg.tiers
     if local_dirs:
@@ -374,6 +362,28 @@ def load_config(
     out = dataclasses.replace(cfg, tiers=tiers, remote_tiers=remote_tiers, source=source)
     check_governance(out)
     return out
+
+
+def _file_with_flags(
+    path: str | Path | None, state_dir: str | Path | None, chunk_size: str | int | None,
+    catalog_url: str | None, node: str | None,
+) -> tuple[dict[str, Any], str]:
+    """The config file's table (empty without one) with the command-line flags that
+    override its settings applied, and where it came from."""
+    data: dict[str, Any] = {}
+    source = "<embedded default>"
+    if path is not None:
+        data = _read_toml(path)
+        source = str(path)
+    if state_dir is not None:
+        data["state_dir"] = str(Path(state_dir).expanduser().absolute())
+    if chunk_size is not None:
+        data["chunk_size"] = chunk_size
+    if catalog_url is not None:
+        data["catalog"] = parse_catalog_url(catalog_url, "--catalog")
+    if node is not None:
+        data["node"] = parse_node(node, "--node")
+    return data, source
 
 
 def _check_unique_paths(tiers: tuple[TierConfig, ...]) -> None:

@@ -18,16 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptfs.checkpoints.detectors import (
+from ckptfs.checkpoints.detector_base import (
     BEGIN,
     COMMIT,
-    DetectorSet,
-    PatternConfig,
-    PatternDetector,
     is_temp_name,
     step_from_name,
     zip_at_eof,
 )
+from ckptfs.checkpoints.detectors import DetectorSet
 from ckptfs.checkpoints.events import (
     CHMOD,
     CREATE,
@@ -44,7 +42,8 @@ from ckptfs.checkpoints.events import (
     Detector,
     FsEvent,
 )
-from ckptfs.config import patterns_from_config
+from ckptfs.checkpoints.patterns import PatternDetector
+from ckptfs.config import PatternConfig, patterns_from_config
 from ckptfs.errors import ConfigError
 
 SEC = 1_000_000_000

@@ -1,0 +1,1 @@
+"""The built-in detectors, one module per family of checkpoint layout (detectors.py runs them)."""
