@@ -485,7 +485,10 @@ class ChunkWriter:
             self._after_spill, digest, sources, targets, limiter=self.db_limiter
         )
         if drop:
-            spill.freed += await self._drop_moved(drop)
+            # Awaited first: ``spill.freed += await ...`` reads the total before the await,
+            # and the round's other chunks add to it meanwhile (their bytes were lost).
+            freed = await self._drop_moved(drop)
+            spill.freed += freed
 
     def _unknown_chunks(self, digests: list[bytes]) -> set[bytes]:
         # A chunk a committed file names too (same content) keeps its local copy.
