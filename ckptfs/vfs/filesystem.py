@@ -39,9 +39,10 @@ from .context import ROOT, RequestContext
 from .control import XATTR_RESERVED, ControlCatalog, ControlXattrs
 from .dirattrs import DirAttrs
 from .fileio import FileIO
+from .fileservices import MemoryBudget, Services
 from .handles import NAME_MAX, FsStats, Handle, HandleTable, uses_direct_io
 from .names import KnownNames
-from .openfile import MemoryBudget, OpenFiles, Services
+from .openfile import OpenFiles
 from .openrows import OpenRows
 from .opens import Opens
 from .options import FsGovernance, FsKernel, FsOptions, FsPeers

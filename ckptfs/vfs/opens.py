@@ -26,8 +26,9 @@ from ..catalog.protocols import AuditCatalog, ContentsCatalog, NamespaceCatalog,
 from ..errors import CatalogUnavailable, CkptfsError, IsADirectory
 from .context import ROOT, RequestContext
 from .dirattrs import DirAttrs
+from .fileservices import Services
 from .handles import Handle, HandleTable
-from .openfile import OpenFile, OpenFiles, Services
+from .openfile import OpenFile, OpenFiles
 from .openrows import Db, OpenRows
 from .pathgen import PathGeneration
 from .quota import Quotas
