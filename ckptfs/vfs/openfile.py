@@ -475,7 +475,7 @@ class OpenFile:
         """The last handle closed: end the readahead and the page-cache pushes, drop
         uncommitted state (a failed write stays uncommitted). Pushes stay held (a push of
         a file nobody holds open could land after a new OpenFile of it was written);
-        a reopen while this ran allows them again (Filesystem._drop_handle_ref)."""
+        a reopen while this ran allows them again (Opens.drop_handle_ref)."""
         await self.hold_pushes()
         await self.stop_readahead()
         # What it fetched ahead and nobody read no longer holds back other files' readahead.
