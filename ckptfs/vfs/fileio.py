@@ -1,6 +1,6 @@
-"""The data path of open files: read, write, the commit at close (flush) and fsync with
-the durability wait of a ``durability = "remote"`` policy, release, a prefetch to the
-local tiers (stage_file), statfs and the commit-and-sync at shutdown.
+"""The data path of open files: read, write, truncate, the commit at close (flush) and
+fsync with the durability wait of a ``durability = "remote"`` policy, release, a prefetch
+to the local tiers (stage_file), statfs and the commit-and-sync at shutdown.
 
 Given the handles (vfs/opens.py) and the narrow things it uses; the Filesystem delegates
 its FUSE-facing methods here in one line. It changes no name: of the namespace caches it
@@ -261,6 +261,7 @@ class FileIO:
             free += u.free
         bs = 4096
         return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, NAME_MAX)
+
     async def shutdown(self) -> None:
         """Commit every open file that still has data (the kernel sends no more requests)."""
         for f in list(self.open_files.values()):
