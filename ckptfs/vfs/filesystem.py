@@ -20,7 +20,6 @@ import trio
 from .. import crashpoint, threads
 from ..catalog import Around, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
-from ..catalog.catalog import ROOT_INODE
 from ..catalog.protocols import QuotaCatalog
 from ..checkpoints.events import FsEvent
 from ..chunks.service import FrontEndChunks
@@ -47,6 +46,7 @@ from .openrows import OpenRows
 from .opens import Opens
 from .options import FsGovernance, FsKernel, FsOptions, FsPeers
 from .pathgen import PathGeneration
+from .removal import TreeRemoval
 from .setid import SetidRules, check_sticky, owner_rules
 from .signals import CommitSignals
 from .xattrs import XATTR_TOTAL_MAX, StoredXattrs
@@ -137,6 +137,7 @@ class Filesystem:
                                      self.stage_file)
         self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
                                    open_files)
+        self.removal = TreeRemoval(self, self.invalidate_entry)
 
     def _init_caches(self) -> None:
         """What this mount knows without asking the catalog (the open files' state: opens)."""
@@ -533,31 +534,8 @@ class Filesystem:
 
     async def remove_tree(self, path: str) -> None:
         """Delete a file or a directory tree by its path inside the mount (retention), as
-        unlink and rmdir would, and tell the kernel to forget the names."""
-        parts = [p.encode(errors="surrogateescape") for p in path.split("/") if p]
-        if not parts:
-            raise InvalidArgument("refusing to delete the root")
-        parent = ROOT_INODE
-        for name in parts[:-1]:
-            parent = (await self.lookup(parent, name)).ino
-        await self._remove(parent, parts[-1])
-
-    async def _remove(self, parent: int, name: bytes) -> None:
-        inode = await self.lookup(parent, name)
-        if inode.is_dir:
-            after = 0
-            while True:
-                batch = await self.readdir(inode.ino, after)
-                if not batch:
-                    break
-                for _, child, _ in batch:
-                    await self._remove(inode.ino, child)
-                after = batch[-1][0]
-            await self.rmdir(parent, name)
-        else:
-            await self.unlink(parent, name)
-        if self.invalidate_entry is not None:
-            await trio.to_thread.run_sync(self.invalidate_entry, parent, name)
+        unlink and rmdir would (vfs/removal.py)."""
+        await self.removal.remove_tree(path)
 
     async def _maybe_delete(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
