@@ -51,8 +51,9 @@ from ..upload.deleter import Deleter
 from ..upload.seal import SealStore
 from ..upload.uploader import Uploader
 from ..vfs.access import Access
+from ..vfs.fileservices import MemoryBudget
 from ..vfs.filesystem import Filesystem, HandleTable
-from ..vfs.openfile import MemoryBudget, OpenFiles
+from ..vfs.openfile import OpenFiles
 from ..vfs.options import FsGovernance, FsKernel, FsOptions, FsPeers
 from ..vfs.pagepush import PagePush, StorePages
 from ..vfs.quota import Quotas

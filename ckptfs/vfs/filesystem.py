@@ -8,13 +8,10 @@ work in the ChunkStore's threads; nothing here blocks the trio loop.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
-import os
 import stat
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -23,34 +20,34 @@ import trio
 from .. import crashpoint, threads
 from ..catalog import Around, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
-from ..catalog.catalog import ROOT_INODE
 from ..catalog.protocols import QuotaCatalog
 from ..checkpoints.events import FsEvent
 from ..chunks.service import FrontEndChunks
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
-from ..config import policy_for
 from ..errors import (
     CatalogUnavailable,
-    CkptfsError,
     InvalidArgument,
     IsADirectory,
     NameTooLong,
-    NoSpace,
     NotADirectory,
     NotFound,
     NotPermitted,
 )
-from ..service import syncfs_all
 from .context import ROOT, RequestContext
 from .control import XATTR_RESERVED, ControlCatalog, ControlXattrs
 from .dirattrs import DirAttrs
-from .handles import FsStats, Handle, HandleTable, uses_direct_io
+from .fileio import FileIO
+from .fileservices import MemoryBudget, Services
+from .handles import NAME_MAX, FsStats, Handle, HandleTable, uses_direct_io
 from .names import KnownNames
-from .openfile import MemoryBudget, OpenFile, OpenFiles, Services
+from .openfile import OpenFiles
 from .openrows import OpenRows
+from .opens import Opens
 from .options import FsGovernance, FsKernel, FsOptions, FsPeers
-from .setid import SETID, SetidRules, owner_rules
+from .pathgen import PathGeneration
+from .removal import TreeRemoval
+from .setid import SetidRules, check_sticky, owner_rules
 from .signals import CommitSignals
 from .xattrs import XATTR_TOTAL_MAX, StoredXattrs
 
@@ -61,11 +58,6 @@ __all__ = ["XATTR_TOTAL_MAX", "Filesystem", "FsCatalog", "FsStats", "Handle", "H
 log = logging.getLogger("ckptfs.vfs")
 
 T = TypeVar("T")
-
-NAME_MAX = 255
-# Files whose cached version a node remembers (shared catalog); older ones drop their pages.
-CACHED_VERSIONS_MAX = 1 << 16
-STAGE_PARALLEL = 4  # chunks of one file fetched and written at once by a prefetch
 
 
 def _check_name(name: bytes) -> bytes:
@@ -126,38 +118,35 @@ class Filesystem:
         # Shared catalog: the inodes held open, noted under this node's session.
         self.rows = OpenRows(catalog, peers.session if self.shared else None, self.db,
                              self._db_dirs_changed, self._held_here, self._collect_dropped)
+        self._init_caches()
+        self.setid = SetidRules(self.getattr, self._chmod)
+        self.signals = CommitSignals(catalog, self.db, self.tracker, self.chunk_size,
+                                     self._read_committed)
+        # The open files and their handles; their data path.
+        self.opens = Opens(
+            catalog, self.db, open_files=open_files, handles=handles, rows=self.rows,
+            dirs=self._dirs, paths=self.paths, services=self._services,
+            delete_inode=self._delete_inode, quotas=self.quotas, invalidate=self.invalidate,
+            shared=self.shared)
+        self.io = FileIO(
+            catalog, self.db, self.opens, options=options, store=store, tiers=self.tier_view,
+            uploader=self.uploader, tracker=self.tracker, dirs=self._dirs, paths=self.paths,
+            setid=self.setid, signals=self.signals, invalidate=self.invalidate)
         # ckptfs's own xattrs: checkpoint state and the control commands.
         self.control = ControlXattrs(catalog, self.db, peers.gc, self.access, self.getattr,
                                      self.stage_file)
         self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
                                    open_files)
-        self.setid = SetidRules(self.getattr, self._chmod)
-        self.signals = CommitSignals(catalog, self.db, self.tracker, self.chunk_size,
-                                     self._read_committed)
-        self._init_caches()
+        self.removal = TreeRemoval(self, self.invalidate_entry)
 
     def _init_caches(self) -> None:
-        """What this mount knows without asking the catalog, and the state of its opens."""
-        # Opens between their catalog read and their entry in open_files: an unlink must
-        # not drop such an inode in its own catalog call (_unlinked).
-        self._opening: dict[int, int] = {}
-        # Paths cached for checkpoint events stay valid while no rename, unlink, rmdir or
-        # link ran or runs: every one bumps the generation when it finishes.
-        self._ns_gen = 0
-        self._ns_busy = 0
-        # Files created by this mount whose every handle so far was write-only: the kernel
-        # cannot hold a page of them (nothing could read or map one), so their direct-I/O
-        # writes need no invalidation of its page cache at commit (a round trip to it).
-        self._uncached: set[OpenFile] = set()
+        """What this mount knows without asking the catalog (the open files' state: opens)."""
+        # Paths cached for checkpoint events, valid while the namespace generation holds.
+        self.paths = PathGeneration()
         # Directory attributes for the kernel's GETATTR after each change in a directory.
         self._dirs = DirAttrs(enabled=not self.shared)
         # The names of directories this mount created: missing names answered from memory.
         self._names = KnownNames(enabled=not self.shared)
-        # Shared catalog: the version (size, mtime) of each file whose pages this kernel
-        # may cache, and the files whose next handle must drop them (close-to-open).
-        self._cached_versions: OrderedDict[int, tuple[int, int]] = OrderedDict()
-        self._drop_cache: set[int] = set()
-        self._next_fh = 1
         self._nursery: trio.Nursery | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -182,51 +171,12 @@ class Filesystem:
             self._names.forget(*parents)
             raise
 
-    @contextlib.contextmanager
-    def _changing_paths(self) -> Iterator[None]:
-        """Around a catalog change that may change the path of existing inodes."""
-        self._ns_busy += 1
-        try:
-            yield
-        finally:
-            self._ns_busy -= 1
-            self._ns_gen += 1
-
-    def _path_token(self) -> int | None:
-        """Taken before a catalog call resolves a path: the generation the path may be
-        cached at (None: a path change is under way, do not cache)."""
-        return self._ns_gen if self._ns_busy == 0 else None
-
-    def _cache_path(self, h: Handle, path: str, token: int | None) -> None:
-        if token is not None and not path.startswith("<unlinked>"):
-            h.path, h.path_gen = path, token
-
-    async def _file_path(self, h: Handle) -> str:
-        """The path of a handle's file, as ``catalog.path_of`` gives it."""
-        if h.path is not None and self._ns_busy == 0 and h.path_gen == self._ns_gen:
-            return h.path
-        token = self._path_token()
-        path = await self.db(self.catalog.path_of, h.file.ino)
-        self._cache_path(h, path, token)
-        return path
-
     async def _event(self, kind: str, parent: int, name: bytes, **kw: Any) -> None:
         """Tell the checkpoint tracker what just happened (after it took effect)."""
         if self.tracker is None:
             return
         path = await self._path(parent, name)
         self.tracker.push(FsEvent(kind, path, time.time_ns(), **kw))
-
-    def _committed_state(self, h: Handle) -> tuple[str, Inode, dict[int, ChunkRef]] | None:
-        """What the catalog holds for a handle's file, known without asking it: the open
-        file is the inode's current one and has nothing uncommitted (its attributes and
-        extents are then those its last commit wrote), and the cached path is current.
-        Taken synchronously, before anything else can change the file."""
-        f = h.file
-        if (self.open_files.get(f.ino) is not f or f.is_dirty() or f.failed is not None
-                or f.written or h.path is None or self._ns_busy or h.path_gen != self._ns_gen):
-            return None
-        return h.path, f.attrs(), dict(f.committed)
 
     async def replay_signals(self) -> int:
         """At start, before serving: the commit signals a crash may have kept from the
@@ -293,20 +243,6 @@ class Filesystem:
         for ino in await self.db(self.catalog.unlinked_inodes):
             await self._delete_inode(ino)
 
-    async def shutdown(self) -> None:
-        """Commit every open file that still has data (the kernel sends no more requests)."""
-        for f in list(self.open_files.values()):
-            if f.is_dirty():
-                try:
-                    await f.commit(synced=True)
-                except CkptfsError as exc:
-                    log.error("inode %d: could not commit at shutdown: %s", f.ino, exc)
-        # Every file closed earlier is synced too: its frames reach the devices
-        # before the catalog that names them is synced.
-        roots = self.tier_view.roots()
-        await trio.to_thread.run_sync(syncfs_all, roots)
-        await self.db(self.catalog.sync)
-
     def _services(self) -> Services:
         assert self._nursery is not None, "Filesystem.attach() was not called"
         return Services(
@@ -366,22 +302,7 @@ class Filesystem:
                 raise InvalidArgument("can only truncate regular files")
             if size < 0:
                 raise InvalidArgument("negative size")
-            f = self.open_files.get(ino)
-            if f is not None and self._has_writer(f):
-                # Joins the version the writers are making (every handle sees it at
-                # once) and is synced with its next commit, their close or fsync.
-                await f.truncate(size)
-            else:
-                # Nobody open for writing would commit it: apply and commit at once.
-                f = await self._open_file(ino)
-                try:
-                    async with f.pushes_held():  # a reader's page-cache pushes end first
-                        await self._account(f)
-                        await f.truncate(size)
-                        await f.commit(audit=AuditRecord("commit", uid=ctx.uid, pid=ctx.pid,
-                                                         ino=ino, detail={"truncate": size}))
-                finally:
-                    await self._drop_handle_ref(f)
+            await self.io.truncate(ino, size, ctx)
         if any(v is not None for v in (mode, uid, gid, atime_ns, mtime_ns)):
             if not ctx.is_root or uid is not None or gid is not None:  # root's chmod: no rules
                 mode = owner_rules(await self.getattr(ino), mode, uid, gid,
@@ -465,22 +386,6 @@ class Filesystem:
             await self._event("create", parent, name, mode=inode.mode)
         return inode
 
-    def _check_sticky(self, parent: int, names: Sequence[bytes], ctx: RequestContext) -> None:
-        """In a sticky directory only root, the directory's owner and an entry's owner may
-        remove or rename (or replace) that entry: EPERM. Runs in the catalog thread."""
-        if ctx.is_root:
-            return
-        pdir = self.catalog.get_inode(parent)
-        if not pdir.mode & stat.S_ISVTX or pdir.uid == ctx.uid:
-            return
-        for name in names:
-            try:
-                inode = self.catalog.lookup(parent, name)
-            except CkptfsError:
-                continue  # the operation itself reports a missing name
-            if inode.uid != ctx.uid:
-                raise NotPermitted("sticky directory: not the owner of the entry or the directory")
-
     async def readlink(self, ino: int, ctx: RequestContext = ROOT) -> bytes:
         await self.access.inode(ctx, ino, "readlink")
         inode = await self.db(self.catalog.get_inode, ino)
@@ -490,7 +395,7 @@ class Filesystem:
 
     async def link(self, ino: int, parent: int, name: bytes, ctx: RequestContext = ROOT) -> Inode:
         await self.access.link(ctx, ino, parent, name)
-        with self._changing_paths(), self._naming(parent):
+        with self.paths.changing(), self._naming(parent):
             inode = await self._db_dirs_changed(self.catalog.link, ino, parent, _check_name(name))
         self._names.added(parent, name, ino)
         f = self.open_files.get(ino)
@@ -503,12 +408,12 @@ class Filesystem:
         await self.access.remove(ctx, parent, name, "unlink")
         # One catalog call: the sticky rule, the unlink, the drop of an inode nothing has
         # open (and of its chunks' rows) and the event's path.
-        busy = frozenset(self.open_files) | frozenset(self._opening)
+        busy = frozenset(self.open_files) | frozenset(self.opens.opening)
         tracked = self.tracker is not None
 
         def work() -> tuple[Inode, dict[bytes, list[str]] | None, str, Inode, int]:
             if not ctx.is_root:
-                self._check_sticky(parent, [name], ctx)
+                check_sticky(self.catalog, parent, [name], ctx)
             around = Around(paths=tracked)
             inode = self.catalog.unlink(parent, name, audit=_audit("unlink", ctx), around=around)
             gone = None
@@ -517,7 +422,7 @@ class Filesystem:
             return (inode, gone, around.dir_paths.get(parent, ""), around.dirs[parent],
                     self._dirs.stamp())
 
-        with self._changing_paths(), self._naming(parent):
+        with self.paths.changing(), self._naming(parent):
             inode, gone, base, pdir, seq = await self._db_refreshing(work)
         self._names.removed(parent, name)
         self._dirs.put(seq, pdir)  # the kernel asks for the directory's new times next
@@ -534,8 +439,8 @@ class Filesystem:
     async def rmdir(self, parent: int, name: bytes, ctx: RequestContext = ROOT) -> None:
         await self.access.remove(ctx, parent, name, "rmdir")
         if not ctx.is_root:
-            await self.db(self._check_sticky, parent, [name], ctx)
-        with self._changing_paths(), self._naming(parent):
+            await self.db(check_sticky, self.catalog, parent, [name], ctx)
+        with self.paths.changing(), self._naming(parent):
             inode = await self._db_dirs_changed(
                 functools.partial(self.catalog.rmdir, audit=_audit("rmdir", ctx)), parent, name)
         self._names.removed(parent, name)
@@ -558,8 +463,8 @@ class Filesystem:
             # One catalog call: the sticky rules, the rename, the directories' new
             # attributes and what the event needs.
             if not ctx.is_root:
-                self._check_sticky(old_parent, [old_name], ctx)
-                self._check_sticky(new_parent, [new_name], ctx)
+                check_sticky(self.catalog, old_parent, [old_name], ctx)
+                check_sticky(self.catalog, new_parent, [new_name], ctx)
             # The directories' new attributes (none if a directory moved or went: its own
             # row changed too), the moved inode and the event's paths come with the rename.
             around = Around(paths=tracked)
@@ -599,7 +504,7 @@ class Filesystem:
     ) -> None:
         """The rename's catalog call (``work``), then its effects on the caches and the
         tracker's event."""
-        with self._changing_paths(), self._naming(old_parent, new_parent):
+        with self.paths.changing(), self._naming(old_parent, new_parent):
             replaced, seen, dirs, moved, seq = await self._db_refreshing(work)
         if not kept:
             self._names.removed(old_parent, old_name)
@@ -629,31 +534,8 @@ class Filesystem:
 
     async def remove_tree(self, path: str) -> None:
         """Delete a file or a directory tree by its path inside the mount (retention), as
-        unlink and rmdir would, and tell the kernel to forget the names."""
-        parts = [p.encode(errors="surrogateescape") for p in path.split("/") if p]
-        if not parts:
-            raise InvalidArgument("refusing to delete the root")
-        parent = ROOT_INODE
-        for name in parts[:-1]:
-            parent = (await self.lookup(parent, name)).ino
-        await self._remove(parent, parts[-1])
-
-    async def _remove(self, parent: int, name: bytes) -> None:
-        inode = await self.lookup(parent, name)
-        if inode.is_dir:
-            after = 0
-            while True:
-                batch = await self.readdir(inode.ino, after)
-                if not batch:
-                    break
-                for _, child, _ in batch:
-                    await self._remove(inode.ino, child)
-                after = batch[-1][0]
-            await self.rmdir(parent, name)
-        else:
-            await self.unlink(parent, name)
-        if self.invalidate_entry is not None:
-            await trio.to_thread.run_sync(self.invalidate_entry, parent, name)
+        unlink and rmdir would (vfs/removal.py)."""
+        await self.removal.remove_tree(path)
 
     async def _maybe_delete(self, inode: Inode) -> None:
         f = self.open_files.get(inode.ino)
@@ -690,192 +572,22 @@ class Filesystem:
                 self.access.learn(ino, n, x.ino)
         return [(i, n, self.open_files[x.ino].attrs() if x.ino in self.open_files else x) for i, n, x in entries]
 
-    # -- open files --------------------------------------------------------------------------
+    # -- open files: their handles (vfs/opens.py), their data (vfs/fileio.py) ----------------
 
     def _held_here(self, ino: int) -> bool:
-        return (ino in self.open_files or ino in self._opening
-                or any(h.file.ino == ino for h in self.handles.values()))
+        return self.opens.held_here(ino)
 
     async def sync_open_rows(self) -> None:
         """After a heartbeat (the catalog answers again): the open-handle rows made to match
         what this node holds open (vfs/openrows.py)."""
         await self.rows.sync()
 
-    def _done_opening(self, ino: int) -> None:
-        left = self._opening.pop(ino) - 1
-        if left:
-            self._opening[ino] = left
-
-    async def _open_failed(self, ino: int) -> None:
-        """An open of ``ino`` failed: a last close meanwhile left the inode's row to it (it
-        was held here, in _opening); released now if nothing else holds it."""
-        self._done_opening(ino)
-        await self.rows.release(ino)
-
-    async def _open_file(self, ino: int, writing: bool = False) -> OpenFile:
-        f = self.open_files.get(ino)
-        if f is not None:
-            if self.rows.needs_note(ino, writing):
-                await self._note_held(ino, writing)
-            f.handles += 1
-            return f
-        note = self.rows.needs_note(ino, writing)
-
-        def read() -> tuple[Inode, dict[int, ChunkRef], str]:
-            inode = self.catalog.get_inode(ino)
-            if inode.is_dir:
-                raise IsADirectory("is a directory")
-            # Before its extents are read: an unlink on another node keeps it.
-            sid = self.rows.note(ino, writing) if note else ""
-            return inode, self.catalog.extents(ino), sid
-
-        self._opening[ino] = self._opening.get(ino, 0) + 1
-        token = self._path_token()
-        try:
-            # The note after a release decided before (a close of this inode meanwhile).
-            async with self.rows.hold(ino) if note else contextlib.nullcontext():
-                inode, extents, sid = await self.db(read)
-                if note:
-                    self.rows.noted_now(ino, writing, sid)
-        except BaseException as exc:
-            if note and isinstance(exc, CatalogUnavailable):
-                self.rows.unsure(ino)  # the note may have gone in before the failure
-            await self._open_failed(ino)
-            raise
-        self._done_opening(ino)
-        f = self.open_files.get(ino)  # another open may have raced us during the await
-        if f is not None:
-            f.handles += 1
-            return f
-        return await self._first_open(inode, extents, token)
-
-    async def _note_held(self, ino: int, writing: bool) -> None:
-        """An open of a file open here already needs a (writing) note of its row."""
-        # Held meanwhile: a last close of the other handles leaves the row to this one.
-        self._opening[ino] = self._opening.get(ino, 0) + 1
-        try:
-            async with self.rows.hold(ino):  # after a release decided before
-                sid = await self.db(self.rows.note, ino, writing)
-                self.rows.noted_now(ino, writing, sid)
-        except BaseException:
-            await self._open_failed(ino)
-            raise
-        self._done_opening(ino)
-
-    async def _first_open(
-        self, inode: Inode, extents: dict[int, ChunkRef], token: int | None
-    ) -> OpenFile:
-        """The OpenFile of an inode nothing here has open, as the catalog read it (at
-        namespace generation ``token``), with its first handle counted."""
-        ino = inode.ino
-        stale = False
-        if self.shared and self._cached_versions.pop(ino, None) != (inode.size, inode.mtime_ns):
-            self._drop_cache.add(ino)  # another node's version, or not known
-            stale = True
-        f = OpenFile(inode, extents, self._services())
-        f.ns_gen = -1 if token is None else token
-        self.open_files[ino] = f
-        # Its commits change the row: the attributes come from f until it closes.
-        self._dirs.forget(self._dirs.stamp(), ino)
-        f.handles += 1
-        if stale and self.invalidate is not None:
-            # The kernel may hold attributes of an older version (a lookup or stat up
-            # to the attribute timeout ago, e.g. of the file while another node was
-            # still writing it), and its cached size bounds this open's reads: dropped
-            # before the open returns, so the first read asks for the new ones
-            # (close-to-open). Shielded: the handle is counted already.
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self.invalidate, ino)
-        return f
-
-    async def _drop_handle_ref(self, f: OpenFile) -> None:
-        f.handles -= 1
-        if f.handles > 0:
-            return
-        clean = not f.is_dirty() and f.failed is None and not f.written
-        await f.release_all()
-        if f.handles > 0:
-            f.allow_pushes()  # release_all held them
-            return  # reopened while we waited
-        self._uncached.discard(f)
-        if self.open_files.get(f.ino) is f:
-            del self.open_files[f.ino]
-            if self.shared:  # the version the kernel may now cache: this node's last
-                self._cached_versions[f.ino] = (f.size, f.mtime_ns)
-                while len(self._cached_versions) > CACHED_VERSIONS_MAX:
-                    self._cached_versions.popitem(last=False)
-            if self.rows.session is not None:
-                await self.rows.release(f.ino)  # the catalog knows its link count
-            elif f.inode.nlink <= 0:
-                await self._delete_inode(f.ino)
-            elif clean and self._ns_busy == 0 and f.ns_gen == self._ns_gen:
-                # What its last commit wrote (nothing since): the next stat needs no
-                # catalog read. Taken now, after every catalog call that changed the row.
-                self._dirs.put_file(self._dirs.stamp(), f.attrs())
-            else:
-                self._dirs.forget(self._dirs.stamp(), f.ino)
-        elif f.ino not in self.open_files:
-            if self.rows.session is not None:
-                await self.rows.release(f.ino)
-                return
-            # A retired file does not follow link counts: ask the catalog.
-            try:
-                inode = await self.db(self.catalog.get_inode, f.ino)
-            except CkptfsError:
-                return
-            if inode.nlink <= 0:
-                await self._delete_inode(f.ino)
-
-    def _new_handle(self, f: OpenFile, flags: int, ctx: RequestContext = ROOT) -> int:
-        fh = self._next_fh
-        self._next_fh += 1
-        self.handles[fh] = Handle(f, flags, caller_uid=ctx.uid, caller_pid=ctx.pid)
-        if (flags & os.O_ACCMODE) != os.O_WRONLY:
-            self._uncached.discard(f)  # a handle that may read or map: pages may come
-        return fh
-
-    def _handle(self, fh: int) -> Handle:
-        h = self.handles.get(fh)
-        if h is None:
-            raise CkptfsError(f"bad file handle {fh}", errno=errno.EBADF)
-        return h
-
     def keep_cache(self, fh: int) -> bool:
-        """May the kernel keep its cached pages of this handle's file (FOPEN_KEEP_CACHE)?
-        Always with one node; with a shared catalog, not on the first open after another
-        node committed a version this kernel did not see."""
-        ino = self._handle(fh).file.ino
-        if ino in self._drop_cache:
-            self._drop_cache.discard(ino)
-            return False
-        return True
+        return self.opens.keep_cache(fh)
 
     async def open(self, ino: int, flags: int, ctx: RequestContext = ROOT) -> int:
         await self.access.inode(ctx, ino, "open")
-        writing = (flags & os.O_ACCMODE) != os.O_RDONLY
-        f = await self._open_file(ino, writing=writing)
-        if (flags & os.O_ACCMODE) != os.O_WRONLY:
-            # Once per open, not per read: noted in memory, written by the audit flusher.
-            self.catalog.audit_note(AuditRecord(
-                "open", uid=ctx.uid, pid=ctx.pid, ino=ino, time_ns=time.time_ns(),
-                detail={"access": "r" if (flags & os.O_ACCMODE) == os.O_RDONLY else "rw"}))
-        held = False
-        try:
-            if writing:
-                # Until this handle closes no page-cache push starts; those in flight end
-                # before the caller may write (vfs/pagepush.py).
-                await f.hold_pushes()
-                held = True
-                await self._account(f)
-                if flags & os.O_TRUNC:
-                    await f.truncate(0)
-        except BaseException:
-            if held:
-                f.allow_pushes()
-            await self._drop_handle_ref(f)
-            raise
-        return self._new_handle(f, flags, ctx)
-
+        return await self.opens.open(ino, flags, ctx)
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, ctx: RequestContext
     ) -> tuple[int, Inode]:
@@ -903,7 +615,7 @@ class Filesystem:
             return (inode, around.dir_paths.get(parent, ""), around.dirs[parent],
                     self._dirs.stamp(), sid)
 
-        token = self._path_token()
+        token = self.paths.token()
         try:
             with self._naming(parent):
                 inode, base, pdir, seq, sid = await self._db_refreshing(work)
@@ -915,165 +627,39 @@ class Filesystem:
         self.access.learn(parent, name, inode.ino)
         self.rows.noted_now(inode.ino, True, sid)
         self._dirs.put(seq, pdir)
-        # A new inode (numbers are never reused): nothing has it open, it has no extents.
-        f = OpenFile(inode, {}, self._services())
-        f.ns_gen = -1 if token is None else token
-        if self.quotas is not None:
-            f.account = self.quotas.account(
-                base.rstrip("/") + "/" + name.decode(errors="surrogateescape"), 0)
-            f.account_known = True
-        if bound:
-            f.placed_in(base.rstrip("/") + "/" + name.decode(errors="surrogateescape"))
-        f.handles = 1
-        if (flags & os.O_ACCMODE) != os.O_RDONLY:
-            await f.hold_pushes()  # new: nothing in flight; none starts while it is open
-        self.open_files[inode.ino] = f
-        self._uncached.add(f)
-        fh = self._new_handle(f, flags, ctx)
+        path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
+        fh = await self.opens.created(inode, token, path, bound, flags, ctx)
         if self.tracker is not None:
-            path = base.rstrip("/") + "/" + name.decode(errors="surrogateescape")
-            self._cache_path(self.handles[fh], path, token)  # as path_of spells it
+            self.paths.cache(self.handles[fh], path, token)  # as path_of spells it
             self.tracker.push(FsEvent("create", path, time.time_ns(), mode=inode.mode))
-        return fh, f.attrs()
+        return fh, self.handles[fh].file.attrs()
 
-    async def _account(self, f: OpenFile) -> None:
-        """Before a file may be written: charge it to its namespace (once per open file;
-        the namespace of a file never changes: Access.rename and link refuse a crossing)."""
-        quotas = self.quotas
-        if quotas is None or f.account_known:
-            return
+    async def read(self, fh: int, off: int, size: int) -> Buffer:
+        return await self.io.read(fh, off, size)
 
-        def read() -> tuple[str, int | None]:
-            # With the namespace's usage now: other nodes' commits (or deletions here)
-            # changed it since this node last knew.
-            path = self.catalog.path_of(f.ino)
-            ns = quotas.namespace_of(path)
-            used = None if ns is None or ns.quota is None else self.catalog.namespace_used(ns.path)
-            return path, used
+    async def write(self, fh: int, off: int, data: bytes) -> int:
+        return await self.io.write(fh, off, data)
 
-        before = quotas.generations()
-        path, used = await self.db(read)
-        if not f.account_known:  # another open may have decided meanwhile
-            f.account = quotas.account(path, f.committed_size)
-            f.account_known = True
-        if f.account is not None and used is not None:
-            quotas.note_used(f.account.ns, used, before)
+    async def flush(self, fh: int) -> None:
+        await self.io.flush(fh)
+
+    async def fsync(self, fh: int) -> None:
+        await self.io.fsync(fh)
+
+    async def release(self, fh: int) -> None:
+        await self.io.release(fh)
+
+    async def shutdown(self) -> None:
+        await self.io.shutdown()
+
+    async def statfs(self) -> FsStats:
+        return await self.io.statfs()
+
+    async def stage_file(self, ino: int) -> None:
+        await self.io.stage_file(ino)
 
     async def _chmod(self, ino: int, mode: int) -> None:
         await self.setattr(ino, mode=mode)
-
-    async def read(self, fh: int, off: int, size: int) -> Buffer:
-        h = self._handle(fh)
-        return await h.file.read(off, size, cached=not h.direct_io)
-
-    async def write(self, fh: int, off: int, data: bytes) -> int:
-        h = self._handle(fh)
-        if (h.flags & os.O_ACCMODE) == os.O_RDONLY:
-            raise CkptfsError("file not open for writing", errno=errno.EBADF)
-        if h.direct_io and h.file not in self._uncached:
-            h.file.bypassed_cache = True
-        if h.caller_uid != 0 and h.file.inode.mode & SETID:
-            await self.setid.written(h.file.ino, h.file.inode.mode)
-        h.file.writer = (h.caller_uid, h.caller_pid)
-        n = await h.file.write(off, data)
-        if not h.wrote:
-            h.wrote = True  # one event per handle, not per write
-            if self.tracker is not None:
-                path = await self._file_path(h)
-                self.tracker.push(FsEvent("write", path, time.time_ns(), size=h.file.size))
-        return n
-
-    async def flush(self, fh: int) -> None:
-        """close(2) of a handle that changed the file (wrote, or opened it with O_TRUNC),
-        or of its last handle open for writing: commit what the file has, so the caller
-        sees any error now. Other closes commit nothing: a rewrite in progress (O_TRUNC,
-        then writes) must not become the file's content because someone peeked (a reader)
-        or touched it (a writer that wrote nothing); the rewriter's close commits it."""
-        h = self._handle(fh)
-        f = h.file
-        if not h.writable:
-            return
-        if f.failed is not None or (f.is_dirty() and (
-            h.wrote or h.flags & os.O_TRUNC or not self._has_writer(f, besides=fh)
-        )):
-            await self._commit(f, synced=False, h=h)
-            if crashpoint.ARMED:
-                crashpoint.reached("close-committed", await self._file_path(h))
-            await self._apply_durability(f)
-
-    async def fsync(self, fh: int) -> None:
-        h = self._handle(fh)
-        if not h.writable:
-            await h.file.sync_committed()  # a reader syncs the committed content
-            return
-        await self._commit(h.file, synced=True, h=h)
-        await self._apply_durability(h.file)
-
-    def _has_writer(self, f: OpenFile, besides: int | None = None) -> bool:
-        return any(h.file is f and h.writable for n, h in self.handles.items() if n != besides)
-
-    async def _apply_durability(self, f: OpenFile) -> None:
-        """Under a ``durability = "remote"`` policy, return only once the file's chunks and
-        a catalog snapshot naming them are on the remote tiers; EIO after the timeout (the
-        file stays committed locally and its upload goes on)."""
-        if not self.options.policies or not self.tier_view.has_remotes:
-            return
-        path = await self.db(self.catalog.path_of, f.ino)
-        policy = policy_for(self.options.policies, path)
-        if policy is None or policy.durability != "remote":
-            return
-        digests = {r.digest for r in f.committed.values()}
-        if not await self.uploader.wait_durable(digests, policy.timeout_s):
-            log.error('%s: not durable on the remote after %.0f s (durability = "remote" '
-                      "under %s); it is committed locally and its upload goes on",
-                      path, policy.timeout_s, policy.path)
-            raise CkptfsError(f"{path}: not durable on the remote in time", errno=errno.EIO)
-
-    async def _commit(self, f: OpenFile, synced: bool, h: Handle | None = None) -> None:
-        who = None if h is None else AuditRecord("commit", uid=h.caller_uid, pid=h.caller_pid,
-                                                  ino=f.ino)
-        if h is not None and h.writable and self.tracker is not None:
-            # Its record may carry a commit signal until the last writer's release event
-            # is queued (checkpoints/fence.py).
-            self.tracker.fence.file_committing(f.ino)
-        try:
-            await f.commit(synced=synced, audit=who)
-        except CkptfsError:
-            if f.failed is not None:
-                await self._retire(f)
-            raise
-
-    async def _retire(self, f: OpenFile) -> None:
-        """A write of this file failed and was reported. The handles that made it keep
-        failing until they close, but new opens must see the last committed content now,
-        not when the kernel gets round to RELEASE: give them a fresh OpenFile."""
-        if self.open_files.get(f.ino) is f:
-            # Its readers may go on reading, but never push again: a new OpenFile of the
-            # inode may be written meanwhile, which this one would not know of.
-            await f.hold_pushes()
-            if self.open_files.get(f.ino) is f:
-                del self.open_files[f.ino]
-            self._dirs.forget(self._dirs.stamp(), f.ino)  # its earlier commits changed the row
-            if self.invalidate is not None:
-                await trio.to_thread.run_sync(self.invalidate, f.ino)
-
-    async def release(self, fh: int) -> None:
-        h = self.handles.pop(fh, None)
-        if h is None:
-            return
-        last = h.writable and not any(
-            o.file is h.file and o.writable for o in self.handles.values()
-        )
-        known = self._committed_state(h) if self.tracker is not None and h.writable else None
-        if h.writable:
-            h.file.allow_pushes()
-        await self._drop_handle_ref(h.file)
-        if self.tracker is not None and h.writable:
-            try:
-                await self.signals.released(h.file, last, known)
-            finally:
-                if last:
-                    self.tracker.fence.file_released(h.file.ino)
 
     async def fsyncdir(self) -> None:
         await self.db(self.catalog.sync)
@@ -1113,46 +699,4 @@ class Filesystem:
         if name.startswith(XATTR_RESERVED):
             raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
         await self.xattrs.remove(ino, name, ctx)
-
-    async def stage_file(self, ino: int) -> None:
-        """Copy every chunk of a file that only a remote holds to a local tier, verified,
-        a few in parallel; returns when done. ENOSPC if the local tiers have no room."""
-        refs = list((await self.db(self.catalog.extents, ino)).values())
-        no_room = 0
-        failed: list[CkptfsError] = []
-        limiter = trio.CapacityLimiter(STAGE_PARALLEL)
-
-        async def one(ref: ChunkRef) -> None:
-            nonlocal no_room
-            async with limiter:
-                try:
-                    if not await self.store.stage(ref):
-                        no_room += 1
-                except CkptfsError as exc:  # reported below with its errno, not as a group
-                    failed.append(exc)
-
-        async with trio.open_nursery() as n:
-            for ref in refs:
-                n.start_soon(one, ref)
-        if failed:
-            raise failed[0]
-        if no_room:
-            raise NoSpace(f"{no_room} chunk(s) could not be staged: no local tier has room")
-
-    # -- statfs ------------------------------------------------------------------------------
-
-    async def statfs(self) -> FsStats:
-        usages = await self.tier_view.usage()
-        total = free = 0
-        seen_devices: set[int] = set()
-        for u in usages:
-            # Uncapped tiers on one device share its space: count it once.
-            if not u.capped:
-                if u.device in seen_devices:
-                    continue
-                seen_devices.add(u.device)
-            total += u.total
-            free += u.free
-        bs = 4096
-        return FsStats(bs, total // bs, free // bs, free // bs, 1 << 32, 1 << 31, NAME_MAX)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from .openfile import OpenFile
 
+NAME_MAX = 255  # the longest name (statfs says so; longer ones: ENAMETOOLONG)
+
 
 def uses_direct_io(flags: int) -> bool:
     """Write-only handles bypass the kernel page cache: a checkpoint save then costs one
@@ -24,7 +26,7 @@ class Handle:
     caller_uid: int = 0  # who opened it: a write by non-root clears setuid/setgid
     caller_pid: int = 0  # and its process (the audit record of its commit)
     # The file's path for checkpoint events, valid while the namespace generation it was
-    # resolved at is current (Filesystem._cached_path): no catalog round trip per event.
+    # resolved at is current (vfs/pathgen.py): no catalog round trip per event.
     path: str | None = None
     path_gen: int = -1
 

@@ -1,6 +1,7 @@
 """The setuid/setgid rules, as Linux applies them: what chmod, chown and utimens may do
 (and which bits they clear), the setgid bit of a file created in a setgid directory, and
-the bits a write by a non-root caller clears.
+the bits a write by a non-root caller clears; and the sticky directory's rule on who may
+remove or replace an entry.
 
 The filesystem asks these at each change of a mode; the kernel (default_permissions)
 checks access before asking, and clears the bits itself for cached writes, not for direct
@@ -10,10 +11,11 @@ I/O ones, nor for a truncate or chown it forwards.
 from __future__ import annotations
 
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..catalog import Inode
-from ..errors import NotPermitted, PermissionDenied
+from ..catalog.protocols import NamespaceCatalog
+from ..errors import CkptfsError, NotPermitted, PermissionDenied
 from .context import RequestContext
 
 SETID = stat.S_ISUID | stat.S_ISGID
@@ -88,3 +90,22 @@ class SetidRules:
         new = written_mode(mode)
         if new != mode:
             await self._chmod(ino, new)
+
+
+def check_sticky(
+    catalog: NamespaceCatalog, parent: int, names: Sequence[bytes], ctx: RequestContext
+) -> None:
+    """In a sticky directory only root, the directory's owner and an entry's owner may
+    remove or rename (or replace) that entry: EPERM. Runs in the catalog thread."""
+    if ctx.is_root:
+        return
+    pdir = catalog.get_inode(parent)
+    if not pdir.mode & stat.S_ISVTX or pdir.uid == ctx.uid:
+        return
+    for name in names:
+        try:
+            inode = catalog.lookup(parent, name)
+        except CkptfsError:
+            continue  # the operation itself reports a missing name
+        if inode.uid != ctx.uid:
+            raise NotPermitted("sticky directory: not the owner of the entry or the directory")

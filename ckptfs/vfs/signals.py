@@ -47,7 +47,7 @@ class CommitSignals:
     ) -> None:
         """After a writing handle closed: the committed size, mode, tail (and content of a
         small file) as the catalog has them (``known``: taken from a clean open file before
-        the release, see Filesystem._committed_state), and the chunks; never from the open
+        the release, see FileIO._committed_state), and the chunks; never from the open
         file's later state, which a concurrent request (the kernel sends RELEASE
         asynchronously) may change."""
         ev = await self.committed_event(f.ino, last, f, known)
