@@ -301,16 +301,19 @@ def timed(ranks: Ranks, res: Results, key: str, cmd: str, daemon: int | None,
     sw0, rk0 = cpu_seconds(seaweed), ranks.cpu()
     spans = ranks.call(cmd, **args)
     busy = busiest_thread(th0, thread_cpu_seconds(daemon))
+    name = None
+    if busy is not None:  # the main thread (tid == pid) runs pyfuse3's trio loop
+        name = busy.busiest_name + (" (main)" if busy.busiest_tid == daemon else " (worker)")
     sw1, rk1 = cpu_seconds(seaweed), ranks.cpu()
     secs = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
     res.add(key, seconds=secs, ranks_cpu=rk1 - rk0,
             daemon_cpu=None if busy is None else busy.total,
             busiest=None if busy is None else busy.busiest_s,
-            busiest_name=None if busy is None else busy.busiest_name,
+            busiest_name=name,
             seaweed_cpu=None if sw0 is None or sw1 is None else sw1 - sw0)
     gb = res.nbytes / 1e9
     extra = "" if busy is None else (f"; daemon {busy.total / gb:.2f} s/GB, busiest thread "
-                                     f"{busy.busiest_name!r} {busy.busiest_s / gb:.2f} s/GB")
+                                     f"{name!r} {busy.busiest_s / gb:.2f} s/GB")
     print(f"  {key:<22} {secs:7.2f} s  {gb / secs:6.2f} GB/s{extra}", flush=True)
 
 
