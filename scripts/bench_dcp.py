@@ -430,11 +430,17 @@ def report(res: Results, pairs: list[tuple[str, str, str]]) -> None:
     for key in res.rows:
         if "ranks_cpu" not in res.rows[key]:
             print(f"| {key} | {fmt_seconds(res.rows[key]['seconds'])} | | | | | | |")
-    print("\n| ratio (throughput) | value |\n|---|---|")
+    # per pass: both steps ran in the same pass, minutes apart at most (this machine's load
+    # swings between passes; a median of ratios and a ratio of medians can differ)
+    print("\n| ratio (throughput) | of the medians | per pass |\n|---|---|---|")
     for label, base_key, key in pairs:
         r = ratio(res.rows.get(base_key, {}).get("seconds", []),
                   res.rows.get(key, {}).get("seconds", []))
-        print(f"| {label} | {'-' if r is None else f'{r:.2f}x'} |")
+        # strict=False: a run that failed in a pass has one step more of that pass
+        each = [f"{b / o:.2f}" for b, o in zip(res.rows.get(base_key, {}).get("seconds", []),
+                                                res.rows.get(key, {}).get("seconds", []),
+                                                strict=False)]
+        print(f"| {label} | {'-' if r is None else f'{r:.2f}x'} | {', '.join(each) or '-'} |")
     names = {n for row in res.rows.values() for n in row.get("busiest_name", [])}
     if names:
         print(f"busiest daemon threads: {', '.join(sorted(names))}")
