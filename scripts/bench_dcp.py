@@ -179,7 +179,9 @@ def rank_main(rank: int, world: int, port: int, mib: int, conn: Any) -> None:
                 break
             try:
                 conn.send(("ok", _serve(cmd, args, state, rank, dist, dcp)))
-            except Exception:  # noqa: BLE001 - reported to the parent, which stops every rank
+            # BaseException: dcp raises CheckpointException, a BaseException; reported to the
+            # parent, which stops every rank
+            except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
                 break
     finally:
@@ -243,7 +245,10 @@ class Ranks:
     def _reply(self, conn: Any, timeout: float) -> Any:
         if not conn.poll(timeout):
             raise BenchError(f"a rank did not answer in {timeout:.0f} s")
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except EOFError:  # the rank died without a word (killed, or failed to start)
+            raise BenchError("a rank exited without answering") from None
         if msg[0] == "error":
             raise BenchError(f"a rank failed:\n{msg[1]}")
         return msg
