@@ -230,6 +230,16 @@ class Ranks:
     """The N rank processes and a pipe to each."""
 
     def __init__(self, world: int, mib: int) -> None:
+        self.world, self.mib = world, mib
+        self.start()
+
+    def restart(self) -> None:
+        """New ranks after a failed step (a failed collective ends every rank)."""
+        self.close()
+        self.start()
+
+    def start(self) -> None:
+        world, mib = self.world, self.mib
         ctx = multiprocessing.get_context("spawn")
         port = free_port()
         self.conns: list[Any] = []
@@ -348,8 +358,10 @@ def local_pass(n: int, ranks: Ranks, res: Results, targets: dict[str, Target]) -
 
 
 def remote_pass(n: int, base: Path, ranks: Ranks, res: Results, server: SeaweedServer,
-                nodes: list[Node], s3_ok: str | None) -> None:
-    """(3): a new ckptfs node's cold load from the bucket vs s3torchconnector's reader."""
+                nodes: list[Node], s3_ok: str | None) -> str | None:
+    """(3): a new ckptfs node's cold load from the bucket vs s3torchconnector's reader.
+    Returns why s3torchconnector cannot be measured (None while it works): its failure
+    against SeaweedFS is reported and skipped in later passes, not the end of the run."""
     for step in (["ckptfs", "s3torch"] if n % 2 else ["s3torch", "ckptfs"]):
         ranks.call("stamp", n=n * 10 + 7 + (step == "s3torch"))
         prefix = f"dcp-{n}-{step}-{uuid.uuid4().hex[:6]}"
@@ -357,12 +369,19 @@ def remote_pass(n: int, base: Path, ranks: Ranks, res: Results, server: SeaweedS
             if s3_ok is not None:
                 continue
             uri = f"s3://{server.bucket}/{prefix}/ckpt"
-            settle(False)
-            timed(ranks, res, "bucket save s3torch", "save", None, server.pid, kind="s3",
-                  where=uri, endpoint=server.endpoint)
-            settle(True)
-            timed(ranks, res, "bucket load s3torch", "load", None, server.pid, kind="s3",
-                  where=uri, endpoint=server.endpoint)
+            try:
+                settle(False)
+                timed(ranks, res, "bucket save s3torch", "save", None, server.pid, kind="s3",
+                      where=uri, endpoint=server.endpoint)
+                settle(True)
+                timed(ranks, res, "bucket load s3torch", "load", None, server.pid, kind="s3",
+                      where=uri, endpoint=server.endpoint)
+            except BenchError as exc:
+                print(f"  s3torchconnector failed against SeaweedFS: {exc}", flush=True)
+                why = (str(exc).strip().splitlines() or ["?"])[-1]  # the traceback's last line
+                s3_ok = f"s3torchconnector failed against SeaweedFS ({server.endpoint}): {why}"
+                print(f"  {s3_ok}; skipped from here on", flush=True)
+                ranks.restart()
             continue
         remote = f"s3://{server.bucket}/{prefix}?endpoint={server.endpoint}"
         a = Node(base / f"node-a-{n}", remote, [])
@@ -392,6 +411,7 @@ def remote_pass(n: int, base: Path, ranks: Ranks, res: Results, server: SeaweedS
         b.umount()
         nodes.remove(b)
         shutil.rmtree(b.base, ignore_errors=True)
+    return s3_ok
 
 
 def s3torch_status() -> str | None:
@@ -546,7 +566,9 @@ def run_all(args: argparse.Namespace, base: Path, mib: int, res: Results) -> str
             if targets:
                 local_pass(n, ranks, res, targets)
             if server is not None:
-                remote_pass(n, base, ranks, res, server, nodes, s3_ok)
+                s3_ok = remote_pass(n, base, ranks, res, server, nodes, s3_ok)
+        if s3_ok:
+            print(f"s3torchconnector not measured: {s3_ok}")
     except (BenchError, OSError, subprocess.SubprocessError) as exc:
         failed = f"{type(exc).__name__}: {exc}"
         print(f"FAILED: {failed}", flush=True)
