@@ -63,7 +63,7 @@ from .sql import SqlCatalog
 from .sqlite import catalog_file
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
+__all__ = ["CONNECT_TIMEOUT", "Counts", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
            "pg_schema", "translate"]
 
 T = TypeVar("T")
@@ -180,16 +180,67 @@ def pg_ddl(ddl: str) -> str:
     return ddl.replace(" WITHOUT ROWID", "")
 
 
+class Counts:
+    """What the engine sent (for tests that pin the cost of a request, and benchmarks):
+    statements, round trips (waits for the server's answers) and write transactions.
+    Counted without a lock: exact while one thread uses the catalog, close otherwise."""
+
+    __slots__ = ("round_trips", "statements", "transactions")
+
+    def __init__(self) -> None:
+        self.statements = self.round_trips = self.transactions = 0
+
+
+class _PgCursor:
+    """A cursor of a pipelined transaction: its rows (and rowcount) wait for the server's
+    answer only when asked for; a statement nobody reads goes out with the next one that
+    is read, or with the COMMIT."""
+
+    __slots__ = ("_counts", "_cur", "_pipe")
+
+    def __init__(self, cur: psycopg.Cursor[Any], pipe: psycopg.Pipeline, counts: Counts) -> None:
+        self._cur, self._pipe, self._counts = cur, pipe, counts
+
+    def _arrived(self) -> psycopg.Cursor[Any]:
+        if self._cur.pgresult is None:  # not answered yet: one round trip for all queued
+            self._counts.round_trips += 1
+            self._pipe.sync()
+        return self._cur
+
+    @property
+    def rowcount(self) -> int:
+        return self._arrived().rowcount
+
+    def fetchone(self) -> Any:
+        return self._arrived().fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._arrived().fetchall()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._arrived().fetchall())
+
+
 class _PgConn:
-    """A pooled connection in one transaction, taking the catalog's portable statements."""
+    """A pooled connection in one transaction, taking the catalog's portable statements.
+    ``pipe``: the transaction's pipeline (writes: statements are queued, not awaited one
+    by one); None: each statement waits for its answer."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "counts", "pipe")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    def __init__(self, conn: psycopg.Connection[Any], counts: Counts,
+                 pipe: psycopg.Pipeline | None = None) -> None:
+        self.conn, self.counts, self.pipe = conn, counts, pipe
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
-        return self.conn.execute(translate(sql), tuple(params))
+        self.counts.statements += 1
+        if self.pipe is None:
+            self.counts.round_trips += 1
+            return self.conn.execute(translate(sql), tuple(params))
+        # Not prepared in a pipeline: a pipeline that fails skips the PREPAREs queued after
+        # the error, and psycopg would then name statements the server never prepared.
+        return _PgCursor(self.conn.execute(translate(sql), tuple(params), prepare=False),
+                         self.pipe, self.counts)
 
 
 def _backoff(attempt: int) -> float:
@@ -248,6 +299,7 @@ class PostgresCatalog(SqlCatalog):
         # Transactions run again after a conflict (serialization failure, deadlock, a
         # concurrent create of a name): how contended the shared catalog is.
         self.conflicts = 0
+        self.counts = Counts()
         self._count = threading.Lock()
         given = conninfo_to_dict(url)
         self._password = str(given.get("password") or "")
@@ -323,10 +375,18 @@ class PostgresCatalog(SqlCatalog):
         """A pooled connection inside a transaction begun with ``begin`` (on a live
         connection: ``_live``); rolled back if the caller did not end it."""
         conn, _ = self._live(lambda c: c.execute(begin))
+        self.counts.round_trips += 1
+        ended = False
         try:
             yield conn
+            ended = True
         finally:
-            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            # Also after a failed COMMIT (the transaction is over): the ROLLBACK makes
+            # psycopg forget its prepared statements (DEALLOCATE ALL before the next one),
+            # since a pipeline that failed skipped the PREPAREs queued after the error and
+            # psycopg would name statements the server never prepared.
+            if not conn.broken and (not ended or conn.info.transaction_status
+                                    != psycopg.pq.TransactionStatus.IDLE):
                 with suppress(psycopg.Error):  # broken now: the pool drops it
                     conn.execute("ROLLBACK")
             self._pool.putconn(conn)
@@ -335,8 +395,9 @@ class PostgresCatalog(SqlCatalog):
     def _reading(self) -> Iterator[Conn]:
         try:
             with self._session(_BEGIN_READ) as conn:
-                yield _PgConn(conn)
+                yield _PgConn(conn, self.counts)
                 conn.execute("COMMIT")
+                self.counts.round_trips += 1
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
 
@@ -344,6 +405,8 @@ class PostgresCatalog(SqlCatalog):
         """One statement in autocommit (its own snapshot): one round trip, not three. On
         a connection the server dropped (a restart) the read runs again on the next."""
         text, args = translate(sql), tuple(params)
+        self.counts.statements += 1
+        self.counts.round_trips += 1
         conn, rows = self._live(lambda c: c.execute(text, args).fetchall())
         self._pool.putconn(conn)
         return rows
@@ -354,9 +417,16 @@ class PostgresCatalog(SqlCatalog):
         last: Exception | None = None
         for attempt in range(MAX_ATTEMPTS):
             try:
+                self.counts.transactions += 1
                 with self._session(_BEGIN_WRITE) as conn:
-                    result = body(_PgConn(conn))
-                    conn.execute("COMMIT")
+                    # Pipelined: a statement whose answer the body does not read is not
+                    # awaited; it goes out with the next one read, or with the COMMIT (one
+                    # round trip for the tail of the body and the COMMIT). A failed statement
+                    # fails the next read or the COMMIT: the transaction rolls back whole.
+                    with conn.pipeline() as pipe:
+                        result = body(_PgConn(conn, self.counts, pipe))
+                        conn.execute("COMMIT", prepare=False)
+                    self.counts.round_trips += 1
                     if touch:
                         self._mark_changed(conn)
                 return result
@@ -384,6 +454,7 @@ class PostgresCatalog(SqlCatalog):
         began before the commit (and so misses the change) is older than the mark; a
         failure here loses only the mark (the next change writes it), not the change."""
         try:
+            self.counts.round_trips += 1
             conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
         except psycopg.Error as e:
             log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
@@ -448,7 +519,7 @@ class PostgresCatalog(SqlCatalog):
         begin = "BEGIN READ ONLY" if self.readonly else "BEGIN ISOLATION LEVEL READ COMMITTED"
         try:
             with self._session(begin) as conn:
-                c = _PgConn(conn)
+                c = _PgConn(conn, self.counts)
                 if not self.readonly:
                     c.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
                 if c.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
@@ -463,7 +534,7 @@ class PostgresCatalog(SqlCatalog):
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute(pg_schema())
-        init_rows(_PgConn(conn))
+        init_rows(_PgConn(conn, self.counts))
         # The root's number was given explicitly: new inodes continue after it.
         conn.execute("SELECT setval(pg_get_serial_sequence('inodes', 'ino'), "
                      "(SELECT max(ino) FROM inodes))")
