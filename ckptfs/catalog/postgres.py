@@ -15,7 +15,10 @@ of its own, never shared between threads).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
   CONNECT_TIMEOUT / POOL_WAIT seconds, and while it stays unreachable every further call
   within DOWN_WAIT; a pooled connection the server dropped (a restart)
-  is noticed at the transaction's BEGIN and replaced.
+  is noticed at a read's BEGIN, or at a write's first answer (before its COMMIT went
+  out), and replaced.
+* Writes are pipelined (``_pipelined``): a statement whose answer the body does not read
+  goes out with the next one read, the body's tail with the COMMIT and the change mark.
 * The schema is schema.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
   ``schema_version`` is checked like SQLite's, and MIGRATIONS holds a step per version.
@@ -182,7 +185,8 @@ def pg_ddl(ddl: str) -> str:
 
 class Counts:
     """What the engine sent (for tests that pin the cost of a request, and benchmarks):
-    statements, round trips (waits for the server's answers) and write transactions.
+    statements (the bodies' and the reads', not BEGIN, COMMIT, the change mark), round
+    trips (waits for the server's answers) and write transactions (runs: a rerun counts).
     Counted without a lock: exact while one thread uses the catalog, close otherwise."""
 
     __slots__ = ("round_trips", "statements", "transactions")
@@ -241,6 +245,21 @@ class _PgConn:
         # the error, and psycopg would then name statements the server never prepared.
         return _PgCursor(self.conn.execute(translate(sql), tuple(params), prepare=False),
                          self.pipe, self.counts)
+
+
+class _StaleConnection(Exception):
+    """A pooled connection the server dropped (a restart) failed a transaction before
+    its COMMIT was sent: nothing of it ran."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _succeeded(cur: psycopg.Cursor[Any] | None) -> bool:
+    """Whether a pipelined statement's answer arrived and was a success."""
+    res = None if cur is None else cur.pgresult
+    return res is not None and res.status == psycopg.pq.ExecStatus.COMMAND_OK
 
 
 def _backoff(attempt: int) -> float:
@@ -376,17 +395,10 @@ class PostgresCatalog(SqlCatalog):
         connection: ``_live``); rolled back if the caller did not end it."""
         conn, _ = self._live(lambda c: c.execute(begin))
         self.counts.round_trips += 1
-        ended = False
         try:
             yield conn
-            ended = True
         finally:
-            # Also after a failed COMMIT (the transaction is over): the ROLLBACK makes
-            # psycopg forget its prepared statements (DEALLOCATE ALL before the next one),
-            # since a pipeline that failed skipped the PREPAREs queued after the error and
-            # psycopg would name statements the server never prepared.
-            if not conn.broken and (not ended or conn.info.transaction_status
-                                    != psycopg.pq.TransactionStatus.IDLE):
+            if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 with suppress(psycopg.Error):  # broken now: the pool drops it
                     conn.execute("ROLLBACK")
             self._pool.putconn(conn)
@@ -415,21 +427,18 @@ class PostgresCatalog(SqlCatalog):
         if self.readonly:
             raise NotPermitted(f"catalog {self.where} is open read-only")
         last: Exception | None = None
+        stale = 0
         for attempt in range(MAX_ATTEMPTS):
             try:
                 self.counts.transactions += 1
-                with self._session(_BEGIN_WRITE) as conn:
-                    # Pipelined: a statement whose answer the body does not read is not
-                    # awaited; it goes out with the next one read, or with the COMMIT (one
-                    # round trip for the tail of the body and the COMMIT). A failed statement
-                    # fails the next read or the COMMIT: the transaction rolls back whole.
-                    with conn.pipeline() as pipe:
-                        result = body(_PgConn(conn, self.counts, pipe))
-                        conn.execute("COMMIT", prepare=False)
-                    self.counts.round_trips += 1
-                    if touch:
-                        self._mark_changed(conn)
-                return result
+                return self._pipelined(body, touch)
+            except _StaleConnection as e:
+                # Dropped by the server (a restart) before the COMMIT went out: nothing
+                # ran; the next connection is tried (the pool replaces this one).
+                stale += 1
+                if stale > self.concurrency:
+                    raise self._unavailable(e.error) from None
+                continue
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
             except pgerrors.UniqueViolation as e:
@@ -446,19 +455,57 @@ class PostgresCatalog(SqlCatalog):
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
 
-    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
-        """meta ``changed_ns`` after a change committed: a statement of its own (READ
-        COMMITTED, never a serialization failure), not in the transaction, where every
-        change on every node would write this one row and all but one of any concurrent
-        changes would conflict and run again. Written after the COMMIT, so a snapshot that
-        began before the commit (and so misses the change) is older than the mark; a
-        failure here loses only the mark (the next change writes it), not the change."""
+    def _pipelined(self, body: Callable[[Conn], T], touch: bool) -> T:
+        """One run of a write transaction, pipelined: ``BEGIN`` goes out with the body's
+        first statement whose answer is read, a statement whose answer the body does not
+        read is not awaited (it goes out with the next one read), and the body's tail goes
+        out with the ``COMMIT`` and the change mark: one round trip. A statement that fails
+        unread fails the next read or the COMMIT, and the whole transaction rolls back (the
+        statements after it in the pipeline do not run). Pipelined statements are not
+        prepared: a pipeline that failed skips the PREPAREs queued after the error, and
+        psycopg would name statements the server never made.
+
+        The change mark (``touch``: meta ``changed_ns``) is a statement of its own after
+        the COMMIT (READ COMMITTED, never a serialization failure), not in the
+        transaction, where every change on every node would write this one row and all but
+        one of any concurrent changes would conflict and run again. After the COMMIT, so a
+        snapshot that began before the commit (and so misses the change) is older than the
+        mark; a failure of the mark loses only the mark (the next change writes it), not
+        the change. A connection the server dropped (a restart) fails the first read,
+        before the COMMIT went out: ``_StaleConnection``, and the caller tries the next."""
+        conn = self._getconn()
+        commit: psycopg.Cursor[Any] | None = None
+        ended = False
         try:
+            try:
+                with conn.pipeline() as pipe:
+                    conn.execute(_BEGIN_WRITE, prepare=False)
+                    result = body(_PgConn(conn, self.counts, pipe))
+                    commit = conn.execute("COMMIT", prepare=False)
+                    if touch:
+                        conn.execute(_MARK_CHANGED, (str(time.time_ns()),), prepare=False)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                if commit is None and conn.broken:
+                    raise _StaleConnection(e) from None
+                raise
+            except psycopg.Error as e:
+                if not _succeeded(commit):
+                    raise
+                # The COMMIT succeeded and only the mark failed: the change stands.
+                log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
+                            self.where, e)
             self.counts.round_trips += 1
-            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
-        except psycopg.Error as e:
-            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
-                        self.where, e)
+            self._down = False
+            ended = True
+            return result
+        finally:
+            # After a failure also if the transaction is over (a failed COMMIT): the
+            # ROLLBACK makes psycopg forget the statements it prepared on this connection.
+            if not conn.broken and (not ended or conn.info.transaction_status
+                                    != psycopg.pq.TransactionStatus.IDLE):
+                with suppress(psycopg.Error):  # broken now: the pool drops it
+                    conn.execute("ROLLBACK")
+            self._pool.putconn(conn)
 
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
