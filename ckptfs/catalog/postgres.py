@@ -480,7 +480,15 @@ class PostgresCatalog(SqlCatalog):
             try:
                 with conn.pipeline() as pipe:
                     conn.execute(_BEGIN_WRITE, prepare=False)
-                    result = body(_PgConn(conn, self.counts, pipe))
+                    try:
+                        result = body(_PgConn(conn, self.counts, pipe))
+                    except BaseException:
+                        # The answers still pending are not wanted (those after a failed
+                        # statement are "aborted"): taken here, so that leaving the
+                        # pipeline has nothing left to warn about; the rollback follows.
+                        with suppress(psycopg.Error):
+                            pipe.sync()
+                        raise
                     commit = conn.execute("COMMIT", prepare=False)
                     if touch:
                         conn.execute(_MARK_CHANGED, (str(time.time_ns()),), prepare=False)

@@ -6,6 +6,7 @@ transaction."""
 
 from __future__ import annotations
 
+import logging
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +112,27 @@ def test_a_statement_that_fails_unread_rolls_back_the_whole_transaction(pg_url: 
     finally:
         cat.close()
 
+
+
+def _read_after_failure(c: Conn) -> None:
+    _insert_then_fail(c)
+    c.execute("SELECT 1").fetchone()  # the failure comes with this read, inside the body
+
+
+def test_a_transaction_that_fails_inside_its_body_logs_nothing_of_psycopg(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A body that fails (a statement's error at a read, or its own error such as EEXIST)
+    with answers still pending: they are taken before the pipeline ends, so psycopg has
+    nothing to warn about (the daemon's log stays clean: its tests fail on warnings)."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        cat.create(ROOT_INODE, b"f", FILE, 0, 0)
+        with caplog.at_level(logging.WARNING, logger="psycopg"):
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                cat._write(_read_after_failure)
+            with pytest.raises(AlreadyExists):
+                cat.create(ROOT_INODE, b"f", FILE, 0, 0, audit=AuditRecord("create"))
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+        assert [n for _, n, _ in cat.readdir(ROOT_INODE, 0)] == [b"f"]
+    finally:
+        cat.close()
