@@ -93,7 +93,13 @@ _SCHEMA_LOCK = 0x636B70746673
 # created (the rerun says EEXIST), or the same audit seq appended (the rerun appends after it).
 _RERUN_KEYS = ("dentries_parent_name_key", "audit_log_pkey")
 
-# Never backwards: the nodes' clocks differ a little.
+# The change mark (a write's ``touch``): meta ``changed_ns``, a statement of its own after
+# the COMMIT (READ COMMITTED, never a serialization failure), not in the transaction, where
+# every change on every node would write this one row and all but one of any concurrent
+# changes would conflict and run again. After the COMMIT, so a snapshot that began before
+# the commit (and so misses the change) is older than the mark; a failure of the mark
+# loses only the mark (the next change writes it), not the change. Never backwards: the
+# nodes' clocks differ a little.
 _MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
                  "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
 
@@ -463,37 +469,33 @@ class PostgresCatalog(SqlCatalog):
         unread fails the next read or the COMMIT, and the whole transaction rolls back (the
         statements after it in the pipeline do not run). Pipelined statements are not
         prepared: a pipeline that failed skips the PREPAREs queued after the error, and
-        psycopg would name statements the server never made.
-
-        The change mark (``touch``: meta ``changed_ns``) is a statement of its own after
-        the COMMIT (READ COMMITTED, never a serialization failure), not in the
-        transaction, where every change on every node would write this one row and all but
-        one of any concurrent changes would conflict and run again. After the COMMIT, so a
-        snapshot that began before the commit (and so misses the change) is older than the
-        mark; a failure of the mark loses only the mark (the next change writes it), not
-        the change. A connection the server dropped (a restart) fails the first read,
-        before the COMMIT went out: ``_StaleConnection``, and the caller tries the next."""
+        psycopg would name statements the server never made. The change mark: _MARK_CHANGED.
+        A connection the server dropped (a restart) fails before the COMMIT went out:
+        ``_StaleConnection`` (nothing ran), and the caller tries the next."""
         conn = self._getconn()
         commit: psycopg.Cursor[Any] | None = None
-        ended = False
+        committing = ended = False
         try:
             try:
                 with conn.pipeline() as pipe:
                     conn.execute(_BEGIN_WRITE, prepare=False)
                     try:
                         result = body(_PgConn(conn, self.counts, pipe))
+                        committing = True
+                        commit = conn.execute("COMMIT", prepare=False)
+                        if touch:
+                            conn.execute(_MARK_CHANGED, (str(time.time_ns()),), prepare=False)
                     except BaseException:
-                        # The answers still pending are not wanted (those after a failed
-                        # statement are "aborted"): taken here, so that leaving the
-                        # pipeline has nothing left to warn about; the rollback follows.
+                        # (psycopg reads answers that arrived while it sends, so an error
+                        # may come at any statement.) The answers still pending are not
+                        # wanted (those after a failed statement are "aborted"): taken
+                        # here, so that leaving the pipeline has nothing left to warn
+                        # about; the rollback follows.
                         with suppress(psycopg.Error):
                             pipe.sync()
                         raise
-                    commit = conn.execute("COMMIT", prepare=False)
-                    if touch:
-                        conn.execute(_MARK_CHANGED, (str(time.time_ns()),), prepare=False)
             except (psycopg.OperationalError, psycopg.InterfaceError) as e:
-                if commit is None and conn.broken:
+                if not committing and conn.broken:
                     raise _StaleConnection(e) from None
                 raise
             except psycopg.Error as e:
