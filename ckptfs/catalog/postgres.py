@@ -15,10 +15,9 @@ of its own, never shared between threads).
 * A server that cannot be reached fails the call with CatalogUnavailable (EIO) within
   CONNECT_TIMEOUT / POOL_WAIT seconds, and while it stays unreachable every further call
   within DOWN_WAIT; a pooled connection the server dropped (a restart)
-  is noticed at a read's BEGIN, or at a write's first answer (before its COMMIT went
-  out), and replaced.
-* Writes are pipelined (``_pipelined``): a statement whose answer the body does not read
-  goes out with the next one read, the body's tail with the COMMIT and the change mark.
+  is noticed at the transaction's BEGIN and replaced.
+* Every statement is a round trip (``counts``): psycopg's pipeline mode was measured and
+  not kept (docs/performance.md, "Several nodes").
 * The schema is schema.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
   ``schema_version`` is checked like SQLite's, and MIGRATIONS holds a step per version.
@@ -201,71 +200,19 @@ class Counts:
         self.statements = self.round_trips = self.transactions = 0
 
 
-class _PgCursor:
-    """A cursor of a pipelined transaction: its rows (and rowcount) wait for the server's
-    answer only when asked for; a statement nobody reads goes out with the next one that
-    is read, or with the COMMIT."""
-
-    __slots__ = ("_counts", "_cur", "_pipe")
-
-    def __init__(self, cur: psycopg.Cursor[Any], pipe: psycopg.Pipeline, counts: Counts) -> None:
-        self._cur, self._pipe, self._counts = cur, pipe, counts
-
-    def _arrived(self) -> psycopg.Cursor[Any]:
-        if self._cur.pgresult is None:  # not answered yet: one round trip for all queued
-            self._counts.round_trips += 1
-            self._pipe.sync()
-        return self._cur
-
-    @property
-    def rowcount(self) -> int:
-        return self._arrived().rowcount
-
-    def fetchone(self) -> Any:
-        return self._arrived().fetchone()
-
-    def fetchall(self) -> list[Any]:
-        return self._arrived().fetchall()
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._arrived().fetchall())
-
-
 class _PgConn:
-    """A pooled connection in one transaction, taking the catalog's portable statements.
-    ``pipe``: the transaction's pipeline (writes: statements are queued, not awaited one
-    by one); None: each statement waits for its answer."""
+    """A pooled connection in one transaction, taking the catalog's portable statements
+    (prepared by psycopg at their 5th use on a connection)."""
 
-    __slots__ = ("conn", "counts", "pipe")
+    __slots__ = ("conn", "counts")
 
-    def __init__(self, conn: psycopg.Connection[Any], counts: Counts,
-                 pipe: psycopg.Pipeline | None = None) -> None:
-        self.conn, self.counts, self.pipe = conn, counts, pipe
+    def __init__(self, conn: psycopg.Connection[Any], counts: Counts) -> None:
+        self.conn, self.counts = conn, counts
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
         self.counts.statements += 1
-        if self.pipe is None:
-            self.counts.round_trips += 1
-            return self.conn.execute(translate(sql), tuple(params))
-        # Not prepared in a pipeline: a pipeline that fails skips the PREPAREs queued after
-        # the error, and psycopg would then name statements the server never prepared.
-        return _PgCursor(self.conn.execute(translate(sql), tuple(params), prepare=False),
-                         self.pipe, self.counts)
-
-
-class _StaleConnection(Exception):
-    """A pooled connection the server dropped (a restart) failed a transaction before
-    its COMMIT was sent: nothing of it ran."""
-
-    def __init__(self, error: psycopg.Error) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _succeeded(cur: psycopg.Cursor[Any] | None) -> bool:
-    """Whether a pipelined statement's answer arrived and was a success."""
-    res = None if cur is None else cur.pgresult
-    return res is not None and res.status == psycopg.pq.ExecStatus.COMMAND_OK
+        self.counts.round_trips += 1
+        return self.conn.execute(translate(sql), tuple(params))
 
 
 def _backoff(attempt: int) -> float:
@@ -433,18 +380,16 @@ class PostgresCatalog(SqlCatalog):
         if self.readonly:
             raise NotPermitted(f"catalog {self.where} is open read-only")
         last: Exception | None = None
-        stale = 0
         for attempt in range(MAX_ATTEMPTS):
             try:
                 self.counts.transactions += 1
-                return self._pipelined(body, touch)
-            except _StaleConnection as e:
-                # Dropped by the server (a restart) before the COMMIT went out: nothing
-                # ran; the next connection is tried (the pool replaces this one).
-                stale += 1
-                if stale > self.concurrency:
-                    raise self._unavailable(e.error) from None
-                continue
+                with self._session(_BEGIN_WRITE) as conn:
+                    result = body(_PgConn(conn, self.counts))
+                    conn.execute("COMMIT")
+                    self.counts.round_trips += 1
+                    if touch:
+                        self._mark_changed(conn)
+                return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
             except pgerrors.UniqueViolation as e:
@@ -461,61 +406,14 @@ class PostgresCatalog(SqlCatalog):
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
 
-    def _pipelined(self, body: Callable[[Conn], T], touch: bool) -> T:
-        """One run of a write transaction, pipelined: ``BEGIN`` goes out with the body's
-        first statement whose answer is read, a statement whose answer the body does not
-        read is not awaited (it goes out with the next one read), and the body's tail goes
-        out with the ``COMMIT`` and the change mark: one round trip. A statement that fails
-        unread fails the next read or the COMMIT, and the whole transaction rolls back (the
-        statements after it in the pipeline do not run). Pipelined statements are not
-        prepared: a pipeline that failed skips the PREPAREs queued after the error, and
-        psycopg would name statements the server never made. The change mark: _MARK_CHANGED.
-        A connection the server dropped (a restart) fails before the COMMIT went out:
-        ``_StaleConnection`` (nothing ran), and the caller tries the next."""
-        conn = self._getconn()
-        commit: psycopg.Cursor[Any] | None = None
-        committing = ended = False
+    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
+        """The change mark (_MARK_CHANGED) after a change committed."""
         try:
-            try:
-                with conn.pipeline() as pipe:
-                    conn.execute(_BEGIN_WRITE, prepare=False)
-                    try:
-                        result = body(_PgConn(conn, self.counts, pipe))
-                        committing = True
-                        commit = conn.execute("COMMIT", prepare=False)
-                        if touch:
-                            conn.execute(_MARK_CHANGED, (str(time.time_ns()),), prepare=False)
-                    except BaseException:
-                        # (psycopg reads answers that arrived while it sends, so an error
-                        # may come at any statement.) The answers still pending are not
-                        # wanted (those after a failed statement are "aborted"): taken
-                        # here, so that leaving the pipeline has nothing left to warn
-                        # about; the rollback follows.
-                        with suppress(psycopg.Error):
-                            pipe.sync()
-                        raise
-            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
-                if not committing and conn.broken:
-                    raise _StaleConnection(e) from None
-                raise
-            except psycopg.Error as e:
-                if not _succeeded(commit):
-                    raise
-                # The COMMIT succeeded and only the mark failed: the change stands.
-                log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
-                            self.where, e)
             self.counts.round_trips += 1
-            self._down = False
-            ended = True
-            return result
-        finally:
-            # After a failure also if the transaction is over (a failed COMMIT): the
-            # ROLLBACK makes psycopg forget the statements it prepared on this connection.
-            if not conn.broken and (not ended or conn.info.transaction_status
-                                    != psycopg.pq.TransactionStatus.IDLE):
-                with suppress(psycopg.Error):  # broken now: the pool drops it
-                    conn.execute("ROLLBACK")
-            self._pool.putconn(conn)
+            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
+        except psycopg.Error as e:
+            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
+                        self.where, e)
 
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
