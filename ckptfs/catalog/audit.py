@@ -212,13 +212,7 @@ class AuditSql(SqlBase):
         todo = [records] if isinstance(records, AuditRecord) else list(records)
         if not todo:
             return
-        # The chain's head asked first and read after the paths: on a pipelined engine
-        # (PostgreSQL) it comes back with the paths' answers, one round trip for both.
-        head = c.execute("SELECT seq, digest FROM audit_log ORDER BY seq DESC LIMIT 1")
-        wheres = [r.path if r.path is not None else
-                  path_of(c, r.ino) if r.ino is not None else
-                  path() if path is not None else "" for r in todo]
-        row = head.fetchone()
+        row = c.execute("SELECT seq, digest FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
         if row is None:
             fs_id = c.execute("SELECT value FROM meta WHERE key='fs_id'").fetchone()
             seq, prev = 0, genesis("" if fs_id is None else str(fs_id[0]))
@@ -226,7 +220,11 @@ class AuditSql(SqlBase):
             seq, prev = int(row[0]), bytes(row[1])
         now = time.time_ns()
         node = self.hooks.node
-        for r, where in zip(todo, wheres, strict=True):
+        for r in todo:
+            where = r.path
+            if where is None:
+                where = (path_of(c, r.ino) if r.ino is not None
+                         else path() if path is not None else "")
             # Names that are not UTF-8: their bytes escaped, so the text stores and hashes.
             where = readable(where)
             extra = dict(r.detail)
