@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
             for p in range(1, args.repeat + 1):
                 print(f"== pass {p}/{args.repeat}", flush=True)
-                configs = [("SQLite, 1 node", False, 1, server),
+                configs: list[tuple[str, bool, int, SeaweedServer | None]] = [
+                           ("SQLite, 1 node", False, 1, server),
                            ("PostgreSQL, 1 node", True, 1, server),
                            ("PostgreSQL, 2 nodes", True, 2, server)]
                 if not args.no_reference:
