@@ -5,6 +5,7 @@ them sent as replies, and what a writer changed is what every later read sees.""
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -211,8 +212,9 @@ def test_readers_of_items_of_one_file_each_get_readahead_and_pushes(
             lo = -(-(starts[k] + len(got[k])) // PAGE) * PAGE
             views.append(CacheView(fd, lo, (starts[k] + item) // PAGE * PAGE))
         for k, view in enumerate(views):
-            wait_until(lambda v=view: len(v.resident()) * PAGE >= CHUNK // 2, 30,
-                       f"pages pushed ahead of reader {k} in its item")
+            pushed_ahead = functools.partial(lambda v: len(v.resident()) * PAGE >= CHUNK // 2,
+                                             view)
+            wait_until(pushed_ahead, 30, f"pages pushed ahead of reader {k} in its item")
             view.hold(view.resident())
         while any(len(g) < item for g in got):
             read_round()
