@@ -496,10 +496,9 @@ class OpenFile:
             return b""
         first, last = off // self.cs, (end - 1) // self.cs
         st = self._streams.of(stream)
+        st.begin(off, end)
         if cached:
             st.note(off, end, self.cs, self._pushed_idx)
-        else:
-            st.read_hi = max(st.read_hi, end)
         warm = cached and st.warm  # a warm page-cache reader: no readahead, no pushes
         if last > first and not warm:
             # A request over several chunks: fetch its later ones at once, not one by one.
@@ -518,7 +517,7 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    sequential = self._readahead(st, base + lo, idx, cached, fetch=not warm)
+                    sequential = self._readahead(st, idx, cached, fetch=not warm)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
@@ -538,7 +537,6 @@ class OpenFile:
             if len(piece) < hi - lo:
                 piece = bytes(piece) + bytes(hi - lo - len(piece))  # past the data: a hole
             out.append(piece)
-        st.ended(end)
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _copy_back(self, sequential: bool) -> bool:
@@ -549,12 +547,12 @@ class OpenFile:
         path = await self.svc.path_of(self.ino)
         log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
 
-    def _readahead(self, st: ReadStream, off: int, idx: int, push: bool = False,
+    def _readahead(self, st: ReadStream, idx: int, push: bool = False,
                    fetch: bool = True) -> bool:
         """On a sequential pattern of the stream (the first chunk counts), fetch the next
         chunks in parallel into the cache (and with ``push`` into the kernel's page cache)
         unless not ``fetch``. Returns whether the read is sequential."""
-        sequential = st.sequential(off, idx)
+        sequential = st.sequential(idx)
         if not sequential or not fetch or self.svc.readahead <= 0:
             return sequential
         self._fetch_ahead(range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)),
@@ -606,7 +604,7 @@ class OpenFile:
     async def _push(self, idx: int, ref: ChunkRef, data: Buffer, st: ReadStream) -> None:
         """Hand the verified chunk to the kernel's page cache (vfs/pagepush.py), if the
         file is exactly its committed version and nobody may change it meanwhile; its
-        pieces stop where the requests of ``st`` (the reader it is for) reached."""
+        pieces skip what the requests of ``st`` (the reader it is for) asked for."""
         pp = self.svc.page_push
         if pp is None or self._no_push or self.is_dirty() or self._ref(idx) != ref:
             return
@@ -617,7 +615,7 @@ class OpenFile:
         self._pushed_idx.add(idx)  # the kernel may skip these pages from now on (note)
         self._pushing += 1
         try:
-            await pp.push(self.ino, base, memoryview(data)[:n], lambda: st.read_hi)
+            await pp.push(self.ino, base, memoryview(data)[:n], st.asked)
         except Exception:
             # Only an optimization: a bug here must not end the daemon (the mount's
             # nursery). The pages not pushed are requested by the kernel as usual.

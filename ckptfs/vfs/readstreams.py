@@ -9,10 +9,16 @@ sends a page-cache reader's requests (its read-ahead included) with the handle o
 open file they are made for, so a handle is a reader.
 
 Sequential: a request in the chunk of the stream's last one or the next (a reader moving
-on), or one that begins where one of the stream's recent requests ended. The latter is a
+on), or one that begins where one of the stream's recent runs of requests ended. The latter is a
 reader back from a look elsewhere: torch.load, reading one DCP item, reads the item's zip
 directory at its end first and then its data from the start, which the kernel's
 read-ahead of the first look had already asked up to.
+
+Pushes of chunks read ahead for a stream skip what its runs asked for (``asked``): the
+pages of a run were replied to. Only the run that holds a piece counts: the look at an
+item's end must not stop the pushes of the item's chunks before it, which the reader
+comes back to (it did, with one high-water mark per file: a DCP item's middle chunks
+went through replies).
 
 Warm (no readahead, no push): a request that jumps forward over bytes nobody served or
 pushed to this stream's knowledge means the kernel had them cached (a warm read refilling
@@ -22,54 +28,69 @@ without a gap over a chunk's end (docs/performance-history.md, "Warm reads").
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Handles whose streams a file keeps (the least recently reading go first): a stream is
 # only a hint, so one forgotten (or a reused handle number's) costs a sequential request.
 MAX_STREAMS = 32
-# Request ends a stream remembers for "begins where a recent request ended".
-RECENT_ENDS = 8
+# Runs (stretches of contiguous requests) a stream remembers.
+MAX_RUNS = 8
 
 
 @dataclass
 class ReadStream:
     last_idx: int = -2  # the chunk of the last request (-2: none yet)
     req_end: int = 0  # where the last page-cache request ended
-    # The end of the highest request since the last seek back: pushes of chunks this
-    # stream read ahead stop there (the pages above were not asked for yet).
-    read_hi: int = 0
     warm: bool = False
-    ends: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_ENDS))
+    # Its recent runs, (start, end) of contiguous requests, the newest last: a request that
+    # begins at a run's end continues it. Replaced whole at each request (never changed in
+    # place), so a push's worker thread reads it without a lock (``asked``).
+    runs: tuple[tuple[int, int], ...] = ()
+    continues: bool = False  # the current request begins where a run ended
 
-    def sequential(self, off: int, idx: int) -> bool:
-        """Whether a request at ``off`` in chunk ``idx`` goes on with this stream (and it
+    def begin(self, off: int, end: int) -> None:
+        """A request of this stream for [off, end): it extends the run it touches (or
+        starts one), before it is answered, so no push copies what it asked for."""
+        self.continues = any(e == off for _, e in self.runs)
+        runs = list(self.runs)
+        for k, (s, e) in enumerate(runs):
+            if s <= off <= e:
+                runs[k] = (s, max(e, end))
+                runs.append(runs.pop(k))
+                break
+        else:
+            runs.append((off, end))
+        self.runs = tuple(runs[-MAX_RUNS:])
+
+    def sequential(self, idx: int) -> bool:
+        """Whether the current request, in chunk ``idx``, goes on with this stream (and it
         now stands there)."""
         seq = (idx in (self.last_idx, self.last_idx + 1) or (idx == 0 and self.last_idx == -2)
-               or off in self.ends)
+               or self.continues)
         self.last_idx = idx
         return seq
 
     def note(self, off: int, end: int, cs: int, pushed: Container[int]) -> None:
         """A page-cache request for [off, end) (chunks of ``cs`` bytes; ``pushed``: the
-        chunks the file pushed pages of): warm or not, and where its pushes stop."""
+        chunks the file pushed pages of; after ``begin``): warm or not."""
         prev, self.req_end = self.req_end, end
-        # A seek back brings read_hi back with the reader (torch.load reads a zip's
-        # directory at the end first).
-        self.read_hi = end if off < prev else max(self.read_hi, end)
         over_an_end = end % cs == 0 or off // cs != (end - 1) // cs
-        if off > prev and off not in self.ends:
+        if off > prev and not self.continues:
             gap = range(prev // cs, (off - 1) // cs + 1)
             if not all(i in pushed for i in gap):
                 self.warm = True
         elif off < prev or over_an_end:  # a seek back, or on without a gap over an end
             self.warm = False
 
-    def ended(self, end: int) -> None:
-        """A request of this stream ended at ``end`` (after ``sequential``)."""
-        if not self.ends or self.ends[-1] != end:
-            self.ends.append(end)
+    def asked(self, off: int) -> int:
+        """Where the run that holds ``off`` ends (the reader asked for [off, there)), or
+        ``off`` if none does. Called from a push's worker thread."""
+        for s, e in self.runs:
+            if s <= off < e:
+                return e
+        return off
 
 
 class ReadStreams(OrderedDict[int | None, ReadStream]):

@@ -231,3 +231,37 @@ def test_readers_of_items_of_one_file_each_get_readahead_and_pushes(
     counters = facts(m.state_dir)["counters"]
     assert counters.get("page_cache_push_errors", 0) == 0, counters
     assert counters.get("page_cache_pushed_bytes", 0) >= 3 * CHUNK // 2, counters
+
+
+def test_a_look_at_an_items_end_does_not_stop_the_pushes_before_it(
+    ckpt_factory: CkptFactory,
+) -> None:
+    """torch.load, reading a DCP item, reads its first page, then the zip directory at the
+    item's end, then the item from its start. The look at the end must not stop the pushes
+    of the chunks between (the reader comes back to them): with one high-water mark per
+    file, those that started after the look pushed nothing, and the item's middle went
+    through replies. The reader here waits after its look until pages of the middle are
+    cached (mincore; POSIX_FADV_RANDOM: the kernel asks for nothing it did not read)."""
+    m = ckpt_factory.mount()
+    item = 24 * CHUNK + 1000
+    data = os.urandom(item + 3 * CHUNK)
+    (m.mountpoint / "f.distcp").write_bytes(data)
+    ckpt_factory.remount(m)  # a new kernel mount: no page of it is cached
+    fd = os.open(m.mountpoint / "f.distcp", os.O_RDONLY)
+    view: CacheView | None = None
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        got = bytearray(os.pread(fd, PAGE, 0))  # the item's first page
+        assert os.pread(fd, PAGE, item - PAGE) == data[item - PAGE:item]  # its directory
+        view = CacheView(fd, 2 * CHUNK, 20 * CHUNK)  # its middle, nothing asked there
+        middle = view
+        wait_until(lambda: len(middle.resident()) * PAGE >= 4 * CHUNK, 30,
+                   "pages pushed into the item's middle after the look at its end")
+        view.hold(view.resident())
+        while len(got) < item:
+            got += os.pread(fd, min(MiB, item - len(got)), len(got))
+    finally:
+        if view is not None:
+            view.close()
+        os.close(fd)
+    assert bytes(got) == data[:item]
