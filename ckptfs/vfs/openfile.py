@@ -501,8 +501,9 @@ class OpenFile:
             st.note(off, end, self.cs, self._pushed_idx)
         warm = cached and st.warm  # a warm page-cache reader: no readahead, no pushes
         if last > first and not warm:
-            # A request over several chunks: fetch its later ones at once, not one by one.
-            self._fetch_ahead(range(first + 1, last + 1), st, push=False)
+            # A request over several chunks: fetch its later ones at once, not one by one,
+            # pushed as the readahead's would be (it skips chunks already on their way).
+            self._fetch_ahead(range(first + 1, last + 1), st, push=cached)
         out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
