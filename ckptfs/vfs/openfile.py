@@ -500,10 +500,6 @@ class OpenFile:
         if cached:
             st.note(off, end, self.cs, self._pushed_idx)
         warm = cached and st.warm  # a warm page-cache reader: no readahead, no pushes
-        if last > first and not warm:
-            # A request over several chunks: fetch its later ones at once, not one by one,
-            # pushed as the readahead's would be (it skips chunks already on their way).
-            self._fetch_ahead(range(first + 1, last + 1), st, push=cached)
         out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
@@ -519,6 +515,12 @@ class OpenFile:
                     piece = b""
                 else:
                     sequential = self._readahead(st, idx, cached, fetch=not warm)
+                    if idx == first and last > first and not warm:
+                        # A request over several chunks: its later ones at once, not one
+                        # by one (after the readahead, which pushes them for a sequential
+                        # reader; this skips chunks already on their way).
+                        self._fetch_ahead(range(first + 1, last + 1), st,
+                                          push=cached and sequential)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
