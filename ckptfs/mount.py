@@ -49,6 +49,7 @@ from .fuse.notify import SessionPages
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
 from .metrics.exporter import serve as serve_metrics
+from .metrics.health import MountProbe
 from .metrics.telemetry import FsCollector
 from .session import NodeSession
 from .supervise import supervised
@@ -309,7 +310,8 @@ def _serve_daemon(
         chunk_size, cfg.state_dir,
     )
     metrics = serve_metrics(cfg.metrics.address, FsCollector(daemon.telemetry),
-                            cfg.state_dir, daemon.telemetry.endpoint)
+                            cfg.state_dir, daemon.telemetry.endpoint,
+                            health=MountProbe(mountpoint).check)
     unmounted = False
     try:
         trio.run(_serve, daemon, mountpoint, on_ready, leases)
