@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from tests.faults.test_loop_rules import held_remote_deletion
+from tests.support.freeze import freeze
 from tests.support.mountutil import FUSE_AVAILABLE, mounted, run_cli, wait_until
 from tests.support.s3server import OUTAGE_WARNINGS, SeaweedServer
 
@@ -90,7 +91,7 @@ def test_a_remount_takes_back_the_claims_of_its_killed_daemon(
         (m.mountpoint / "big.bin").write_bytes(os.urandom(4 * CS))
         assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
         assert own_seaweed.proc is not None
-        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # the DELETEs hang, claimed
+        freeze(own_seaweed.proc.pid)  # the DELETEs hang, claimed
         try:
             os.unlink(m.mountpoint / "big.bin")
             left = wait_until(lambda: claims(m.state_dir), 30, "remote deletions claimed")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.freeze import freeze
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, mounted, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
@@ -57,7 +58,7 @@ def test_reads_hung_on_the_object_store_leave_local_writes_alone(
         reader = threading.Thread(
             target=lambda: got.append((m.mountpoint / "remote.bin").read_bytes()), daemon=True
         )
-        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # connections open, no answers
+        freeze(own_seaweed.proc.pid)  # connections open, no answers
         try:
             reader.start()
             time.sleep(0.5)  # not a wait for a condition: the reader is meant to hang

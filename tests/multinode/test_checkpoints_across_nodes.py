@@ -24,6 +24,7 @@ import trio
 
 from tests.conftest import CkptFactory
 from tests.multinode.conftest import Cluster, sync
+from tests.support.freeze import freeze
 from tests.support.mountutil import Mount, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
@@ -281,7 +282,7 @@ def test_latest_skips_a_checkpoint_only_a_dead_node_held(
     sync(a, a.mountpoint / "run/step-1")
     sync(b, b.mountpoint / "run/step-1")
     assert own_seaweed.proc is not None
-    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # the bucket hangs: a's uploads cannot finish
+    freeze(own_seaweed.proc.pid)  # the bucket hangs: a's uploads cannot finish
     try:
         new_step(a, b, "run/step-2")  # both ranks through node a this time
         shard(a, "run/step-2", 0)

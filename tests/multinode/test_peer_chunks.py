@@ -24,6 +24,7 @@ import trio
 from tests.conftest import CkptFactory
 from tests.multinode.conftest import Cluster
 from tests.support.daemons import build_daemon
+from tests.support.freeze import freeze
 from tests.support.mountutil import wait_until
 from tests.support.s3server import SeaweedServer
 from tests.vfs.test_vfs import CS, read_file, write_file
@@ -206,7 +207,7 @@ def test_a_read_on_a_mount_fails_at_once_for_a_killed_node(
     a = cluster.node("a", "--config", str(conf))
     b = cluster.node("b", "--config", str(conf))
     assert own_seaweed.proc is not None
-    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # a's uploads cannot finish
+    freeze(own_seaweed.proc.pid)  # a's uploads cannot finish
     try:
         (a.mountpoint / "big.bin").write_bytes(os.urandom(32 << 20))
         a.kill9()

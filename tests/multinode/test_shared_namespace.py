@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import TEST_MOUNT_ARGS, CkptFactory
 from tests.multinode.conftest import Cluster, sync
+from tests.support.freeze import freeze
 from tests.support.mountutil import Mount, run_cli, wait_until
 from tests.support.s3server import SeaweedServer
 
@@ -220,7 +221,7 @@ def test_status_on_any_node_names_the_node_holding_files_not_yet_on_the_bucket(
     cluster = Cluster(ckpt_factory, pg_url, url)
     a, b = cluster.node("a"), cluster.node("b")
     assert own_seaweed.proc is not None
-    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # the bucket hangs: uploads cannot finish
+    freeze(own_seaweed.proc.pid)  # the bucket hangs: uploads cannot finish
     try:
         (a.mountpoint / "ckpt").mkdir()
         (a.mountpoint / "ckpt" / "rank0.pt").write_bytes(os.urandom(1000))

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import CkptFactory
 from tests.multinode.conftest import Cluster
+from tests.support.freeze import freeze
 from tests.support.mountutil import ckptfs_cmd
 from tests.support.s3server import SeaweedServer
 
@@ -41,7 +42,7 @@ def test_sync_on_one_node_waits_for_the_uploads_of_another(
     assert own_seaweed.proc is not None
     sync: subprocess.Popen[str] | None = None
     cat = PostgresCatalog(pg_url, pool_size=1, readonly=True)
-    os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # a's uploads cannot finish
+    freeze(own_seaweed.proc.pid)  # a's uploads cannot finish
     try:
         (a.mountpoint / "out" / "rank0.bin").write_bytes(data)  # committed on a only
         (b.mountpoint / "out" / "rank1.bin").write_bytes(small)

@@ -22,6 +22,7 @@ import blake3
 import pytest
 
 from tests.remote.test_remote_mount import local_chunk_keys, remote_objects
+from tests.support.freeze import freeze
 from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
@@ -146,7 +147,7 @@ def test_a_hung_object_store_does_not_freeze_the_mount(
         uploaded = set(remote_objects(own_seaweed, prefix))
         assert len(uploaded) == 4
         assert own_seaweed.proc is not None
-        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # connections open, no answers
+        freeze(own_seaweed.proc.pid)  # connections open, no answers
         try:
             assert timed(lambda: os.unlink(m.mountpoint / "big.bin")) < FAST
             assert timed(lambda: os.listdir(m.mountpoint)) < FAST
@@ -228,7 +229,7 @@ def test_a_run_directory_stays_usable_while_gc_waits_for_a_hung_bucket(
         wait_until(lambda: states(run).get("/run5/checkpoint-2") == "committed", what="commit 2")
         assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
         assert own_seaweed.proc is not None
-        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # connections open, no answers
+        freeze(own_seaweed.proc.pid)  # connections open, no answers
         gc = None
         try:
             save(run, 3, os.urandom(2 * CS))  # checkpoint-2 expires (keep = 1)

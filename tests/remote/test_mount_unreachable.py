@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.remote.test_remote_mount import remote_objects
+from tests.support.freeze import freeze
 from tests.support.mountutil import (
     FUSE_AVAILABLE,
     SKIP_REASON,
@@ -59,7 +60,7 @@ def test_a_node_mounts_with_its_bucket_hung_and_uploads_once_it_answers(
         assert run_cli("sync", str(m.mountpoint), "--timeout", "60").returncode == 0
         assert len(remote_objects(own_seaweed, prefix)) == 3
         assert own_seaweed.proc is not None
-        os.kill(own_seaweed.proc.pid, signal.SIGSTOP)  # connections open, no answers
+        freeze(own_seaweed.proc.pid)  # connections open, no answers
         try:
             m.kill9()
             # Mount.start gives the CLI 60 s: the old mount waited 120 s for the bucket.
