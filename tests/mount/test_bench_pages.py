@@ -21,7 +21,6 @@ import pytest
 from tests.support.mountutil import Mount
 from tests.support.scripts import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 MiB = 1 << 20
 PAGES = 4 * MiB // os.sysconf("SC_PAGE_SIZE")
 

@@ -3,12 +3,9 @@ pass, median and range, rates, CPU per GB and the ceiling a thread's CPU per GB 
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 
 from tests.support.scripts import load_script
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def dcpstats() -> ModuleType:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from types import ModuleType
 
 from tests.support.scripts import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 BURN_S = 0.3  # CPU seconds the burner uses: 30 clock ticks at 100 Hz, far above the others
 NAME = "bench-burner"  # its comm (at most 15 bytes)
 
