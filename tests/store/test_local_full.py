@@ -287,10 +287,12 @@ async def test_block_moves_the_writing_files_own_chunks_to_the_remote(tmp_path: 
             assert await fs.read(fh, 0, len(data)) == data  # before the commit, too
             await fs.flush(fh)
         await fs.release(fh)
-        assert store_of(fs).spilled_bytes > 0
         refs = await fs.db(fs.catalog.extents, inode.ino)
         moved = [r for r in refs.values() if r.tiers == ("r",)]
         assert moved, refs  # recorded where they are: on the remote only
+        # Every moved chunk's local frame counts once: the concurrent moves of a round
+        # add up (each one's bytes used to overwrite the others' total).
+        assert store_of(fs).spilled_bytes == sum(len(remote.frames[r.key]) for r in moved)
         assert all(r.key in remote.frames and r.key not in local.frames for r in moved)
         assert all(r.key in local.frames for r in refs.values() if "l" in r.tiers)
         jobs = await fs.db(catalog_of(fs).due_uploads, 1 << 62, 100, set())
