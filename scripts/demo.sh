@@ -196,7 +196,7 @@ echo "user.ckptfs.state of checkpoint-100: $(getfattr --only-values -n user.ckpt
 echo "ckptfs latest run1 -> $(ckptfs latest "$MNT/run1")"
 ckptfs verify "$MNT/run1/checkpoint-100"
 
-step "5c. Prometheus metrics of the daemon (a few of them; the address is in \$STATE/metrics.addr)"
+step "5c. Prometheus metrics of the daemon (a few of them; the address is in \$STATE/metrics.addr) and its health check"
 "$PY" - "$STATE" <<'EOF'
 import sys, time, urllib.request
 from pathlib import Path
@@ -219,6 +219,10 @@ print(f"served at {url}")
 for line in text.splitlines():
     if line.startswith(wanted):
         print("  " + line)
+# The same port answers the health check that Kubernetes' probes ask (docs/kubernetes.md).
+health = url.replace("/metrics", "/healthz")
+with urllib.request.urlopen(health, timeout=10) as r:
+    print(f"{health}: {r.status} {r.read().decode().strip()}")
 EOF
 
 step "5d. bad input is refused and loses nothing: a tier directory that does not exist (an unmounted NVMe, say)"
