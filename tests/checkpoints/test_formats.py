@@ -471,3 +471,25 @@ def test_a_read_error_is_a_problem_not_an_exception(
     copy(torch_files["torch"], d / "w.pt")
     got = check_checkpoint(_FailingReads(d), "torch")
     assert [p.file for p in got] == ["w.pt"] and "Input/output error" in got[0].what, whats(got)
+
+
+def test_zip64_records_and_deflated_entries_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch writes zip64 records past 4 GiB; zipfile writes them past ZIP64_LIMIT, lowered
+    here so that a small archive has them (a zip64 end record and zip64 offsets)."""
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 1 << 10)
+    p = tmp_path / "z.pt"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("z/data.pkl", os.urandom(3000))
+        z.writestr("z/data/0", os.urandom(3000))
+        z.writestr("z/data/1", b"ab" * 20000, compress_type=zipfile.ZIP_DEFLATED)
+    raw = p.read_bytes()
+    assert b"PK\x06\x06" in raw and b"PK\x06\x07" in raw  # the zip64 end record and locator
+    assert check(p, "torch") == []
+    with zipfile.ZipFile(p) as z:
+        e = z.getinfo("z/data/1")
+    at = _entry_data_offset(p, e) + e.compress_size // 2
+    p.write_bytes(raw[:at] + bytes([raw[at] ^ 0x40]) + raw[at + 1:])
+    got = check(p, "torch")
+    assert len(got) == 1 and "entry z/data/1" in got[0].what, whats(got)

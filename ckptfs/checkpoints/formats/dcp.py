@@ -35,8 +35,10 @@ def _load(files: CheckpointFiles, meta: str) -> Any:
     try:
         md = load_restricted(read_exact(files, meta, 0, size))
     except ForbiddenGlobal as exc:
-        raise _Bad(f"refused: the pickle names {exc}, which no DCP metadata holds "
-                   "(not a DCP metadata file, or a tampered one); nothing was run") from None
+        why = ("a torch class this check does not know (a newer torch? see "
+               "formats/restricted.py)" if str(exc).startswith("torch") else
+               "which no DCP metadata holds (not a DCP metadata file, or a tampered one)")
+        raise _Bad(f"refused: the pickle names {exc}, {why}; nothing was run") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
             IndexError, KeyError, MemoryError) as exc:
         raise _Bad(f"not a readable pickle ({type(exc).__name__}: {exc}); truncated?") from None

@@ -56,22 +56,30 @@ def _directory_span(files: CheckpointFiles, name: str, size: int) -> tuple[int, 
     """(offset, size, entries) of the central directory."""
     at, (_sig, _d, _cd, _n, total, cd_size, cd_off, _c) = _find_eocd(files, name, size)
     end = at  # where the directory must end
-    if 0xFFFF in (total,) or 0xFFFFFFFF in (cd_size, cd_off):
-        if at < _LOC64.size:
-            raise ZipBroken("zip64 archive without its zip64 locator")
-        loc = _LOC64.unpack(read_exact(files, name, at - _LOC64.size, _LOC64.size))
-        if loc[0] != b"PK\x06\x07" or loc[2] + _EOCD64.size > at:
-            raise ZipBroken("zip64 locator missing or pointing past the end record")
-        rec = _EOCD64.unpack(read_exact(files, name, loc[2], _EOCD64.size))
+    loc = _zip64_locator(files, name, at)
+    if loc is not None:  # zip64: the zip64 end record's numbers count (as zipfile reads it)
+        if loc + _EOCD64.size > at:
+            raise ZipBroken("zip64 locator points past the end record")
+        rec = _EOCD64.unpack(read_exact(files, name, loc, _EOCD64.size))
         if rec[0] != b"PK\x06\x06":
-            raise ZipBroken(f"no zip64 end record at byte {loc[2]}")
-        total, cd_size, cd_off, end = rec[7], rec[8], rec[9], loc[2]
+            raise ZipBroken(f"no zip64 end record at byte {loc}, where its locator points")
+        total, cd_size, cd_off, end = rec[7], rec[8], rec[9], loc
+    elif total == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_off):
+        raise ZipBroken("zip64 archive without its zip64 locator")
     if cd_off + cd_size > end:
         raise ZipBroken(f"central directory (bytes {cd_off}..{cd_off + cd_size}) runs past "
                         f"its end record at byte {end}")
     if cd_size > MAX_DIRECTORY:
         raise ZipBroken(f"central directory of {cd_size} bytes: larger than checked here")
     return cd_off, cd_size, total
+
+
+def _zip64_locator(files: CheckpointFiles, name: str, eocd_at: int) -> int | None:
+    """The offset of the zip64 end record a locator just before the EOCD names, if any."""
+    if eocd_at < _LOC64.size:
+        return None
+    loc = _LOC64.unpack(read_exact(files, name, eocd_at - _LOC64.size, _LOC64.size))
+    return int(loc[2]) if loc[0] == b"PK\x06\x07" else None
 
 
 def _zip64_fields(extra: bytes, usize: int, csize: int, off: int) -> tuple[int, int, int]:
