@@ -266,6 +266,15 @@ def _edit_metadata(meta: Path, edit: Callable[[Any], None]) -> None:
 
 
 @slow
+def test_a_dcp_data_file_lost_in_the_copy_is_reported(dcp_run: Path, tmp_path: Path) -> None:
+    d = copy(dcp_run / "step-2", tmp_path / "step-2")
+    (d / "__0_0.distcp").unlink()
+    got = check(d, "dcp")
+    assert len(got) == 1 and got[0].file == "__0_0.distcp", whats(got)
+    assert got[0].what.startswith("missing: .metadata stores")
+
+
+@slow
 def test_a_dcp_item_whose_metadata_range_is_past_its_file_end(
     dcp_run: Path, tmp_path: Path
 ) -> None:
@@ -461,6 +470,12 @@ class _FailingReads(DirFiles):
         if name.endswith(".pt"):
             raise OSError(5, "Input/output error")
         return super().read(name, offset, length)
+
+
+def test_a_directory_that_cannot_be_listed_is_a_problem(tmp_path: Path) -> None:
+    """Not an empty checkpoint: os.walk's errors are raised, not skipped."""
+    got = check(tmp_path / "gone", "hf")
+    assert len(got) == 1 and "cannot list" in got[0].what, whats(got)
 
 
 def test_a_read_error_is_a_problem_not_an_exception(

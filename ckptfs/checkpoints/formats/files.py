@@ -40,7 +40,7 @@ class DirFiles:
         if self._single:
             return [self.root.name]
         out: list[str] = []
-        for dirpath, _dirs, files in os.walk(self.root):
+        for dirpath, _dirs, files in os.walk(self.root, onerror=_raise):
             rel = Path(dirpath).relative_to(self.root)
             for f in files:
                 p = Path(dirpath, f)
@@ -64,6 +64,10 @@ class DirFiles:
     def read(self, name: str, offset: int, length: int) -> bytes:
         with open(self._path(name), "rb") as f:
             return os.pread(f.fileno(), length, offset)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc  # a directory that cannot be listed must not look empty
 
 
 class SubFiles:
