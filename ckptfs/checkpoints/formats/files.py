@@ -96,7 +96,10 @@ class Truncated(Exception):
 def read_exact(files: CheckpointFiles, name: str, offset: int, length: int) -> bytes:
     """``length`` bytes at ``offset``, or ``Truncated`` naming where the file ended.
     Reads loop: a ``CheckpointFiles`` may return fewer bytes than asked."""
-    out = bytearray()
+    first = files.read(name, offset, length)
+    if len(first) == length:
+        return first  # the usual case: no copy
+    out = bytearray(first)
     while len(out) < length:
         got = files.read(name, offset + len(out), length - len(out))
         if not got:
