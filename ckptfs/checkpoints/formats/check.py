@@ -20,6 +20,7 @@ from .meta import (
     check_json,
     check_megatron_tracker,
     is_json_name,
+    tracker_text,
 )
 from .stfile import check_safetensors
 from .torchzip import ZIP_MAGIC, check_zip
@@ -33,7 +34,11 @@ MAX_PROBLEMS = 50
 
 def check_checkpoint(files: CheckpointFiles, layout: str) -> list[FormatProblem]:
     """Every problem found (empty: the checkpoint loads as its framework wrote it). Never
-    raises: a file that cannot be read, or a check that fails, is a problem too."""
+    raises: a file that cannot be read, or a check that fails, is a problem too.
+
+    DeepSpeed's ``latest`` and Megatron's ``latest_checkpointed_iteration.txt`` sit beside
+    the checkpoint root: they are checked when ``files`` is rooted at the save dir and
+    includes them (with the restored tag or iteration dir)."""
     try:
         names = files.names()
     except OSError as exc:
@@ -68,9 +73,11 @@ def _layout_checks(files: CheckpointFiles, layout: str, names: list[str]) -> lis
                               "resume_from_checkpoint needs it")]
     if layout == "deepspeed":
         out = check_ds_latest(files, have) if DS_LATEST in have else []
-        if not any(_DS_MODEL_RE.search(n) for n in names):
-            out.append(FormatProblem("", "no *model_states.pt: DeepSpeed's load_checkpoint "
-                                     "needs the model states"))
+        tag = tracker_text(files, DS_LATEST) if DS_LATEST in have and not out else None
+        under = f"{tag}/" if tag else ""  # the tag `latest` names, else the whole root
+        if not any(n.startswith(under) and _DS_MODEL_RE.search(n) for n in names):
+            out.append(FormatProblem(tag or "", "no *model_states.pt: DeepSpeed's "
+                                     "load_checkpoint needs the model states"))
         return out
     if layout == "megatron" and not metadata_names([posixpath.basename(n) for n in names]) \
             and not any(_MEGATRON_LEGACY_RE.search(n) for n in names):
