@@ -367,6 +367,18 @@ def test_the_metadata_unpickler_never_runs_a_forbidden_global(
     assert "refused: the pickle names" in got[0].what and "nothing was run" in got[0].what
 
 
+def test_an_unknown_torch_global_is_refused_with_a_hint_at_the_torch_version(
+    tmp_path: Path,
+) -> None:
+    d = tmp_path / "ck"
+    d.mkdir()
+    # protocol 4: STACK_GLOBAL of torch.load, called with no arguments
+    (d / ".metadata").write_bytes(b"\x80\x04\x8c\x05torch\x8c\x04load\x93)R.")
+    got = check(d, "dcp")
+    assert len(got) == 1 and "names torch.load, a torch class this check does not know" \
+        in got[0].what, whats(got)
+
+
 @slow
 @pytest.mark.parametrize("payload", [_Touch, _Open])
 def test_a_forbidden_global_deep_inside_a_real_metadata_is_refused(
