@@ -105,7 +105,7 @@ def test_missing_roots_are_made_so_their_users_write_without_a_sticky_root() -> 
         ]) == [0, 0, 0]
         assert as_user(mp, MEMBER, MEMBER, [
             "open('teams/b/f', 'w').write('b')",
-            "assert os.stat('teams/b/f').st_gid == %d" % GROUP,  # the setgid mode given
+            f"assert os.stat('teams/b/f').st_gid == {GROUP}",  # the setgid mode given
         ], groups=(GROUP,)) == [0, 0]
         assert as_user(mp, USER.pw_uid, USER.pw_gid, ["open('named/f', 'w').write('n')"]) == [0]
         # Others get nothing (and the mount root is not theirs to write either).

@@ -106,7 +106,7 @@ def test_a_lost_node_restores_its_encrypted_namespace_from_the_bucket_with_the_k
     first = tmp_path / "node1"
     with mounted(first, 2, _args(cfg, url)) as m:
         (m.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
-        (m.mountpoint / "open").mkdir(mode=0o777)
+        (m.mountpoint / "open").mkdir(mode=0o777, exist_ok=True)
         enc.write(m.mountpoint / "proj-a/model.bin", data)
         enc.write(m.mountpoint / "open/plain.bin", data)
         _sync(m.mountpoint)
