@@ -172,19 +172,20 @@ def test_an_existing_root_of_other_owners_is_left_alone_and_reported(tmp_path: P
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.parametrize(("line", "key"), [
-    ('owner = "no-such-user-ckptfs"', "namespace[0].owner"),
-    ('group = "no-such-group-ckptfs"', "namespace[0].group"),
-    ("mode = 700", "namespace[0].mode"),
-    ('mode = "rwx"', "namespace[0].mode"),
-    ("owner = 4242", "namespace[0].owner"),
+@pytest.mark.parametrize(("line", "key", "words"), [
+    ('owner = "no-such-user-ckptfs"', "namespace[0].owner", "no user named"),
+    ('group = "no-such-group-ckptfs"', "namespace[0].group", "no group named"),
+    ("mode = 700", "namespace[0].mode", "octal mode as a string"),
+    ('mode = "rwx"', "namespace[0].mode", "octal mode"),
+    ("owner = 4242", "namespace[0].owner", "neither an owner of the namespace"),
 ])
-def test_bad_root_keys_exit_2_naming_the_key(tmp_path: Path, line: str, key: str) -> None:
+def test_bad_root_keys_exit_2_naming_the_key(tmp_path: Path, line: str, key: str,
+                                             words: str) -> None:
     cfg = tmp_path / "ckptfs.toml"
     cfg.write_text(f'[[namespace]]\npath = "/proj-a"\nuids = [{OWNER}]\n{line}\n')
     (tmp_path / "mnt").mkdir()
     res = run_cli("mount", str(tmp_path / "mnt"), "--state-dir", str(tmp_path / "state"),
                   "--local", str(tmp_path), "--config", str(cfg))
     assert res.returncode == 2, (res.returncode, res.stderr)
-    assert f"{key}:" in res.stderr, res.stderr
+    assert f"{key}:" in res.stderr and words in res.stderr, res.stderr
     assert not (tmp_path / "state" / "daemon.pid").exists()
