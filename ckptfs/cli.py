@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeAlias
 
-from . import __version__, preflight, statedir
+from . import preflight, statedir
 from .catalog import recorded_tiers
 from .catalog.binding import bind_catalog
 from .commands.plan import add_plan_arguments
@@ -32,6 +32,18 @@ DAEMON_READY_TIMEOUT_S = 120
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"ckptfs: error: {message}\n")
+
+
+class _Version(argparse.Action):
+    """--version: ckptfs, pyfuse3, libfuse and the catalog schema (commands/version.py,
+    loaded only when asked)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from .commands.version import version_text
+
+        print(version_text())
+        parser.exit()
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ckptfs",
         description="Checkpoint-aware FUSE filesystem: chunks striped over local tiers, verified.",
     )
-    parser.add_argument("--version", action="version", version=f"ckptfs {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the versions of ckptfs, pyfuse3, libfuse and the catalog schema")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     # In the order `ckptfs --help` lists them.
     _add_mount_parser(sub)

@@ -29,6 +29,7 @@ from .catalog.hooks import CatalogHooks
 from .codec.frame import Buffer
 from .config import Config, FuseConfig
 from .daemon.build import Daemon, Kernel, Wakeups, build_for_config
+from .daemon.provision import provision_namespaces
 from .daemon.restore import (
     count_namespaces,
     reconcile_catalog,
@@ -261,6 +262,7 @@ def _serve_tiers(
             session.register()
         chunk_size = reconcile_catalog(catalog, cfg)  # records this node's tiers
         count_namespaces(catalog, cfg.governance.namespaces)
+        provision_namespaces(catalog, cfg.governance.namespaces)  # missing roots made
         record_mount(catalog, cfg, mountpoint)
         keys = None
         if cfg.governance.keys.configured:

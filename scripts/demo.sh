@@ -568,14 +568,16 @@ uids = [1001]
 allowed_locations = ["eu-west"]
 encrypt = true
 quota = "8MiB"
+mode = "0777"   # its root, made at mount: open mode bits, the namespace still decides
 [[namespace]]
 path = "/proj-b"
 uids = [1002]
+mode = "0777"
 EOF2
 sed -n '2,99p' "$GOV/ckptfs.toml" | sed 's/^/  /'
 ckptfs mount "$GOV/mnt" --config "$GOV/ckptfs.toml"
 DAEMONS+=("$(cat "$GOV/state/daemon.pid")")
-chmod 1777 "$GOV/mnt"   # each project makes its namespace's root itself (like /tmp: sticky)
+ls -ln "$GOV/mnt" | sed 's/^/  /'   # the namespace roots the mount made: uid 1001 and 1002
 "$PY" - "$GOV" <<'EOF2'
 import errno, json, os, subprocess, sys
 from pathlib import Path
@@ -598,7 +600,6 @@ def as_user(uid: int, code: str) -> subprocess.CompletedProcess[str]:
 
 res = as_user(1001, f"""
 import os
-os.mkdir({str(mnt / 'proj-a')!r}, 0o777)
 with open({str(mnt / 'proj-a' / 'model.bin')!r}, "wb") as f:
     f.write(b"PROJECT-A-WEIGHTS!" * 58254 * 4)  # the marker, 4 MiB
 print("uid 1001 saved /proj-a/model.bin,", os.stat({str(mnt / 'proj-a' / 'model.bin')!r}).st_size, "bytes")
@@ -607,7 +608,6 @@ assert res.returncode == 0, res.stderr
 print(res.stdout.strip())
 res = as_user(1002, f"""
 import errno, os
-os.mkdir({str(mnt / 'proj-b')!r}, 0o777)
 for what, call in (("open", lambda: open({str(mnt / 'proj-a' / 'model.bin')!r}, "rb")),
                    ("listdir", lambda: os.listdir({str(mnt / 'proj-a')!r}))):
     try:

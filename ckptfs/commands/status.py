@@ -51,6 +51,7 @@ from .live import (
     upload_rate,
 )
 from .namespaces import Viewer
+from .statusroots import RootsCatalog, root_facts
 from .statusview import plain, render
 from .userstatus import user_status
 
@@ -224,12 +225,19 @@ def _backlog_facts(catalog: TierFactsCatalog, remotes: list[str], tiers: list[di
     }
 
 
-def _namespaces(catalog: QuotaCatalog, viewer: Viewer) -> list[dict[str, Any]]:
+class NamespacesCatalog(QuotaCatalog, RootsCatalog, Protocol):
+    """The namespaces' usage and their roots."""
+
+
+def _namespaces(catalog: NamespacesCatalog, viewer: Viewer) -> list[dict[str, Any]]:
     """Each namespace's committed usage and quota, as the catalog counts them (quota: as
-    the last mount declaring the namespace configured it); only those ``viewer`` may see."""
+    the last mount declaring the namespace configured it), and its root (statusroots.py);
+    only those ``viewer`` may see."""
+    roots = root_facts(catalog)
     return [{
         "path": u.ns, "used_bytes": u.bytes, "files": u.files, "quota_bytes": u.quota,
         "percent": None if not u.quota else round(100 * u.bytes / u.quota, 1),
+        "root": roots.get(u.ns),
     } for u in catalog.namespace_usage() if viewer.may_see(u.ns)]
 
 

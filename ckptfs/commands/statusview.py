@@ -8,6 +8,7 @@ from typing import Any
 
 from ..catalog import CheckpointState
 from ..catalog.catalog import Backlog
+from .statusroots import root_text
 from .sync import backlog_line
 
 
@@ -25,7 +26,7 @@ def namespace_line(n: dict[str, Any]) -> str:
     else:
         pct = "" if n["percent"] is None else f" ({n['percent']:.0f}%)"
         text += f" of {_size(n['quota_bytes'])} quota{pct}"
-    return text + f", {n['files']} file(s)"
+    return text + f", {n['files']} file(s)" + root_text(n.get("root"))
 
 
 def _health_text(t: dict[str, Any]) -> str:

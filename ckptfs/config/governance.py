@@ -22,10 +22,11 @@ from .model import (
     NamespaceConfig,
     RetentionPolicy,
 )
+from .nsroot import ROOT_KEYS, root_of
 from .parse import array_of_tables, parse_size, seconds, take_bool
 
 NAMESPACE_KEYS = {"path", "uids", "gids", "allowed_locations", "encrypt", "quota", "retention",
-                  "expires"}
+                  "expires", *ROOT_KEYS}
 _KEYS_KEYS = {"kek_file", "kek_command"}
 _AUDIT_KEYS = {"signing_key_file", "seal_interval", "refusal_window"}
 _ACCESS_KEYS = {"admin_gids"}
@@ -127,10 +128,11 @@ def namespaces_from_config(raw: object) -> tuple[NamespaceConfig, ...]:
             if not encrypt:
                 raise ConfigError(f"{where}.expires: only an encrypted namespace expires (its "
                                   f"keys are shredded); set encrypt = true")
+        root_uid, root_gid, root_mode = root_of(table, where, uids, gids)
         out.append(NamespaceConfig(
             path=path, uids=uids, gids=gids, allowed_locations=locations,
             encrypt=encrypt, quota=quota, retention=retention, expires_ns=expires_ns,
-            origin=where,
+            origin=where, root_uid=root_uid, root_gid=root_gid, root_mode=root_mode,
         ))
     return tuple(out)
 

@@ -314,6 +314,11 @@ class NamespaceConfig:
     # then, which makes all its data unreadable on every tier (docs/governance.md).
     expires_ns: int | None = None
     origin: str = field(default="", compare=False)  # "namespace[2]", for messages
+    # The root directory made at mount when missing (``owner``, ``group``, ``mode``;
+    # daemon/provision.py): None where the config gave no owners (a recorded rule).
+    root_uid: int | None = None
+    root_gid: int | None = None
+    root_mode: int | None = None
 
     def covers(self, path: str) -> bool:
         return path == self.path or path.startswith(self.path + "/")

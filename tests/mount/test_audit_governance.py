@@ -50,10 +50,9 @@ def test_admin_crossing_and_quota_refusal_are_recorded_with_who(
     cfg.write_text(f'[access]\nadmin_gids = [{ADMIN_GID}]\n'
                    f'[[namespace]]\npath = "/proj"\nuids = [{OWNER}]\nquota = "1MiB"\n')
     m = ckpt_factory.mount(extra_args=("--config", str(cfg)))
-    os.chmod(m.mountpoint, 0o777)  # the owner creates its namespace's root itself
     _, out = child(OWNER, """
 import errno, os
-os.mkdir('proj', 0o777)
+os.chmod('proj', 0o777)  # made at mount, its owner's
 try:
     with open('proj/big.bin', "wb") as f:
         f.write(os.urandom(2 * 1024 * 1024))

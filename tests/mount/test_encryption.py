@@ -30,7 +30,7 @@ def _args(cfg: Path) -> tuple[str, ...]:
 
 def _layout(m_point: Path) -> None:
     for d in ("proj-a", "proj-b", "open", "elsewhere"):
-        (m_point / d).mkdir(mode=0o777)
+        (m_point / d).mkdir(mode=0o777, exist_ok=True)  # namespace roots: made at mount
 
 
 def test_encrypted_frames_hold_no_plaintext_and_dedup_stays_inside_a_namespace(

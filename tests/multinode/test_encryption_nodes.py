@@ -28,7 +28,7 @@ def test_two_nodes_share_one_key_and_a_shred_reaches_both(
     rows = db().namespace_keys()
     assert sorted((r.namespace, r.version) for r in rows) == [("/proj-a", 1), ("/proj-b", 1)]
     data = enc.marked(3 * 256 * 1024 + 11, b"nodes")
-    (a.mountpoint / "proj-a").mkdir(mode=0o777)
+    (a.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
     enc.write(a.mountpoint / "proj-a/f.bin", data)
     sync(a, a.mountpoint / "proj-a/f.bin")
     wait_until(lambda: (b.mountpoint / "proj-a/f.bin").exists(), 5, "b sees the file")

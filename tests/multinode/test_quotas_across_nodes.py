@@ -29,7 +29,7 @@ def _config(tmp_path: Path) -> Path:
 def test_two_nodes_cannot_together_exceed_a_quota(cluster: Cluster, db: Db, tmp_path: Path) -> None:
     cfg = _config(tmp_path)
     a, b = cluster.node("a", "--config", str(cfg)), cluster.node("b", "--config", str(cfg))
-    (a.mountpoint / "proj-a").mkdir()
+    (a.mountpoint / "proj-a").mkdir(exist_ok=True)  # made at mount
     os.chmod(a.mountpoint / "proj-a", 0o777)
     wait_until(lambda: (b.mountpoint / "proj-a").is_dir(), 5, "b sees the directory")
     data = {"a": os.urandom(3 * MiB), "b": os.urandom(3 * MiB)}

@@ -43,7 +43,7 @@ def test_bucket_objects_are_ciphertext_and_a_flipped_byte_is_healed_or_eio(
     data = enc.marked(2 * enc.MiB + 77, b"heal")
     lost = enc.marked(enc.MiB + 5, b"lost")
     with mounted(tmp_path / "node", 2, _args(cfg, url)) as m:
-        (m.mountpoint / "proj-a").mkdir(mode=0o777)
+        (m.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
         enc.write(m.mountpoint / "proj-a/f.bin", data)
         enc.write(m.mountpoint / "proj-a/g.bin", lost)
         _sync(m.mountpoint / "proj-a")
@@ -105,8 +105,8 @@ def test_a_lost_node_restores_its_encrypted_namespace_from_the_bucket_with_the_k
     data = enc.marked(3 * enc.MiB + 3, b"restore")
     first = tmp_path / "node1"
     with mounted(first, 2, _args(cfg, url)) as m:
-        (m.mountpoint / "proj-a").mkdir(mode=0o777)
-        (m.mountpoint / "open").mkdir(mode=0o777)
+        (m.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
+        (m.mountpoint / "open").mkdir(mode=0o777, exist_ok=True)
         enc.write(m.mountpoint / "proj-a/model.bin", data)
         enc.write(m.mountpoint / "open/plain.bin", data)
         _sync(m.mountpoint)
@@ -126,7 +126,7 @@ def test_a_shred_leaves_the_objects_unreadable_and_the_snapshot_without_the_key(
     cfg = enc.config(tmp_path / "ckptfs.toml", kek_path)
     data = enc.marked(2 * enc.MiB + 1, b"shred")
     with mounted(tmp_path / "node", 1, _args(cfg, url)) as m:
-        (m.mountpoint / "proj-a").mkdir(mode=0o777)
+        (m.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
         enc.write(m.mountpoint / "proj-a/f.bin", data)
         _sync(m.mountpoint)
         cat = enc.open_catalog(m.state_dir)

@@ -89,7 +89,7 @@ def stats(m: Mount) -> dict[str, Any]:
 
 def make_dirs(m: Mount) -> None:
     for d in (NS, "other"):
-        (m.mountpoint / d).mkdir()
+        (m.mountpoint / d).mkdir(exist_ok=True)  # a namespace root: made at mount
         os.chmod(m.mountpoint / d, 0o777)
 
 

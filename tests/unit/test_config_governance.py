@@ -108,7 +108,7 @@ def test_no_governance_keys_means_no_namespaces() -> None:
         ({"namespace": [{"path": "/a", "uids": [1], "quota": "lots"}]}, "namespace[0].quota"),
         ({"namespace": [{"path": "/a", "uids": [1], "encrypt": "yes"}]}, "namespace[0].encrypt"),
         ({"namespace": [{"path": "/a", "uids": [1], "encrypt": True}]}, "namespace[0].encrypt"),
-        ({"namespace": [{"path": "/a", "uids": [1], "owner": 1}]}, "namespace[0].owner"),
+        ({"namespace": [{"path": "/a", "uids": [1], "owners": 1}]}, "namespace[0].owners"),
         ({"namespace": [{"path": "/a", "uids": [1]}, {"path": "/a/b", "uids": [2]}]},
          "namespace[1].path"),
         ({"namespace": [{"path": "/a/b", "uids": [1]}, {"path": "/a", "uids": [2]}]},
