@@ -141,10 +141,12 @@ class Scrubber:
         await self._refresh()
         deadline = math.inf
         if self.cfg.enabled:
+            # No copy yet: a copy written from now on comes due an interval after its write.
+            due_s = self.cfg.interval_s
             oldest = await self._db(self.catalog.next_check_due_ns, self._tiers())
             if oldest is not None:
                 due_s = (oldest / 1e9 + self.cfg.interval_s) - time.time()
-                deadline = trio.current_time() + max(1.0, due_s)
+            deadline = trio.current_time() + max(1.0, due_s)
             if retry:
                 deadline = min(deadline, trio.current_time() + RETRY_S)
         self._wake = trio.Event()
