@@ -27,12 +27,17 @@ class TierCounts:
     bad: int = 0
     healed: int = 0
     unhealed: int = 0
-    day: deque[tuple[float, int]] = field(default_factory=deque)  # (time, bytes) checked
+    # Bytes checked per minute over the last day: (minute start, bytes), at most 1440.
+    day: deque[tuple[float, int]] = field(default_factory=deque)
 
     def checked(self, n: int, now: float) -> None:
         self.copies += 1
         self.bytes += n
-        self.day.append((now, n))
+        minute = now - now % 60
+        if self.day and self.day[-1][0] == minute:
+            self.day[-1] = (minute, self.day[-1][1] + n)
+        else:
+            self.day.append((minute, n))
         while self.day and now - self.day[0][0] > DAY_S:
             self.day.popleft()
 

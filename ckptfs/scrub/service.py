@@ -44,6 +44,9 @@ log = logging.getLogger("ckptfs.scrub")
 BATCH = 64  # copies asked of the catalog at once
 LEASE_TTL_S = 60.0  # the remote's lease, renewed every third of it while scrubbing
 RETRY_S = 60.0  # a round that skipped a failing tier, or a lease another node holds
+# The catalog's side of the progress (a scan of every replica row) at most this often
+# while scrubbing; SQLite has one connection, which requests wait for meanwhile.
+PROGRESS_EVERY_S = 30.0
 
 
 class ScrubCatalog(ReplicaChecks, ReplicaCatalog, Protocol):
@@ -78,6 +81,7 @@ class Scrubber:
         self._served_event = trio.Event()
         self._lease_at = -math.inf  # trio time of the last renewal
         self._next_at = 0.0  # the pace's deadline (trio time)
+        self._refreshed = -math.inf  # trio time of the last _refresh
 
     # -- requests (``ckptfs scrub``: vfs/control.py) --------------------------------------
 
@@ -138,7 +142,10 @@ class Scrubber:
         node's lease), or until a pass is asked for."""
         self.progress.state = IDLE if self.cfg.enabled else DISABLED
         self.progress.current = None
-        await self._refresh()
+        if trio.current_time() - self._refreshed >= PROGRESS_EVERY_S:
+            await self._refresh()
+        else:
+            self.progress.publish()
         deadline = math.inf
         if self.cfg.enabled:
             # No copy yet: a copy written from now on comes due an interval after its write.
@@ -160,8 +167,10 @@ class Scrubber:
         self.progress.current = report
         failing: set[str] = set()
         checked: set[str] = set()
+        complete = True
         while True:
             if not requested and self._asked > self._served:
+                complete = False
                 break  # a pass was asked for: it covers this one
             tiers = [t for t in self._tiers() if t not in failing]
             report.remote = await self._remote_state()
@@ -176,11 +185,12 @@ class Scrubber:
                               - (set(self.remotes) if report.remote != self.node else set()))
         report.skipped_tiers = sorted(failing)
         report.finished = time.time()
-        if requested or checked:
+        if complete and (requested or checked):
             done = [t for t in report.tiers if requested or t in checked]
             await self._db(self.catalog.record_scrub_pass, done, time.time_ns())
         self.progress.last = report
-        await self._refresh()
+        if requested or report.copies:
+            await self._refresh()
         if requested or report.copies:
             log.info("scrub: pass done: %d cop%s (%d bytes) checked, %d bad, %d healed%s",
                      report.copies, "y" if report.copies == 1 else "ies", report.bytes,
@@ -212,7 +222,10 @@ class Scrubber:
             done.append((row.digest, row.tier))
             await self._pace(row.length)
         await self._db(self.catalog.record_checked, done, time.time_ns())
-        await self._refresh()
+        if trio.current_time() - self._refreshed >= PROGRESS_EVERY_S:
+            await self._refresh()
+        else:
+            self.progress.publish()
 
     async def _check(self, row: ReplicaCheck) -> tuple[str, str]:
         tier = self.store.tiers.get(row.tier)
@@ -302,6 +315,7 @@ class Scrubber:
         since = time.time_ns() - int(86400 * 1e9)
         self.progress.catalog = await self._db(self.catalog.check_progress, self._tiers(), since)
         self.progress.passes = await self._db(self.catalog.scrub_passes)
+        self._refreshed = trio.current_time()
         self.progress.publish()
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
