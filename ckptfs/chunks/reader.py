@@ -387,14 +387,17 @@ class ChunkReader:
     ) -> bool:
         """The heal's steps: mark, write again, queue the uploads again (see ``_heal``);
         ``include_bad``: copies already recorded bad are healed too."""
-        bad, copy_back = await self._damage_to_heal(ref, bad, copy_back, include_bad)
+        bad, copy_back, usable = await self._damage_to_heal(ref, bad, copy_back, include_bad)
         if not bad and not copy_back:
             return True
         await self._record_heal_bad(ref, bad)
         local_bad = [n for n, _ in bad if n in self.local]
         remote_bad = [n for n, _ in bad if n not in self.local]
+        # The upload of a remote copy reads a local one: written first (a read's heal
+        # always does; the scrubber's only where no valid local copy is left).
+        has_local = include_bad and any(n in self.local for n in usable)
         placed = None
-        if local_bad or copy_back or remote_bad:
+        if local_bad or copy_back or (remote_bad and not has_local):
             placed = await self._rewrite_local(ref, data, local_bad, copy_back)
         queued = await self._requeue_remote(ref, remote_bad)
         return (placed is not None or not local_bad) and queued == len(remote_bad)
@@ -402,8 +405,9 @@ class ChunkReader:
     async def _damage_to_heal(
         self, ref: ChunkRef, bad: list[tuple[str, str]], copy_back: bool,
         include_bad: bool = False,
-    ) -> tuple[list[tuple[str, str]], bool]:
-        """``bad`` and ``copy_back`` narrowed to what needs doing now (heal's first step)."""
+    ) -> tuple[list[tuple[str, str]], bool, set[str]]:
+        """``bad`` and ``copy_back`` narrowed to what needs doing now (heal's first step),
+        and the valid copies left to read."""
         # Only copies the catalog still lists are damage: a copy evicted (or a chunk
         # deleted) since the caller looked up the chunk is simply gone.
         valid = set(await trio.to_thread.run_sync(
@@ -417,7 +421,7 @@ class ChunkReader:
         usable = {n for n in valid - {b for b, _ in bad}
                   if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
         copy_back = copy_back and not any(n in self.local for n in usable)
-        return bad, copy_back
+        return bad, copy_back, usable
 
     async def _record_heal_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
         """Record the bad copies in the catalog before healing them (readers skip them)."""
