@@ -4,7 +4,6 @@ the daemon's live statistics, damage to a local frame and to a bucket object."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,18 @@ def scrub_now(m: Mount, *extra: str) -> tuple[int, dict[str, Any]]:
     return res.returncode, json.loads(res.stdout)
 
 
-def live_scrub(m: Mount) -> dict[str, Any]:
+def live_stats(m: Mount) -> dict[str, Any]:
     p = m.state_dir / "stats.json"
-    return (json.loads(p.read_text()) if p.exists() else {}).get("scrub") or {}
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def live_scrub(m: Mount) -> dict[str, Any]:
+    return live_stats(m).get("scrub") or {}
+
+
+def memory_used(m: Mount) -> int:
+    """Bytes of chunk buffers in memory (a save's), as the daemon last published them."""
+    return int((live_stats(m).get("memory") or {}).get("used") or 0)
 
 
 def frame_path(tier: Path, digest: bytes) -> Path:
@@ -83,7 +91,6 @@ class SlowSave:
         self.f = open(path, "wb")  # noqa: SIM115 - held open across the test's steps
         self.f.write(head)
         self.f.flush()
-        self.lock = threading.Lock()
 
     def finish(self, tail: bytes) -> None:
         self.f.write(tail)

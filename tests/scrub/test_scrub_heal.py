@@ -19,6 +19,7 @@ from tests.scrub.scrubkit import (
     frame_path,
     get_object,
     live_scrub,
+    memory_used,
     object_key,
     put_object,
     scrub_config,
@@ -56,6 +57,7 @@ def test_a_flipped_byte_on_a_local_tier_and_in_the_bucket_is_healed_while_a_save
         assert not frame_ok(local.read_bytes(), a)
         save_data = os.urandom(2 * MiB + 123)
         save = SlowSave(m.mountpoint / "next.pt", save_data[:MiB // 2])  # a save runs
+        wait_until(lambda: memory_used(m) > 0, what="the save's chunk in memory")
         code, report = scrub_now(m)
         assert code == 0, report
         assert report["bad"] == 2 and report["healed"] == 2 and report["unhealed"] == 0, report
@@ -154,7 +156,7 @@ def test_the_background_scrub_checks_every_copy_and_shows_its_progress(tmp_path:
         assert "scrub: " in status and "/day" in status, status
 
 
-def test_root_only(tmp_path: Path) -> None:
+def test_only_root_may_ask_for_a_scrub(tmp_path: Path) -> None:
     with mounted(tmp_path, 1, ("--chunk-size", "1MiB", "--allow-other")) as m:
         res = os.fork()
         if res == 0:  # a child as another user: EPERM
