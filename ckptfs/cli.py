@@ -164,7 +164,7 @@ def _add_checkpoint_parsers(sub: _Subparsers) -> None:
 
 
 def _add_report_parsers(sub: _Subparsers) -> None:
-    """plan, status."""
+    """plan, status, scrub."""
     pl = sub.add_parser(
         "plan", help="capacity and bandwidth each tier needs (exit 1 if one given is too small)"
     )
@@ -178,6 +178,10 @@ def _add_report_parsers(sub: _Subparsers) -> None:
     st.add_argument("--json", action="store_true", help="the same facts as JSON")
     st.add_argument("--watch", action="store_true",
                     help="redraw every second until Ctrl-C (exit 0)")
+    sc = sub.add_parser("scrub", help="check every chunk copy now, heal bad ones (root; "
+                        "exit 1 if one was not healed)")
+    sc.add_argument("path", type=Path, help="a path in a ckptfs mount")
+    sc.add_argument("--json", action="store_true", help="the pass's report as JSON")
 
 
 def _add_audit_parser(sub: _Subparsers) -> None:
@@ -403,6 +407,10 @@ def _run(args: argparse.Namespace) -> int:
         return cmd_plan(args)
     if args.command == "audit":
         return _run_audit(args)
+    if args.command == "scrub":
+        from .commands.scrub import cmd_scrub
+
+        return cmd_scrub(args.path, args.json)
     if args.command == "status":
         from .commands.status import cmd_status
 

@@ -7,7 +7,8 @@
 #   and the tier directory holding the chunks -> ckptfs sync (durable on the remote) and
 #   status -> a missing tier directory refused (exit 2), the private state dir -> rm of a
 #   file, its chunks removed by the deletion queue -> a save whose writer kills the daemon
-#   the instant its commit signal returns: committed after the remount -> unmount, mount
+#   the instant its commit signal returns: committed after the remount -> a byte flipped
+#   in a local frame, found and healed by `ckptfs scrub` -> unmount, mount
 #   again, load both files
 #   and check they are bit-identical (warm restore; the counters show the chunks the
 #   readahead pushed into the kernel's page cache) -> "lose the node": delete the state dir
@@ -303,6 +304,24 @@ do_mount
 for _ in $(seq 300); do ckptfs latest "$MNT/crash" >/dev/null 2>&1 && break; sleep 0.1; done
 echo "ckptfs latest crash -> $(ckptfs latest "$MNT/crash")"
 grep -E "replaying|signal was replayed" "$STATE/ckptfs.log" | tail -n 2 | sed 's/^/log: /' || true
+
+step "5g. the scrubber: a byte flipped on the tier is found by ckptfs scrub and healed from the bucket"
+# In the background the scrubber reads every copy at [scrub] rate, oldest check first;
+# `ckptfs scrub` runs a pass now (root; docs/operations.md "The scrubber").
+ckptfs sync "$MNT" --timeout 120 >/dev/null
+victim="$(find "$TIER/chunks" -type f -size +100k | sort | head -n 1)"
+"$PY" - "$victim" <<'EOF'
+import sys
+from ckptfs.codec import frame
+p = sys.argv[1]
+raw = bytearray(open(p, "rb").read())
+raw[frame.HEADER_SIZE + 100] ^= 0x5A
+open(p, "wb").write(raw)
+print(f"flipped one byte of {p}")
+EOF
+ckptfs scrub "$MNT"
+"$PY" -c 'import sys; from ckptfs.codec import frame; p = sys.argv[1]; frame.verify(open(p, "rb").read(), bytes.fromhex(p.rsplit("/", 1)[1])); print("the frame verifies again: healed")' "$victim"
+ckptfs status "$MNT" | grep -E "^ *scrub" || true
 
 step "6. unmount, mount again (nothing cached in the daemon), load and compare bit for bit"
 do_umount

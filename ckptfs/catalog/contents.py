@@ -193,7 +193,7 @@ def _put_extents(c: Conn, ino: int, n_chunks: int, changes: dict[int, ChunkRef |
             continue
         c.execute(KNOWN_CHUNK, (ref.digest, ref.length))
         for tier in ref.tiers:
-            c.execute(VALID_REPLICA, (ref.digest, tier))
+            c.execute(VALID_REPLICA, (ref.digest, tier, time.time_ns()))
         c.execute(
             "INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
             "digest=excluded.digest, length=excluded.length",

@@ -79,7 +79,7 @@ class MetaSql(SqlBase):
             c.execute("DELETE FROM deletions")
             c.execute("DELETE FROM replicas")
             for tier in remote_tiers:
-                c.execute("INSERT INTO replicas SELECT digest, ?, 'valid' FROM chunks", (tier,))
+                c.execute("INSERT INTO replicas (digest, tier, state) SELECT digest, ?, 'valid' FROM chunks", (tier,))
             kept = int(c.execute(
                 "SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
             return kept, removed

@@ -50,6 +50,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL
+from .checks import CHECKS_INDEX
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
@@ -156,11 +157,18 @@ def _roots_as_bytes(c: Conn) -> None:
                   "USING convert_to(root, 'UTF8')")
 
 
+def _add_replica_checks(c: Conn) -> None:
+    """Schema 10: replicas.checked_ns, the scrubber's last check of each copy, and its
+    index (checks.py)."""
+    c.execute("ALTER TABLE replicas ADD COLUMN IF NOT EXISTS checked_ns BIGINT NOT NULL DEFAULT 0")
+    c.execute(CHECKS_INDEX)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
 MIGRATIONS: dict[int, Callable[[Conn], None]] = {
     3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves, 7: _add_claims,
-    8: _roots_as_bytes,
+    8: _roots_as_bytes, 9: _add_replica_checks,
 }
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")

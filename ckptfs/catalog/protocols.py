@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from .checks import ReplicaChecks
 from .hooks import CatalogHooks
 from .roles_chunks import DeletionQueue, MoveCatalog, ReplicaCatalog, UploadQueue, WantCatalog
 from .roles_files import CheckpointCatalog, ContentsCatalog, MetaCatalog, NamespaceCatalog
@@ -29,14 +30,14 @@ from .roles_nodes import AuditCatalog, ExclusiveLock, KeyCatalog, QuotaCatalog, 
 __all__ = [
     "AuditCatalog", "Catalog", "CheckpointCatalog", "ContentsCatalog", "DeletionQueue",
     "ExclusiveLock", "KeyCatalog", "MetaCatalog", "MoveCatalog", "NamespaceCatalog",
-    "QuotaCatalog", "ReplicaCatalog", "SessionCatalog", "UploadQueue", "WantCatalog",
+    "QuotaCatalog", "ReplicaCatalog", "ReplicaChecks", "SessionCatalog", "UploadQueue", "WantCatalog",
 ]
 
 
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue,
     CheckpointCatalog, MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog,
-    AuditCatalog, KeyCatalog, Protocol,
+    AuditCatalog, KeyCatalog, ReplicaChecks, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -14,10 +14,14 @@ from .deletions import queue_deletion
 
 __all__ = ["KNOWN_CHUNK", "VALID_REPLICA", "ReplicaSql"]
 
-# A valid copy on a tier; a chunk known with its length (contents.py and uploads.py write
-# them too).
+# A valid copy on a tier, just written and verified (params: digest, tier, time.time_ns()):
+# its write counts as its last check (checks.py), unless the row was already valid (a
+# commit that found the chunk there wrote nothing); a chunk known with its length
+# (contents.py and uploads.py write them too).
 VALID_REPLICA = (
-    "INSERT INTO replicas VALUES (?, ?, 'valid') ON CONFLICT (digest, tier) DO UPDATE SET state='valid'"
+    "INSERT INTO replicas (digest, tier, state, checked_ns) VALUES (?, ?, 'valid', ?) "
+    "ON CONFLICT (digest, tier) DO UPDATE SET state='valid', checked_ns=CASE WHEN "
+    "replicas.state='valid' THEN replicas.checked_ns ELSE excluded.checked_ns END"
 )
 KNOWN_CHUNK = "INSERT INTO chunks VALUES (?, ?) ON CONFLICT (digest) DO NOTHING"
 
@@ -72,7 +76,7 @@ class ReplicaSql(AuditSql, DeletionEventsSql):
                 queue_deletion(c, digest, tier, 0, time.time_ns())
                 self._notify_deletions(c)
                 return False
-            c.execute(VALID_REPLICA, (digest, tier))
+            c.execute(VALID_REPLICA, (digest, tier, time.time_ns()))
             return True
 
         return self._write(body)
@@ -80,7 +84,7 @@ class ReplicaSql(AuditSql, DeletionEventsSql):
     def add_replica(self, digest: bytes, tier: str, length: int) -> None:
         def body(c: Conn) -> None:
             c.execute(KNOWN_CHUNK, (digest, length))
-            c.execute(VALID_REPLICA, (digest, tier))
+            c.execute(VALID_REPLICA, (digest, tier, time.time_ns()))
 
         self._write(body)
 

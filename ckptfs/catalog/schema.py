@@ -12,6 +12,7 @@ import uuid
 
 from ..errors import InvalidArgument
 from .audit import AUDIT_DDL
+from .checks import CHECKS_INDEX
 from .claims import CLAIMS_DDL
 from .conn import Conn
 from .keys import KEYS_DDL
@@ -31,9 +32,10 @@ __all__ = [
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
 # (keys.py); 7: chunk_moves (moves.py); 8: deletion_claims (claims.py); 9: checkpoints.root
-# holds the bytes of the path (ckptfs/names.py). Every engine stores this layout (the remote
+# holds the bytes of the path (ckptfs/names.py); 10: replicas.checked_ns, the scrubber's
+# last check of each copy (checks.py). Every engine stores this layout (the remote
 # snapshot is a SQLite file of it).
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -96,6 +98,7 @@ CREATE TABLE IF NOT EXISTS replicas (
     digest BLOB NOT NULL,
     tier   TEXT NOT NULL,
     state  TEXT NOT NULL CHECK (state IN ('valid', 'bad')),
+    checked_ns INTEGER NOT NULL DEFAULT 0,  -- last read and verified (checks.py; 0: never)
     PRIMARY KEY (digest, tier)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS extents (
@@ -180,6 +183,7 @@ def init_rows(c: Conn) -> None:
     """The rows of a new catalog: its version, filesystem id and root directory."""
     c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     c.execute("INSERT INTO meta VALUES ('fs_id', ?)", (uuid.uuid4().hex,))
+    c.execute(CHECKS_INDEX)  # not in SCHEMA: an older replicas table lacks its column
     now = time.time_ns()
     c.execute(
         f"INSERT INTO inodes ({INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,NULL,0)",

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from .audit import AuditSql
 from .checkpoint_rows import CheckpointSql
+from .checks import ReplicaCheckSql
 from .claims import ClaimsSql
 from .conn import Conn, Cursor
 from .contents import ContentsSql
@@ -83,6 +84,6 @@ __all__ = [
 
 class SqlCatalog(NamespaceSql, ContentsSql, ReplicaSql, UploadQueueSql, DeletionQueueSql,
                  CheckpointSql, MetaSql, SessionsSql, WantsSql, MovesSql, ClaimsSql, QuotasSql,
-                 AuditSql, KeysSql):
+                 AuditSql, KeysSql, ReplicaCheckSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_transaction``,
     ``_reading``, ``_query``, ``backup_bytes`` and ``close`` (conn.SqlBase)."""

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
+from .checks import CHECKS_INDEX
 from .hooks import CatalogHooks
 from .schema import (
     CHECKPOINT_STATES,
@@ -57,6 +58,10 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
             c.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
     if version < 9:
         _rebuild_checkpoints(c)
+    if version < 10:  # replicas.checked_ns (the scrubber's, checks.py)
+        if "checked_ns" not in {str(r[1]) for r in c.execute("PRAGMA table_info(replicas)")}:
+            c.execute("ALTER TABLE replicas ADD COLUMN checked_ns INTEGER NOT NULL DEFAULT 0")
+        c.execute(CHECKS_INDEX)
     # 4: the sessions tables, 5: chunk_wants, 6: ns_usage and ns_files (namespaces are
     # counted at the first mount that declares them), audit_log and namespace_keys, 7:
     # chunk_moves, 8: deletion_claims (9: the checkpoints table rebuilt above); SCHEMA's CREATE IF NOT EXISTS has made them.

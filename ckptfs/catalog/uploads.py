@@ -200,7 +200,7 @@ class UploadQueueSql(DeletionEventsSql):
                     queue_deletion(c, digest, tier, 0, now)
                     queued = True
                 else:
-                    c.execute(VALID_REPLICA, (digest, tier))
+                    c.execute(VALID_REPLICA, (digest, tier, time.time_ns()))
                 kept[(digest, tier)] = not gone
             if queued:  # a remote row: any node's deleter may take it
                 self._notify_deletions(c)

@@ -356,15 +356,7 @@ class ChunkReader:
         """Repair the copies a read found missing or corrupt from the good bytes it got:
         a local copy is written again (verified), a remote one is uploaded again."""
         try:
-            bad, copy_back = await self._damage_to_heal(ref, bad, copy_back)
-            if not bad and not copy_back:
-                return
-            await self._record_heal_bad(ref, bad)
-            local_bad = [n for n, _ in bad if n in self.local]
-            remote_bad = [n for n, _ in bad if n not in self.local]
-            if local_bad or copy_back or remote_bad:
-                await self._rewrite_local(ref, data, local_bad, copy_back)
-            await self._requeue_remote(ref, remote_bad)
+            await self._repair(ref, data, bad, copy_back)
         except CkptfsError as exc:
             self.stats.count("heal_failures")
             log.warning("chunk %s: heal failed: %s", ref.key[:16], exc)
@@ -376,20 +368,60 @@ class ChunkReader:
         finally:
             self._healing.discard(ref.digest)
 
+    async def heal_copies(self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]]) -> bool:
+        """Heal copies found missing or corrupt elsewhere than in a read (the scrubber,
+        scrub/service.py) from the verified plaintext ``data``, as a read heals them. True
+        if each of them the catalog still lists was written again (local) or its upload
+        queued again (remote); False if one was not, or a heal of the chunk is under way."""
+        if ref.digest in self._healing:
+            return False
+        self._healing.add(ref.digest)
+        try:
+            return await self._repair(ref, data, bad, False, include_bad=True)
+        finally:
+            self._healing.discard(ref.digest)
+
+    async def _repair(
+        self, ref: ChunkRef, data: frame.Buffer, bad: list[tuple[str, str]], copy_back: bool,
+        include_bad: bool = False,
+    ) -> bool:
+        """The heal's steps: mark, write again, queue the uploads again (see ``_heal``);
+        ``include_bad``: copies already recorded bad are healed too."""
+        bad, copy_back, usable = await self._damage_to_heal(ref, bad, copy_back, include_bad)
+        if not bad and not copy_back:
+            return True
+        await self._record_heal_bad(ref, bad)
+        local_bad = [n for n, _ in bad if n in self.local]
+        remote_bad = [n for n, _ in bad if n not in self.local]
+        # The upload of a remote copy reads a local one: written first (a read's heal
+        # always does; the scrubber's only where no valid local copy is left).
+        has_local = include_bad and any(n in self.local for n in usable)
+        placed = None
+        if local_bad or copy_back or (remote_bad and not has_local):
+            placed = await self._rewrite_local(ref, data, local_bad, copy_back)
+        queued = await self._requeue_remote(ref, remote_bad)
+        return (placed is not None or not local_bad) and queued == len(remote_bad)
+
     async def _damage_to_heal(
-        self, ref: ChunkRef, bad: list[tuple[str, str]], copy_back: bool
-    ) -> tuple[list[tuple[str, str]], bool]:
-        """``bad`` and ``copy_back`` narrowed to what needs doing now (heal's first step)."""
+        self, ref: ChunkRef, bad: list[tuple[str, str]], copy_back: bool,
+        include_bad: bool = False,
+    ) -> tuple[list[tuple[str, str]], bool, set[str]]:
+        """``bad`` and ``copy_back`` narrowed to what needs doing now (heal's first step),
+        and the valid copies left to read."""
         # Only copies the catalog still lists are damage: a copy evicted (or a chunk
         # deleted) since the caller looked up the chunk is simply gone.
-        listed = set(await trio.to_thread.run_sync(
+        valid = set(await trio.to_thread.run_sync(
             self.catalog.replica_tiers, ref.digest, limiter=self.db_limiter
         ))
+        listed = valid
+        if include_bad:
+            listed = valid | set(await trio.to_thread.run_sync(
+                self.catalog.bad_replica_tiers, ref.digest, limiter=self.db_limiter))
         bad = [(n, why) for n, why in bad if n in listed]
-        usable = {n for n in listed - {b for b, _ in bad}
+        usable = {n for n in valid - {b for b, _ in bad}
                   if not self.stats.is_degraded(n) and self.residency.permits(ref.digest, n)}
         copy_back = copy_back and not any(n in self.local for n in usable)
-        return bad, copy_back
+        return bad, copy_back, usable
 
     async def _record_heal_bad(self, ref: ChunkRef, bad: list[tuple[str, str]]) -> None:
         """Record the bad copies in the catalog before healing them (readers skip them)."""
@@ -401,8 +433,9 @@ class ChunkReader:
 
     async def _rewrite_local(
         self, ref: ChunkRef, data: frame.Buffer, local_bad: list[str], copy_back: bool
-    ) -> None:
-        """Write a verified local copy (heal or copy-back) and record it, pinned meanwhile."""
+    ) -> str | None:
+        """Write a verified local copy (heal or copy-back) and record it, pinned meanwhile;
+        the tier written (None: none)."""
         self.pins.pin(ref.digest)  # garbage collection must not drop the chunk under us
         try:
             placed = await trio.to_thread.run_sync(
@@ -425,9 +458,12 @@ class ChunkReader:
             self.stats.count("heal_failures")
         else:
             self.stats.count("copy_backs_no_room")
+        return placed
 
-    async def _requeue_remote(self, ref: ChunkRef, remote_bad: list[str]) -> None:
-        """Queue the upload of each bad remote copy again (where residency permits)."""
+    async def _requeue_remote(self, ref: ChunkRef, remote_bad: list[str]) -> int:
+        """Queue the upload of each bad remote copy again (where residency permits); how
+        many were."""
+        queued = 0
         for name in remote_bad:
             if not self.residency.permits(ref.digest, name):
                 self.residency.refuse("heal", name, ref.digest)
@@ -438,6 +474,8 @@ class ChunkReader:
                 self.stats.count("heals")
                 log.info("chunk %s: upload to tier %s queued again", ref.key[:16], name)
                 self.hooks.requeued()
+                queued += 1
+        return queued
 
     def _write_local_copy(
         self, ref: ChunkRef, data: frame.Buffer, prefer: list[str]

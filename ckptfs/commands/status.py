@@ -154,6 +154,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
         "residency": (stats or {}).get("residency"),
+        "scrub": (stats or {}).get("scrub"),  # the scrubber's progress (scrub/progress.py)
         "metrics": metrics,
         "metrics_requested": (stats or {}).get("metrics_requested"),
         "metrics_url": f"http://{metrics}/metrics" if metrics else None,

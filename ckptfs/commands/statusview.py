@@ -8,6 +8,7 @@ from typing import Any
 
 from ..catalog import CheckpointState
 from ..catalog.catalog import Backlog
+from .scrubview import scrub_lines
 from .statusroots import root_text
 from .sync import backlog_line
 
@@ -111,6 +112,7 @@ def plain(s: dict[str, Any]) -> str:
         lines += [service_line(x) for x in s["services"]]
         if s.get("residency"):
             lines.append(residency_text(s["residency"]))
+        lines += scrub_lines(s.get("scrub"))
     else:
         lines.append("daemon: not running (no live statistics)")
     lines += _plain_backlog(s, running)
@@ -214,6 +216,7 @@ def render(s: dict[str, Any]) -> Any:
     parts.append(_rich_checkpoints(s) if s["runs"] else Text("no checkpoints yet", style="dim"))
     if s.get("residency"):
         parts.append(Text(residency_text(s["residency"])))
+    parts.extend(Text(line) for line in scrub_lines(s.get("scrub")))
     for x in s["services"]:
         parts.append(Text(service_line(x),
                           style="bold red" if x["state"] == "degraded" else "yellow"))

@@ -66,6 +66,7 @@ from .parse import (
     take_bool,
     take_str,
 )
+from .scrub import scrub_from
 from .tiers import local_tiers_from_paths, parse_remote_url, tier_from_table
 
 # The tiers a state dir's catalog was last mounted with (local, remote): the catalog reads
@@ -88,7 +89,7 @@ _TOP_KEYS = {
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "page_cache_push", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
-    "write_behind", "namespace", "access", "keys", "audit",
+    "write_behind", "namespace", "access", "keys", "audit", "scrub",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -200,6 +201,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         policies=policies,
         fuse=FuseConfig(allow_other=allow_other, default_permissions=default_permissions),
         metrics=MetricsConfig(address=metrics_address),
+        scrub=scrub_from(data),
         catalog=catalog,
         governance=governance,
         source=source,

@@ -290,6 +290,19 @@ class MetricsConfig:
     address: str = DEFAULT_METRICS_ADDRESS  # metrics_address
 
 
+@dataclass(frozen=True)
+class ScrubConfig:
+    """The scrubber ([scrub], ckptfs/scrub/): every copy of every chunk read and verified
+    at ``rate`` bytes/s, oldest check first, each copy again once ``interval_s`` has passed
+    since its last check; ``pause_while_writing``: it waits while a save's chunks are in
+    memory; ``enabled`` false: only `ckptfs scrub` runs a pass."""
+
+    enabled: bool = True
+    rate: int = 32 * 1024 * 1024
+    interval_s: float = 7 * 86400.0
+    pause_while_writing: bool = True
+
+
 # --------------------------------------------------------------------------- governance
 # (docs/governance.md): namespaces, access, residency, keys, audit.
 
@@ -410,6 +423,7 @@ class Config:
     policies: tuple[DurabilityPolicy, ...] = ()  # per-directory durability (the VFS's commits)
     fuse: FuseConfig = field(default_factory=FuseConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    scrub: ScrubConfig = field(default_factory=ScrubConfig)
     catalog: CatalogConfig = field(default_factory=CatalogConfig)
     governance: GovernanceConfig = field(default_factory=GovernanceConfig)
     source: str = field(default="<embedded default>", compare=False)

@@ -37,11 +37,12 @@ from ..config import (
     RetentionConfig,
     UploadConfig,
 )
-from ..config.model import GovernanceConfig, StoreConfig
+from ..config.model import GovernanceConfig, ScrubConfig, StoreConfig
 from ..keys.ring import NamespaceKeys
 from ..metrics.exporter import Endpoint
 from ..metrics.requests import APP
 from ..metrics.telemetry import Telemetry
+from ..scrub.service import Scrubber
 from ..session import NodeSession
 from ..stats import STATS_FILE, Stats
 from ..tiers.base import Tier
@@ -111,6 +112,7 @@ class Daemon:
     sealer: AuditSealer | None = None  # with audit.signing_key_file
     keys: NamespaceKeys | None = None  # encrypted namespaces' keys, followed in the catalog
     refusals: Refusals | None = None  # refused access, aggregated for the audit log
+    scrubber: Scrubber | None = None  # every copy checked in the background ([scrub])
 
 
 @dataclass
@@ -226,7 +228,8 @@ def _filesystem(
         catalog, store,
         FsOptions(chunk_size, sections.policies, reads.readahead, reads.copy_back, shared),
         db_limiter=db_limiter, budget=s.budget, open_files=s.open_files, handles=s.handles,
-        peers=FsPeers(store.view, parts.uploader, parts.gc, parts.tracker, session),
+        peers=FsPeers(store.view, parts.uploader, parts.gc, parts.tracker, session,
+                      parts.scrubber),
         kernel=FsKernel(kernel.invalidate, kernel.invalidate_entry,
                         None if push is None or not reads.page_cache_push
                         else PagePush.make(push, s.stats.count, _delivered)),
@@ -247,11 +250,12 @@ class Sections:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     policies: tuple[DurabilityPolicy, ...] = ()
     governance: GovernanceConfig = field(default_factory=GovernanceConfig)
+    scrub: ScrubConfig = field(default_factory=ScrubConfig)
 
     @staticmethod
     def of(cfg: Config) -> Sections:
         return Sections(cfg.store, cfg.upload, cfg.reads, cfg.checkpoints, cfg.retention,
-                        cfg.policies, cfg.governance)
+                        cfg.policies, cfg.governance, cfg.scrub)
 
 
 @dataclass
@@ -262,6 +266,7 @@ class _Parts:
     uploader: Uploader
     gc: GcRequests
     tracker: CheckpointTracker | None
+    scrubber: Scrubber | None = None
 
 
 def build(
@@ -302,19 +307,25 @@ def build(
         node=w.node,  # its replay point after a crash
     )
     refusals = Refusals(catalog, gov.audit.refusal_window_s)  # refused access, for the audit
-    fs = _filesystem(catalog, s, chunk_size, _Parts(store, uploader, gc, tracker), sec,
-                     kernel, session, refusals, shared)
+    budget = s.budget
+    scrubber = Scrubber(catalog, s.db_limiter, store, sec.scrub, shared=shared,
+                        node=w.node if session is None else session.node,
+                        saving=lambda: budget.used > 0,  # a save's chunks are in memory
+                        save_over=budget.wait_empty)
+    fs = _filesystem(catalog, s, chunk_size, _Parts(store, uploader, gc, tracker, scrubber),
+                     sec, kernel, session, refusals, shared)
     high = sec.retention.local_high_watermark
     janitor = Janitor(catalog, s.db_limiter, store, deleter, gc, fs.remove_tree,
                       s.handles.open_inos, sec.retention.policies, high, max(0.5, high - 0.1))
     telemetry = Telemetry(catalog, s.db_limiter, store, uploader, s.budget, mountpoint,
-                          Endpoint())
+                          Endpoint(), scrub=scrubber.snapshot)
     auditor = AuditFlusher(catalog, s.db_limiter, noted=w.audit_noted)  # the opens' records
     sealer = None if signing_key is None else AuditSealer(
         catalog, s.db_limiter, seal_stores(tiers), signing_key, gov.audit.seal_interval_s,
         auditor)
     return Daemon(catalog, s.db_limiter, store, uploader, deleter, tracker, gc, janitor,
-                  s.budget, fs, telemetry, auditor, stats_path, session, sealer, keys, refusals)
+                  s.budget, fs, telemetry, auditor, stats_path, session, sealer, keys, refusals,
+                  scrubber)
 
 
 def _delivered(n: int) -> None:

@@ -125,6 +125,8 @@ async def _start(
         queues.start("telemetry", d.telemetry.publish, d.stats_path)
     if d.keys is not None:
         producers.start("keys", d.keys.run, d.db_limiter, d.store.forget_keys)
+    if d.scrubber is not None:
+        producers.start("scrubber", d.scrubber.run)  # reads copies: stops before the queues
     heartbeat = _Services(nursery, stats)
     if d.session is not None:
         heartbeat.start("session", d.session.run, d.db_limiter, collect,

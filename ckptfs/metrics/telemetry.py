@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,7 @@ from ..names import readable
 from ..tiers.health import FAILING, HEALTHY, Health
 from .exporter import REGISTRY, Endpoint
 from .requests import APP
+from .scrubbing import scrub_metrics
 
 if TYPE_CHECKING:
     from ..stats import Stats
@@ -116,8 +117,9 @@ class Telemetry:
     def __init__(
         self, catalog: TelemetryCatalog, db_limiter: trio.CapacityLimiter, store: TelemetryStore,
         uploader: UploadCounter, budget: BudgetGauge, mountpoint: str | None = None,
-        endpoint: Endpoint | None = None,
+        endpoint: Endpoint | None = None, scrub: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        """``scrub``: the scrubber's progress (scrub/service.py ``snapshot``; None: none)."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.store = store
@@ -126,6 +128,7 @@ class Telemetry:
         self.facts: dict[str, Any] = {}
         self.mountpoint = mountpoint
         self.endpoint = endpoint or Endpoint()  # where the exporter serves the metrics
+        self.scrub = scrub
         self._seen: dict[int, int | None] = {}  # checkpoint id -> commit_ns already observed
         self._primed = False  # checkpoints committed before this daemon started: not observed
         self._durable: set[tuple[str, int]] = set()  # (root, commit_ns) known durable remotely
@@ -216,6 +219,7 @@ class Telemetry:
             "app": self.facts["app"],
             "memory": self.facts["memory"],
             "residency": self.store.residency.status(),
+            "scrub": None if self.scrub is None else self.scrub(),
         }
 
     def _upload_rate(self, now: float) -> float:
@@ -383,6 +387,8 @@ class FsCollector(Collector):
         yield from self._namespaces(facts.get("namespaces") or [])
         yield from self._checkpoints(facts)
         yield from self._memory(facts)
+        if fs.scrub is not None:
+            yield from scrub_metrics(fs.scrub())
         refreshed = facts.get("refreshed")
         yield GaugeMetricFamily(
             "ckptfs_stats_age_seconds",

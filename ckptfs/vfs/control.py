@@ -1,6 +1,6 @@
 """ckptfs's own extended attributes (``user.ckptfs.*``): the checkpoint state of a
 checkpoint's root, read-only (``.state``, ``.checkpoint``, the listing ``.checkpoints``:
-vfs/listing.py), and the control xattrs (``.gc``, ``.tag``, ``.prefetch``): commands, not
+vfs/listing.py), and the control xattrs (``.gc``, ``.tag``, ``.prefetch``, ``.scrub``: root only): commands, not
 data. None is ever stored; the other ``user.ckptfs.*`` names are reserved (EPERM).
 
 On an ``allow_other`` mount every local user reaches them, so each control xattr acts only
@@ -17,10 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from ..catalog import CheckpointRow, Inode
+from ..catalog import ROOT_INODE, CheckpointRow, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.protocols import AuditCatalog
-from ..errors import InvalidArgument, NotPermitted
+from ..errors import InvalidArgument, NotPermitted, NotSupported
 from .access import Access
 from .context import RequestContext
 from .listing import ListingCatalog, listing, page_after
@@ -33,7 +33,8 @@ T = TypeVar("T")
 XATTR_TAG = b"user.ckptfs.tag"
 XATTR_GC = b"user.ckptfs.gc"
 XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
-CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH)
+XATTR_SCRUB = b"user.ckptfs.scrub"  # a scrub pass now: root only, on the mount's root
+CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH, XATTR_SCRUB)
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTRS = (XATTR_STATE, XATTR_RECORD)
@@ -68,6 +69,16 @@ class GcRunner(Protocol):
     async def wait(self, ticket: int) -> object: ...
 
 
+class ScrubRunner(Protocol):
+    """A scrub pass on request (``user.ckptfs.scrub``; scrub/service.py Scrubber)."""
+
+    def request(self) -> int: ...
+
+    def served_ticket(self, ticket: int) -> bool: ...
+
+    async def wait(self, ticket: int) -> dict[str, object]: ...
+
+
 class ControlXattrs:
     """The ``user.ckptfs.*`` names of every inode. ``getattr``: an inode's attributes (as
     the filesystem answers them); ``stage``: copies a file's remote-only chunks to a
@@ -76,6 +87,7 @@ class ControlXattrs:
     def __init__(
         self, catalog: ControlCatalog, db: Db, gc: GcRunner, access: Access,
         getattr: Callable[[int], Awaitable[Inode]], stage: Callable[[int], Awaitable[None]],
+        scrub: ScrubRunner | None = None,
     ) -> None:
         self.catalog = catalog
         self.db = db
@@ -86,6 +98,8 @@ class ControlXattrs:
         # The gc pass each directory last asked for (``user.ckptfs.gc``): set returns at
         # once, a getxattr of the same name waits for the pass (no kernel lock held).
         self._gc_tickets: dict[int, int] = {}
+        self._scrub = scrub
+        self._scrub_ticket = 0  # the last pass asked for through ``user.ckptfs.scrub``
 
     async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
         path = await self.db(self.catalog.path_of, ino)
@@ -98,6 +112,8 @@ class ControlXattrs:
         listing's pages, the report of a gc pass. None: no such attribute."""
         if name == XATTR_GC:
             return await self._gc_done(ino, ctx)
+        if name == XATTR_SCRUB:
+            return await self._scrub_done(ino, ctx)
         after = page_after(name)
         if after is not None:  # the checkpoints under a directory (vfs/listing.py)
             visible = await self.access.viewer(ctx)
@@ -124,6 +140,9 @@ class ControlXattrs:
         ``user.ckptfs.prefetch`` stages a file's chunks on the local tiers."""
         if not is_control(name):
             raise NotPermitted(f"{name.decode(errors='replace')} is reserved for ckptfs")
+        if name == XATTR_SCRUB:
+            await self._scrub_now(ino, caller)
+            return
         check_control(await self._getattr(ino), name, caller)
         if name == XATTR_GC:
             scope = await self.db(self.catalog.path_of, ino)
@@ -162,3 +181,30 @@ class ControlXattrs:
         path = await self.db(self.catalog.path_of, ino)
         log.info("gc requested under %s done (uid %d): %s", path, caller.uid, report)
         return json.dumps(vars(report), sort_keys=True, default=str).encode()
+
+    async def _scrub_now(self, ino: int, caller: RequestContext) -> None:
+        """``setxattr user.ckptfs.scrub`` on the mount's root, by root: a scrub pass of
+        every copy this node scrubs, asked for (not waited for: the kernel holds the root's
+        inode locked for the whole setxattr); a getxattr of it waits for the pass."""
+        if caller.uid != 0:
+            raise NotPermitted(f"{XATTR_SCRUB.decode()}: only root may ask for a scrub; "
+                               f"uid {caller.uid} may not")
+        if ino != ROOT_INODE:
+            raise InvalidArgument(f"{XATTR_SCRUB.decode()}: set it on the mount's root")
+        if self._scrub is None:
+            raise NotSupported("this daemon runs no scrubber")
+        await self.db(self.catalog.audit_append, AuditRecord(
+            "scrub_request", "/", caller.uid, caller.pid))
+        self._scrub_ticket = self._scrub.request()
+
+    async def _scrub_done(self, ino: int, caller: RequestContext) -> bytes | None:
+        """``getxattr user.ckptfs.scrub`` on the root: the report (JSON) of the pass the
+        last setxattr asked for, once it is done ({} if none was asked for)."""
+        if ino != ROOT_INODE or self._scrub is None:
+            return None
+        if caller.uid != 0:
+            raise NotPermitted(f"{XATTR_SCRUB.decode()}: root only")
+        if not self._scrub_ticket:
+            return b"{}"
+        report = await self._scrub.wait(self._scrub_ticket)
+        return json.dumps(report, sort_keys=True, default=str).encode()

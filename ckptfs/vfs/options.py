@@ -13,7 +13,7 @@ from ..checkpoints.fence import SignalFence
 from ..chunks.tierview import TierView
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig
 from .access import Access
-from .control import GcRunner
+from .control import GcRunner, ScrubRunner
 from .openrows import SessionId
 from .pagepush import PagePush
 from .quota import Quotas
@@ -57,13 +57,15 @@ class FsPeers:
     remote durability), ``gc`` (retention now), ``tracker`` (checkpoint events; None: off),
     ``session``: this node's session in the shared catalog, under which the inodes it holds
     open are noted (an inode with no name left is dropped by the last closer on any node;
-    None, and always with one node: none)."""
+    None, and always with one node: none); ``scrub``: a scrub pass now (``ckptfs scrub``;
+    None: none)."""
 
     tiers: TierView
     uploader: DurableWaiter
     gc: GcRunner
     tracker: EventSink | None = None
     session: SessionId | None = None
+    scrub: ScrubRunner | None = None
 
 
 @dataclass(frozen=True)

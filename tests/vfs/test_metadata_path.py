@@ -33,7 +33,7 @@ DATA = os.urandom(4096)
 def count_db_hops(monkeypatch: pytest.MonkeyPatch, d: Daemon) -> list[str]:
     """Names of the catalog thread calls made by requests (not by the background tasks)."""
     calls: list[str] = []
-    background = (d.tracker, d.deleter, d.uploader, d.telemetry, d.janitor)
+    background = (d.tracker, d.deleter, d.uploader, d.telemetry, d.janitor, d.scrubber)
 
     def counter(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def counting(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
