@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+from collections.abc import Sequence
 
 from ..errors import CorruptChunk
 from .frame import HEADER_SIZE, Buffer, header
@@ -44,17 +45,42 @@ def _source(data: Buffer) -> bytes | int:
     return bytes(view)  # a read-only view: rare, copy
 
 
+def _size(data: Buffer) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
 class Staged:
     """One chunk's bytes at offset HEADER_SIZE of a page-aligned buffer. Only its owner
     (the open file that writes it, then the store that writes its frame) touches it."""
 
-    __slots__ = ("buf", "base", "length", "capacity")
+    __slots__ = ("buf", "base", "length", "capacity", "_handed")
 
     def __init__(self, buf: mmap.mmap, capacity: int) -> None:
         self.buf = buf
         self.base = _address(buf)
         self.length = 0
         self.capacity = capacity  # chunk bytes it may hold
+        self._handed: tuple[Buffer, ...] = ()  # parts ``assemble`` copies in
+
+    def hand(self, parts: Sequence[Buffer]) -> None:
+        """On the trio thread, no byte touched: the chunk is ``parts`` (immutable: ``bytes``
+        pyfuse3 handed over, views of them), one after the other; the store's worker
+        thread copies them in (``assemble``) before it hashes the chunk."""
+        self._handed = tuple(parts)
+        self.length = sum(_size(p) for p in self._handed)
+        if self.length > self.capacity:
+            raise ValueError(f"{self.length} bytes handed to a {self.capacity}-byte chunk")
+
+    def assemble(self) -> None:
+        """Blocking (a worker thread): copy the parts handed over into place, each
+        compared with its copy at once, as ``write`` does (CorruptChunk if one differs).
+        Done once; later calls (a retried write) find nothing left to copy."""
+        parts, self._handed = self._handed, ()
+        at = 0
+        for p in parts:
+            n = _size(p)
+            self._copy_in(at, p, n)
+            at += n
 
     def write(self, at: int, data: Buffer) -> None:
         """Bytes ``data`` at chunk offset ``at``; a gap after the current end reads as zeros.
@@ -62,17 +88,21 @@ class Staged:
         the digest computed over the staged chunk is that of the bytes pyfuse3 handed over
         (docs/semantics.md, "Verification"). Copy and compare release the GIL (ctypes).
         CorruptChunk if they differ."""
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        assert not self._handed  # a chunk handed over is the store's
+        n = _size(data)
         if at + n > self.capacity:
             raise ValueError(f"write of {n} bytes at {at} past a {self.capacity}-byte chunk")
         if at > self.length:
             ctypes.memset(self.base + HEADER_SIZE + self.length, 0, at - self.length)
+        self._copy_in(at, data, n)
+        self.length = max(self.length, at + n)
+
+    def _copy_in(self, at: int, data: Buffer, n: int) -> None:
         src = _source(data)
         dst = self.base + HEADER_SIZE + at
         ctypes.memmove(dst, src, n)
         if _libc.memcmp(dst, src, n) != 0:
             raise CorruptChunk(f"a write of {n} bytes at chunk offset {at} was not copied exactly")
-        self.length = max(self.length, at + n)
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

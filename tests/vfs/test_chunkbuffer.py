@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptfs.codec import frame
-from ckptfs.codec.staged import StagePool
+from ckptfs.codec.staged import Staged, StagePool
 from ckptfs.vfs.chunkbuffer import ChunkBuffer
 
 ops = st.lists(
@@ -75,3 +75,44 @@ def test_staged_frame_is_the_buffer_itself() -> None:
     assert bytes(framed) == b"".join(bytes(p) for p in frame.encode([b"a" * 5000 + b"b" * 100], digest))
     assert ctypes.addressof(ctypes.c_char.from_buffer(framed)) % 4096 == 0  # O_DIRECT as it is
     assert frame.decode(bytes(framed), digest) == b"a" * 5000 + b"b" * 100
+
+
+@given(ops)
+def test_save_chunk_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
+    # A save's chunk (a pool to assemble in): parts until an overwrite stages it in place;
+    # what the store assembles from it is the chunk's bytes.
+    pool = StagePool(chunk_size=1024, keep=4)
+    dirty = pool.take()
+    dirty.write(0, b"\xff" * 1024)
+    pool.give(dirty)
+    buf = ChunkBuffer(pool=pool)
+    check_against_bytearray(buf, seq)
+    expect = buf.joined()
+    content = buf.content()
+    if isinstance(content, list):  # nothing written: nothing to assemble
+        assert expect == b"" and pool.in_use == 0
+        return
+    content.assemble()
+    assert bytes(content.body()) == expect
+    for staged in buf.buffers():
+        pool.give(staged)
+    assert pool.in_use == 0
+
+
+def test_save_chunk_hands_its_parts_over_uncopied() -> None:
+    # Appends to a save's chunk keep pyfuse3's bytes objects themselves; the buffer the
+    # store assembles the chunk in is untouched until it does (in its worker thread).
+    pool = StagePool(chunk_size=4096, keep=1)
+    writes = [bytes([i]) * 1024 for i in range(4)]
+    buf = ChunkBuffer(pool=pool)
+    for i, w in enumerate(writes):
+        buf.write(i * 1024, w)
+    assert buf.staged is None and pool.in_use == 0
+    assert all(p is w for p, w in zip(buf.parts, writes, strict=True))
+    staged = buf.content()
+    assert isinstance(staged, Staged)
+    assert bytes(staged.buf[frame.HEADER_SIZE : frame.HEADER_SIZE + 4096]) == bytes(4096)
+    staged.assemble()
+    assert bytes(staged.body()) == b"".join(writes)
+    staged.assemble()  # a retried store: nothing left to copy, the bytes stay
+    assert bytes(staged.body()) == b"".join(writes)

@@ -4,12 +4,15 @@ after the commit) is what was written, whatever the write pattern."""
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.vfs.test_vfs import CS, RW, make_fs, read_file, write_file
 
+from ckptfs.catalog import ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.codec.staged import Staged
 from ckptfs.config import TierConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
@@ -118,3 +121,36 @@ async def test_large_staged_frames_round_trip(tmp_path: Path, direct_io: bool) -
         assert await read_file(fs, b"f") == data
     async with make_fs(tmp_path, local_tiers(tmp_path, direct_io), **opts) as fs:
         assert await read_file(fs, b"f") == data
+
+
+async def test_the_trio_thread_hands_a_save_bytes_over_uncopied(tmp_path: Path) -> None:
+    # A save's requests stay the bytes objects the FUSE layer handed over: the chunk's
+    # parts before it fills, and then exactly what the store is given to assemble and
+    # write in its worker thread. No staged buffer is written on the trio thread.
+    cs = 1024 * 1024  # requests of 256 KiB: a save's (STAGE_MIN)
+    async with make_fs(tmp_path, local_tiers(tmp_path), chunk_size=cs, memory_budget=4 * cs) as fs:
+        fh, inode = await fs.create(ROOT_INODE, b"f", 0o644, RW, ROOT)
+        f = fs.open_files[inode.ino]
+        store = f.svc.store
+        handed: list[tuple[object, ...]] = []
+        real_write = store.write
+
+        async def write(data: Any, *args: Any) -> ChunkRef:
+            assert isinstance(data, Staged)
+            handed.append(data._handed)  # on the trio thread, before the worker copies
+            return await real_write(data, *args)
+
+        store.write = write  # type: ignore[method-assign]
+        requests = [os.urandom(cs // 4) for _ in range(4)]
+        for i, r in enumerate(requests[:3]):
+            await fs.write(fh, i * len(r), r)
+        assert f.dirty[0].staged is None and fs.stages.in_use == 0
+        assert all(p is r for p, r in zip(f.dirty[0].parts, requests[:3], strict=True))
+        await fs.write(fh, 3 * cs // 4, requests[3])  # fills the chunk: dispatched
+        await fs.flush(fh)
+        await fs.release(fh)
+        assert len(handed) == 1
+        assert all(p is r for p, r in zip(handed[0], requests, strict=True))
+        assert len(handed[0]) == 4
+        assert fs.stages.in_use == 0
+        assert await read_file(fs, b"f") == b"".join(requests)
