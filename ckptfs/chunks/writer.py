@@ -151,9 +151,6 @@ class ChunkWriter:
             staged: Staged | None = None
             parts: Sequence[frame.Buffer]
             if isinstance(data, Staged):
-                # Parts handed over on the trio thread are copied in here (and compared),
-                # so hashing and the write below read the very buffer.
-                data.assemble()
                 staged, parts = data, (data.body(),)
             else:
                 parts = data

@@ -1,14 +1,13 @@
 """A chunk assembled in place, in a reused page-aligned buffer behind room for its header.
 
-Why: pyfuse3 hands every write over as a fresh ``bytes``. Kept as the chunk's parts until
-the chunk is stored, 16 MiB of them per chunk land on pages malloc has just taken from the
-kernel (on this VM, a host fault per page) and are copied once more into an aligned
-buffer for O_DIRECT, then compared with that copy. A staged chunk is copied out of each
-write's ``bytes`` as it arrives, into a buffer that a pool keeps mapped, and compared with
-it there while both are in the CPU's cache (that ``bytes`` is then freed and malloc reuses
-it). The frame is this very buffer: the header is packed into the room before the chunk
-(``frame``), the digest is computed over the chunk as it lies there, and the frame goes to
-the device from the same memory (tiers/direct.py): no second copy, no second compare.
+Used for a save's chunk that is overwritten while it is under construction
+(vfs/chunkbuffer.py): from then on each write is copied in as it arrives (an overwrite
+costs its own bytes, not a rebuild of the chunk) and compared with its copy at once. A
+save's chunk written sequentially is not staged: its parts (pyfuse3's ``bytes``) go to the
+store as they are, and the trio thread copies none of them. The frame is this very
+buffer: the header is packed into the room before the chunk (``frame``), the digest is
+computed over the chunk as it lies there, and the frame goes to the device from the same
+memory (tiers/direct.py): no second copy, no second compare.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-from collections.abc import Sequence
 
 from ..errors import CorruptChunk
 from .frame import HEADER_SIZE, Buffer, header
@@ -45,42 +43,17 @@ def _source(data: Buffer) -> bytes | int:
     return bytes(view)  # a read-only view: rare, copy
 
 
-def _size(data: Buffer) -> int:
-    return data.nbytes if isinstance(data, memoryview) else len(data)
-
-
 class Staged:
     """One chunk's bytes at offset HEADER_SIZE of a page-aligned buffer. Only its owner
     (the open file that writes it, then the store that writes its frame) touches it."""
 
-    __slots__ = ("buf", "base", "length", "capacity", "_handed")
+    __slots__ = ("buf", "base", "length", "capacity")
 
     def __init__(self, buf: mmap.mmap, capacity: int) -> None:
         self.buf = buf
         self.base = _address(buf)
         self.length = 0
         self.capacity = capacity  # chunk bytes it may hold
-        self._handed: tuple[Buffer, ...] = ()  # parts ``assemble`` copies in
-
-    def hand(self, parts: Sequence[Buffer]) -> None:
-        """On the trio thread, no byte touched: the chunk is ``parts`` (immutable: ``bytes``
-        pyfuse3 handed over, views of them), one after the other; the store's worker
-        thread copies them in (``assemble``) before it hashes the chunk."""
-        self._handed = tuple(parts)
-        self.length = sum(_size(p) for p in self._handed)
-        if self.length > self.capacity:
-            raise ValueError(f"{self.length} bytes handed to a {self.capacity}-byte chunk")
-
-    def assemble(self) -> None:
-        """Blocking (a worker thread): copy the parts handed over into place, each
-        compared with its copy at once, as ``write`` does (CorruptChunk if one differs).
-        Done once; later calls (a retried write) find nothing left to copy."""
-        parts, self._handed = self._handed, ()
-        at = 0
-        for p in parts:
-            n = _size(p)
-            self._copy_in(at, p, n)
-            at += n
 
     def write(self, at: int, data: Buffer) -> None:
         """Bytes ``data`` at chunk offset ``at``; a gap after the current end reads as zeros.
@@ -88,21 +61,17 @@ class Staged:
         the digest computed over the staged chunk is that of the bytes pyfuse3 handed over
         (docs/semantics.md, "Verification"). Copy and compare release the GIL (ctypes).
         CorruptChunk if they differ."""
-        assert not self._handed  # a chunk handed over is the store's
-        n = _size(data)
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
         if at + n > self.capacity:
             raise ValueError(f"write of {n} bytes at {at} past a {self.capacity}-byte chunk")
         if at > self.length:
             ctypes.memset(self.base + HEADER_SIZE + self.length, 0, at - self.length)
-        self._copy_in(at, data, n)
-        self.length = max(self.length, at + n)
-
-    def _copy_in(self, at: int, data: Buffer, n: int) -> None:
         src = _source(data)
         dst = self.base + HEADER_SIZE + at
         ctypes.memmove(dst, src, n)
         if _libc.memcmp(dst, src, n) != 0:
             raise CorruptChunk(f"a write of {n} bytes at chunk offset {at} was not copied exactly")
+        self.length = max(self.length, at + n)
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

@@ -1,16 +1,15 @@
 """An in-memory chunk under construction: a list of immutable parts, or staged in place.
 
-Sequential writes append the ``bytes`` object the FUSE layer handed us, as they are: the
-trio thread copies no byte of them. A new chunk first written by a request of at least
-``STAGE_MIN`` bytes (a save) is assembled by the store: at dispatch it takes a reused
-page-aligned buffer (codec/staged.py) and hands it the parts, which the worker thread that
-hashes and writes the chunk copies in (``Staged.assemble``), so its frame is written from
-that buffer as it is. Other chunks (small files, rewrites of stored chunks) are stored as
-their parts. An overwrite of a save's chunk stages it in place on the spot (one copy of
-what it holds; later writes are copied in as they arrive); other writes into a chunk
-(overwrite, holes) of the rest rebuild it as one new bytearray. Parts are never mutated in
-place, so a buffer can share parts with the copy that is being stored in a worker thread;
-a staged chunk is copied instead (``copy``).
+Writes append the ``bytes`` object the FUSE layer handed us as it is: the trio thread
+copies no byte of a save. The store hashes the parts in its worker thread and writes them
+(with O_DIRECT, the tier copies them into a reused aligned buffer there and compares the
+copy: tiers/direct.py). Parts are never mutated in place, so a buffer can share parts with
+the copy that is being stored in a worker thread. Other writes (overwrite, holes) rebuild
+a chunk as one new bytearray, except for a save's chunk (its first write at least
+``STAGE_MIN`` bytes): its first overwrite stages it in place (codec/staged.py: one copy of
+what it holds into a reused page-aligned buffer; later writes are copied in as they
+arrive), so an overwrite costs its own bytes, not a rebuild; a staged chunk is copied
+when it must be shared (``copy``).
 """
 
 from __future__ import annotations
@@ -20,15 +19,18 @@ from collections.abc import Sequence
 from ..codec.staged import Staged, StagePool
 
 Buffer = bytes | bytearray | memoryview
-# A new chunk first written by a request this large (or a whole chunk) is staged: a save's
-# chunk, a large O_DIRECT frame. Small files stay parts (small frames are written buffered).
+# A new chunk first written by a request this large (or a whole chunk) is a save's: an
+# overwrite stages it in place instead of rebuilding it. Small files stay parts always.
 STAGE_MIN = 128 * 1024
 _MAX_PARTS = 128
+# A save's chunk keeps more (a 64 MiB chunk of 128 KiB requests: 512) before a merge
+# copies any on the trio thread: a frame's writev takes IOV_MAX (1024) buffers.
+_MAX_SAVE_PARTS = 1000
 _MERGE = 64
 
 
 class ChunkBuffer:
-    __slots__ = ("parts", "length", "staged", "pool", "handed")
+    __slots__ = ("parts", "length", "staged", "pool")
 
     def __init__(
         self, parts: Sequence[Buffer] = (), staged: Staged | None = None,
@@ -40,12 +42,8 @@ class ChunkBuffer:
         if staged is not None:
             assert not self.parts
             self.length = staged.length
-        # A save's chunk: stored from a buffer of this pool (``content``), or staged in
-        # place at its first overwrite.
+        # A save's chunk: staged in a buffer of this pool at its first overwrite.
         self.pool = pool
-        # The buffer ``content`` handed the parts to (the store assembles them there); the
-        # parts stay the chunk's bytes for reads until it is stored.
-        self.handed: Staged | None = None
 
     def copy(self) -> ChunkBuffer:
         """An independent buffer with the same bytes (a staged chunk is copied once)."""
@@ -54,23 +52,15 @@ class ChunkBuffer:
         return ChunkBuffer(self.parts)
 
     def content(self) -> Staged | list[Buffer]:
-        """What the store writes (once, on the trio thread: the chunk is no longer written
-        to): the staged chunk; a save's parts handed to a buffer of the pool, which the
-        store's worker thread assembles them in; or the parts."""
-        if self.staged is not None:
-            return self.staged
-        if self.pool is not None and self.parts:
-            assert self.handed is None
-            self.handed = self.pool.take()
-            self.handed.hand(self.parts)
-            return self.handed
-        return self.parts
+        """What the store writes: the staged chunk, or the parts (which its worker thread
+        hashes, and copies into an aligned buffer for O_DIRECT)."""
+        return self.staged if self.staged is not None else self.parts
 
     def buffers(self) -> list[Staged]:
-        """The pool buffers it holds, let go: the chunk is done with (stored or dropped),
-        no copy or write of them is in flight."""
-        out = [s for s in (self.staged, self.handed) if s is not None]
-        self.staged = self.handed = None
+        """The pool buffer it holds, let go: the chunk is done with (stored or dropped),
+        no write of it is in flight."""
+        out = [] if self.staged is None else [self.staged]
+        self.staged = None
         return out
 
     def joined(self) -> bytes:
@@ -94,7 +84,7 @@ class ChunkBuffer:
         if at == self.length:
             self.parts.append(data)
             self.length += n
-            if len(self.parts) > _MAX_PARTS and self.pool is None:
+            if len(self.parts) > (_MAX_SAVE_PARTS if self.pool is not None else _MAX_PARTS):
                 # Many small appends: merge the tail, so writev stays under IOV_MAX.
                 self.parts[-_MERGE:] = [b"".join(self.parts[-_MERGE:])]
             return
@@ -107,7 +97,7 @@ class ChunkBuffer:
         """Copy the parts into a buffer of the pool (on the trio thread, as every write
         of a save's chunk was before the store assembled them): an overwrite then costs
         its own bytes, not a rebuild of the chunk."""
-        assert self.pool is not None and self.handed is None
+        assert self.pool is not None
         staged = self.pool.take()
         try:
             at = 0

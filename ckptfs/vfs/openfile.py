@@ -176,8 +176,8 @@ class OpenFile:
                 if ref is not None:
                     buf = ChunkBuffer([await self.svc.store.read(ref)])
                 elif stage and self.svc.stages is not None:
-                    # A save's chunk: its parts are assembled in a pool buffer by the
-                    # store's worker thread (vfs/chunkbuffer.py).
+                    # A save's chunk: parts, staged in a pool buffer at an overwrite
+                    # (vfs/chunkbuffer.py).
                     buf = ChunkBuffer(pool=self.svc.stages)
                 else:
                     buf = ChunkBuffer()
