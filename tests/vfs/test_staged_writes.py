@@ -148,7 +148,9 @@ async def test_large_staged_frames_round_trip(tmp_path: Path, direct_io: bool) -
         assert await read_file(fs, b"f") == data
 
 
-async def test_the_trio_thread_hands_a_save_bytes_over_uncopied(tmp_path: Path) -> None:
+async def test_the_trio_thread_hands_a_save_bytes_over_uncopied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A save's requests stay the bytes objects the FUSE layer handed over: the chunk's
     # parts before it fills, and then exactly what the store is given to hash and write
     # in its worker thread. No buffer is staged (written) on the trio thread.
@@ -164,7 +166,7 @@ async def test_the_trio_thread_hands_a_save_bytes_over_uncopied(tmp_path: Path) 
             handed.append(list(data))  # on the trio thread, before the worker runs
             return await real_write(data, *args)
 
-        store.write = write  # type: ignore[method-assign]
+        monkeypatch.setattr(store, "write", write)  # the real write, watched
         requests = [os.urandom(cs // 4) for _ in range(4)]
         for i, r in enumerate(requests[:3]):
             await fs.write(fh, i * len(r), r)
