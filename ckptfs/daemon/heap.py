@@ -20,9 +20,10 @@ log = logging.getLogger("ckptfs.daemon")
 
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
-# Blocks below this come from the heap: a FUSE request is at most 1 MiB (256 pages); a
-# chunk read (chunk_size) is still mapped on its own and unmapped when freed.
-MMAP_THRESHOLD = 4 * 1024 * 1024
+# Blocks below this come from the heap: glibc's own ceiling for its dynamic threshold,
+# which a daemon that freed a chunk-sized block had reached anyway (a FUSE request is at
+# most 1 MiB). Setting it fixes it: the dynamic rule would map each request afresh again.
+MMAP_THRESHOLD = 32 * 1024 * 1024
 _INT_MAX = 2**31 - 1
 
 
