@@ -26,6 +26,7 @@ import pytest
 import trio
 
 from tests.store.test_upload import wait_backlog_empty
+from tests.support.freeze import freeze
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, run_cli, wait_until
 from tests.support.s3fixtures import SKIP_REASON as NO_WEED
 from tests.support.s3fixtures import remove_prefix, tier_config
@@ -151,7 +152,7 @@ def test_a_server_that_stops_answering_mid_request_is_an_outage_not_a_bad_object
         key, parts = framed(os.urandom(100_000))
         t.put(key, parts)
         assert server.pid is not None
-        os.kill(server.pid, signal.SIGSTOP)  # connections are accepted, nothing answers
+        freeze(server.pid)  # connections are accepted, nothing answers
         try:
             with pytest.raises(TransientTierError) as ei:
                 t.get(key)
