@@ -1,4 +1,5 @@
-"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them.
+"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them;
+also the buffers the writer assembles a save's frames in (chunks/writer.py ``_hashed``).
 
 A GET's body read into a fresh 16 MiB buffer costs a page fault and a zeroed page per
 4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf); a local O_DIRECT read

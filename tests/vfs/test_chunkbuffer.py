@@ -1,12 +1,16 @@
 """ChunkBuffer (parts and staged) against a bytearray model."""
 
 import ctypes
+import os
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptfs.codec import frame
+from ckptfs.codec import staged as staged_mod
 from ckptfs.codec.staged import Staged, StagePool
+from ckptfs.errors import CorruptChunk
 from ckptfs.vfs.chunkbuffer import ChunkBuffer
 
 ops = st.lists(
@@ -108,3 +112,44 @@ def test_save_chunk_keeps_its_parts_uncopied() -> None:
     expect[100:110] = b"x" * 10
     assert buf.joined() == bytes(expect)
     assert len(buf.buffers()) == 1 and buf.staged is None
+
+
+@given(st.lists(st.binary(min_size=0, max_size=300 * 1024), max_size=6), st.integers(0, 3))
+def test_fill_copies_and_hashes_parts_in_one_pass(parts: list[bytes], kind: int) -> None:
+    # A save's parts assembled by the store's worker (Staged.fill): pieces across the
+    # fill's own piece size, bytes, bytearrays and views (a truncated part is a read-only
+    # view): the body is their bytes and the digest theirs, as hashing the parts gave.
+    given_parts: list[frame.Buffer] = [
+        p if kind == 0 else bytearray(p) if kind == 1 else
+        memoryview(p + b"tail")[: len(p)] if kind == 2 else memoryview(bytearray(p))
+        for p in parts
+    ]
+    n = sum(len(p) for p in parts)
+    staged = StagePool(chunk_size=max(n, 1), keep=1).take()
+    piece, staged_mod.FILL_PIECE = staged_mod.FILL_PIECE, 64 * 1024  # parts span pieces
+    try:
+        digest = staged.fill(given_parts)
+    finally:
+        staged_mod.FILL_PIECE = piece
+    assert staged.length == n
+    assert bytes(staged.body()) == b"".join(parts)
+    assert digest == frame.digest_of_parts(parts)
+    assert bytes(staged.frame(digest)[frame.HEADER_SIZE :]) == b"".join(parts)
+
+
+def test_fill_refuses_a_copy_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Differs:
+        @staticmethod
+        def memcmp(a: int, b: int, n: int) -> int:
+            return 1  # as if the copy did not land as the source reads
+
+    monkeypatch.setattr(staged_mod, "_libc", Differs)
+    staged = StagePool(chunk_size=1024 * 1024, keep=1).take()
+    with pytest.raises(CorruptChunk):
+        staged.fill([os.urandom(4096)])
+
+
+def test_fill_refuses_parts_past_the_chunk() -> None:
+    staged = StagePool(chunk_size=4096, keep=1).take()
+    with pytest.raises(ValueError):
+        staged.fill([bytes(4096), b"x"])

@@ -2,19 +2,22 @@
 are assembled in reused buffers, every buffer comes back, and what is read (before and
 after the commit) is what was written, whatever the write pattern."""
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vfs.test_vfs import CS, RW, make_fs, read_file, write_file
+from tests.vfs.test_vfs import CS, RW, make_fs, read_file, store_of, write_file
 
 from ckptfs.catalog import ChunkRef
 from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.codec import frame
 from ckptfs.config import TierConfig
 from ckptfs.errors import CkptfsError
 from ckptfs.testing.tiers import FaultyTier, MemoryTier
+from ckptfs.tiers import direct
 from ckptfs.tiers.base import Tier
 from ckptfs.tiers.local import LocalTier
 from ckptfs.vfs.context import ROOT
@@ -179,3 +182,49 @@ async def test_the_trio_thread_hands_a_save_bytes_over_uncopied(
         assert all(p is r for p, r in zip(handed[0], requests, strict=True))
         assert fs.stages.made == 0
         assert await read_file(fs, b"f") == b"".join(requests)
+
+
+async def test_a_save_chunk_reaches_the_device_from_the_buffer_it_was_hashed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store's worker copies a save's parts into a reused page-aligned buffer in the
+    # pass that hashes them (Staged.fill), so the tier writes that buffer with O_DIRECT
+    # as it lies: one frame buffer per chunk, no copy in the tier (which read the cold
+    # parts a second time), and the buffers come back for the next chunks.
+    cs = 2 * 1024 * 1024  # frames large enough for O_DIRECT (tiers/direct.py)
+    frames: list[list[Any]] = []
+    copies: list[int] = []
+    real_write, real_copy = direct.write_checked, direct._copy
+
+    def write_checked(fd: int, parts: Any, *args: Any) -> None:
+        frames.append([(type(p), len(p), _address(p) % direct.ALIGN) for p in parts])
+        real_write(fd, parts, *args)
+
+    def copy(base: int, at: int, part: Any, view: memoryview) -> None:
+        copies.append(len(part))
+        real_copy(base, at, part, view)
+
+    monkeypatch.setattr(direct, "write_checked", write_checked)
+    monkeypatch.setattr(direct, "_copy", copy)
+    opts = {"chunk_size": cs, "memory_budget": 4 * cs}
+    files = {f"f{i}".encode(): os.urandom(4 * cs) for i in range(3)}
+    async with make_fs(tmp_path, local_tiers(tmp_path), **opts) as fs:
+        for name, data in files.items():
+            await write_file(fs, name, data, step=256 * 1024)  # a save's requests
+        assert len(frames) == 12
+        assert all(f == [(memoryview, frame.HEADER_SIZE + cs, 0)] for f in frames)
+        assert copies == []
+        # At most the chunks the memory budget lets be in flight at once.
+        assert 1 <= store_of(fs).frames.made <= 4
+        for name, data in files.items():
+            assert await read_file(fs, name) == data
+    async with make_fs(tmp_path, local_tiers(tmp_path), **opts) as fs:
+        for name, data in files.items():
+            assert await read_file(fs, name) == data
+
+
+def _address(buf: Any) -> int:
+    view = memoryview(buf)
+    if view.readonly:
+        return 1  # bytes (a header, a part): not a buffer O_DIRECT can write from
+    return ctypes.addressof((ctypes.c_char * view.nbytes).from_buffer(view))
