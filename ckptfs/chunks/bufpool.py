@@ -55,8 +55,9 @@ def unviewed(buf: mmap.mmap) -> bool:
 
 
 class FramePool:
-    """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread;
-    the lock is held for list operations only."""
+    """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread
+    (both in the writer's worker thread for a frame it assembles); the lock is held for
+    list operations only (``room`` reads the cache's byte count, an int, without it)."""
 
     def __init__(
         self, keep: int, count: Callable[[str], None] | None = None,
