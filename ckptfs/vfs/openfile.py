@@ -171,7 +171,9 @@ class OpenFile:
                 if ref is not None:
                     buf = ChunkBuffer([await self.svc.store.read(ref)])
                 elif stage and self.svc.stages is not None:
-                    buf = ChunkBuffer(staged=self.svc.stages.take())
+                    # A save's chunk: parts, staged in a pool buffer at an overwrite
+                    # (vfs/chunkbuffer.py).
+                    buf = ChunkBuffer(pool=self.svc.stages)
                 else:
                     buf = ChunkBuffer()
         except BaseException:
@@ -301,9 +303,9 @@ class OpenFile:
 
     def _drop(self, buf: ChunkBuffer) -> None:
         """``buf`` is done with (stored or discarded): a staged chunk's buffer is reused."""
-        if buf.staged is not None and self.svc.stages is not None:
-            self.svc.stages.give(buf.staged)
-            buf.staged = None
+        for staged in buf.buffers():
+            if self.svc.stages is not None:
+                self.svc.stages.give(staged)
 
     def spill(self) -> None:
         """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""
