@@ -74,8 +74,13 @@ class NullFS(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self) -> None:
+    def __init__(self, cached_writes: bool = False) -> None:
         super().__init__()
+        # Write-only handles bypass the page cache as ckptfs's do (vfs/handles.py
+        # uses_direct_io): the ceiling is then measured on the requests ckptfs gets. A 1 MiB
+        # write from a buffer that is not page-aligned (a tensor's storage) arrives as two
+        # requests that way; through the page cache it would be one.
+        self.cached_writes = cached_writes
         root = Node(pyfuse3.ROOT_INODE, stat.S_IFDIR | 0o755, pyfuse3.ROOT_INODE, nlink=2)
         self.nodes: dict[int, Node] = {root.inode: root}
         self._next_inode = pyfuse3.ROOT_INODE + 1
@@ -288,7 +293,12 @@ class NullFS(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         node = self._new_node(self._node(parent_inode), name, stat.S_IFREG | (mode & 0o7777), ctx)
         self._open_count[node.inode] = self._open_count.get(node.inode, 0) + 1
-        return pyfuse3.FileInfo(fh=node.inode), self._attr(node)
+        return pyfuse3.FileInfo(fh=node.inode, direct_io=self._direct_io(flags)), self._attr(node)
+
+    def _direct_io(self, flags: int) -> bool:
+        if self.cached_writes:
+            return False
+        return bool(flags & os.O_DIRECT) or (flags & os.O_ACCMODE) == os.O_WRONLY
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         node = self._node(inode)
@@ -298,7 +308,7 @@ class NullFS(pyfuse3.Operations):
             node.size = 0
         self._open_count[inode] = self._open_count.get(inode, 0) + 1
         # keep_cache: data never changes behind the kernel's back, like committed ckptfs files.
-        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=self._direct_io(flags))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         node = self._node(fh)
@@ -360,10 +370,10 @@ def tune_read_ahead(real: str, kb: int) -> None:
 
 def serve(
     mountpoint: str, debug: bool = False, fsname: str = "nullfs",
-    read_ahead_kb: int = READ_AHEAD_KB,
+    read_ahead_kb: int = READ_AHEAD_KB, cached_writes: bool = False,
 ) -> None:
     """Mount NullFS at ``mountpoint`` and serve requests until it is unmounted."""
-    ops = NullFS()
+    ops = NullFS(cached_writes)
     real = os.path.realpath(mountpoint)
     options = set(pyfuse3.default_options)
     options.add(f"fsname={fsname}")
@@ -404,12 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--debug", action="store_true", help="log every FUSE request (slow)")
     p.add_argument("--read-ahead-kb", type=int, default=READ_AHEAD_KB,
                    help="kernel read-ahead of the mount, as ckptfs sets it (0: the kernel's)")
+    p.add_argument("--cached-writes", action="store_true",
+                   help="write-only handles through the page cache (before 2026-12-08: "
+                        "ckptfs gives them direct_io, and so does nullfs by default)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO)
     if not os.path.isdir(args.mountpoint):
         print(f"nullfs: {args.mountpoint}: not a directory", file=sys.stderr)
         return 2
-    serve(args.mountpoint, debug=args.debug, read_ahead_kb=args.read_ahead_kb)
+    serve(args.mountpoint, debug=args.debug, read_ahead_kb=args.read_ahead_kb,
+          cached_writes=args.cached_writes)
     return 0
 
 
