@@ -109,6 +109,9 @@ class Connection:
         commit. The OpenFile's last release drops its uncommitted chunks, as for a FUSE
         file whose last handle goes; nothing the client wrote since its last FSYNC or CLOSE
         becomes the file's content."""
+        if self.handles:
+            log.info("direct connection of pid %d ended: %d handle(s) released uncommitted",
+                     self.ctx.pid, len(self.handles))
         for fh in sorted(self.handles):
             try:
                 await self.fs.release(fh)
