@@ -36,8 +36,6 @@ def mount_root(path: str | os.PathLike[str]) -> tuple[Path, int]:
 
 def candidates(st_dev: int) -> list[Path]:
     """Where a daemon may have put the socket (server.py ``runtime_dir`` for its user)."""
-    if os.environ.get(SOCKET_ENV):
-        return [Path(os.environ[SOCKET_ENV])]
     name = socket_name(st_dev)
     dirs = [os.environ.get(RUNTIME_ENV, ""), "/run/ckptfs"]
     if os.environ.get("XDG_RUNTIME_DIR"):
@@ -46,12 +44,31 @@ def candidates(st_dev: int) -> list[Path]:
     return [Path(d) / name for d in dirs if d]
 
 
-def find_socket(path: str | os.PathLike[str]) -> tuple[Path, Path, int] | None:
-    """(socket, mount root, device) for ``path``; None if no socket is there."""
+def trusted_owner(sock: Path) -> int | None:
+    """The owner of the socket's directory if a client may trust it: root's or this
+    user's, writable by no one else (as ssh-agent's checks). Any user can make a
+    /tmp/ckptfs-X/dev-M-N.sock and answer HELLO with the right device: such a socket must
+    never receive a checkpoint's bytes. None: not trusted."""
+    try:
+        st = sock.parent.stat()
+    except OSError:
+        return None
+    if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
+        return None
+    return st.st_uid
+
+
+def find_socket(path: str | os.PathLike[str]) -> tuple[Path, Path, int, int | None] | None:
+    """(socket, mount root, device, the uid its server must run as (None: a socket named
+    by CKPTFS_DIRECT_SOCKET, trusted as named)) for ``path``; None if no trusted socket."""
     root, dev = mount_root(path)
+    if os.environ.get(SOCKET_ENV):
+        sock = Path(os.environ[SOCKET_ENV])
+        return (sock, root, dev, None) if sock.exists() else None
     for sock in candidates(dev):
-        if sock.exists():
-            return sock, root, dev
+        owner = trusted_owner(sock)
+        if owner is not None and sock.exists():
+            return sock, root, dev, owner
     return None
 
 
@@ -68,9 +85,9 @@ def connect(path: str | os.PathLike[str], memory: int = 64 << 20) -> DirectClien
     if found is None:
         _say_once("no socket for this mount")
         return None
-    sock, root, dev = found
+    sock, root, dev, owner = found
     try:
-        return DirectClient.connect(sock, root, dev, memory)
+        return DirectClient.connect(sock, root, dev, memory, server_uid=owner)
     except (OSError, Refused) as exc:
         _say_once(f"{sock}: {exc}")
         return None

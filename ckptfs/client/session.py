@@ -8,10 +8,13 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import struct
 import threading
 from pathlib import Path
 
 from . import wire
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class Refused(Exception):
@@ -41,10 +44,18 @@ class DirectClient:
         self._rid = 0
 
     @classmethod
-    def connect(cls, path: Path, root: Path, st_dev: int, memory: int) -> DirectClient:
+    def connect(
+        cls, path: Path, root: Path, st_dev: int, memory: int, server_uid: int | None = None
+    ) -> DirectClient:
+        """``server_uid``: the server must run as it (or as root): the owner of the
+        socket's directory (discover.py ``trusted_owner``)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(path))
+            _pid, uid, _gid = _UCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            if server_uid is not None and uid not in (0, server_uid):
+                raise Refused(f"served by uid {uid}, not by the owner of {path.parent}")
             client = cls(sock, root, memory)
         except BaseException:
             sock.close()

@@ -161,3 +161,22 @@ def test_no_socket_means_no_client_said_once(
     assert connect(tmp_path / "x") is None
     said = [r for r in caplog.records if "direct path unavailable" in r.getMessage()]
     assert len(said) == 1
+
+
+@pytest.mark.allow_log_warnings("direct path unavailable")
+def test_a_socket_in_a_directory_others_may_write_is_not_trusted(
+    direct_mount: Mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone may make a socket named for the mount's device and answer HELLO with it: a
+    client takes only a socket in a directory of root's or its own user, that no one else
+    may write."""
+    found = find_socket(direct_mount.mountpoint)
+    assert found is not None and found[3] == 0  # the test's runtime dir: root's, 0755
+    run = found[0].parent
+    run.chmod(0o777)
+    try:
+        monkeypatch.setattr(discover, "_said", set())
+        assert find_socket(direct_mount.mountpoint) is None
+        assert connect(direct_mount.mountpoint) is None
+    finally:
+        run.chmod(0o755)
