@@ -4,6 +4,7 @@ daemon (an import-linter contract); ``connect`` gives None where there is no dir
 (another machine's mount, an old daemon), and the caller uses the mount."""
 
 from .discover import connect, find_socket
-from .session import DirectClient, DirectFile
+from .session import DirectClient
+from .stream import DirectFile, DirectWriteStream
 
-__all__ = ["DirectClient", "DirectFile", "connect", "find_socket"]
+__all__ = ["DirectClient", "DirectFile", "DirectWriteStream", "connect", "find_socket"]

@@ -10,6 +10,7 @@ import os
 import socket
 import struct
 import threading
+import weakref
 from pathlib import Path
 
 from . import wire
@@ -33,6 +34,12 @@ def _umask() -> int:
     return 0o022
 
 
+def _release(sock: socket.socket, mem: mmap.mmap, memfd: int) -> None:
+    sock.close()
+    mem.close()
+    os.close(memfd)
+
+
 class DirectClient:
     def __init__(self, sock: socket.socket, root: Path, memory: int) -> None:
         self.sock, self.root = sock, root
@@ -40,6 +47,9 @@ class DirectClient:
         os.ftruncate(self.memfd, memory)
         self.mem = mmap.mmap(self.memfd, memory)
         self.memory = memory
+        # A client dropped without close_connection() (a plugin's thread-local one) still
+        # gives its socket, mapping and memfd back.
+        self._finalizer = weakref.finalize(self, _release, sock, self.mem, self.memfd)
         self._lock = threading.Lock()  # one request at a time on the socket and memfd
         self._rid = 0
 
@@ -73,9 +83,7 @@ class DirectClient:
 
     def close_connection(self) -> None:
         """End the connection: files not closed are released uncommitted by the daemon."""
-        self.sock.close()
-        self.mem.close()
-        os.close(self.memfd)
+        self._finalizer()
 
     def __enter__(self) -> DirectClient:
         return self
@@ -138,6 +146,12 @@ class DirectClient:
             done += wire.U64.unpack(out)[0]
         return done
 
+    def write_staged(self, handle: int, offset: int, length: int) -> int:
+        """WRITE the first ``length`` bytes of the shared memory at ``offset`` (a writer
+        that filled ``self.mem`` itself: no copy here)."""
+        return wire.U64.unpack(
+            self._call(wire.WRITE, wire.IO_REQ.pack(handle, offset, 0, length)))[0]
+
     def preadinto(self, handle: int, buf: bytearray | memoryview, offset: int) -> int:
         view = memoryview(buf).cast("B")
         done = 0
@@ -181,34 +195,3 @@ class DirectClient:
         finally:
             self.close(handle)
 
-
-class DirectFile:
-    """A read-only file object over the direct path (designed: safetensors / torch.load;
-    docs/direct-path.md). Built: readinto, read, seek, tell."""
-
-    def __init__(self, client: DirectClient, path: str | os.PathLike[str]) -> None:
-        self.client = client
-        self.handle, self.size = client.open(path)
-        self.pos = 0
-
-    def readinto(self, buf: bytearray | memoryview) -> int:
-        n = self.client.preadinto(self.handle, buf, self.pos)
-        self.pos += n
-        return n
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n < 0 else min(n, max(self.size - self.pos, 0))
-        buf = bytearray(n)
-        got = self.readinto(buf)
-        return bytes(buf[:got])
-
-    def seek(self, off: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.size}[whence]
-        self.pos = base + off
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def close(self) -> None:
-        self.client.close(self.handle)
