@@ -28,6 +28,7 @@ from .walk import Lookups, W, X, check, open_access, split, walk_dir
 log = logging.getLogger("ckptfs.direct")
 
 PIECE = 1 << 20  # a WRITE or READ goes to the VFS in pieces of this size (as FUSE's)
+READ_PARALLEL = 8  # pieces of one READ in flight at once
 
 
 class DirectFs(Lookups, Protocol):
@@ -245,17 +246,41 @@ class Connection:
         return wire.U64.pack(done)
 
     async def _read(self, body: bytes) -> bytes:
+        """A READ's pieces are read and copied out concurrently (READ_PARALLEL at once):
+        the chunk service fetches and verifies their chunks in parallel, as the kernel's
+        concurrent FUSE reads of one file get them. The reply counts the bytes up to the
+        first short piece (the end of the file)."""
         fh, off, moff, length = self._io_args(body)
-        assert self.memfd is not None
+        memfd = self.memfd
+        assert memfd is not None
+        starts = range(0, length, PIECE)
+        got = [0] * len(starts)
+        slots = trio.Semaphore(READ_PARALLEL)
+
+        failed: list[CkptfsError | OSError] = []  # the request's errno, not a group
+
+        async def piece(i: int, start: int) -> None:
+            async with slots:
+                n = min(PIECE, length - start)
+                try:
+                    data = await self.fs.read(fh, off + start, n)  # verified by the store
+                    if data:
+                        await threads.run_sync(os.pwrite, memfd, data, moff + start,
+                                               limiter=self.io)
+                except (CkptfsError, OSError) as exc:
+                    failed.append(exc)
+                    return
+                got[i] = len(data)
+
+        async with trio.open_nursery() as nursery:
+            for i, start in enumerate(starts):
+                nursery.start_soon(piece, i, start)
+        if failed:
+            raise failed[0]
         done = 0
-        while done < length:
-            n = min(PIECE, length - done)
-            data = await self.fs.read(fh, off + done, n)  # verified by the chunk service
-            if not data:
-                break
-            await threads.run_sync(os.pwrite, self.memfd, data, moff + done, limiter=self.io)
-            done += len(data)
-            if len(data) < n:
+        for i, start in enumerate(starts):
+            done += got[i]
+            if got[i] < min(PIECE, length - start):
                 break
         return wire.U64.pack(done)
 
@@ -289,10 +314,8 @@ class Connection:
 
 
 def _handle_flags(flags: int) -> int:
-    """A writable direct handle is a direct_io handle of the VFS: its commit drops the
-    pages the kernel cached of the file, so FUSE readers see the new bytes."""
-    flags &= os.O_ACCMODE | os.O_TRUNC  # offsets are the client's: no O_APPEND
-    if flags & os.O_ACCMODE != os.O_RDONLY:
-        flags |= os.O_DIRECT
-    return flags
+    """A direct handle is a direct_io handle of the VFS (O_DIRECT): a writer's commit drops
+    the pages the kernel cached of the file, so FUSE readers see the new bytes; a reader's
+    chunks are not pushed into the kernel's page cache (no FUSE reader asked for them)."""
+    return (flags & (os.O_ACCMODE | os.O_TRUNC)) | os.O_DIRECT  # offsets are the client's
 
