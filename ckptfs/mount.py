@@ -414,8 +414,8 @@ async def _serve_direct(daemon: Daemon, mountpoint: Path) -> None:
     mount. Its data copies run under the store's I/O limiter."""
     try:
         await DirectServer(daemon.fs, daemon.store.limiters.io).serve(mountpoint)
-    except OSError as exc:
-        log.warning("direct path unavailable (clients use the mount): %s", exc)
+    except OSError as exc:  # e.g. a runtime dir this user may not write: not a fault
+        log.info("direct path unavailable (clients use the mount): %s", exc)
 
 
 async def _watch_signals() -> None:
