@@ -62,7 +62,10 @@ class DirectServer:
 
     async def _bind(self, path: Path) -> trio.socket.SocketType:
         def prepare() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # Other users' clients must reach the socket (the daemon's umask is 077).
+                path.parent.chmod(0o755)
             if path.exists() and stat.S_ISSOCK(path.lstat().st_mode):
                 path.unlink()  # an earlier mount's, of a device number reused now
 
