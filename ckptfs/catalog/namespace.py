@@ -24,6 +24,7 @@ from ..errors import (
 from .audit import AuditRecord, AuditSql
 from .conn import Conn
 from .rows import ROOT_INODE, Around, Inode
+from .sessions import note_open_in
 from .tree import (
     INODE_COLS,
     files_under,
@@ -153,6 +154,7 @@ class NamespaceSql(AuditSql):
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
         rdev: int = 0, *, audit: AuditRecord | None = None, around: Around | None = None,
+        open_for: str = "",
     ) -> Inode:
         now = time.time_ns()
         is_dir = stat.S_ISDIR(mode)
@@ -176,6 +178,8 @@ class NamespaceSql(AuditSql):
             ).fetchone()
             inode = inode_of(row)
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, inode.ino))
+            if open_for:  # the creator's open, noted in the same transaction
+                note_open_in(c, open_for, inode.ino, True)
             self._touch_dir(c, parent, now, 1 if is_dir else 0)
             self._audit_in(c, audit, paths.entry(parent, name), ino=inode.ino, mode=m)
             _tell(around, paths, {parent: _touched(pdir, now, 1 if is_dir else 0)}, (parent,))

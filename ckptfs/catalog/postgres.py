@@ -16,6 +16,8 @@ of its own, never shared between threads).
   CONNECT_TIMEOUT / POOL_WAIT seconds, and while it stays unreachable every further call
   within DOWN_WAIT; a pooled connection the server dropped (a restart)
   is noticed at the transaction's BEGIN and replaced.
+* Every statement is a round trip (``counts``): psycopg's pipeline mode was measured and
+  not kept (docs/performance.md, "Several nodes").
 * The schema is schema.SCHEMA translated (BIGINT, BYTEA, identity columns), created by the
   first opener of an empty database under a transaction-level advisory lock; meta
   ``schema_version`` is checked like SQLite's, and MIGRATIONS holds a step per version.
@@ -63,7 +65,7 @@ from .sql import SqlCatalog
 from .sqlite import catalog_file
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
+__all__ = ["CONNECT_TIMEOUT", "Counts", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
            "pg_schema", "translate"]
 
 T = TypeVar("T")
@@ -90,7 +92,13 @@ _SCHEMA_LOCK = 0x636B70746673
 # created (the rerun says EEXIST), or the same audit seq appended (the rerun appends after it).
 _RERUN_KEYS = ("dentries_parent_name_key", "audit_log_pkey")
 
-# Never backwards: the nodes' clocks differ a little.
+# The change mark (a write's ``touch``): meta ``changed_ns``, a statement of its own after
+# the COMMIT (READ COMMITTED, never a serialization failure), not in the transaction, where
+# every change on every node would write this one row and all but one of any concurrent
+# changes would conflict and run again. After the COMMIT, so a snapshot that began before
+# the commit (and so misses the change) is older than the mark; a failure of the mark
+# loses only the mark (the next change writes it), not the change. Never backwards: the
+# nodes' clocks differ a little.
 _MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
                  "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
 
@@ -180,15 +188,30 @@ def pg_ddl(ddl: str) -> str:
     return ddl.replace(" WITHOUT ROWID", "")
 
 
+class Counts:
+    """What the engine sent (for tests that pin the cost of a request, and benchmarks):
+    statements (the bodies' and the reads', not BEGIN, COMMIT, the change mark), round
+    trips (waits for the server's answers) and write transactions (runs: a rerun counts).
+    Counted without a lock: exact while one thread uses the catalog, close otherwise."""
+
+    __slots__ = ("round_trips", "statements", "transactions")
+
+    def __init__(self) -> None:
+        self.statements = self.round_trips = self.transactions = 0
+
+
 class _PgConn:
-    """A pooled connection in one transaction, taking the catalog's portable statements."""
+    """A pooled connection in one transaction, taking the catalog's portable statements
+    (prepared by psycopg at their 5th use on a connection)."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "counts")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    def __init__(self, conn: psycopg.Connection[Any], counts: Counts) -> None:
+        self.conn, self.counts = conn, counts
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+        self.counts.statements += 1
+        self.counts.round_trips += 1
         return self.conn.execute(translate(sql), tuple(params))
 
 
@@ -248,6 +271,7 @@ class PostgresCatalog(SqlCatalog):
         # Transactions run again after a conflict (serialization failure, deadlock, a
         # concurrent create of a name): how contended the shared catalog is.
         self.conflicts = 0
+        self.counts = Counts()
         self._count = threading.Lock()
         given = conninfo_to_dict(url)
         self._password = str(given.get("password") or "")
@@ -323,6 +347,7 @@ class PostgresCatalog(SqlCatalog):
         """A pooled connection inside a transaction begun with ``begin`` (on a live
         connection: ``_live``); rolled back if the caller did not end it."""
         conn, _ = self._live(lambda c: c.execute(begin))
+        self.counts.round_trips += 1
         try:
             yield conn
         finally:
@@ -335,8 +360,9 @@ class PostgresCatalog(SqlCatalog):
     def _reading(self) -> Iterator[Conn]:
         try:
             with self._session(_BEGIN_READ) as conn:
-                yield _PgConn(conn)
+                yield _PgConn(conn, self.counts)
                 conn.execute("COMMIT")
+                self.counts.round_trips += 1
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
 
@@ -344,6 +370,8 @@ class PostgresCatalog(SqlCatalog):
         """One statement in autocommit (its own snapshot): one round trip, not three. On
         a connection the server dropped (a restart) the read runs again on the next."""
         text, args = translate(sql), tuple(params)
+        self.counts.statements += 1
+        self.counts.round_trips += 1
         conn, rows = self._live(lambda c: c.execute(text, args).fetchall())
         self._pool.putconn(conn)
         return rows
@@ -354,9 +382,11 @@ class PostgresCatalog(SqlCatalog):
         last: Exception | None = None
         for attempt in range(MAX_ATTEMPTS):
             try:
+                self.counts.transactions += 1
                 with self._session(_BEGIN_WRITE) as conn:
-                    result = body(_PgConn(conn))
+                    result = body(_PgConn(conn, self.counts))
                     conn.execute("COMMIT")
+                    self.counts.round_trips += 1
                     if touch:
                         self._mark_changed(conn)
                 return result
@@ -377,13 +407,9 @@ class PostgresCatalog(SqlCatalog):
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
 
     def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
-        """meta ``changed_ns`` after a change committed: a statement of its own (READ
-        COMMITTED, never a serialization failure), not in the transaction, where every
-        change on every node would write this one row and all but one of any concurrent
-        changes would conflict and run again. Written after the COMMIT, so a snapshot that
-        began before the commit (and so misses the change) is older than the mark; a
-        failure here loses only the mark (the next change writes it), not the change."""
+        """The change mark (_MARK_CHANGED) after a change committed."""
         try:
+            self.counts.round_trips += 1
             conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
         except psycopg.Error as e:
             log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
@@ -448,7 +474,7 @@ class PostgresCatalog(SqlCatalog):
         begin = "BEGIN READ ONLY" if self.readonly else "BEGIN ISOLATION LEVEL READ COMMITTED"
         try:
             with self._session(begin) as conn:
-                c = _PgConn(conn)
+                c = _PgConn(conn, self.counts)
                 if not self.readonly:
                     c.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
                 if c.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
@@ -463,7 +489,7 @@ class PostgresCatalog(SqlCatalog):
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute(pg_schema())
-        init_rows(_PgConn(conn))
+        init_rows(_PgConn(conn, self.counts))
         # The root's number was given explicitly: new inodes continue after it.
         conn.execute("SELECT setval(pg_get_serial_sequence('inodes', 'ino'), "
                      "(SELECT max(ino) FROM inodes))")

@@ -31,11 +31,14 @@ class NamespaceCatalog(Protocol):
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
         rdev: int = 0, *, audit: AuditRecord | None = None, around: Around | None = None,
+        open_for: str = "",
     ) -> Inode:
         """Create a file, directory, symlink or special file (FIFO, socket, device with
         ``rdev``) entry. EEXIST if the name is taken. ``audit``: recorded in the same
         transaction (AuditCatalog), as on every write method that takes it. ``around``
-        (rows.Around): filled with the directory after the change (and its path)."""
+        (rows.Around): filled with the directory after the change (and its path).
+        ``open_for``: a session id (shared catalog): the new inode is noted open for
+        writing under it in the same transaction (SessionCatalog.note_open)."""
         ...
 
     def link(self, ino: int, parent: int, name: bytes) -> Inode:

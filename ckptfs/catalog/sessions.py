@@ -42,7 +42,7 @@ from .quotas import uncharge_inode
 from .rows import CheckpointState, Registered, SessionEnd, SessionRow
 from .tree import path_of
 
-__all__ = ["SESSIONS_DDL", "SQLITE_NOW_NS", "OneNodeLock", "SessionsSql"]
+__all__ = ["SESSIONS_DDL", "SQLITE_NOW_NS", "OneNodeLock", "SessionsSql", "note_open_in"]
 
 SESSIONS_DDL = """
 -- Node sessions of a shared catalog (catalog/sessions.py). Times: the database's clock, ns.
@@ -96,6 +96,18 @@ class OneNodeLock:
 
     def release(self) -> None:
         pass
+
+
+def note_open_in(c: Conn, sid: str, ino: int, writing: bool) -> None:
+    """Note ``ino`` (which exists) open under session ``sid``, in the caller's transaction;
+    nothing if the session has ended (the node notes it anew under its next one)."""
+    c.execute(
+        "INSERT INTO open_handles (sid, ino, writing) SELECT ?, ?, ? WHERE EXISTS "
+        "(SELECT 1 FROM sessions WHERE sid=?) ON CONFLICT (sid, ino) DO UPDATE SET "
+        "writing = CASE WHEN excluded.writing > open_handles.writing "
+        "THEN excluded.writing ELSE open_handles.writing END",
+        (sid, ino, int(writing), sid),
+    )
 
 
 class SessionsSql(DeletionEventsSql):
@@ -211,13 +223,7 @@ class SessionsSql(DeletionEventsSql):
         def body(c: Conn) -> None:
             if c.execute("SELECT 1 FROM inodes WHERE ino=?", (ino,)).fetchone() is None:
                 raise NotFound(f"inode {ino}")
-            c.execute(
-                "INSERT INTO open_handles (sid, ino, writing) SELECT ?, ?, ? WHERE EXISTS "
-                "(SELECT 1 FROM sessions WHERE sid=?) ON CONFLICT (sid, ino) DO UPDATE SET "
-                "writing = CASE WHEN excluded.writing > open_handles.writing "
-                "THEN excluded.writing ELSE open_handles.writing END",
-                (sid, ino, int(writing), sid),
-            )
+            note_open_in(c, sid, ino, writing)
 
         self._write(body)
 

@@ -115,7 +115,7 @@ class FileIO:
 
     async def read(self, fh: int, off: int, size: int) -> Buffer:
         h = self.opens.handle(fh)
-        return await h.file.read(off, size, cached=not h.direct_io)
+        return await h.file.read(off, size, cached=not h.direct_io, stream=fh)
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
         h = self.opens.handle(fh)

@@ -26,7 +26,6 @@ from ..chunks.service import FrontEndChunks
 from ..codec.frame import Buffer
 from ..codec.staged import StagePool
 from ..errors import (
-    CatalogUnavailable,
     InvalidArgument,
     IsADirectory,
     NameTooLong,
@@ -600,29 +599,23 @@ class Filesystem:
         # its first write (a temporary file).
         bound = self.store.residency.enabled
 
-        created: list[int] = []
-
         def work() -> tuple[Inode, str, Inode, int, str]:
             # One catalog transaction: the new inode, its directory's new attributes (the
-            # kernel asks for them next) and, for the event, the directory's path.
+            # kernel asks for them next), for the event the directory's path, and (shared
+            # catalog) the inode noted open here, so that another node's unlink keeps it
+            # while it is open. No row lock: nothing else notes or releases a new inode
+            # before this create returns.
             around = Around(paths=tracked or counted or bound)
+            sid = self.rows.note_sid()
             inode = self.catalog.create(parent, name, mode, ctx.uid, ctx.gid,
-                                        audit=_audit("create", ctx), around=around)
-            created.append(inode.ino)
-            # Another node's unlink keeps it while it is open here. No row lock: nothing
-            # else notes or releases a new inode before this create returns.
-            sid = self.rows.note(inode.ino, True)
+                                        audit=_audit("create", ctx), around=around,
+                                        open_for=sid)
             return (inode, around.dir_paths.get(parent, ""), around.dirs[parent],
                     self._dirs.stamp(), sid)
 
         token = self.paths.token()
-        try:
-            with self._naming(parent):
-                inode, base, pdir, seq, sid = await self._db_refreshing(work)
-        except CatalogUnavailable:
-            if created:  # created, maybe noted: released later
-                self.rows.unsure(created[0])
-            raise
+        with self._naming(parent):
+            inode, base, pdir, seq, sid = await self._db_refreshing(work)
         self._names.added(parent, name, inode.ino)
         self.access.learn(parent, name, inode.ino)
         self.rows.noted_now(inode.ino, True, sid)

@@ -30,6 +30,7 @@ from ..supervise import failed, inject
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
 from .fileservices import Services
 from .quota import FileAccount, refused
+from .readstreams import ReadStream, ReadStreams
 
 log = logging.getLogger("ckptfs.vfs")
 
@@ -106,28 +107,22 @@ class OpenFile:
 
     def _init_reads(self) -> None:
         """The state of its reads: readahead, and what the kernel's page cache holds."""
-        self._last_read_idx = -2
+        # Each reader's (handle's) requests: sequential or not, warm or not, where its
+        # pushes stop (vfs/readstreams.py).
+        self._streams = ReadStreams()
         # Readahead in flight, by chunk index: owned by this file, cancelled and waited for
         # when its last handle closes (``stop_readahead``), so none outlives the file.
         self._ahead: dict[int, trio.CancelScope] = {}
         self._ahead_digests: set[bytes] = set()  # chunks this file had fetched ahead
-        # What the requests of page-cache readers tell of the kernel's cache (``_note``):
-        # where the last one ended, the chunks this file pushed pages of, and whether the
-        # kernel skipped bytes nobody here served or pushed (it had them cached: a warm
-        # read refilling the few pages the kernel reclaimed). While so, no readahead and
-        # no push: the chunks after such a hole are cached already, and fetching, verifying
-        # and pushing them cost more than the whole read (performance-history.md, "Warm reads").
-        self._req_end = 0
+        # The chunks this file pushed pages of: a stream's request that jumps over them
+        # is not warm (ReadStream.note).
         self._pushed_idx: set[int] = set()
-        self._warm = False
         self._ahead_ended = trio.Event()  # set (and replaced) whenever one ends
         # Page-cache pushes (vfs/pagepush.py): none starts while ``_no_push`` (handles open
         # for writing, a truncate) is above 0; ``hold_pushes`` waits for those in flight.
         self._no_push = 0
         self._pushing = 0
         self._pushes_ended = trio.Event()
-        # The end of the highest read request since the last seek back (pushes stop there).
-        self.read_hi = 0
 
     @property
     def ino(self) -> int:
@@ -489,21 +484,22 @@ class OpenFile:
 
     # -- read --------------------------------------------------------------------------------
 
-    async def read(self, off: int, size: int, cached: bool = True) -> Buffer:
+    async def read(self, off: int, size: int, cached: bool = True,
+                   stream: int | None = None) -> Buffer:
         """Bytes [off, off + size) as the handles see them. A piece of one stored chunk
         comes back as a view into the verified chunk (pyfuse3 replies from any buffer),
         so the trio thread makes no copy of it. ``cached``: the reading handle goes
         through the kernel's page cache (not direct I/O), so the chunks its readahead
-        fetches may be pushed there."""
+        fetches may be pushed there. ``stream``: the reading handle (vfs/readstreams.py)."""
         end = min(off + size, self.size)
         if off >= end:
             return b""
         first, last = off // self.cs, (end - 1) // self.cs
+        st = self._streams.of(stream)
+        st.begin(off, end)
         if cached:
-            self._note(off, end)
-        else:
-            self.read_hi = max(self.read_hi, end)
-        warm = cached and self._warm  # a warm page-cache reader: no readahead, no pushes
+            st.note(off, end, self.cs, self._pushed_idx)
+        warm = cached and st.warm  # a warm page-cache reader: no readahead, no pushes
         out: list[Buffer] = []
         for idx in range(first, last + 1):
             base = idx * self.cs
@@ -518,42 +514,33 @@ class OpenFile:
                 if ref is None:
                     piece = b""
                 else:
-                    sequential = self._readahead(idx, cached, fetch=not warm)
+                    sequential = self._readahead(st, idx, cached, fetch=not warm)
+                    if idx == first and last > first and not warm:
+                        # A request over several chunks: its later ones at once, not one
+                        # by one (after the readahead, which pushes them for a sequential
+                        # reader; this skips chunks already on their way).
+                        self._fetch_ahead(range(first + 1, last + 1), st,
+                                          push=cached and sequential)
                     try:
                         data = await self.svc.store.read(ref, self._copy_back(sequential))
                     except CkptfsError as exc:
                         await self._log_read_error(base + lo, idx, exc)
                         raise
                     piece = memoryview(data)[lo:hi]  # stored chunks are never changed in place
-                    if (sequential and cached and not warm and lo == 0 and self.svc.page_push is not None
+                    if (sequential and cached and not warm and self.svc.page_push is not None
+                            and (lo == 0 or idx not in self._pushed_idx)
                             and ref.digest not in self._ahead_digests):
                         # A chunk the reader entered before any readahead fetched it (the
-                        # first of a file): the push fills its back while requests take
-                        # the front. Counted in _pushing once it starts (_push).
-                        self.svc.nursery.start_soon(self._push, idx, ref, data)
+                        # first of a file, or where a reader of items came back to): the
+                        # push fills its back while requests take the front. Counted in
+                        # _pushing once it starts (_push).
+                        self.svc.nursery.start_soon(self._push, idx, ref, data, st)
                     if sequential and hi >= len(data):
                         self.svc.store.consumed(ref.digest)
             if len(piece) < hi - lo:
                 piece = bytes(piece) + bytes(hi - lo - len(piece))  # past the data: a hole
             out.append(piece)
         return out[0] if len(out) == 1 else b"".join(out)
-
-    def _note(self, off: int, end: int) -> None:
-        """A page-cache reader's request for [off, end): a jump forward over bytes this
-        file neither served nor pushed means the kernel had them cached (warm); warm ends
-        at a seek back (nothing is known of the cache there) or when the requests run on
-        without a gap over a chunk's end (a stretch the kernel does not hold)."""
-        prev, self._req_end = self._req_end, end
-        # Where the pushes stop: the reader's requests reached there. A seek back brings it
-        # back with the reader (torch.load reads a zip's directory at the end first).
-        self.read_hi = end if off < prev else max(self.read_hi, end)
-        over_an_end = end % self.cs == 0 or off // self.cs != (end - 1) // self.cs
-        if off > prev:
-            gap = range(prev // self.cs, (off - 1) // self.cs + 1)
-            if not all(i in self._pushed_idx for i in gap):
-                self._warm = True
-        elif off < prev or over_an_end:  # a seek back, or on without a gap over an end
-            self._warm = False
 
     def _copy_back(self, sequential: bool) -> bool:
         mode = self.svc.copy_back
@@ -563,18 +550,23 @@ class OpenFile:
         path = await self.svc.path_of(self.ino)
         log.error("read of %s at offset %d (chunk %d) failed: %s", path, offset, idx, exc)
 
-    def _readahead(self, idx: int, push: bool = False, fetch: bool = True) -> bool:
-        """On a sequential pattern (the first chunk counts), fetch the next chunks in
-        parallel into the cache (and with ``push`` into the kernel's page cache) unless
-        not ``fetch``. Returns whether the read is sequential."""
-        sequential = idx in (self._last_read_idx, self._last_read_idx + 1) or (
-            idx == 0 and self._last_read_idx == -2
-        )
-        self._last_read_idx = idx
+    def _readahead(self, st: ReadStream, idx: int, push: bool = False,
+                   fetch: bool = True) -> bool:
+        """On a sequential pattern of the stream (the first chunk counts), fetch the next
+        chunks in parallel into the cache (and with ``push`` into the kernel's page cache)
+        unless not ``fetch``. Returns whether the read is sequential."""
+        sequential = st.sequential(idx)
         if not sequential or not fetch or self.svc.readahead <= 0:
             return sequential
+        self._fetch_ahead(range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)),
+                          st, push)
+        return sequential
+
+    def _fetch_ahead(self, indexes: range, st: ReadStream, push: bool) -> None:
+        """Fetch these chunks in the background (those not cached or on their way), as
+        far as the cache has room for readahead."""
         store = self.svc.store
-        for nxt in range(idx + 1, idx + 1 + max(1, self.svc.readahead // self.cs)):
+        for nxt in indexes:
             ref = self._ref(nxt)
             if (ref is None or nxt in self.dirty or nxt in self.inflight or nxt in self._ahead
                     or store.cached(ref.digest)):
@@ -586,11 +578,10 @@ class OpenFile:
             self._ahead[nxt] = scope
             # In the mount's nursery (a read request must not wait for it), in this
             # file's scope: ``stop_readahead`` ends it.
-            self.svc.nursery.start_soon(self._prefetch, nxt, ref, scope, push)
-        return sequential
+            self.svc.nursery.start_soon(self._prefetch, nxt, ref, scope, st if push else None)
 
     async def _prefetch(
-        self, idx: int, ref: ChunkRef, scope: trio.CancelScope, push: bool
+        self, idx: int, ref: ChunkRef, scope: trio.CancelScope, push: ReadStream | None
     ) -> None:
         try:
             with scope:
@@ -599,8 +590,8 @@ class OpenFile:
                 data = await self.svc.store.read(
                     ref, self._copy_back(True), abandon_on_cancel=True, ahead=True
                 )
-                if push:
-                    await self._push(idx, ref, data)
+                if push is not None:
+                    await self._push(idx, ref, data, push)
         except CkptfsError:
             pass
         except Exception:
@@ -613,9 +604,10 @@ class OpenFile:
             self._ahead_ended.set()
             self._ahead_ended = trio.Event()
 
-    async def _push(self, idx: int, ref: ChunkRef, data: Buffer) -> None:
+    async def _push(self, idx: int, ref: ChunkRef, data: Buffer, st: ReadStream) -> None:
         """Hand the verified chunk to the kernel's page cache (vfs/pagepush.py), if the
-        file is exactly its committed version and nobody may change it meanwhile."""
+        file is exactly its committed version and nobody may change it meanwhile; its
+        pieces skip what the requests of ``st`` (the reader it is for) asked for."""
         pp = self.svc.page_push
         if pp is None or self._no_push or self.is_dirty() or self._ref(idx) != ref:
             return
@@ -623,10 +615,10 @@ class OpenFile:
         n = pp.span(base, len(data), self.size)
         if n <= 0:
             return
-        self._pushed_idx.add(idx)  # the kernel may skip these pages from now on (_note)
+        self._pushed_idx.add(idx)  # the kernel may skip these pages from now on (note)
         self._pushing += 1
         try:
-            await pp.push(self.ino, base, memoryview(data)[:n], self._read_up_to)
+            await pp.push(self.ino, base, memoryview(data)[:n], st.asked)
         except Exception:
             # Only an optimization: a bug here must not end the daemon (the mount's
             # nursery). The pages not pushed are requested by the kernel as usual.
@@ -637,9 +629,6 @@ class OpenFile:
             if not self._pushing:
                 self._pushes_ended.set()
                 self._pushes_ended = trio.Event()
-
-    def _read_up_to(self) -> int:
-        return self.read_hi
 
     async def hold_pushes(self) -> None:
         """Before the file may change (an open for writing, a truncate): no page-cache

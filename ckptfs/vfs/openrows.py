@@ -88,6 +88,12 @@ class OpenRows:
         self.catalog.note_open(sid, ino, writing)
         return sid
 
+    def note_sid(self) -> str:
+        """In the worker thread of a catalog call that notes an inode open in its own
+        transaction (a create: ``open_for``): the session id to note it under, read once
+        ("" with one node: nothing noted). The caller records it (``noted_now``)."""
+        return self.session.sid if self.session is not None else ""
+
     def noted_now(self, ino: int, writing: bool, sid: str) -> None:
         if self.session is not None:
             self._noted[ino] = self._noted.get(ino, False) or writing

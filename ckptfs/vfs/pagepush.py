@@ -12,7 +12,10 @@ descriptor, without the GIL (pyfuse3's ``notify_store`` holds it, so its pushes 
 serialise with the reply thread): ``PUSH_THREADS`` copies run at once beside the replies.
 
 What is pushed: chunks the readahead fetched (a sequential reader is coming), and the rest
-of a chunk the reader entered before any readahead fetched it (a file's first); only
+of a chunk the reader entered before any readahead fetched it (a file's first, or where
+a reader of items came back to); none of the pages its reader's requests asked for
+(vfs/readstreams.py: each reader's runs of requests, so a look further on, as at a DCP
+item's zip directory, does not stop the pushes of the chunks before it); only
 their verified plaintext (the same view a reply would send), only bytes below the file's
 size (a store past the end would grow the kernel's idea of the size), in whole pages, and
 never a chunk's last ``TRIPWIRE`` bytes (a quarter of a smaller chunk): the reader's
@@ -56,6 +59,9 @@ PUSH_THREADS = 2
 # (inode, offset, bytes): write them into the kernel's page cache of the inode (blocking;
 # OSError if the kernel refuses, e.g. ENOENT when it holds no inode of that number).
 StorePages = Callable[[int, int, Buffer], None]
+# A file offset -> where the reader's run of requests that holds it ends (the offset
+# itself if none does): pages below that were asked for, and need no push.
+Asked = Callable[[int], int]
 
 
 @dataclass
@@ -84,17 +90,16 @@ class PagePush:
         end -= max(PAGE, min(TRIPWIRE, length // 4 // PAGE * PAGE))
         return max(0, end // PAGE * PAGE)
 
-    async def push(self, ino: int, base: int, data: Buffer, read_up_to: Callable[[], int]
-                   ) -> None:
+    async def push(self, ino: int, base: int, data: Buffer, asked: Asked) -> None:
         """Store ``data`` at ``base`` in the inode's page cache, in a worker thread, piece
-        by piece from its end, until a piece below ``read_up_to()`` (the end of the
-        file's highest read request so far: those pages were asked for). A refusal costs
+        by piece from its end, each but what its reader has asked for (``asked``: where
+        the reader's run of requests that holds an offset ends). A refusal costs
         only the push (the reader's requests fetch the bytes as before). The memoryview
         held by the thread keeps a reused receive buffer from being handed out again
         until the store has read it (chunks/bufpool.py)."""
         view = memoryview(data)
         try:
-            pushed = await trio.to_thread.run_sync(self._store, ino, base, view, read_up_to,
+            pushed = await trio.to_thread.run_sync(self._store, ino, base, view, asked,
                                                    limiter=self.limiter)
         except OSError as exc:
             self.count("page_cache_push_errors", 1)
@@ -107,21 +112,18 @@ class PagePush:
             self.count("page_cache_pushed_bytes", pushed)
             self.delivered(pushed)
 
-    def _store(self, ino: int, base: int, view: memoryview, read_up_to: Callable[[], int]
-               ) -> int:
-        """Blocking: the pieces the reader has not asked for yet, from the end; returns
-        the bytes pushed. ``read_up_to`` is read without a lock (an int the trio thread
-        replaces: at worst a piece is pushed that a request also answers)."""
+    def _store(self, ino: int, base: int, view: memoryview, asked: Asked) -> int:
+        """Blocking: the pieces, from the end, less what the reader asked for (read
+        without a lock: at worst a piece is pushed that a request also answers); returns
+        the bytes pushed."""
         pushed = 0
         for lo in reversed(range(0, len(view), PIECE)):
             hi = min(lo + PIECE, len(view))
-            asked = -(-(read_up_to() - base) // PAGE) * PAGE  # requests reached here
-            start = max(lo, asked)
+            start = -(-(asked(base + lo) - base) // PAGE) * PAGE  # requests reached here
+            start = max(lo, start)
             if start >= hi:
-                break
+                continue  # asked for; a piece below may not be (a look further on)
             with view[start:hi] as piece:
                 self.store_pages(ino, base + start, piece)
             pushed += hi - start
-            if start > lo:
-                break
         return pushed

@@ -12,15 +12,14 @@ copies (docs/performance-history.md, "The 4-process save (session 28)").
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from tests.support.mountutil import Mount
+from tests.support.scripts import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 MiB = 1 << 20
@@ -28,16 +27,7 @@ PAGES = 4 * MiB // os.sysconf("SC_PAGE_SIZE")
 
 
 def benchio() -> ModuleType:
-    """scripts/benchio.py, loaded from its file (nothing edits sys.path)."""
-    name = "ckptfs_test_benchio"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / "benchio.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchio")
 
 
 def minor_faults() -> int:

@@ -5,6 +5,7 @@ them sent as replies, and what a writer changed is what every later read sees.""
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
 import os
@@ -172,3 +173,95 @@ def test_what_a_writer_changed_is_what_reads_see_while_pushes_run(
     assert read_into(path, size, step=MiB // 4) == last
     counters = facts(m.state_dir).get("counters", {})
     assert counters.get("page_cache_push_errors", 0) == 0, counters
+
+
+def test_readers_of_items_of_one_file_each_get_readahead_and_pushes(
+    ckpt_factory: CkptFactory,
+) -> None:
+    """As torch.distributed.checkpoint's reader reads items (by offset and length), three
+    readers, each with its own handle, read their own item of one file, their requests
+    interleaved one by one (one thread, POSIX_FADV_RANDOM: each read asks for exactly its
+    pages, nothing more, in this order). Each reader's requests go on where its last
+    ended, so each is sequential on its own: readahead runs and pushes pages into each
+    item ahead of its reader (decided by the kernel's mincore, waited for, as above).
+    With one state per file, the interleaved requests never looked sequential: no push."""
+    m = ckpt_factory.mount()
+    head, item, piece = 100 * 1024 + 17, 6 * CHUNK + 1000, 64 * 1024
+    data = os.urandom(head + 3 * item)  # a header nobody reads, then three items
+    (m.mountpoint / "f.distcp").write_bytes(data)
+    ckpt_factory.remount(m)  # a new kernel mount: no page of it is cached
+    starts = [head + k * item for k in range(3)]
+    fds = [os.open(m.mountpoint / "f.distcp", os.O_RDONLY) for _ in starts]
+    views: list[CacheView] = []
+    try:
+        for fd in fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        got = [bytearray() for _ in starts]
+
+        def read_round() -> None:
+            for k, fd in enumerate(fds):
+                at = starts[k] + len(got[k])
+                n = min(piece, starts[k] + item - at)
+                if n > 0:
+                    got[k] += os.pread(fd, n, at)
+
+        for _ in range(CHUNK // piece + 2):  # each reader crosses a chunk's end
+            read_round()
+        # Pages past what each reader asked for (its next page on) within its item.
+        for k, fd in enumerate(fds):
+            lo = -(-(starts[k] + len(got[k])) // PAGE) * PAGE
+            views.append(CacheView(fd, lo, (starts[k] + item) // PAGE * PAGE))
+        for k, view in enumerate(views):
+            pushed_ahead = functools.partial(lambda v: len(v.resident()) * PAGE >= CHUNK // 2,
+                                             view)
+            wait_until(pushed_ahead, 30, f"pages pushed ahead of reader {k} in its item")
+            view.hold(view.resident())
+        while any(len(g) < item for g in got):
+            read_round()
+    finally:
+        for view in views:
+            view.close()
+        for fd in fds:
+            os.close(fd)
+    for k, start in enumerate(starts):
+        assert bytes(got[k]) == data[start:start + item], f"reader {k} got wrong bytes"
+    done = time.time()
+    wait_until(lambda: (m.state_dir / "stats.json").stat().st_mtime > done + 0.1, 10,
+               "a stats snapshot after the read")
+    counters = facts(m.state_dir)["counters"]
+    assert counters.get("page_cache_push_errors", 0) == 0, counters
+    assert counters.get("page_cache_pushed_bytes", 0) >= 3 * CHUNK // 2, counters
+
+
+def test_a_look_at_an_items_end_does_not_stop_the_pushes_before_it(
+    ckpt_factory: CkptFactory,
+) -> None:
+    """torch.load, reading a DCP item, reads its first page, then the zip directory at the
+    item's end, then the item from its start. The look at the end must not stop the pushes
+    of the chunks between (the reader comes back to them): with one high-water mark per
+    file, those that started after the look pushed nothing, and the item's middle went
+    through replies. The reader here waits after its look until pages of the middle are
+    cached (mincore; POSIX_FADV_RANDOM: the kernel asks for nothing it did not read)."""
+    m = ckpt_factory.mount()
+    item = 24 * CHUNK + 1000
+    data = os.urandom(item + 3 * CHUNK)
+    (m.mountpoint / "f.distcp").write_bytes(data)
+    ckpt_factory.remount(m)  # a new kernel mount: no page of it is cached
+    fd = os.open(m.mountpoint / "f.distcp", os.O_RDONLY)
+    view: CacheView | None = None
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        got = bytearray(os.pread(fd, PAGE, 0))  # the item's first page
+        assert os.pread(fd, PAGE, item - PAGE) == data[item - PAGE:item]  # its directory
+        view = CacheView(fd, 2 * CHUNK, 20 * CHUNK)  # its middle, nothing asked there
+        middle = view
+        wait_until(lambda: len(middle.resident()) * PAGE >= 4 * CHUNK, 30,
+                   "pages pushed into the item's middle after the look at its end")
+        view.hold(view.resident())
+        while len(got) < item:
+            got += os.pread(fd, min(MiB, item - len(got)), len(got))
+    finally:
+        if view is not None:
+            view.close()
+        os.close(fd)
+    assert bytes(got) == data[:item]

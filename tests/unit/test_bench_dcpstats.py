@@ -3,25 +3,16 @@ pass, median and range, rates, CPU per GB and the ceiling a thread's CPU per GB 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.support.scripts import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def dcpstats() -> ModuleType:
-    """scripts/dcpstats.py, loaded from its file (nothing edits sys.path)."""
-    name = "ckptfs_test_dcpstats"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / "dcpstats.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("dcpstats")
 
 
 def test_every_target_takes_every_place_once_over_as_many_passes() -> None:

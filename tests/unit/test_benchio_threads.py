@@ -3,13 +3,13 @@ snapshots that bench.py reports as the daemon's busiest thread (and the ceiling 
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 from types import ModuleType
+
+from tests.support.scripts import load_script
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 BURN_S = 0.3  # CPU seconds the burner uses: 30 clock ticks at 100 Hz, far above the others
@@ -17,16 +17,7 @@ NAME = "bench-burner"  # its comm (at most 15 bytes)
 
 
 def benchio() -> ModuleType:
-    """scripts/benchio.py, loaded from its file (nothing edits sys.path)."""
-    name = "ckptfs_test_benchio"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / "benchio.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchio")
 
 
 def test_the_thread_that_burns_cpu_is_the_busiest() -> None:

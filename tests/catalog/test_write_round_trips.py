@@ -1,0 +1,134 @@
+"""What a write transaction costs and keeps (issue 35, "Metadata on the shared catalog"): a
+create notes its open-handle row in its own transaction (both engines), so on PostgreSQL a
+create is one transaction, not two; a failed statement rolls back the whole transaction and
+the connection keeps working."""
+
+from __future__ import annotations
+
+import logging
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ckptfs.catalog import PostgresCatalog
+from ckptfs.catalog.audit import AuditRecord
+from ckptfs.catalog.engines import open_catalog
+from ckptfs.catalog.protocols import Catalog
+from ckptfs.catalog.rows import ROOT_INODE
+from ckptfs.catalog.sql import Conn
+from ckptfs.errors import AlreadyExists
+
+FILE = stat.S_IFREG | 0o644
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]:
+    where: Path | str = tmp_path / "catalog.sqlite"
+    if request.param == "postgresql":
+        where = str(request.getfixturevalue("pg_url"))
+    c = open_catalog(where)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_a_create_notes_its_open_in_the_same_transaction(catalog: Catalog) -> None:
+    sid = catalog.register_session("n1", 60).sid
+    f = catalog.create(ROOT_INODE, b"f", FILE, 0, 0, open_for=sid)
+    assert catalog.open_inodes() == {f.ino}
+    assert catalog.open_writer_paths() == ["/f"]  # noted for writing
+    # The name was taken: nothing created, nothing noted.
+    with pytest.raises(AlreadyExists):
+        catalog.create(ROOT_INODE, b"f", FILE, 0, 0, open_for=sid)
+    assert catalog.open_inodes() == {f.ino}
+    # Without a session id nothing is noted (one node).
+    g = catalog.create(ROOT_INODE, b"g", FILE, 0, 0)
+    assert catalog.open_inodes() == {f.ino}
+    # A session that ended notes nothing (its node notes the inode anew under its next one).
+    catalog.close_session(sid)
+    h = catalog.create(ROOT_INODE, b"h", FILE, 0, 0, open_for=sid)
+    assert catalog.open_inodes() == set()
+    assert {catalog.lookup(ROOT_INODE, n).ino for n in (b"f", b"g", b"h")} == {f.ino, g.ino, h.ino}
+    # The release of the creator's handle works on the row the create noted.
+    sid2 = catalog.register_session("n2", 60).sid
+    k = catalog.create(ROOT_INODE, b"k", FILE, 0, 0, open_for=sid2)
+    catalog.unlink(ROOT_INODE, b"k")
+    assert catalog.release_inode(sid2, k.ino) == []  # the last closer dropped it
+    assert catalog.open_inodes() == set()
+
+
+def test_a_create_noted_open_is_one_transaction_of_a_few_round_trips(pg_url: str) -> None:
+    """Before: the create (BEGIN, 6 statements, COMMIT, the change mark: 9 round trips) and
+    the open's note (BEGIN, 2 statements, COMMIT: 4) were two transactions, 13 round trips.
+    Now one: BEGIN, the parent's entry, the new inode, the dentry, the open row (the
+    inode's existence is not asked again), the parent's times, the audit chain's head, the
+    audit row, COMMIT, the change mark: 10."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        sid = cat.register_session("n1", 60).sid
+        cat.create(ROOT_INODE, b"warm", FILE, 0, 0, audit=AuditRecord("create"), open_for=sid)
+        n = cat.counts
+        before = (n.transactions, n.statements, n.round_trips)
+        f = cat.create(ROOT_INODE, b"f", FILE, 0, 0, audit=AuditRecord("create", uid=7),
+                       open_for=sid)
+        transactions, statements, round_trips = (
+            a - b for a, b in zip((n.transactions, n.statements, n.round_trips), before, strict=True))
+        assert transactions == 1
+        assert statements == 7  # entry, inode, dentry, open row, parent, audit head, audit row
+        assert round_trips <= 10
+        # The same rows as two transactions made: the open row, the audit record.
+        assert cat.open_inodes() == {cat.lookup(ROOT_INODE, b"warm").ino, f.ino}
+        last = cat.audit_head()
+        assert last is not None and (last.action, last.path, last.uid) == ("create", "/f", 7)
+    finally:
+        cat.close()
+
+
+def _insert_then_fail(c: Conn) -> None:
+    c.execute("INSERT INTO meta VALUES ('half', '1')")  # never read: pipelined
+    c.execute("INSERT INTO meta VALUES ('schema_version', '0')")  # the key exists: fails unread
+
+
+def test_a_statement_that_fails_unread_rolls_back_the_whole_transaction(pg_url: str) -> None:
+    """Nothing of the transaction stays; the one pooled connection keeps working after
+    each failure (past psycopg's preparation of a statement on its 5th use)."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        for i in range(12):
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                cat._write(_insert_then_fail)
+            with cat._reading() as c:
+                assert c.execute("SELECT value FROM meta WHERE key='half'").fetchone() is None
+            cat.create(ROOT_INODE, f"f{i}".encode(), FILE, 0, 0, audit=AuditRecord("create"))
+        assert len(cat.readdir(ROOT_INODE, 0)) == 12
+        assert len(cat.audit_entries()) == 12
+    finally:
+        cat.close()
+
+
+
+def _read_after_failure(c: Conn) -> None:
+    _insert_then_fail(c)
+    c.execute("SELECT 1").fetchone()  # the failure comes with this read, inside the body
+
+
+def test_a_transaction_that_fails_inside_its_body_logs_nothing_of_psycopg(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A body that fails (a statement's error, or its own error such as EEXIST): psycopg
+    has nothing to warn about (the daemon's log stays clean: its tests fail on warnings)."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        cat.create(ROOT_INODE, b"f", FILE, 0, 0)
+        with caplog.at_level(logging.WARNING, logger="psycopg"):
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                cat._write(_read_after_failure)
+            with pytest.raises(AlreadyExists):
+                cat.create(ROOT_INODE, b"f", FILE, 0, 0, audit=AuditRecord("create"))
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+        assert [n for _, n, _ in cat.readdir(ROOT_INODE, 0)] == [b"f"]
+    finally:
+        cat.close()
