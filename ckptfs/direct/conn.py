@@ -28,8 +28,8 @@ from .walk import Lookups, W, X, check, open_access, split, walk_dir
 
 log = logging.getLogger("ckptfs.direct")
 
-PIECE = 1 << 20  # a WRITE or READ goes to the VFS in pieces of this size (as FUSE's)
-READ_PARALLEL = 8  # pieces of one READ in flight at once
+PIECE = 1 << 20  # what is not whole chunks goes to the VFS's write in pieces of this size
+READ_PARALLEL = 8  # chunks of one READ in flight at once
 WRITE_PARALLEL = 4  # whole chunks of one WRITE copied out of the memfd at once
 
 
@@ -296,14 +296,20 @@ class Connection:
         return length
 
     async def _read(self, body: bytes) -> bytes:
-        """A READ's pieces are read and copied out concurrently (READ_PARALLEL at once):
-        the chunk service fetches and verifies their chunks in parallel, as the kernel's
-        concurrent FUSE reads of one file get them. The reply counts the bytes up to the
-        first short piece (the end of the file)."""
+        """A READ's pieces are its chunks (the first and last may be parts of one), read
+        and copied out concurrently (READ_PARALLEL at once): each is ChunkService.read's
+        verified plaintext in the daemon's own buffer (through the open file, which
+        serves what a writer has not committed yet and reads ahead for a sequential
+        reader), handed over as a view, not a copy, and written into the memfd by a
+        worker thread. The reply counts the bytes up to the first short piece (the end
+        of the file)."""
         fh, off, moff, length = self._io_args(body)
         memfd = self.memfd
         assert memfd is not None
-        starts = range(0, length, PIECE)
+        cs = self.fs.chunk_size
+        first = min(length, (off // cs + 1) * cs - off)  # up to the first chunk's end
+        starts = [0, *range(first, length, cs)] if length else []
+        ends = [*starts[1:], length]
         got = [0] * len(starts)
         slots = trio.Semaphore(READ_PARALLEL)
 
@@ -311,7 +317,7 @@ class Connection:
 
         async def piece(i: int, start: int) -> None:
             async with slots:
-                n = min(PIECE, length - start)
+                n = ends[i] - start
                 try:
                     data = await self.fs.read(fh, off + start, n)  # verified by the store
                     if data:
@@ -330,7 +336,7 @@ class Connection:
         done = 0
         for i, start in enumerate(starts):
             done += got[i]
-            if got[i] < min(PIECE, length - start):
+            if got[i] < ends[i] - start:
                 break
         return wire.U64.pack(done)
 
