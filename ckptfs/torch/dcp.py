@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from ..client import DirectClient, DirectFile, DirectWriteStream, connect
 
-MEMORY = 16 << 20  # shared memory per client: one WRITE per 16 MiB written
+MEMORY = 64 << 20  # shared memory per client: a WRITE or READ moves up to 4 chunks of 16 MiB
 READ_BUFFER = 1 << 20  # torch.load reads zip headers in small pieces
 
 
