@@ -20,7 +20,7 @@ import pytest
 from tests.faults.test_faults import all_chunk_files
 from tests.mount.test_namespaces import OWNER, STRANGER, made, ns_mounted
 from tests.mount.test_posix_perms import CHILD_PYTHON, as_user, needs_root
-from tests.support.mountutil import Mount, wait_until
+from tests.support.mountutil import Mount, run_cli, wait_until
 
 from ckptfs.client import DirectClient, connect, discover, find_socket
 
@@ -144,8 +144,11 @@ def test_a_client_killed_mid_write_commits_nothing(direct_mount: Mount) -> None:
                "uncommitted" in direct_mount.log, what="the daemon released the handles")
     assert (mp / "old.bin").read_bytes() == old
     assert (mp / "new.bin").stat().st_size == 0  # created (as a FUSE create is), no data
-    # Not committed later either: the unmount's drain of open files finds nothing.
+    # Not committed later either: the unmount's drain of open files finds nothing. The
+    # whole chunks the daemon had stored for it were collected: no frame is left behind.
     direct_mount.stop()
+    res = run_cli("fsck", "--state-dir", str(direct_mount.state_dir), "--verify", timeout=180)
+    assert res.returncode == 0 and "fsck: clean" in res.stdout, res.stdout + res.stderr
     direct_mount.start()
     assert (mp / "old.bin").read_bytes() == old
     assert (mp / "new.bin").stat().st_size == 0
