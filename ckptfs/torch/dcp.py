@@ -6,7 +6,6 @@ threads each write one file at a time), so streams never share shared memory."""
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import threading
@@ -78,67 +77,16 @@ class DirectWriter(FileSystemWriter):
 
 
 class DirectReader(FileSystemReader):
-    """``FileSystemReader`` whose files are read through the direct path. Each item is
-    read whole (``_slice_file``): its chunks in one READ, fetched by the daemon at once,
-    and torch.load parses it in memory, instead of reading the file view in 1 MiB pieces
-    that jump to the item's zip directory at its end and back (each jump a READ that
-    waits for a chunk, and a break in the daemon's sequential readahead)."""
+    """``FileSystemReader`` whose files are read through the direct path."""
 
     def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.fs = DirectFileSystem(path)
 
-    def _slice_file(self, file: Any, sinfo: Any) -> IO[bytes]:
-        raw = getattr(file, "raw", None)
-        if not isinstance(raw, DirectFile):  # the mount's file (no socket)
-            return cast(IO[bytes], super()._slice_file(file, sinfo))
-        buf = bytearray(sinfo.length)
-        got = raw.client.preadinto(raw.handle, buf, sinfo.offset)
-        if got != sinfo.length:
-            raise OSError(errno.EIO, f"an item of {sinfo.length} bytes at {sinfo.offset} "
-                          "is past the end of its file")
-        return cast(IO[bytes], _Item(buf))
-
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self.fs = DirectFileSystem(checkpoint_id)
         super().reset(checkpoint_id)
-
-
-class _Item(io.RawIOBase):
-    """A seekable binary file over bytes already read (no copy of them, as BytesIO of a
-    bytearray would make)."""
-
-    def __init__(self, buf: bytearray) -> None:
-        super().__init__()
-        self.view, self.pos = memoryview(buf), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self.view) - self.pos))
-        out[:n] = self.view[self.pos: self.pos + n]
-        self.pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self.view) if size is None or size < 0 else self.pos + size
-        out = bytes(self.view[self.pos: end])  # one copy (RawIOBase's read makes two)
-        self.pos += len(out)
-        return out
-
-    def seek(self, off: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: len(self.view)}[whence]
-        self.pos = base + off
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
 
 
 def open_read(path: str | os.PathLike[str]) -> IO[bytes]:
