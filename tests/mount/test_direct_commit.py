@@ -21,9 +21,12 @@ import pytest
 from tests.conftest import TEST_MOUNT_ARGS
 from tests.mount.test_audit import export
 from tests.mount.test_quotas import project, quota_config, used
+from tests.support import encryption as enc
 from tests.support.mountutil import Mount, mounted, run_cli, wait_until
 
 from ckptfs.client import DirectClient, connect, find_socket
+from ckptfs.codec import frame
+from ckptfs.codec.seal import Cipher
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -170,3 +173,31 @@ def test_a_client_scribbling_on_its_memory_during_a_write_cannot_corrupt_a_chunk
     mount.stop()
     res = run_cli("fsck", "--state-dir", str(mount.state_dir), "--verify", timeout=180)
     assert res.returncode == 0 and "fsck: clean" in res.stdout, res.stdout + res.stderr
+
+
+def test_whole_chunks_through_the_socket_are_sealed_in_an_encrypted_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    monkeypatch.setenv("CKPTFS_RUNTIME_DIR", str(run))
+    kek_path, _kek = enc.kek_file(tmp_path / "keys" / "kek")
+    cfg = enc.config(tmp_path / "ckptfs.toml", kek_path)
+    data = enc.marked(3 * MiB + 4321)  # 12 whole chunks and a tail
+    with mounted(tmp_path, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
+        wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
+        (m.mountpoint / "proj-a").mkdir(mode=0o777)
+        path = m.mountpoint / "proj-a" / "w.bin"
+        with client_of(m) as c:
+            c.write_file(path, data)
+        assert path.read_bytes() == data
+        raw = enc.frames(m.locals)
+        cat = enc.open_catalog(m.state_dir)
+        try:
+            ids = enc.chunk_ids(cat, path)
+        finally:
+            cat.close()
+    assert len(ids) == 13
+    for k in ids:
+        assert frame.parse_header(raw[k]).cipher == Cipher.AES256GCM, k
+        assert enc.MARKER not in raw[k], f"plaintext in sealed frame {k[:16]}"
