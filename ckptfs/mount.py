@@ -39,6 +39,7 @@ from .daemon.restore import (
     tier_record,
 )
 from .daemon.services import running
+from .direct.server import DirectServer
 from .errors import (
     EXIT_USAGE,
     CkptfsError,
@@ -392,6 +393,7 @@ async def _serve(
         ra_kb = READ_AHEAD_KB if daemon.fs.page_push is None else READ_AHEAD_PUSH_KB
         nursery.start_soon(_after_init, mountpoint, on_ready, ra_kb)
         nursery.start_soon(service.watchdog)
+        nursery.start_soon(_serve_direct, daemon, mountpoint)
         await pyfuse3.main(min_tasks=4, max_tasks=64)  # FUSE stops first: the unmount
         service.notify("STOPPING=1", f"STATUS=unmounted from {mountpoint}; committing open files")
 
@@ -411,6 +413,15 @@ async def _after_init(
         service.notify("READY=1", f"STATUS=serving {mountpoint}")
     tune_read_ahead(mountpoint, ra_kb)
     on_ready(None)
+
+
+async def _serve_direct(daemon: Daemon, mountpoint: Path) -> None:
+    """The direct data path's socket (docs/direct-path.md); without it clients use the
+    mount. Its data copies run under the store's I/O limiter."""
+    try:
+        await DirectServer(daemon.fs, daemon.store.limiters.io).serve(mountpoint)
+    except OSError as exc:  # e.g. a runtime dir this user may not write: not a fault
+        log.info("direct path unavailable (clients use the mount): %s", exc)
 
 
 async def _watch_signals() -> None:

@@ -12,12 +12,16 @@ the barrier before it to the last rank's return (CLOCK_MONOTONIC is shared by pr
     dropped first (plain: sync + drop_caches; ckptfs: unmount, drop_caches, mount, as
     bench.py's cold reads). Every tensor is compared with the saved one after the clock.
     nullfs is left out: its reads are zeros.
+    "direct" (both steps): the ckptfs mount's daemon through its direct socket and shared
+    memory (ckptfs.torch DirectWriter/DirectReader, docs/direct-path.md); a plugin that
+    found no socket fails the step rather than measure the mount under that name.
 (3) a new node's cold load from the bucket alone, against a real SeaweedFS on 127.0.0.1:
     the checkpoint saved through a ckptfs node with the remote tier, ``ckptfs sync``, that
     node unmounted; a NEW node (empty state dir and tiers, the catalog restored from the
     bucket at mount) loads it through its mount; against AWS s3torchconnector's DCP
     ``S3StorageReader`` reading the same state saved with its ``S3StorageWriter`` to the same
-    SeaweedFS. Both loads verified tensor by tensor after the clock.
+    SeaweedFS. Both loads verified tensor by tensor after the clock. With the direct path,
+    a second new node loads the same checkpoint through ckptfs.torch's DirectReader.
 
 Targets rotate order every pass; each step's median over --repeat passes with its range.
 Next to every rate: the serving daemon's CPU s/GB, its busiest thread's s/GB (benchio's
@@ -100,6 +104,10 @@ def _writer(kind: str, where: str, endpoint: str) -> Any:
 
     if kind == "fs":
         return dcp.FileSystemWriter(where)  # defaults: a file per rank, fsync
+    if kind == "direct":
+        from ckptfs.torch import DirectWriter
+
+        return _direct(DirectWriter(where))  # the same defaults, through the socket
     from s3torchconnector.dcp import S3StorageWriter
 
     w = S3StorageWriter(REGION, where)
@@ -113,12 +121,24 @@ def _reader(kind: str, where: str, endpoint: str) -> Any:
 
     if kind == "fs":
         return dcp.FileSystemReader(where)
+    if kind == "direct":
+        from ckptfs.torch import DirectReader
+
+        return _direct(DirectReader(where))
     from s3torchconnector.dcp import S3StorageReader
 
     r = S3StorageReader(REGION, where)
     r.fs = _s3_fs(endpoint, r._reader_constructor)  # its default: the DCP-optimized reader
     r.path = r.fs.init_path(where)
     return r
+
+
+def _direct(plugin: Any) -> Any:
+    """A ckptfs.torch writer or reader that found the socket: one that fell back to the
+    mount would measure the mount under the direct path's name."""
+    if not plugin.fs.direct:
+        raise BenchError("ckptfs.torch found no direct socket (it fell back to the mount)")
+    return plugin
 
 
 def _build_state(rank: int, mib: int) -> dict[str, Any]:
@@ -315,7 +335,11 @@ def timed(ranks: Ranks, res: Results, key: str, cmd: str, daemon: int | None,
     th0 = thread_cpu_seconds(daemon)
     sw0, rk0 = cpu_seconds(seaweed), ranks.cpu()
     spans = ranks.call(cmd, **args)
-    busy = busiest_thread(th0, thread_cpu_seconds(daemon))
+    th1 = thread_cpu_seconds(daemon)
+    busy = busiest_thread(th0, th1)
+    trio = None  # the main thread: pyfuse3's trio loop (the direct path's requests too)
+    if th0 is not None and th1 is not None and daemon in th0 and daemon in th1:
+        trio = th1[daemon][1] - th0[daemon][1]
     name = None
     if busy is not None:  # the main thread (tid == pid) runs pyfuse3's trio loop
         name = busy.busiest_name + (" (main)" if busy.busiest_tid == daemon else " (worker)")
@@ -323,12 +347,14 @@ def timed(ranks: Ranks, res: Results, key: str, cmd: str, daemon: int | None,
     secs = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
     res.add(key, seconds=secs, ranks_cpu=rk1 - rk0,
             daemon_cpu=None if busy is None else busy.total,
-            busiest=None if busy is None else busy.busiest_s,
+            busiest=None if busy is None else busy.busiest_s, trio=trio,
             busiest_name=name,
             seaweed_cpu=None if sw0 is None or sw1 is None else sw1 - sw0)
     gb = res.nbytes / 1e9
     extra = "" if busy is None else (f"; daemon {busy.total / gb:.2f} s/GB, busiest thread "
                                      f"{name!r} {busy.busiest_s / gb:.2f} s/GB")
+    if trio is not None:
+        extra += f", trio thread {trio / gb:.2f} s/GB"
     print(f"  {key:<22} {secs:7.2f} s  {gb / secs:6.2f} GB/s{extra}", flush=True)
 
 
@@ -338,27 +364,48 @@ def settle(cold: bool) -> None:
         drop_caches()
 
 
-def local_pass(n: int, ranks: Ranks, res: Results, targets: dict[str, Target]) -> None:
-    """(1) and (2): each target saves (in pass n's order), then each loads cold."""
-    order = rotated(list(targets), n)
+def local_pass(n: int, ranks: Ranks, res: Results, targets: dict[str, Target],
+               direct: bool) -> None:
+    """(1) and (2): each target saves (in pass n's order), then each loads cold. "direct"
+    is the ckptfs target's mount (the same daemon) through ckptfs.torch's DirectWriter
+    and DirectReader."""
+    names = list(targets) + (["direct"] if direct and "ckptfs" in targets else [])
+    order = rotated(names, n)
     where: dict[str, Path] = {}
     for k, name in enumerate(order):
-        t = targets[name]
+        t = targets["ckptfs" if name == "direct" else name]
+        kind = "direct" if name == "direct" else "fs"
         ranks.call("stamp", n=n * 10 + k)  # new bytes per save
         where[name] = t.dir / f"step-{n}-{name}"
         settle(False)
-        timed(ranks, res, f"save {name}", "save", t.daemon_pid(), kind="fs",
+        if kind == "direct":
+            wait_socket(t.dir)
+        timed(ranks, res, f"save {name}", "save", t.daemon_pid(), kind=kind,
               where=str(where[name]), endpoint="")
         if name != "nullfs":
             # the ranks' state now equals this target's checkpoint: load it before the next
             # save restamps; cold (caches dropped, ckptfs remounted)
             t.make_cold()
-            timed(ranks, res, f"load {name}", "load", t.daemon_pid(), kind="fs",
+            if kind == "direct":
+                wait_socket(t.dir)
+            timed(ranks, res, f"load {name}", "load", t.daemon_pid(), kind=kind,
                   where=str(where[name]), endpoint="")
 
 
+def wait_socket(path: Path, timeout: float = 60.0) -> None:
+    """Until the daemon serving ``path`` listens on its direct socket (it binds it once
+    the mount answers: a rank that came first would fall back to the mount)."""
+    from ckptfs.client import find_socket
+
+    deadline = time.monotonic() + timeout
+    while find_socket(path) is None:
+        if time.monotonic() > deadline:
+            raise BenchError(f"no direct socket for {path} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def remote_pass(n: int, base: Path, ranks: Ranks, res: Results, server: SeaweedServer,
-                nodes: list[Node], s3_ok: str | None) -> str | None:
+                nodes: list[Node], s3_ok: str | None, direct: bool) -> str | None:
     """(3): a new ckptfs node's cold load from the bucket vs s3torchconnector's reader.
     Returns why s3torchconnector cannot be measured (None while it works): its failure
     against SeaweedFS is reported and skipped in later passes, not the end of the run."""
@@ -411,6 +458,17 @@ def remote_pass(n: int, base: Path, ranks: Ranks, res: Results, server: SeaweedS
         b.umount()
         nodes.remove(b)
         shutil.rmtree(b.base, ignore_errors=True)
+        if direct:  # another new node (nothing local, catalog from the bucket), direct path
+            c = Node(base / f"node-c-{n}", remote, [])
+            nodes.append(c)
+            settle(True)
+            c.mount()
+            wait_socket(c.mnt)
+            timed(ranks, res, "bucket load direct", "load", c.pid, server.pid, kind="direct",
+                  where=str(c.mnt / "ckpt"), endpoint="")
+            c.umount()
+            nodes.remove(c)
+            shutil.rmtree(c.base, ignore_errors=True)
     return s3_ok
 
 
@@ -435,26 +493,27 @@ def cells(res: Results, key: str) -> list[str]:
     d = per_gb(row.get("daemon_cpu", []), res.nbytes)
     b = per_gb(row.get("busiest", []), res.nbytes)
     c = ceiling_gbps(b)
+    t = per_gb(row.get("trio", []), res.nbytes)
     sw = per_gb(row.get("seaweed_cpu", []), res.nbytes)
     rk = per_gb(row.get("ranks_cpu", []), res.nbytes)
 
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-    return [fmt_seconds(secs), rate, f(d), f(b), f(c), f(sw), f(rk)]
+    return [fmt_seconds(secs), rate, f(d), f(b), f(c), f(t), f(sw), f(rk)]
 
 
 def report(res: Results, pairs: list[tuple[str, str, str]]) -> None:
     gb = res.nbytes / 1e9
     print(f"\n| step ({gb:.2f} GB) | median (range) | GB/s | daemon CPU s/GB | busiest thread "
-          f"s/GB | ceiling GB/s | SeaweedFS CPU s/GB | ranks CPU s/GB |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"s/GB | ceiling GB/s | trio thread s/GB | SeaweedFS CPU s/GB | ranks CPU s/GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in res.rows:
         if "seconds" in res.rows[key] and "ranks_cpu" in res.rows[key]:
             print("| " + " | ".join([key, *cells(res, key)]) + " |")
     for key in res.rows:
         if "ranks_cpu" not in res.rows[key]:
-            print(f"| {key} | {fmt_seconds(res.rows[key]['seconds'])} | | | | | | |")
+            print(f"| {key} | {fmt_seconds(res.rows[key]['seconds'])} | | | | | | | |")
     # per pass: both steps ran in the same pass, minutes apart at most (this machine's load
     # swings between passes; a median of ratios and a ratio of medians can differ)
     print("\n| ratio (throughput) | of the medians | per pass |\n|---|---|---|")
@@ -475,10 +534,14 @@ PAIRS = [
     ("save: ckptfs / plain", "save plain", "save ckptfs"),
     ("save: nullfs / plain", "save plain", "save nullfs"),
     ("load cold: ckptfs / plain", "load plain", "load ckptfs"),
+    ("save: direct / plain", "save plain", "save direct"),
+    ("load cold: direct / plain", "load plain", "load direct"),
     ("save: base / plain (--base-code)", "save plain", "save base"),
     ("load cold: base / plain (--base-code)", "load plain", "load base"),
     ("new node's load from the bucket: ckptfs / s3torchconnector", "bucket load s3torch",
      "bucket load ckptfs"),
+    ("new node's load from the bucket: direct / s3torchconnector", "bucket load s3torch",
+     "bucket load direct"),
     ("durable in the bucket: ckptfs save + `ckptfs sync` / s3torchconnector save",
      "bucket save s3torch", "bucket durable ckptfs"),
 ]
@@ -497,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 x 64 MiB")
     ap.add_argument("--only", default="local,remote", help="local, remote or both")
     ap.add_argument("--no-nullfs", action="store_true")
+    ap.add_argument("--no-direct", action="store_true",
+                    help="leave out the direct path (ckptfs.torch through the daemon's socket)")
     ap.add_argument("--dir", type=Path, default=None, help="base dir (default /work)")
     ap.add_argument("--json", type=Path, default=None, metavar="OUT")
     ap.add_argument("--base-code", type=Path, default=None, metavar="DIR",
@@ -575,9 +640,10 @@ def run_all(args: argparse.Namespace, base: Path, mib: int, res: Results) -> str
         for n in range(1, args.repeat + 1):
             print(f"== pass {n}/{args.repeat}", flush=True)
             if targets:
-                local_pass(n, ranks, res, targets)
+                local_pass(n, ranks, res, targets, not args.no_direct)
             if server is not None:
-                s3_ok = remote_pass(n, base, ranks, res, server, nodes, s3_ok)
+                s3_ok = remote_pass(n, base, ranks, res, server, nodes, s3_ok,
+                                    not args.no_direct)
         if s3_ok:
             print(f"s3torchconnector not measured: {s3_ok}")
     except (BenchError, OSError, subprocess.SubprocessError) as exc:

@@ -14,7 +14,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
@@ -27,6 +27,7 @@ from ..checkpoints.events import FsEvent
 from ..chunks.service import FrontEndChunks
 from ..chunks.tierview import TierView
 from ..codec.frame import Buffer
+from ..codec.staged import Staged
 from ..config import policy_for
 from ..errors import CkptfsError, NoSpace
 from ..service import syncfs_all
@@ -118,6 +119,25 @@ class FileIO:
         return await h.file.read(off, size, cached=not h.direct_io, stream=fh)
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
+        h = await self._writing(fh)
+        n = await h.file.write(off, data)
+        await self._wrote(h)
+        return n
+
+    async def write_chunk(
+        self, fh: int, idx: int, fill: Callable[[Staged], Awaitable[None]]
+    ) -> bool:
+        """A write of one whole chunk that ``fill`` stages (the direct path): the same
+        checks, events and chunk write as ``write`` (OpenFile.write_whole). False:
+        nothing is staged here, nothing was written."""
+        h = await self._writing(fh)
+        if not await h.file.write_whole(idx, fill):
+            return False
+        await self._wrote(h)
+        return True
+
+    async def _writing(self, fh: int) -> Handle:
+        """A handle about to write: open for writing, its file's setid bits dropped."""
         h = self.opens.handle(fh)
         if (h.flags & os.O_ACCMODE) == os.O_RDONLY:
             raise CkptfsError("file not open for writing", errno=errno.EBADF)
@@ -126,13 +146,14 @@ class FileIO:
         if h.caller_uid != 0 and h.file.inode.mode & SETID:
             await self.setid.written(h.file.ino, h.file.inode.mode)
         h.file.writer = (h.caller_uid, h.caller_pid)
-        n = await h.file.write(off, data)
+        return h
+
+    async def _wrote(self, h: Handle) -> None:
         if not h.wrote:
             h.wrote = True  # one event per handle, not per write
             if self.tracker is not None:
                 path = await self.file_path(h)
                 self.tracker.push(FsEvent("write", path, time.time_ns(), size=h.file.size))
-        return n
 
     async def flush(self, fh: int) -> None:
         """close(2) of a handle that changed the file (wrote, or opened it with O_TRUNC),

@@ -12,7 +12,7 @@ import functools
 import logging
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -24,7 +24,7 @@ from ..catalog.protocols import QuotaCatalog
 from ..checkpoints.events import FsEvent
 from ..chunks.service import FrontEndChunks
 from ..codec.frame import Buffer
-from ..codec.staged import StagePool
+from ..codec.staged import Staged, StagePool
 from ..errors import (
     InvalidArgument,
     IsADirectory,
@@ -632,6 +632,11 @@ class Filesystem:
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
         return await self.io.write(fh, off, data)
+
+    async def write_chunk(
+        self, fh: int, idx: int, fill: Callable[[Staged], Awaitable[None]]
+    ) -> bool:
+        return await self.io.write_chunk(fh, idx, fill)
 
     async def flush(self, fh: int) -> None:
         await self.io.flush(fh)

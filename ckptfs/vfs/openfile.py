@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -25,6 +25,7 @@ from ..catalog import ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..chunks.commit import FileVersion
 from ..chunks.residency import Locations
+from ..codec.staged import Staged
 from ..errors import CkptfsError, FileTooLarge, QuotaExceeded
 from ..supervise import failed, inject
 from .chunkbuffer import STAGE_MIN, Buffer, ChunkBuffer
@@ -203,16 +204,7 @@ class OpenFile:
         async with self.lock:
             if self.failed is not None:
                 raise self.failed
-            if self.account is not None:
-                try:
-                    await self.account.grow(off + n)
-                except QuotaExceeded as exc:
-                    # The version cannot be complete: none of it may be committed, and
-                    # the room it held is free for other writers at once.
-                    self.failed = exc
-                    self.account.release()
-                    await self._refused(f"write at {off} (+{n})", exc)
-                    raise
+            await self._grow(off + n, f"write at {off} (+{n})")
             pos, end = off, off + n
             while pos < end:
                 idx, within = divmod(pos, self.cs)
@@ -223,6 +215,55 @@ class OpenFile:
                 pos += piece
             self._touch()
             return n
+
+    async def _grow(self, end: int, what: str) -> None:
+        """The namespace's quota takes a file that reaches ``end`` (under ``lock``)."""
+        if self.account is None:
+            return
+        try:
+            await self.account.grow(end)
+        except QuotaExceeded as exc:
+            # The version cannot be complete: none of it may be committed, and the room
+            # it held is free for other writers at once.
+            self.failed = exc
+            self.account.release()
+            await self._refused(what, exc)
+            raise
+
+    async def write_whole(self, idx: int, fill: Callable[[Staged], Awaitable[None]]) -> bool:
+        """Chunk ``idx`` becomes one whole chunk of bytes that ``fill`` puts into an empty
+        staged buffer (the direct path: a kernel copy out of its client's memory, in a
+        worker thread), as if they were written there; it goes to the store at once. The
+        same chunk write, quota and commit as the FUSE path's, none of its per-byte work
+        on the trio thread. False: this filesystem stages nothing (nothing was done)."""
+        if self.svc.stages is None:
+            return False
+        off = idx * self.cs
+        if off + self.cs > MAX_FILE_SIZE:
+            raise FileTooLarge(f"write at {off}: past the largest file size, {MAX_FILE_SIZE}")
+        await self.svc.budget.acquire(self.cs)
+        staged = self.svc.stages.take()
+        taken = False
+        try:
+            await fill(staged)
+            async with self.lock:
+                if self.failed is not None:
+                    raise self.failed
+                await self._grow(off + staged.length, f"write at {off} (+{staged.length})")
+                old = self.dirty.pop(idx, None)
+                if old is not None:  # an earlier partial write of it: replaced whole
+                    self._drop(old)
+                    self.svc.budget.release(self.cs)
+                self.dirty[idx] = ChunkBuffer(staged=staged)
+                taken = True
+                self.size = max(self.size, off + staged.length)
+                self._dispatch(idx)
+                self._touch()
+        finally:
+            if not taken:
+                self.svc.stages.give(staged)
+                self.svc.budget.release(self.cs)
+        return True
 
     def _put(self, buf: ChunkBuffer, idx: int, within: int, data: Buffer) -> None:
         """``data`` into chunk ``idx`` at ``within``; a chunk written to its end is full and
