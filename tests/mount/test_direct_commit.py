@@ -186,7 +186,7 @@ def test_whole_chunks_through_the_socket_are_sealed_in_an_encrypted_namespace(
     data = enc.marked(3 * MiB + 4321)  # 12 whole chunks and a tail
     with mounted(tmp_path, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
         wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
-        (m.mountpoint / "proj-a").mkdir(mode=0o777)
+        assert (m.mountpoint / "proj-a").is_dir()  # the namespace's root, made at mount
         path = m.mountpoint / "proj-a" / "w.bin"
         with client_of(m) as c:
             c.write_file(path, data)
