@@ -205,7 +205,9 @@ class ChunkWriter:
         copying and comparing them in the tier, read the cold parts from memory twice."""
         if isinstance(data, Staged):
             parts: Sequence[frame.Buffer] = (data.body(),)
-            return data, parts, frame.digest_of_parts(parts)
+            # An encrypted namespace's chunk id is keyed (codec/seal.py), staged or not.
+            digest = frame.digest_of_parts(parts) if key is None else key.chunk_id(parts)
+            return data, parts, digest
         if key is not None:
             return None, data, key.chunk_id(data)  # keyed id (codec/seal.py), sealed later
         n = sum(len(p) for p in data)

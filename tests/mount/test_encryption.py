@@ -229,3 +229,28 @@ def test_a_namespace_past_its_expiry_is_shredded_by_the_daemon(
         enc.write(m.mountpoint / "proj-a/g.bin", data)
         os.sync()
     assert info.value.errno == errno.EIO
+
+
+def test_an_overwritten_chunk_of_an_encrypted_file_is_sealed_under_its_keyed_id(
+    ckpt_factory: CkptFactory, tmp_path: Path,
+) -> None:
+    """A chunk written again before it is full is staged in place (vfs/chunkbuffer.py);
+    its id must still be the namespace's keyed one, or the committed file is unreadable
+    (a regression of the one-pass save path, found by the direct path's test)."""
+    kek_path, _kek = enc.kek_file(tmp_path / "keys" / "kek")
+    cfg = enc.config(tmp_path / "ckptfs.toml", kek_path)
+    m = ckpt_factory.mount(extra_args=_args(cfg))
+    _layout(m.mountpoint)
+    path = m.mountpoint / "proj-a" / "rewritten.bin"
+    data = bytearray(enc.marked(enc.MiB + 300_000))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data[:400_000])  # chunk 0, not yet full: in memory
+        patch = os.urandom(50_000)
+        os.pwrite(fd, patch, 100_000)  # an overwrite inside it: staged in place
+        data[100_000:150_000] = patch
+        os.pwrite(fd, data[400_000:], 400_000)
+    finally:
+        os.close(fd)
+    ckpt_factory.remount(m)  # nothing cached in the daemon or the kernel
+    assert path.read_bytes() == bytes(data)  # every chunk verified against its keyed id
