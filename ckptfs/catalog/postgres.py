@@ -53,6 +53,7 @@ from .audit import AUDIT_DDL
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
+from .drills import DRILLS_DDL
 from .hooks import CatalogHooks
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
@@ -156,11 +157,16 @@ def _roots_as_bytes(c: Conn) -> None:
                   "USING convert_to(root, 'UTF8')")
 
 
+def _add_drills(c: Conn) -> None:
+    """Schema 10: drills (drills.DRILLS_DDL)."""
+    _run_ddl(c, DRILLS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
 MIGRATIONS: dict[int, Callable[[Conn], None]] = {
     3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves, 7: _add_claims,
-    8: _roots_as_bytes,
+    8: _roots_as_bytes, 9: _add_drills,
 }
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")

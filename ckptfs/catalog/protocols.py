@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from .drills import DrillCatalog
 from .hooks import CatalogHooks
 from .roles_chunks import DeletionQueue, MoveCatalog, ReplicaCatalog, UploadQueue, WantCatalog
 from .roles_files import CheckpointCatalog, ContentsCatalog, MetaCatalog, NamespaceCatalog
@@ -28,6 +29,7 @@ from .roles_nodes import AuditCatalog, ExclusiveLock, KeyCatalog, QuotaCatalog, 
 
 __all__ = [
     "AuditCatalog", "Catalog", "CheckpointCatalog", "ContentsCatalog", "DeletionQueue",
+    "DrillCatalog",
     "ExclusiveLock", "KeyCatalog", "MetaCatalog", "MoveCatalog", "NamespaceCatalog",
     "QuotaCatalog", "ReplicaCatalog", "SessionCatalog", "UploadQueue", "WantCatalog",
 ]
@@ -36,7 +38,7 @@ __all__ = [
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue,
     CheckpointCatalog, MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog,
-    AuditCatalog, KeyCatalog, Protocol,
+    AuditCatalog, KeyCatalog, DrillCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

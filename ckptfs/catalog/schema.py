@@ -14,6 +14,7 @@ from ..errors import InvalidArgument
 from .audit import AUDIT_DDL
 from .claims import CLAIMS_DDL
 from .conn import Conn
+from .drills import DRILLS_DDL
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
 from .quotas import QUOTAS_DDL
@@ -31,9 +32,9 @@ __all__ = [
 # 4: the node sessions' tables sessions and open_handles (sessions.py); 5: chunk_wants
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
 # (keys.py); 7: chunk_moves (moves.py); 8: deletion_claims (claims.py); 9: checkpoints.root
-# holds the bytes of the path (ckptfs/names.py). Every engine stores this layout (the remote
-# snapshot is a SQLite file of it).
-SCHEMA_VERSION = 9
+# holds the bytes of the path (ckptfs/names.py); 10: drills (drills.py). Every engine stores
+# this layout (the remote snapshot is a SQLite file of it).
+SCHEMA_VERSION = 10
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -138,6 +139,7 @@ CREATE TABLE IF NOT EXISTS deletions (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """ + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL + CLAIMS_DDL
+SCHEMA += DRILLS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables, nor chunk_wants, chunk_moves and deletion_claims: a restore from the snapshot is

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .checkpoints import patterns_from_config, policies_from_config
+from .drill import drill_from_config
 from .governance import check_governance, governance_from_config, namespace_retention
 from .model import (
     CATALOG_SCHEMES,
@@ -88,7 +89,7 @@ _TOP_KEYS = {
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "page_cache_push", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
-    "write_behind", "namespace", "access", "keys", "audit",
+    "write_behind", "namespace", "access", "keys", "audit", "drill",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -202,6 +203,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         metrics=MetricsConfig(address=metrics_address),
         catalog=catalog,
         governance=governance,
+        drill=drill_from_config(data),
         source=source,
     )
 
