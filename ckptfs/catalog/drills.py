@@ -96,8 +96,8 @@ class DrillCatalog(Protocol):
         """The newest drills (of ``run``; None: of every run), newest first."""
         ...
 
-    def last_drills(self) -> list[DrillRow]:
-        """The newest drill of each run, by run."""
+    def last_drills(self, result: str | None = None) -> list[DrillRow]:
+        """The newest drill of each run (that ended with ``result``; None: any), by run."""
         ...
 
 
@@ -126,7 +126,9 @@ class DrillsSql(AuditSql):
                                "LIMIT ?", (run, limit))
         return [_row(r) for r in rows]
 
-    def last_drills(self) -> list[DrillRow]:
+    def last_drills(self, result: str | None = None) -> list[DrillRow]:
+        where, params = ("", ()) if result is None else ("WHERE result=? ", (result,))
         rows = self._query(f"SELECT id, {_COLS} FROM drills WHERE id IN "
-                           "(SELECT max(id) FROM drills GROUP BY run) ORDER BY run")
+                           f"(SELECT max(id) FROM drills {where}GROUP BY run) ORDER BY run",
+                           params)
         return [_row(r) for r in rows]

@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 from ..catalog import CheckpointRow, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.protocols import AuditCatalog
-from ..errors import InvalidArgument, NotPermitted
+from ..errors import InvalidArgument, NotPermitted, NotSupported
 from .access import Access
 from .context import RequestContext
 from .listing import ListingCatalog, listing, page_after
@@ -33,7 +33,8 @@ T = TypeVar("T")
 XATTR_TAG = b"user.ckptfs.tag"
 XATTR_GC = b"user.ckptfs.gc"
 XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
-CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH)
+XATTR_DRILL = b"user.ckptfs.drill"  # a restore drill of a run (ckptfs/drill/)
+CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH, XATTR_DRILL)
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTRS = (XATTR_STATE, XATTR_RECORD)
@@ -68,6 +69,17 @@ class GcRunner(Protocol):
     async def wait(self, ticket: int) -> object: ...
 
 
+class DrillRunner(Protocol):
+    """Restore drills on request (``user.ckptfs.drill``; drill/service.py DrillService):
+    ``request`` takes the caller's uid and gid, its pid and the xattr's value."""
+
+    async def request(self, ino: int, caller: tuple[int, int], pid: int, value: bytes) -> int: ...
+
+    def served_ticket(self, ticket: int) -> bool: ...
+
+    async def wait(self, ticket: int) -> bytes: ...
+
+
 class ControlXattrs:
     """The ``user.ckptfs.*`` names of every inode. ``getattr``: an inode's attributes (as
     the filesystem answers them); ``stage``: copies a file's remote-only chunks to a
@@ -76,6 +88,7 @@ class ControlXattrs:
     def __init__(
         self, catalog: ControlCatalog, db: Db, gc: GcRunner, access: Access,
         getattr: Callable[[int], Awaitable[Inode]], stage: Callable[[int], Awaitable[None]],
+        drill: DrillRunner | None = None,
     ) -> None:
         self.catalog = catalog
         self.db = db
@@ -86,6 +99,8 @@ class ControlXattrs:
         # The gc pass each directory last asked for (``user.ckptfs.gc``): set returns at
         # once, a getxattr of the same name waits for the pass (no kernel lock held).
         self._gc_tickets: dict[int, int] = {}
+        self.drill = drill
+        self._drill_tickets: dict[int, int] = {}  # the same for ``user.ckptfs.drill``
 
     async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
         path = await self.db(self.catalog.path_of, ino)
@@ -98,6 +113,8 @@ class ControlXattrs:
         listing's pages, the report of a gc pass. None: no such attribute."""
         if name == XATTR_GC:
             return await self._gc_done(ino, ctx)
+        if name == XATTR_DRILL:
+            return await self._drill_done(ino)
         after = page_after(name)
         if after is not None:  # the checkpoints under a directory (vfs/listing.py)
             visible = await self.access.viewer(ctx)
@@ -136,6 +153,9 @@ class ControlXattrs:
                                 if not self.gc.served_ticket(t)}
             self._gc_tickets[ino] = max(ticket, self._gc_tickets.get(ino, 0))
             return
+        if name == XATTR_DRILL:
+            await self._drill_request(ino, value, caller)
+            return
         if name == XATTR_PREFETCH:
             await self._stage(ino)
             # Once staged (what a prefetch changes is replica rows, many transactions).
@@ -151,6 +171,25 @@ class ControlXattrs:
             "tag", uid=caller.uid, pid=caller.pid))
         if not await self.db(tagged, path, tag):
             raise InvalidArgument(f"{path} is not a known checkpoint")
+
+    async def _drill_request(self, ino: int, value: bytes, caller: RequestContext) -> None:
+        """``user.ckptfs.drill`` (``ckptfs drill RUN_DIR``): a drill is asked, not waited
+        for (the kernel holds the inode locked for the whole setxattr); a getxattr of it
+        waits for the report."""
+        if self.drill is None:
+            raise NotSupported("restore drills are not served by this daemon")
+        ticket = await self.drill.request(ino, (caller.uid, caller.gid), caller.pid, value)
+        self._drill_tickets = {i: t for i, t in self._drill_tickets.items()
+                               if not self.drill.served_ticket(t) or i == ino}
+        self._drill_tickets[ino] = ticket
+
+    async def _drill_done(self, ino: int) -> bytes:
+        """``getxattr user.ckptfs.drill``: the report (JSON) of the drill the last setxattr
+        of it on this inode asked for, once it has run ({} if none was asked)."""
+        ticket = self._drill_tickets.get(ino)
+        if ticket is None or self.drill is None:
+            return b"{}"
+        return await self.drill.wait(ticket)
 
     async def _gc_done(self, ino: int, caller: RequestContext) -> bytes:
         """``getxattr user.ckptfs.gc``: wait for the pass the last ``setxattr`` of it on

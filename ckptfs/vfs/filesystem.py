@@ -133,7 +133,7 @@ class Filesystem:
             setid=self.setid, signals=self.signals, invalidate=self.invalidate)
         # ckptfs's own xattrs: checkpoint state and the control commands.
         self.control = ControlXattrs(catalog, self.db, peers.gc, self.access, self.getattr,
-                                     self.stage_file)
+                                     self.stage_file, peers.drill)
         self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
                                    open_files)
         self.removal = TreeRemoval(self, self.invalidate_entry)

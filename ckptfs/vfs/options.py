@@ -13,7 +13,7 @@ from ..checkpoints.fence import SignalFence
 from ..chunks.tierview import TierView
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig
 from .access import Access
-from .control import GcRunner
+from .control import DrillRunner, GcRunner
 from .openrows import SessionId
 from .pagepush import PagePush
 from .quota import Quotas
@@ -64,6 +64,7 @@ class FsPeers:
     gc: GcRunner
     tracker: EventSink | None = None
     session: SessionId | None = None
+    drill: DrillRunner | None = None  # restore drills (``user.ckptfs.drill``); None: none
 
 
 @dataclass(frozen=True)
