@@ -54,12 +54,16 @@ def configured_runs(config: str | None, state_dir: str | None) -> list[Path]:
 
 
 def ask(path: Path, who: tuple[int, int] | None) -> dict[str, Any]:
-    """One drill of ``path`` through its mount: the daemon's report."""
-    live.inside_mount(path)  # a ckptfs mount with a live daemon, or InvalidArgument
-    value = b"{}" if who is None else json.dumps({"as": list(who)}).encode()
-    os.setxattr(path, XATTR_DRILL, value)
-    report = json.loads(os.getxattr(path, XATTR_DRILL))
-    return dict(report)
+    """One drill of ``path`` through its mount: the daemon's report. A user asks on the
+    run directory (its owner); root on the mount's root, naming the run (a namespace's
+    directories need not let root in)."""
+    mnt, _, inner = live.inside_mount(path)  # a live ckptfs mount, or InvalidArgument
+    req: dict[str, Any] = {} if who is None else {"as": list(who)}
+    where = path
+    if os.geteuid() == 0:
+        req["run"], where = inner, mnt
+    os.setxattr(where, XATTR_DRILL, json.dumps(req).encode())
+    return dict(json.loads(os.getxattr(where, XATTR_DRILL)))
 
 
 def _line(path: Path, r: dict[str, Any]) -> str:

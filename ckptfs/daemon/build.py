@@ -290,13 +290,14 @@ def _drill_access(access: Access) -> AccessCheck:
 
 
 def _drill_service(catalog: Catalog, tiers: Sequence[Tier], s: _Shared, sec: Sections,
-                   chunk_size: int, access: Access, node: str) -> DrillService:
+                   chunk_size: int, access: Access, uploader: Uploader, node: str) -> DrillService:
+    """A save, as the upload queue defers to it (chunk buffers in memory, or a stream of
+    commits), is what a drill yields to."""
     scratch = sec.drill.scratch or Path(tempfile.gettempdir()) / f"ckptfs-drill-{os.getuid()}"
-    budget = s.budget
     return DrillService(
         catalog, s.db_limiter, [t for t in tiers if t.kind != "local"], sec.drill, scratch,
         chunk_size, sec.governance, _drill_access(access),
-        SaveGate(saving=lambda: budget.used > 0, save_over=budget.wait_empty),
+        SaveGate(saving=uploader.saving, save_over=uploader.wait_save_over),
         sink=DrillMetrics(), node=node)
 
 
@@ -339,7 +340,7 @@ def build(
     )
     refusals = Refusals(catalog, gov.audit.refusal_window_s)  # refused access, for the audit
     access = Access(gov, catalog, s.db_limiter, refusals=refusals)
-    drill = _drill_service(catalog, tiers, s, sec, chunk_size, access, w.node)
+    drill = _drill_service(catalog, tiers, s, sec, chunk_size, access, uploader, w.node)
     fs = _filesystem(catalog, s, chunk_size, _Parts(store, uploader, gc, tracker, drill), sec,
                      kernel, session, access, shared)
     high = sec.retention.local_high_watermark

@@ -17,19 +17,33 @@ class Principal:
     gid: int
 
 
-def asked_principal(value: bytes) -> Principal | None:
-    """The value of ``user.ckptfs.drill``: empty or ``{}`` (the default principal) or
-    ``{"as": [UID, GID]}``."""
+@dataclass(frozen=True)
+class Asked:
+    """The value of ``user.ckptfs.drill``: ``{}``, with ``"as": [UID, GID]`` (root only)
+    and, set on the mount's root, ``"run": PATH`` (root's drills of any run: a namespace's
+    directories do not let root in, and a drill must not need them to)."""
+
+    run: str | None = None
+    principal: Principal | None = None
+
+
+def parse_asked(value: bytes) -> Asked:
     text = value.decode(errors="replace").strip()
     if not text:
-        return None
+        return Asked()
     try:
         req = json.loads(text)
     except ValueError:
         raise InvalidArgument(f"user.ckptfs.drill: expected JSON, got {text[:40]!r}") from None
-    if not isinstance(req, dict) or set(req) - {"as"}:
-        raise InvalidArgument('user.ckptfs.drill: expected {} or {"as": [UID, GID]}')
-    who = req.get("as")
+    if not isinstance(req, dict) or set(req) - {"as", "run"}:
+        raise InvalidArgument('user.ckptfs.drill: expected {"run": PATH, "as": [UID, GID]}')
+    run = req.get("run")
+    if run is not None and (not isinstance(run, str) or not run.startswith("/")):
+        raise InvalidArgument('user.ckptfs.drill: "run" is a path inside the mount')
+    return Asked(run, _principal(req.get("as")))
+
+
+def _principal(who: object) -> Principal | None:
     if who is None:
         return None
     if (not isinstance(who, list) or len(who) != 2

@@ -39,9 +39,9 @@ from ..catalog.protocols import AuditCatalog, CheckpointCatalog, ContentsCatalog
 from ..checkpoints.formats import DirFiles, check_checkpoint
 from ..codec.seal import KEYRING
 from ..config.model import DrillConfig, GovernanceConfig
-from ..errors import CkptfsError
+from ..errors import CkptfsError, InvalidArgument, NotFound
 from ..tiers.base import Tier
-from .principal import Principal, asked_principal, choose_principal
+from .principal import Principal, choose_principal, parse_asked
 from .restore import restore_chunk
 
 log = logging.getLogger("ckptfs.drill")
@@ -154,11 +154,19 @@ class DrillService:
         """A drill of the run (or checkpoint) at ``ino``, asked by ``caller_ids`` (uid, gid;
         the control xattr checked it owns the inode); its ticket for ``wait``."""
         caller = Principal(*caller_ids)
-        asked = asked_principal(value)
+        asked = parse_asked(value)
         path = await self._db(self.catalog.path_of, ino)
-        inode = await self._db(self.catalog.get_inode, ino)
+        if asked.run is not None:
+            if path != "/":
+                raise InvalidArgument('user.ckptfs.drill: "run" is for the mount\'s root')
+            path = "/" + "/".join(p for p in asked.run.split("/") if p)
+            inode = await self._db(self.catalog.resolve, path)
+            if inode is None:
+                raise NotFound(f"drill: {path}: no such directory")
+        else:
+            inode = await self._db(self.catalog.get_inode, ino)
         who = choose_principal(self.gov.namespace_for(path), Principal(inode.uid, inode.gid),
-                               caller, asked)
+                               caller, asked.principal)
         return self.enqueue(DrillJob(path, who, caller, pid))
 
     def enqueue(self, job: DrillJob) -> int:

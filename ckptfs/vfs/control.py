@@ -35,6 +35,7 @@ XATTR_GC = b"user.ckptfs.gc"
 XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
 XATTR_DRILL = b"user.ckptfs.drill"  # a restore drill of a run (ckptfs/drill/)
 CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH, XATTR_DRILL)
+DRILL_TICKETS_KEPT = 256  # drills asked, by (inode, pid), whose report may still be read
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTRS = (XATTR_STATE, XATTR_RECORD)
@@ -100,7 +101,9 @@ class ControlXattrs:
         # once, a getxattr of the same name waits for the pass (no kernel lock held).
         self._gc_tickets: dict[int, int] = {}
         self.drill = drill
-        self._drill_tickets: dict[int, int] = {}  # the same for ``user.ckptfs.drill``
+        # The drill each (inode, process) last asked for: root asks for every run on the
+        # mount's root, and two commands at once must each get their own report.
+        self._drill_tickets: dict[tuple[int, int], int] = {}
 
     async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
         path = await self.db(self.catalog.path_of, ino)
@@ -114,7 +117,7 @@ class ControlXattrs:
         if name == XATTR_GC:
             return await self._gc_done(ino, ctx)
         if name == XATTR_DRILL:
-            return await self._drill_done(ino)
+            return await self._drill_done(ino, ctx)
         after = page_after(name)
         if after is not None:  # the checkpoints under a directory (vfs/listing.py)
             visible = await self.access.viewer(ctx)
@@ -179,14 +182,17 @@ class ControlXattrs:
         if self.drill is None:
             raise NotSupported("restore drills are not served by this daemon")
         ticket = await self.drill.request(ino, (caller.uid, caller.gid), caller.pid, value)
-        self._drill_tickets = {i: t for i, t in self._drill_tickets.items()
-                               if not self.drill.served_ticket(t) or i == ino}
-        self._drill_tickets[ino] = ticket
+        if len(self._drill_tickets) >= DRILL_TICKETS_KEPT:  # the oldest served go first
+            served = [k for k, t in sorted(self._drill_tickets.items(), key=lambda kt: kt[1])
+                      if self.drill.served_ticket(t)]
+            for k in served[:len(served) // 2 + 1]:
+                del self._drill_tickets[k]
+        self._drill_tickets[(ino, caller.pid)] = ticket
 
-    async def _drill_done(self, ino: int) -> bytes:
+    async def _drill_done(self, ino: int, ctx: RequestContext) -> bytes:
         """``getxattr user.ckptfs.drill``: the report (JSON) of the drill the last setxattr
-        of it on this inode asked for, once it has run ({} if none was asked)."""
-        ticket = self._drill_tickets.get(ino)
+        of it on this inode by this process asked for, once it has run ({} if none)."""
+        ticket = self._drill_tickets.get((ino, ctx.pid))
         if ticket is None or self.drill is None:
             return b"{}"
         return await self.drill.wait(ticket)
