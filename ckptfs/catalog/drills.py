@@ -15,7 +15,7 @@ __all__ = ["DRILLS_DDL", "DrillCatalog", "DrillRow", "DrillsSql"]
 
 DRILLS_DDL = """
 -- Restore drills (catalog/drills.py): the latest committed checkpoint of a run restored
--- from the remote tier alone, verified and format-checked; result 'passed' or 'failed'.
+-- from the remote tier alone, verified and format-checked, result 'passed' or 'failed'.
 CREATE TABLE IF NOT EXISTS drills (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     run         TEXT NOT NULL,
