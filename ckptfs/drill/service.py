@@ -22,6 +22,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -50,6 +51,7 @@ T = TypeVar("T")
 QUEUE_MAX = 64  # drills asked and not yet run
 REPORTS_KEPT = 256  # reports of served tickets (a getxattr may come twice: ERANGE, retry)
 PROBLEMS_SHOWN = 20
+SCRATCH_NAME = re.compile(r"[0-9]+-[0-9]+")  # a drill's directory in the scratch directory
 
 
 class DrillServiceCatalog(CheckpointCatalog, NamespaceCatalog, ContentsCatalog, DrillCatalog,
@@ -192,6 +194,7 @@ class DrillService:
 
     async def run(self) -> None:
         """Serve drills one at a time; every ``[drill] interval`` drill the configured runs."""
+        await trio.to_thread.run_sync(self._clear_scratch)
         if self.sink is not None:  # the metrics of drills before this mount
             last = await self._db(self.catalog.last_drills)
             self.sink.seed(last, await self._db(self.catalog.last_drills, "passed"))
@@ -233,7 +236,7 @@ class DrillService:
         try:
             await self._yield(out)  # the checkpoint is picked once no save is writing
             await self._restore(out)
-        except CkptfsError as exc:
+        except (CkptfsError, OSError) as exc:  # the scratch directory full, say
             out.problems.append(f"drill stopped: {exc}")
         busy_ns = int((time.perf_counter() - t0 - out.waited_s) * 1e9)
         await self._record(out, started_ns, max(busy_ns, 1))
@@ -285,6 +288,17 @@ class DrillService:
                 out.problems += [f"{p.file}: {p.what}" for p in found]
         finally:
             await trio.to_thread.run_sync(shutil.rmtree, where, True)
+
+    def _clear_scratch(self) -> None:
+        """What a drill killed with its daemon left in the scratch directory (only the
+        directories drills make: TIME-PID)."""
+        try:
+            left = [p for p in self.scratch.iterdir() if SCRATCH_NAME.fullmatch(p.name)]
+        except OSError:
+            return  # none yet
+        for p in left:
+            log.info("drill: removing %s, left by an earlier drill", p)
+            shutil.rmtree(p, ignore_errors=True)
 
     def _mkdir(self, where: Path) -> None:
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)

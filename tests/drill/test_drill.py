@@ -93,10 +93,21 @@ def test_a_drill_passes_on_a_good_checkpoint_and_is_recorded(
 ) -> None:
     url, _ = remote
     payload = os.urandom(700_000)  # three chunks and a bit: several extents
+    left = tmp_path / "scratch" / "123-456"  # what a drill killed with its daemon left
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"x")
     with mounted(tmp_path / "node", 1, _args(url, _config(tmp_path))) as m:
         run = m.mountpoint / "run"
         _saved(m, run, 1, payload)
         root = _saved(m, run, 2, payload[::-1])
+        # The local copy of a chunk is damaged: a drill reads the bucket's, never this one.
+        cat = enc.open_catalog(m.state_dir)
+        try:
+            victim = sorted(enc.chunk_ids(cat, run / "checkpoint-2" / "model.safetensors"))[0]
+        finally:
+            cat.close()
+        local = enc.frame_path(m.locals, victim)
+        local.write_bytes(local.read_bytes()[:-1] + b"?")
         rc, [report], err = drill(str(run))
         assert rc == 0, err
         assert report["result"] == "passed" and report["problems"] == []
