@@ -96,7 +96,8 @@ def test_a_drill_passes_on_a_good_checkpoint_and_is_recorded(
     left = tmp_path / "scratch" / "123-456"  # what a drill killed with its daemon left
     left.mkdir(parents=True)
     (left / "model.safetensors").write_bytes(b"x")
-    with mounted(tmp_path / "node", 1, _args(url, _config(tmp_path))) as m:
+    cfg = _config(tmp_path, 'runs = ["/run"]\n')
+    with mounted(tmp_path / "node", 1, _args(url, cfg)) as m:
         run = m.mountpoint / "run"
         _saved(m, run, 1, payload)
         root = _saved(m, run, 2, payload[::-1])
@@ -134,6 +135,9 @@ def test_a_drill_passes_on_a_good_checkpoint_and_is_recorded(
         assert sample(got, "ckptfs_drill_last_duration_seconds", run="/run") > 0
         [rec] = [r for r in _audit(m) if r["action"] == "drill"]
         assert rec["path"] == root and rec["detail"]["result"] == "passed"
+        # No RUN_DIR: the config's [drill] runs, in the mount of its state dir (the timer's).
+        rc, [again], err = drill("--config", str(cfg), "--state-dir", str(m.state_dir))
+        assert rc == 0 and again["checkpoint"] == root, err
 
 
 @pytest.mark.allow_log_warnings(FAILED)
