@@ -254,9 +254,17 @@ class DrillService:
         out.waited_s += time.perf_counter() - t
 
     def _latest(self, run: str) -> CheckpointRow | None:
-        rows = [r for r in self.catalog.checkpoint_rows(run)
-                if r.state == CheckpointState.COMMITTED]
-        return max(rows, key=lambda r: (r.commit_ns or 0, r.id), default=None)
+        """The newest committed checkpoint under ``run`` (blocking). A symbolic link that
+        is a checkpoint's name (Lightning's ``last.ckpt``) is skipped: what it names is a
+        checkpoint of its own, and that one is drilled."""
+        rows = sorted((r for r in self.catalog.checkpoint_rows(run)
+                       if r.state == CheckpointState.COMMITTED),
+                      key=lambda r: (r.commit_ns or 0, r.id), reverse=True)
+        for r in rows:
+            inode = self.catalog.resolve(r.root)
+            if inode is not None and not stat.S_ISLNK(inode.mode):
+                return r
+        return None
 
     async def _restore(self, out: Outcome) -> None:
         ckpt = await self._db(self._latest, out.job.run)
@@ -266,6 +274,9 @@ class DrillService:
         out.checkpoint = ckpt
         files = await self._db(self.catalog.files_under, ckpt.root)
         out.files, out.total = len(files), sum(f.size for f in files)
+        if not files:
+            out.problems.append(f"{ckpt.root}: the checkpoint holds no file")
+            return
         ns = self.gov.namespace_for(ckpt.root)
         sealed = ns.path if ns.encrypt else None
         if sealed is not None and KEYRING.current(sealed) is None:
