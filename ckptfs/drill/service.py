@@ -146,6 +146,7 @@ class DrillService:
         self._served = 0
         self._reports: dict[int, bytes] = {}
         self._done = trio.Event()  # set (and replaced) when a drill ends
+        self._scheduled: set[str] = set()  # runs the schedule queued, not yet drilled
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(lambda: fn(*args), limiter=self.db_limiter)
@@ -194,15 +195,17 @@ class DrillService:
 
     async def run(self) -> None:
         """Serve drills one at a time; every ``[drill] interval`` drill the configured runs."""
+        started = trio.current_time()  # the schedule counts from the daemon's start
         await trio.to_thread.run_sync(self._clear_scratch)
         if self.sink is not None:  # the metrics of drills before this mount
             last = await self._db(self.catalog.last_drills)
             self.sink.seed(last, await self._db(self.catalog.last_drills, "passed"))
         async with trio.open_nursery() as nursery:
             if self.cfg.interval_s > 0 and self.cfg.runs:
-                nursery.start_soon(self._schedule)
+                nursery.start_soon(self._schedule, started)
             async for ticket, job in self._receive:
                 outcome = await self.drill(job)
+                self._scheduled.discard(job.run)
                 self._reports[ticket] = json.dumps(self.report(outcome), sort_keys=True).encode()
                 for old in [t for t in self._reports if t <= ticket - REPORTS_KEPT]:
                     del self._reports[old]
@@ -210,10 +213,15 @@ class DrillService:
                 self._done.set()
                 self._done = trio.Event()
 
-    async def _schedule(self) -> None:
+    async def _schedule(self, started: float) -> None:
+        due = started
         while True:
-            await trio.sleep(self.cfg.interval_s)
+            due += self.cfg.interval_s  # no drift: a long drill does not push the next one
+            await trio.sleep_until(due)
             for run in self.cfg.runs:
+                if run in self._scheduled:
+                    log.info("drill of %s: the last one is still waiting or running", run)
+                    continue
                 inode = await self._db(self.catalog.resolve, run)
                 if inode is None:
                     log.warning("drill: run directory %s does not exist ([drill] runs)", run)
@@ -223,6 +231,7 @@ class DrillService:
                                        Principal(inode.uid, inode.gid), root, None)
                 try:
                     self.enqueue(DrillJob(run, who, root, 0))
+                    self._scheduled.add(run)
                 except CkptfsError as exc:
                     log.warning("drill of %s not scheduled: %s", run, exc)
 

@@ -1,0 +1,45 @@
+"""The daemon's own drills (``[drill] interval``), built in the test process with trio's
+clock frozen: nothing is drilled before the interval has passed, then each configured run
+once per interval, each drill recorded (a run without a committed checkpoint fails)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from tests.vfs.test_vfs import catalog_of, make_daemon, until_real
+
+from ckptfs.catalog.catalog import ROOT_INODE
+from ckptfs.config.model import DrillConfig
+from ckptfs.testing.tiers import MemoryTier
+from ckptfs.vfs.context import ROOT
+
+
+@pytest.mark.allow_log_warnings("restore drill of /run FAILED")
+async def test_the_daemon_drills_its_runs_every_interval(
+    tmp_path: Path, mock_clock: trio.testing.MockClock,
+) -> None:
+    drill = DrillConfig(interval_s=3600, runs=("/run",), scratch=tmp_path / "scratch")
+    async with make_daemon(tmp_path, [MemoryTier("l"), MemoryTier("r", kind="remote")],
+                           drill=drill) as daemon:
+        fs = daemon.fs
+        cat = catalog_of(fs)
+        await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
+
+        def drilled() -> int:
+            return len(cat.drill_rows())  # read while the trio thread waits in until_real
+
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(3599)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await fs.db(cat.drill_rows) == []  # not before the interval
+        mock_clock.jump(1)
+        await until_real(lambda: drilled() == 1)
+        mock_clock.jump(3600)
+        await until_real(lambda: drilled() == 2)
+        rows = await fs.db(cat.drill_rows)
+    assert [(r.run, r.result) for r in rows] == [("/run", "failed")] * 2
+    assert all("no committed checkpoint" in r.problem for r in rows)
