@@ -116,6 +116,16 @@ def mode_allows(inode: Inode, who: Principal, bits: int) -> bool:
     return (have & bits) == bits
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: alive
+    return True
+
+
 def ancestors(path: str) -> list[str]:
     """"/", "/a", "/a/b" for "/a/b/c"."""
     parts = [p for p in path.split("/") if p]
@@ -310,10 +320,12 @@ class DrillService:
             await trio.to_thread.run_sync(shutil.rmtree, where, True)
 
     def _clear_scratch(self) -> None:
-        """What a drill killed with its daemon left in the scratch directory (only the
-        directories drills make: TIME-PID)."""
+        """What a drill killed with its daemon left in the scratch directory: only the
+        directories drills make (TIME-PID), of daemons no longer running (a scratch
+        directory may be shared)."""
         try:
-            left = [p for p in self.scratch.iterdir() if SCRATCH_NAME.fullmatch(p.name)]
+            left = [p for p in self.scratch.iterdir()
+                    if SCRATCH_NAME.fullmatch(p.name) and not _alive(int(p.name.split("-")[1]))]
         except OSError:
             return  # none yet
         for p in left:

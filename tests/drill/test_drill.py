@@ -93,7 +93,7 @@ def test_a_drill_passes_on_a_good_checkpoint_and_is_recorded(
 ) -> None:
     url, _ = remote
     payload = os.urandom(700_000)  # three chunks and a bit: several extents
-    left = tmp_path / "scratch" / "123-456"  # what a drill killed with its daemon left
+    left = tmp_path / "scratch" / "123-4194311"  # a drill killed with its daemon (no such pid)
     left.mkdir(parents=True)
     (left / "model.safetensors").write_bytes(b"x")
     cfg = _config(tmp_path, 'runs = ["/run"]\n')
