@@ -156,7 +156,7 @@ class DrillService:
         self._served = 0
         self._reports: dict[int, bytes] = {}
         self._done = trio.Event()  # set (and replaced) when a drill ends
-        self._scheduled: set[str] = set()  # runs the schedule queued, not yet drilled
+        self._scheduled: set[str] = set()  # runs the schedule queued, not yet started
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(lambda: fn(*args), limiter=self.db_limiter)
@@ -214,8 +214,8 @@ class DrillService:
             if self.cfg.interval_s > 0 and self.cfg.runs:
                 nursery.start_soon(self._schedule, started)
             async for ticket, job in self._receive:
+                self._scheduled.discard(job.run)  # out of the queue: the next may be queued
                 outcome = await self.drill(job)
-                self._scheduled.discard(job.run)
                 self._reports[ticket] = json.dumps(self.report(outcome), sort_keys=True).encode()
                 for old in [t for t in self._reports if t <= ticket - REPORTS_KEPT]:
                     del self._reports[old]
@@ -230,7 +230,7 @@ class DrillService:
             await trio.sleep_until(due)
             for run in self.cfg.runs:
                 if run in self._scheduled:
-                    log.info("drill of %s: the last one is still waiting or running", run)
+                    log.info("drill of %s: the last one asked is still waiting", run)
                     continue
                 inode = await self._db(self.catalog.resolve, run)
                 if inode is None:

@@ -4,13 +4,14 @@ once per interval, each drill recorded (a run without a committed checkpoint fai
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from tests.vfs.test_vfs import catalog_of, make_daemon, until_real
+from tests.vfs.test_vfs import catalog_of, make_daemon
 
 from ckptfs.catalog.catalog import ROOT_INODE
 from ckptfs.config.model import DrillConfig
@@ -29,17 +30,22 @@ async def test_the_daemon_drills_its_runs_every_interval(
         cat = catalog_of(fs)
         await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
 
-        def drilled() -> int:
-            return len(cat.drill_rows())  # read while the trio thread waits in until_real
+        async def drilled(n: int) -> None:
+            """Until ``n`` drills are recorded, in real time (trio's clock is frozen), the
+            catalog asked under its limiter."""
+            deadline = time.monotonic() + 10
+            while len(await fs.db(cat.drill_rows)) < n:
+                assert time.monotonic() < deadline, f"{n} drill(s) not recorded"
+                await trio.to_thread.run_sync(time.sleep, 0.005)
 
         await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(3599)
         await trio.testing.wait_all_tasks_blocked()
         assert await fs.db(cat.drill_rows) == []  # not before the interval
         mock_clock.jump(1)
-        await until_real(lambda: drilled() == 1)
+        await drilled(1)
         mock_clock.jump(3600)
-        await until_real(lambda: drilled() == 2)
+        await drilled(2)
         rows = await fs.db(cat.drill_rows)
     assert [(r.run, r.result) for r in rows] == [("/run", "failed")] * 2
     assert all("no committed checkpoint" in r.problem for r in rows)
