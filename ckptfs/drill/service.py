@@ -286,6 +286,9 @@ class DrillService:
         return None
 
     async def _restore(self, out: Outcome) -> None:
+        if not self.remotes:
+            out.problems.append("no remote tier: a new node would have nothing to restore from")
+            return
         ckpt = await self._db(self._latest, out.job.run)
         if ckpt is None:
             out.problems.append(f"{out.job.run}: no committed checkpoint to drill")

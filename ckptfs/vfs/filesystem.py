@@ -680,7 +680,9 @@ class Filesystem:
         names are commands: ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a
         checkpoint; ``user.ckptfs.gc`` (any value, on any directory) asks for retention now
         (``ckptfs gc``; a getxattr of it waits for the pass); ``user.ckptfs.prefetch`` stages a
-        file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
+        file on the local tiers; ``user.ckptfs.drill`` asks for a restore drill (``ckptfs drill``;
+        a getxattr of it waits for the report). The other ``user.ckptfs.*`` names are
+        reserved: EPERM."""
         await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
             await self.control.set(ino, name, value, ctx)

@@ -4,6 +4,7 @@ once per interval, each drill recorded (a run without a committed checkpoint fai
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -49,3 +50,21 @@ async def test_the_daemon_drills_its_runs_every_interval(
         rows = await fs.db(cat.drill_rows)
     assert [(r.run, r.result) for r in rows] == [("/run", "failed")] * 2
     assert all("no committed checkpoint" in r.problem for r in rows)
+
+
+@pytest.mark.allow_log_warnings("restore drill of /run FAILED")
+async def test_a_drill_without_a_remote_tier_fails_through_the_control_xattr(
+    tmp_path: Path,
+) -> None:
+    """The control xattr in the daemon built in-process: root asks on the mount's root,
+    naming the run; the getxattr waits for the report. Without a remote tier a new node
+    could restore nothing: the drill fails saying so."""
+    drill = DrillConfig(scratch=tmp_path / "scratch")
+    async with make_daemon(tmp_path, [MemoryTier("l")], drill=drill) as daemon:
+        fs = daemon.fs
+        await fs.mkdir(ROOT_INODE, b"run", 0o755, ROOT)
+        await fs.setxattr(ROOT_INODE, b"user.ckptfs.drill", b'{"run": "/run"}', ROOT)
+        report = json.loads(await fs.getxattr(ROOT_INODE, b"user.ckptfs.drill", ROOT) or b"")
+        again = await fs.getxattr(ROOT_INODE, b"user.ckptfs.drill", ROOT)  # a retry (ERANGE)
+    assert report["result"] == "failed" and "no remote tier" in report["problems"][0]
+    assert json.loads(again or b"") == report
