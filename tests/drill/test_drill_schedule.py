@@ -1,6 +1,7 @@
 """The daemon's own drills (``[drill] interval``), built in the test process with trio's
 clock frozen: nothing is drilled before the interval has passed, then each configured run
-once per interval, each drill recorded (a run without a committed checkpoint fails)."""
+once per interval, each drill recorded (a run without a committed checkpoint fails); and
+the control xattr asked in-process, on a daemon without a remote tier."""
 
 from __future__ import annotations
 
