@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mount_parser(sub)
     _add_data_parsers(sub)
     _add_checkpoint_parsers(sub)
+    _add_drill_parser(sub)
     _add_report_parsers(sub)
     _add_audit_parser(sub)
     _add_key_parsers(sub)
@@ -161,6 +162,20 @@ def _add_checkpoint_parsers(sub: _Subparsers) -> None:
     gc = sub.add_parser("gc", help="apply the retention policies now (or --dry-run: show the plan)")
     gc.add_argument("path", type=Path, help="a path in a ckptfs mount (its checkpoints)")
     gc.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
+
+
+def _add_drill_parser(sub: _Subparsers) -> None:
+    """drill (commands/drill.py)."""
+    d = sub.add_parser("drill", help="restore the latest checkpoint of each run from the "
+                                     "remote as a new node would, and check it (exit 1: failed)")
+    d.add_argument("paths", nargs="*", type=Path, metavar="RUN_DIR",
+                   help="run directories in a ckptfs mount (none: the config's [drill] runs)")
+    d.add_argument("--as", dest="as_ids", metavar="UID[:GID]",
+                   help="root only: read with this user's access rules (default: the "
+                        "namespace's first uid and gid)")
+    d.add_argument("--config", metavar="FILE", help="without RUN_DIR: the mount's config")
+    d.add_argument("--state-dir", metavar="DIR", help="without RUN_DIR: the mount's state dir")
+    d.add_argument("--json", action="store_true", help="the reports as JSON")
 
 
 def _add_report_parsers(sub: _Subparsers) -> None:
@@ -411,6 +426,10 @@ def _run(args: argparse.Namespace) -> int:
         from .commands.scrub import cmd_scrub
 
         return cmd_scrub(args.path, args.json)
+    if args.command == "drill":
+        from .commands.drill import cmd_drill
+
+        return cmd_drill(args.paths, args.as_ids, args.config, args.state_dir, args.json)
     if args.command == "status":
         from .commands.status import cmd_status
 

@@ -5,7 +5,8 @@
 #   point and state dir, no --local: the default tier under the state dir; the bucket as a
 #   remote tier) -> torch.save and safetensors save of a small model into it -> list the mount
 #   and the tier directory holding the chunks -> ckptfs sync (durable on the remote) and
-#   status -> a missing tier directory refused (exit 2), the private state dir -> rm of a
+#   status -> a restore drill of the run (ckptfs drill: from the bucket alone, verified,
+#   recorded in status and /metrics) -> a missing tier directory refused (exit 2), the private state dir -> rm of a
 #   file, its chunks removed by the deletion queue -> a save whose writer kills the daemon
 #   the instant its commit signal returns: committed after the remount -> a byte flipped
 #   in a local frame, found and healed by `ckptfs scrub` -> unmount, mount
@@ -224,6 +225,21 @@ for line in text.splitlines():
 health = url.replace("/metrics", "/healthz")
 with urllib.request.urlopen(health, timeout=10) as r:
     print(f"{health}: {r.status} {r.read().decode().strip()}")
+EOF
+
+step "5c'. restore drill: checkpoint-100 restored from the bucket alone, as a new node would, verified, checked and removed"
+ckptfs drill "$MNT/run1"
+ckptfs status "$MNT" | grep "drill of" || { echo "demo: status shows no drill" >&2; exit 1; }
+"$PY" - "$STATE" <<'EOF'
+import sys, urllib.request
+from pathlib import Path
+
+addr_file = Path(sys.argv[1]) / "metrics.addr"
+if addr_file.exists():
+    text = urllib.request.urlopen(f"http://{addr_file.read_text().strip()}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(("ckptfs_drill_last_", "ckptfs_drill_failures_total")):
+            print("  " + line)
 EOF
 
 step "5d. bad input is refused and loses nothing: a tier directory that does not exist (an unmounted NVMe, say)"

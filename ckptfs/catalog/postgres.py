@@ -54,6 +54,7 @@ from .checks import CHECKS_INDEX
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
+from .drills import DRILLS_DDL
 from .hooks import CatalogHooks
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
@@ -164,11 +165,16 @@ def _add_replica_checks(c: Conn) -> None:
     c.execute(CHECKS_INDEX)
 
 
+def _add_drills(c: Conn) -> None:
+    """Schema 11: drills (drills.DRILLS_DDL)."""
+    _run_ddl(c, DRILLS_DDL)
+
+
 # Steps from schema version v to v + 1, each in the opener's transaction. The PostgreSQL
 # schema starts at version 3 (the first with this engine).
 MIGRATIONS: dict[int, Callable[[Conn], None]] = {
     3: _add_sessions, 4: _add_wants, 5: _add_governance, 6: _add_moves, 7: _add_claims,
-    8: _roots_as_bytes, 9: _add_replica_checks,
+    8: _roots_as_bytes, 9: _add_replica_checks, 10: _add_drills,
 }
 
 _GROUP_CONCAT = re.compile(r"group_concat\(([^()]*)\)")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .checks import ReplicaChecks
+from .drills import DrillCatalog
 from .hooks import CatalogHooks
 from .roles_chunks import DeletionQueue, MoveCatalog, ReplicaCatalog, UploadQueue, WantCatalog
 from .roles_files import CheckpointCatalog, ContentsCatalog, MetaCatalog, NamespaceCatalog
@@ -29,6 +30,7 @@ from .roles_nodes import AuditCatalog, ExclusiveLock, KeyCatalog, QuotaCatalog, 
 
 __all__ = [
     "AuditCatalog", "Catalog", "CheckpointCatalog", "ContentsCatalog", "DeletionQueue",
+    "DrillCatalog",
     "ExclusiveLock", "KeyCatalog", "MetaCatalog", "MoveCatalog", "NamespaceCatalog",
     "QuotaCatalog", "ReplicaCatalog", "ReplicaChecks", "SessionCatalog", "UploadQueue", "WantCatalog",
 ]
@@ -37,7 +39,7 @@ __all__ = [
 class Catalog(
     NamespaceCatalog, ContentsCatalog, ReplicaCatalog, UploadQueue, DeletionQueue,
     CheckpointCatalog, MetaCatalog, SessionCatalog, WantCatalog, MoveCatalog, QuotaCatalog,
-    AuditCatalog, KeyCatalog, ReplicaChecks, Protocol,
+    AuditCatalog, KeyCatalog, ReplicaChecks, DrillCatalog, Protocol,
 ):
     """The whole catalog: what an engine implements."""
 

@@ -15,6 +15,7 @@ from .audit import AUDIT_DDL
 from .checks import CHECKS_INDEX
 from .claims import CLAIMS_DDL
 from .conn import Conn
+from .drills import DRILLS_DDL
 from .keys import KEYS_DDL
 from .moves import MOVES_DDL
 from .quotas import QUOTAS_DDL
@@ -33,9 +34,9 @@ __all__ = [
 # (wants.py); 6: ns_usage and ns_files (quotas.py), audit_log (audit.py), namespace_keys
 # (keys.py); 7: chunk_moves (moves.py); 8: deletion_claims (claims.py); 9: checkpoints.root
 # holds the bytes of the path (ckptfs/names.py); 10: replicas.checked_ns, the scrubber's
-# last check of each copy (checks.py). Every engine stores this layout (the remote
-# snapshot is a SQLite file of it).
-SCHEMA_VERSION = 10
+# last check of each copy (checks.py); 11: drills (drills.py). Every engine stores this
+# layout (the remote snapshot is a SQLite file of it).
+SCHEMA_VERSION = 11
 
 CHECKPOINT_STATES = ", ".join(f"'{s.value}'" for s in CheckpointState)
 
@@ -141,6 +142,7 @@ CREATE TABLE IF NOT EXISTS deletions (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deletions_due ON deletions (next_try_ns);
 """ + SESSIONS_DDL + WANTS_DDL + QUOTAS_DDL + AUDIT_DDL + KEYS_DDL + MOVES_DDL + CLAIMS_DDL
+SCHEMA += DRILLS_DDL
 
 # Every table with its columns in schema order (the snapshot copies them; not the sessions
 # tables, nor chunk_wants, chunk_moves and deletion_claims: a restore from the snapshot is

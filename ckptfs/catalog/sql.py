@@ -14,6 +14,7 @@ sessions.py            node sessions, open handles (SessionCatalog)
 wants.py, moves.py     wants (WantCatalog), moves (MoveCatalog)
 quotas.py, audit.py    namespace usage (QuotaCatalog), the audit log (AuditCatalog)
 keys.py                wrapped namespace keys (KeyCatalog)
+drills.py              restore drills' records (DrillCatalog)
 =====================  ====================================================================
 
 tree.py reads the directory tree inside a transaction (an inode, its path); schema.py is
@@ -51,6 +52,7 @@ from .claims import ClaimsSql
 from .conn import Conn, Cursor
 from .contents import ContentsSql
 from .deletion_queue import CLAIM_LEASE_NS, DeletionQueueSql
+from .drills import DrillsSql
 from .keys import KeysSql
 from .meta import MetaSql
 from .moves import MovesSql
@@ -84,6 +86,6 @@ __all__ = [
 
 class SqlCatalog(NamespaceSql, ContentsSql, ReplicaSql, UploadQueueSql, DeletionQueueSql,
                  CheckpointSql, MetaSql, SessionsSql, WantsSql, MovesSql, ClaimsSql, QuotasSql,
-                 AuditSql, KeysSql, ReplicaCheckSql):
+                 DrillsSql, AuditSql, KeysSql, ReplicaCheckSql):
     """The catalog on an engine (sqlite.py, postgres.py), which provides ``_transaction``,
     ``_reading``, ``_query``, ``backup_bytes`` and ``close`` (conn.SqlBase)."""

@@ -64,7 +64,8 @@ def _migrate(c: sqlite3.Connection, version: int) -> None:
         c.execute(CHECKS_INDEX)
     # 4: the sessions tables, 5: chunk_wants, 6: ns_usage and ns_files (namespaces are
     # counted at the first mount that declares them), audit_log and namespace_keys, 7:
-    # chunk_moves, 8: deletion_claims (9: the checkpoints table rebuilt above); SCHEMA's CREATE IF NOT EXISTS has made them.
+    # chunk_moves, 8: deletion_claims (9: the checkpoints table rebuilt above), 11: drills;
+    # SCHEMA's CREATE IF NOT EXISTS has made them.
     c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 

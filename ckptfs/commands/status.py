@@ -127,6 +127,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         runs = _checkpoint_runs(catalog, Path(mountpoint) if mountpoint else None, stats, viewer)
         at_risk = _at_risk(catalog, viewer) if remotes else []
         namespaces = _namespaces(catalog, viewer)
+        drills = [r.as_json() for r in catalog.last_drills() if viewer.may_see(r.run)]
     finally:
         catalog.close()
     metrics = None
@@ -151,6 +152,7 @@ def status_facts(state_dir: Path) -> dict[str, Any]:
         "namespaces": namespaces,
         "checkpoint_states": (stats or {}).get("checkpoint_states"),
         "runs": runs,
+        "drills": drills,  # the newest restore drill of each run (catalog/drills.py)
         "app": (stats or {}).get("app"),
         "memory": (stats or {}).get("memory"),
         "residency": (stats or {}).get("residency"),

@@ -98,6 +98,16 @@ def tier_line(t: dict[str, str], live: dict[str, Any] | None) -> str:
     return text
 
 
+def drill_line(d: dict[str, Any]) -> str:
+    """The newest restore drill of a run (docs/operations.md "Restore drills")."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["started_ns"] / 1e9))
+    implied = d["implied_restore_s"]
+    text = (f"drill of {d['run']}: {d['result'].upper()} at {when}: "
+            f"{d['checkpoint'] or '-'}, {_size(d['bytes'])} in {_secs(d['duration_s'])} "
+            f"({d['mb_per_s']:.1f} MB/s; whole checkpoint {_secs(implied)})")
+    return text + (f"; first problem: {d['problem']}" if d["problem"] else "")
+
+
 def plain(s: dict[str, Any]) -> str:
     """The status as plain lines (what a pipe or a log gets)."""
     lines = [f"state dir: {s['state_dir']}"]
@@ -126,6 +136,7 @@ def plain(s: dict[str, Any]) -> str:
         lines.append(f"checkpoints in {run['run']}: " + "; ".join(items))
         if run["remote_durable"]:
             lines.append(f"  newest durable on the remote: {run['remote_durable']['root']}")
+    lines.extend(drill_line(d) for d in s.get("drills", []))
     if s["metrics"]:
         moved = s.get("metrics_requested")
         lines.append(f"metrics: {s['metrics_url']}" + (
@@ -214,6 +225,8 @@ def render(s: dict[str, Any]) -> Any:
         full = n["percent"] is not None and n["percent"] >= 90
         parts.append(Text(namespace_line(n), style="bold red" if full else ""))
     parts.append(_rich_checkpoints(s) if s["runs"] else Text("no checkpoints yet", style="dim"))
+    for d in s.get("drills", []):
+        parts.append(Text(drill_line(d), style="" if d["result"] == "passed" else "bold red"))
     if s.get("residency"):
         parts.append(Text(residency_text(s["residency"])))
     parts.extend(Text(line) for line in scrub_lines(s.get("scrub")))

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .checkpoints import patterns_from_config, policies_from_config
+from .drill import drill_from_config
 from .governance import check_governance, governance_from_config, namespace_retention
 from .model import (
     CATALOG_SCHEMES,
@@ -89,7 +90,7 @@ _TOP_KEYS = {
     "remote_compression", "readahead", "copy_back", "remote_read_concurrency", "page_cache_push", "checkpoints", "checkpoint_partial_after",
     "checkpoint_pattern", "retention", "local_high_watermark", "metrics_address",
     "catalog", "node", "catalog_pool_size", "peer_chunk_wait", "session_timeout",
-    "write_behind", "namespace", "access", "keys", "audit", "scrub",
+    "write_behind", "namespace", "access", "keys", "audit", "scrub", "drill",
 }
 _POLICY_KEYS = {"path", "durability", "timeout"}
 
@@ -204,6 +205,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
         scrub=scrub_from(data),
         catalog=catalog,
         governance=governance,
+        drill=drill_from_config(data),
         source=source,
     )
 

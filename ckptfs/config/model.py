@@ -408,6 +408,21 @@ class GovernanceConfig:
 
 
 @dataclass(frozen=True)
+class DrillConfig:
+    """``[drill]``: restore drills (ckptfs/drill/, docs/operations.md "Restore drills").
+    ``runs``: run directories (paths inside the mount) drilled by ``ckptfs drill`` with no
+    argument and, every ``interval_s`` (0: never; the systemd timer asks instead), by the
+    daemon itself; ``bandwidth``: bytes/s a drill reads from the remote (0: no cap);
+    ``scratch``: where the restored files go, removed after the check (None:
+    STATE_DIR/drill)."""
+
+    interval_s: float = 0.0
+    runs: tuple[str, ...] = ()
+    bandwidth: int = 0
+    scratch: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """A mount's configuration: where its state lives, its tiers, and each component's
     part. The composition root (mount.py) hands each component its own part."""
@@ -426,6 +441,7 @@ class Config:
     scrub: ScrubConfig = field(default_factory=ScrubConfig)
     catalog: CatalogConfig = field(default_factory=CatalogConfig)
     governance: GovernanceConfig = field(default_factory=GovernanceConfig)
+    drill: DrillConfig = field(default_factory=DrillConfig)
     source: str = field(default="<embedded default>", compare=False)
 
     @property
@@ -435,3 +451,7 @@ class Config:
     @property
     def log_path(self) -> Path:
         return self.state_dir / LOG_FILE
+
+    @property
+    def drill_scratch(self) -> Path:
+        return self.drill.scratch if self.drill.scratch is not None else self.state_dir / "drill"

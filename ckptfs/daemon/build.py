@@ -10,8 +10,11 @@ catalog is opened, which gets them as its hooks (``Wakeups.catalog_hooks``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +40,12 @@ from ..config import (
     RetentionConfig,
     UploadConfig,
 )
-from ..config.model import GovernanceConfig, ScrubConfig, StoreConfig
+from ..config.model import DrillConfig, GovernanceConfig, ScrubConfig, StoreConfig
+from ..drill.principal import Principal
+from ..drill.service import AccessCheck, DrillService, SaveGate
+from ..errors import PermissionDenied
 from ..keys.ring import NamespaceKeys
+from ..metrics.drills import DrillMetrics
 from ..metrics.exporter import Endpoint
 from ..metrics.requests import APP
 from ..metrics.telemetry import Telemetry
@@ -52,6 +59,7 @@ from ..upload.deleter import Deleter
 from ..upload.seal import SealStore
 from ..upload.uploader import Uploader
 from ..vfs.access import Access
+from ..vfs.context import RequestContext
 from ..vfs.fileservices import MemoryBudget
 from ..vfs.filesystem import Filesystem, HandleTable
 from ..vfs.openfile import OpenFiles
@@ -113,6 +121,7 @@ class Daemon:
     keys: NamespaceKeys | None = None  # encrypted namespaces' keys, followed in the catalog
     refusals: Refusals | None = None  # refused access, aggregated for the audit log
     scrubber: Scrubber | None = None  # every copy checked in the background ([scrub])
+    drill: DrillService | None = None  # restore drills (ckptfs drill, [drill] interval)
 
 
 @dataclass
@@ -211,7 +220,7 @@ def _chunk_store(
 
 def _filesystem(
     catalog: Catalog, s: _Shared, chunk_size: int, parts: _Parts, sections: Sections,
-    kernel: Kernel, session: NodeSession | None, refusals: Refusals, shared: bool,
+    kernel: Kernel, session: NodeSession | None, access: Access, shared: bool,
 ) -> Filesystem:
     store, reads, gov = parts.store, sections.reads, sections.governance
     db_limiter = s.db_limiter
@@ -229,12 +238,11 @@ def _filesystem(
         FsOptions(chunk_size, sections.policies, reads.readahead, reads.copy_back, shared),
         db_limiter=db_limiter, budget=s.budget, open_files=s.open_files, handles=s.handles,
         peers=FsPeers(store.view, parts.uploader, parts.gc, parts.tracker, session,
-                      parts.scrubber),
+                      parts.scrubber, parts.drill),
         kernel=FsKernel(kernel.invalidate, kernel.invalidate_entry,
                         None if push is None or not reads.page_cache_push
                         else PagePush.make(push, s.stats.count, _delivered)),
-        governance=FsGovernance(Access(gov, catalog, db_limiter, refusals=refusals), quotas,
-                                sealed_namespaces(gov)),
+        governance=FsGovernance(access, quotas, sealed_namespaces(gov)),
     )
 
 
@@ -251,11 +259,13 @@ class Sections:
     policies: tuple[DurabilityPolicy, ...] = ()
     governance: GovernanceConfig = field(default_factory=GovernanceConfig)
     scrub: ScrubConfig = field(default_factory=ScrubConfig)
+    drill: DrillConfig = field(default_factory=DrillConfig)  # scratch None: a temp dir
 
     @staticmethod
     def of(cfg: Config) -> Sections:
+        drill = dataclasses.replace(cfg.drill, scratch=cfg.drill_scratch)
         return Sections(cfg.store, cfg.upload, cfg.reads, cfg.checkpoints, cfg.retention,
-                        cfg.policies, cfg.governance, cfg.scrub)
+                        cfg.policies, cfg.governance, cfg.scrub, drill)
 
 
 @dataclass
@@ -266,7 +276,34 @@ class _Parts:
     uploader: Uploader
     gc: GcRequests
     tracker: CheckpointTracker | None
-    scrubber: Scrubber | None = None
+    scrubber: Scrubber
+    drill: DrillService
+
+
+def _drill_access(access: Access) -> AccessCheck:
+    """The namespace rules of the mount, for a drill's principal (the VFS's Access: a
+    refusal is counted for the audit log like any other)."""
+
+    async def check(who: Principal, ino: int) -> str | None:
+        try:
+            await access.inode(RequestContext(who.uid, who.gid), ino, "drill")
+        except PermissionDenied as exc:
+            return str(exc)
+        return None
+
+    return check
+
+
+def _drill_service(catalog: Catalog, tiers: Sequence[Tier], s: _Shared, sec: Sections,
+                   chunk_size: int, access: Access, uploader: Uploader, node: str) -> DrillService:
+    """A save, as the upload queue defers to it (chunk buffers in memory, or a stream of
+    commits), is what a drill yields to."""
+    scratch = sec.drill.scratch or Path(tempfile.gettempdir()) / f"ckptfs-drill-{os.getuid()}"
+    return DrillService(
+        catalog, s.db_limiter, [t for t in tiers if t.kind != "local"], sec.drill, scratch,
+        chunk_size, sec.governance, _drill_access(access),
+        SaveGate(saving=uploader.saving, save_over=uploader.wait_save_over),
+        sink=DrillMetrics(), node=node)
 
 
 def build(
@@ -312,8 +349,11 @@ def build(
                         node=w.node if session is None else session.node,
                         saving=lambda: budget.used > 0,  # a save's chunks are in memory
                         save_over=budget.wait_empty)
-    fs = _filesystem(catalog, s, chunk_size, _Parts(store, uploader, gc, tracker, scrubber),
-                     sec, kernel, session, refusals, shared)
+    access = Access(gov, catalog, s.db_limiter, refusals=refusals)
+    drill = _drill_service(catalog, tiers, s, sec, chunk_size, access, uploader, w.node)
+    fs = _filesystem(catalog, s, chunk_size,
+                     _Parts(store, uploader, gc, tracker, scrubber, drill), sec, kernel,
+                     session, access, shared)
     high = sec.retention.local_high_watermark
     janitor = Janitor(catalog, s.db_limiter, store, deleter, gc, fs.remove_tree,
                       s.handles.open_inos, sec.retention.policies, high, max(0.5, high - 0.1))
@@ -325,7 +365,7 @@ def build(
         auditor)
     return Daemon(catalog, s.db_limiter, store, uploader, deleter, tracker, gc, janitor,
                   s.budget, fs, telemetry, auditor, stats_path, session, sealer, keys, refusals,
-                  scrubber)
+                  scrubber, drill)
 
 
 def _delivered(n: int) -> None:

@@ -121,6 +121,8 @@ async def _start(
     if d.tracker is not None:
         producers.start("tracker", d.tracker.run)
     producers.start("janitor", d.janitor.run)
+    if d.drill is not None:
+        producers.start("drill", d.drill.run)  # restore drills: asked, or on a schedule
     if d.stats_path is not None:
         queues.start("telemetry", d.telemetry.publish, d.stats_path)
     if d.keys is not None:

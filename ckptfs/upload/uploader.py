@@ -240,6 +240,10 @@ class Uploader:
         """A save runs: one buffering data, or a stream of commits (commits.py)."""
         return self._buffering() or self.commits.running()
 
+    async def wait_save_over(self) -> None:
+        """Until no save runs (``saving``): a restore drill yields to saves (ckptfs/drill)."""
+        await self._save_over()
+
     async def _save_over(self) -> None:
         """Return when no save runs: the buffers freed (an event) and the stream of
         commits quiet (a deadline that each commit moves)."""

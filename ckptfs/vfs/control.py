@@ -34,7 +34,9 @@ XATTR_TAG = b"user.ckptfs.tag"
 XATTR_GC = b"user.ckptfs.gc"
 XATTR_PREFETCH = b"user.ckptfs.prefetch"  # stage a file's chunks on the local tiers
 XATTR_SCRUB = b"user.ckptfs.scrub"  # a scrub pass now: root only, on the mount's root
-CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH, XATTR_SCRUB)
+XATTR_DRILL = b"user.ckptfs.drill"  # a restore drill of a run (ckptfs/drill/)
+CONTROL_XATTRS = (XATTR_TAG, XATTR_GC, XATTR_PREFETCH, XATTR_SCRUB, XATTR_DRILL)
+DRILL_TICKETS_KEPT = 256  # drills asked, by (inode, pid), whose report may still be read
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_RECORD = b"user.ckptfs.checkpoint"
 XATTRS = (XATTR_STATE, XATTR_RECORD)
@@ -79,6 +81,17 @@ class ScrubRunner(Protocol):
     async def wait(self, ticket: int) -> dict[str, object]: ...
 
 
+class DrillRunner(Protocol):
+    """Restore drills on request (``user.ckptfs.drill``; drill/service.py DrillService):
+    ``request`` takes the caller's uid and gid, its pid and the xattr's value."""
+
+    async def request(self, ino: int, caller: tuple[int, int], pid: int, value: bytes) -> int: ...
+
+    def served_ticket(self, ticket: int) -> bool: ...
+
+    async def wait(self, ticket: int) -> bytes: ...
+
+
 class ControlXattrs:
     """The ``user.ckptfs.*`` names of every inode. ``getattr``: an inode's attributes (as
     the filesystem answers them); ``stage``: copies a file's remote-only chunks to a
@@ -88,6 +101,7 @@ class ControlXattrs:
         self, catalog: ControlCatalog, db: Db, gc: GcRunner, access: Access,
         getattr: Callable[[int], Awaitable[Inode]], stage: Callable[[int], Awaitable[None]],
         scrub: ScrubRunner | None = None,
+        drill: DrillRunner | None = None,
     ) -> None:
         self.catalog = catalog
         self.db = db
@@ -100,6 +114,10 @@ class ControlXattrs:
         self._gc_tickets: dict[int, int] = {}
         self._scrub = scrub
         self._scrub_ticket = 0  # the last pass asked for through ``user.ckptfs.scrub``
+        self.drill = drill
+        # The drill each (inode, process) last asked for: root asks for every run on the
+        # mount's root, and two commands at once must each get their own report.
+        self._drill_tickets: dict[tuple[int, int], int] = {}
 
     async def _checkpoint_of(self, ino: int) -> CheckpointRow | None:
         path = await self.db(self.catalog.path_of, ino)
@@ -114,6 +132,8 @@ class ControlXattrs:
             return await self._gc_done(ino, ctx)
         if name == XATTR_SCRUB:
             return await self._scrub_done(ino, ctx)
+        if name == XATTR_DRILL:
+            return await self._drill_done(ino, ctx)
         after = page_after(name)
         if after is not None:  # the checkpoints under a directory (vfs/listing.py)
             visible = await self.access.viewer(ctx)
@@ -155,6 +175,9 @@ class ControlXattrs:
                                 if not self.gc.served_ticket(t)}
             self._gc_tickets[ino] = max(ticket, self._gc_tickets.get(ino, 0))
             return
+        if name == XATTR_DRILL:
+            await self._drill_request(ino, value, caller)
+            return
         if name == XATTR_PREFETCH:
             await self._stage(ino)
             # Once staged (what a prefetch changes is replica rows, many transactions).
@@ -170,6 +193,28 @@ class ControlXattrs:
             "tag", uid=caller.uid, pid=caller.pid))
         if not await self.db(tagged, path, tag):
             raise InvalidArgument(f"{path} is not a known checkpoint")
+
+    async def _drill_request(self, ino: int, value: bytes, caller: RequestContext) -> None:
+        """``user.ckptfs.drill`` (``ckptfs drill RUN_DIR``): a drill is asked, not waited
+        for (the kernel holds the inode locked for the whole setxattr); a getxattr of it
+        waits for the report."""
+        if self.drill is None:
+            raise NotSupported("restore drills are not served by this daemon")
+        ticket = await self.drill.request(ino, (caller.uid, caller.gid), caller.pid, value)
+        if len(self._drill_tickets) >= DRILL_TICKETS_KEPT:  # the oldest served go first
+            served = [k for k, t in sorted(self._drill_tickets.items(), key=lambda kt: kt[1])
+                      if self.drill.served_ticket(t)]
+            for k in served[:len(served) // 2 + 1]:
+                del self._drill_tickets[k]
+        self._drill_tickets[(ino, caller.pid)] = ticket
+
+    async def _drill_done(self, ino: int, ctx: RequestContext) -> bytes:
+        """``getxattr user.ckptfs.drill``: the report (JSON) of the drill the last setxattr
+        of it on this inode by this process asked for, once it has run ({} if none)."""
+        ticket = self._drill_tickets.get((ino, ctx.pid))
+        if ticket is None or self.drill is None:
+            return b"{}"
+        return await self.drill.wait(ticket)
 
     async def _gc_done(self, ino: int, caller: RequestContext) -> bytes:
         """``getxattr user.ckptfs.gc``: wait for the pass the last ``setxattr`` of it on

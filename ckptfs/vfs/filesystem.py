@@ -133,7 +133,7 @@ class Filesystem:
             setid=self.setid, signals=self.signals, invalidate=self.invalidate)
         # ckptfs's own xattrs: checkpoint state and the control commands.
         self.control = ControlXattrs(catalog, self.db, peers.gc, self.access, self.getattr,
-                                     self.stage_file, peers.scrub)
+                                     self.stage_file, peers.scrub, peers.drill)
         self.xattrs = StoredXattrs(catalog, self.db, self._db_dirs_changed, self.getattr,
                                    open_files)
         self.removal = TreeRemoval(self, self.invalidate_entry)
@@ -685,7 +685,9 @@ class Filesystem:
         names are commands: ``user.ckptfs.tag`` = TAG adds a tag (e.g. milestone) to a
         checkpoint; ``user.ckptfs.gc`` (any value, on any directory) asks for retention now
         (``ckptfs gc``; a getxattr of it waits for the pass); ``user.ckptfs.prefetch`` stages a
-        file on the local tiers. The other ``user.ckptfs.*`` names are reserved: EPERM."""
+        file on the local tiers; ``user.ckptfs.drill`` asks for a restore drill (``ckptfs drill``;
+        a getxattr of it waits for the report). The other ``user.ckptfs.*`` names are
+        reserved: EPERM."""
         await self.access.inode(ctx, ino, "setxattr")
         if name.startswith(XATTR_RESERVED):
             await self.control.set(ino, name, value, ctx)

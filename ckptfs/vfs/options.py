@@ -13,7 +13,7 @@ from ..checkpoints.fence import SignalFence
 from ..chunks.tierview import TierView
 from ..config import DEFAULT_READAHEAD, DurabilityPolicy, GovernanceConfig
 from .access import Access
-from .control import GcRunner, ScrubRunner
+from .control import DrillRunner, GcRunner, ScrubRunner
 from .openrows import SessionId
 from .pagepush import PagePush
 from .quota import Quotas
@@ -66,6 +66,7 @@ class FsPeers:
     tracker: EventSink | None = None
     session: SessionId | None = None
     scrub: ScrubRunner | None = None
+    drill: DrillRunner | None = None  # restore drills (``user.ckptfs.drill``); None: none
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The flow every test follows (issue 6): node 1 mounts ckptfs with two local tiers and the
 SeaweedFS remote, a framework trains a tiny model and saves through the mount, ``ckptfs
 sync`` makes the checkpoint durable on the remote and ``ckptfs ls --json`` must show it
-committed and durable on ``remote0``. Then node 1 is lost: it is unmounted and its tiers
+committed and durable on ``remote0``, and ``ckptfs drill`` must restore it from the bucket
+alone and find its format intact. Then node 1 is lost: it is unmounted and its tiers
 and state dir are deleted. Node 2 mounts an empty state dir on the same bucket prefix, so
 ckptfs restores the catalog from the bucket's snapshot, and the framework resumes with its
 own load path; the restored state must be bit-identical to copies taken at save time.
@@ -206,6 +207,18 @@ class Nodes:
             assert c["state"] == "committed", c
             assert "remote0" in c["durable_on"], c
             assert c["missing_chunks"] == 0, c
+        self.drill(run, roots)
+
+    def drill(self, run: Path, roots: Sequence[str]) -> dict[str, Any]:
+        """``ckptfs drill RUN``: the latest committed checkpoint under RUN (one of
+        ``roots``) restored from the bucket alone as a new node would, every chunk
+        verified, the framework's format checked (checkpoints/formats), then removed."""
+        res = run_cli("drill", "--json", str(run), timeout=300)
+        assert res.returncode == 0, f"ckptfs drill failed ({res.returncode}): {res.stdout}{res.stderr}"
+        [report] = json.loads(res.stdout)
+        assert report["result"] == "passed" and report["checkpoint"] in roots, report
+        assert report["bytes"] == report["total_bytes"] > 0, report
+        return dict(report)
 
     def close(self, failed: bool) -> None:
         """Teardown: unmount whatever is still mounted (cleanly unless the test failed).
