@@ -126,7 +126,7 @@ def test_a_version_5_sqlite_catalog_gets_the_audit_log(tmp_path: Path) -> None:
     conn.close()
     c = SqliteCatalog(path)
     try:
-        assert SCHEMA_VERSION == 10 and c.get_meta("schema_version") == "10"
+        assert SCHEMA_VERSION == 11 and c.get_meta("schema_version") == "11"
         assert c.lookup(R, b"old").is_reg
         c.create(R, b"new", F, 0, 0, audit=who("create"))
         assert [e.path for e in c.audit_entries()] == ["/new"]

@@ -307,7 +307,7 @@ def test_version_2_catalog_gets_the_checkpoint_state_check(tmp_path: Path) -> No
     assert "CHECK" not in _check_sql(path)
     c = SqliteCatalog(path)
     try:
-        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
         rows = c.checkpoint_rows("/")
         assert [(r.id, r.root, r.state) for r in rows] == [
             (1, "/run/step-1", CheckpointState.WRITING), (2, "/run/step-2", CheckpointState.COMMITTED),

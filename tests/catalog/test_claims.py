@@ -100,7 +100,7 @@ def test_the_upload_a_dead_claim_held_goes_once_the_claim_taken_back_ends(cat: C
 
 
 def _claims_work(c: Cat) -> None:
-    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
     c.queue_deletions([(A, "s3")])
     assert c.claim_deletions([(A, "s3")], lease_end(), ("n1", "dead")) == [(A, "s3")]
     assert [t for _d, t, _u in c.adopt_deletion_claims("n1", "new", {"s3": 1})] == ["s3"]

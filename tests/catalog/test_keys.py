@@ -111,7 +111,7 @@ def test_a_version_5_sqlite_catalog_gets_the_keys_table(tmp_path: Path) -> None:
     conn.close()
     c = SqliteCatalog(path)
     try:
-        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
         assert c.ensure_namespace_key("/a", _wrap(b"w")) is not None
     finally:
         c.close()

@@ -19,7 +19,7 @@ A = b"\x0b" * 32
 
 
 def _moves_work(c: SqliteCatalog | PostgresCatalog) -> None:
-    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
     assert c.begin_move(A, 10, ["s3"], "n1")
     c.queue_deletions([(A, "s3")])
     assert c.claim_deletions([(A, "s3")], lease_end()) == []  # wanted by the move: cancelled

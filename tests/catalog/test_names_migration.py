@@ -21,7 +21,7 @@ def _seed(c: Catalog) -> None:
 
 
 def _works(c: Catalog) -> None:
-    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
     assert [(r.root, r.state) for r in c.checkpoint_rows("/run")] == [
         ("/run/step-1", CheckpointState.COMMITTED), ("/run/step-2", CheckpointState.WRITING)]
     assert c.checkpoint_set_state("/run/step-2", CheckpointState.PARTIAL, "no writer")

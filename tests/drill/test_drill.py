@@ -7,8 +7,10 @@ principal (and root) cannot read a namespace's checkpoint; a drill waits for a s
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.mount.test_checkpoints import hf_save, states
+from tests.mount.test_checkpoints import states
 from tests.mount.test_posix_perms import as_user, needs_root
 from tests.remote.test_remote_mount import remote_objects
 from tests.support import encryption as enc
@@ -52,6 +54,38 @@ def _config(tmp_path: Path, text: str = "") -> Path:
 def _sync(path: Path) -> None:
     res = run_cli("sync", str(path), "--timeout", "60", timeout=90)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _st(payload: bytes) -> bytes:
+    """``payload`` as the one U8 tensor of a safetensors file (the drill checks the format)."""
+    header = json.dumps({"t": {"dtype": "U8", "shape": [len(payload)],
+                               "data_offsets": [0, len(payload)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + payload
+
+
+def _pt(obj: object) -> bytes:
+    import torch  # the test venv's: real torch.save archives for the drill's zip checks
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def hf_save(ckdir: Path, step: int, payload: bytes) -> None:
+    """A Hugging Face Trainer save (docs/frameworks.md) in the formats the drill checks:
+    safetensors, torch.save archives, trainer_state.json last."""
+    import torch
+
+    d = ckdir / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", _st(payload)),
+                       ("optimizer.pt", _pt({"state": torch.frombuffer(bytearray(payload[::-1]),
+                                                                        dtype=torch.uint8)})),
+                       ("scheduler.pt", _pt({"last_epoch": step})), ("rng_state.pth", _pt({"seed": 1})),
+                       ("trainer_state.json", json.dumps({"step": step}).encode())):
+        with open(d / name, "wb") as f:
+            f.write(data)
 
 
 def _saved(m: Mount, run: Path, step: int, payload: bytes) -> str:
@@ -168,7 +202,7 @@ def test_a_corrupted_bucket_object_fails_the_drill_loudly_while_the_local_copy_i
         assert report["result"] == "failed" and victim in report["problems"][0]
         assert "WARNING" in err and "FAILED" in err and victim in err
         # The mount reads the good local copy: only the drill, reading as a new node, saw it.
-        assert (run / "checkpoint-1" / "model.safetensors").read_bytes() == payload
+        assert (run / "checkpoint-1" / "model.safetensors").read_bytes() == _st(payload)
         got = scrape(m.state_dir)
         assert sample(got, "ckptfs_drill_last_failed", run="/run") == 1
         assert sample(got, "ckptfs_drill_failures_total", run="/run") == 1
@@ -186,7 +220,7 @@ def test_a_shredded_key_fails_the_drill(tmp_path: Path, remote: tuple[str, str])
     cfg = enc.config(tmp_path / "ckptfs.toml", kek_path,
                      extra=f'[drill]\nscratch = "{tmp_path / "scratch"}"\n')
     with mounted(tmp_path / "node", 1, _args(url, cfg)) as m:
-        (m.mountpoint / "proj-a").mkdir(mode=0o777)
+        (m.mountpoint / "proj-a").mkdir(mode=0o777, exist_ok=True)  # made at mount
         run = m.mountpoint / "proj-a" / "run"
         _saved(m, run, 1, os.urandom(300_000))
         rc, [report], err = drill(str(run))
@@ -214,17 +248,19 @@ def test_a_drill_reads_with_the_namespace_principal_and_no_other(
     base.mkdir()
     tmp_path.chmod(0o755)
     base.chmod(0o755)
-    cfg = _config(tmp_path, f'[[namespace]]\npath = "/proj-a"\nuids = [{OWNER}]\n'
+    # mode 0755: the namespace's rule, not the mode bits, is what keeps a stranger out
+    cfg = _config(tmp_path, f'[[namespace]]\npath = "/proj-a"\nuids = [{OWNER}]\nmode = "0755"\n'
                             f'[[namespace]]\npath = "/proj-b"\nuids = [{STRANGER}]\n'
                             f'gids = [{GROUP}]\n')
     with mounted(base, 1, _args(url, cfg)) as m:
         mp = m.mountpoint
         mp.chmod(0o777)
-        payload = "x" * 5000
+        files = {"config.json": b"{}", "model.safetensors": _st(b"x" * 5000),
+                 "trainer_state.json": b'{"step": 1}'}
         assert as_user(mp, OWNER, OWNER, [
             "os.makedirs('proj-a/run/checkpoint-1')",
-            *(f"open('proj-a/run/checkpoint-1/{n}', 'w').write({payload!r})"
-              for n in ("config.json", "model.safetensors", "trainer_state.json")),
+            *(f"open('proj-a/run/checkpoint-1/{n}', 'wb').write({data!r})"
+              for n, data in files.items()),
         ]) == [0, 0, 0, 0]
         run = mp / "proj-a" / "run"
         wait_until(lambda: _state(m, "/proj-a/run/checkpoint-1") == "committed", what="commit")
@@ -255,9 +291,12 @@ def test_a_drill_reads_with_the_namespace_principal_and_no_other(
 # A writer in a process of its own (a fork of the test's process would close its copy of
 # the descriptor at exec, and the kernel's FLUSH of that close commits the file).
 WRITER = """
-import os, sys
+import json, os, struct, sys
 f = open(sys.argv[1], "wb")
-f.write(os.urandom(300_000))
+n = 300_000
+h = json.dumps({"t": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode()
+h += b" " * (-len(h) % 8)
+f.write(struct.pack("<Q", len(h)) + h + os.urandom(n))
 f.flush()
 print("written", flush=True)
 sys.stdin.readline()

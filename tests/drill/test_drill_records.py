@@ -63,7 +63,7 @@ def test_drills_are_recorded_with_their_audit_record_and_read_newest_first(cat: 
 
 
 def _drills_work(c: Cat) -> None:
-    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+    assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
     c.record_drill(row("/r", "passed", 5))
     assert [r.run for r in c.last_drills()] == ["/r"]
 

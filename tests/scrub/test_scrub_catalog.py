@@ -93,7 +93,7 @@ def test_a_schema_9_sqlite_catalog_gets_the_check_column(tmp_path: Path) -> None
     conn.close()
     c = SqliteCatalog(path)
     try:
-        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "10"
+        assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
         due = c.replicas_to_check(["local0"], time.time_ns(), 10)
         assert [(r.digest, r.checked_ns) for r in due] == [(A, 0)]  # never checked
     finally:
@@ -115,7 +115,7 @@ def test_a_schema_9_postgres_catalog_gets_the_check_column(pg_url: str) -> None:
         PostgresCatalog(pg_url, pool_size=1, readonly=True)
     c = PostgresCatalog(pg_url, pool_size=1)
     try:
-        assert c.get_meta("schema_version") == "10"
+        assert c.get_meta("schema_version") == "11"
         due = c.replicas_to_check(["local0"], time.time_ns(), 10)
         assert [(r.digest, r.checked_ns) for r in due] == [(A, 0)]
     finally:
