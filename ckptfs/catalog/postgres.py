@@ -49,7 +49,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
-from .audit import AUDIT_DDL
+from .audit import AUDIT_DDL, AUDIT_PENDING_DDL, chain_pending
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
@@ -99,14 +99,20 @@ _RERUN_KEYS = ("dentries_parent_name_key", "audit_log_pkey")
 # the commit (and so misses the change) is older than the mark; a failure of the mark
 # loses only the mark (the next change writes it), not the change. Never backwards: the
 # nodes' clocks differ a little.
-_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
+_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', '{}') ON CONFLICT (key) DO UPDATE SET "
                  "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
+
+
+def _mark_changed_sql() -> str:
+    return _MARK_CHANGED.format(time.time_ns())
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 # pg_try_advisory_xact_lock key of the cleanup of expired node sessions ("ckptss").
 _SESSIONS_LOCK = 0x636B70747373
+# pg_advisory_xact_lock key of chaining the pending audit records ("ckptau"): one node at a time.
+_AUDIT_LOCK = 0x636B70746175
 
 
 def _run_ddl(c: Conn, ddl: str) -> None:
@@ -202,12 +208,14 @@ class Counts:
 
 class _PgConn:
     """A pooled connection in one transaction, taking the catalog's portable statements
-    (prepared by psycopg at their 5th use on a connection)."""
+    (prepared by psycopg at their 5th use on a connection). ``later``: statements (literal
+    SQL) to run right after the COMMIT, in its round trip (``_after_commit``)."""
 
-    __slots__ = ("conn", "counts")
+    __slots__ = ("conn", "counts", "later")
 
     def __init__(self, conn: psycopg.Connection[Any], counts: Counts) -> None:
         self.conn, self.counts = conn, counts
+        self.later: list[str] = []
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
         self.counts.statements += 1
@@ -268,6 +276,10 @@ class PostgresCatalog(SqlCatalog):
         self.readonly = readonly
         self.concurrency = pool_size
         self.shared = True
+        # Audit records are chained after their transaction (audit.py), once the table of
+        # pending ones exists (a read-only open of an older catalog may lack it).
+        self._audit_deferred = True
+        self._pending_table = True
         # Transactions run again after a conflict (serialization failure, deadlock, a
         # concurrent create of a name): how contended the shared catalog is.
         self.conflicts = 0
@@ -384,11 +396,9 @@ class PostgresCatalog(SqlCatalog):
             try:
                 self.counts.transactions += 1
                 with self._session(_BEGIN_WRITE) as conn:
-                    result = body(_PgConn(conn, self.counts))
-                    conn.execute("COMMIT")
-                    self.counts.round_trips += 1
-                    if touch:
-                        self._mark_changed(conn)
+                    pc = _PgConn(conn, self.counts)
+                    result = body(pc)
+                    self._commit(conn, pc.later + ([_mark_changed_sql()] if touch else []))
                 return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
@@ -406,14 +416,54 @@ class PostgresCatalog(SqlCatalog):
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
 
-    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
-        """The change mark (_MARK_CHANGED) after a change committed."""
+    def _commit(self, conn: psycopg.Connection[Any], after: list[str]) -> None:
+        """COMMIT, and the statements ``after`` it (the change mark, a directory's times)
+        in the same round trip: one simple query, whose statements after the COMMIT run
+        READ COMMITTED, as one implicit transaction, only if the COMMIT succeeded. A
+        COMMIT fails only by a serialization failure (no deferred constraints) or a lost
+        connection, both raised; any other error is theirs, and loses only them."""
+        self.counts.round_trips += 1
+        if not after:
+            conn.execute("COMMIT")
+            return
         try:
-            self.counts.round_trips += 1
-            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
+            conn.execute("; ".join(["COMMIT", *after]))
+        except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected,
+                psycopg.OperationalError, psycopg.InterfaceError):
+            raise
         except psycopg.Error as e:
-            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
-                        self.where, e)
+            log.warning("catalog %s: after a commit, %s not written: %s", self.where,
+                        "; ".join(after), str(e).splitlines()[0])
+
+    def _after_commit(self, c: Conn, sql: str, values: Sequence[int]) -> None:
+        """``sql`` (``?`` for each of the integers ``values``) right after the commit, not
+        in the transaction (``_commit``): a write that conflicts with every concurrent
+        change and need not be atomic with them (a directory's times)."""
+        assert isinstance(c, _PgConn)
+        c.later.append(sql.replace("?", "{}").format(*(int(v) for v in values)))
+
+    def _audit_chain(self) -> int:
+        """Chain the pending audit records (audit.chain_pending) in a transaction of their
+        own, READ COMMITTED under a transaction-level advisory lock: the chainers of all
+        nodes take turns, each seeing the last one's head (no serialization failure, no
+        rerun), and the writers, which only insert pending rows, never wait for it. A
+        read-only open chains too (a record is no change of the file system), except where
+        the server refuses writes (a standby): then the log reads without them."""
+        if not self._pending_table or not self._query("SELECT EXISTS (SELECT 1 FROM audit_pending)")[0][0]:
+            return 0
+        try:
+            with self._session("BEGIN ISOLATION LEVEL READ COMMITTED") as conn:
+                c = _PgConn(conn, self.counts)
+                c.execute("SELECT pg_advisory_xact_lock(?)", (_AUDIT_LOCK,))
+                moved = chain_pending(c)
+                conn.execute("COMMIT")
+                self.counts.round_trips += 1
+        except (pgerrors.ReadOnlySqlTransaction, pgerrors.InsufficientPrivilege) as e:
+            log.debug("catalog %s: audit records not chained: %s", self.where, e)
+            return 0
+        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            raise self._unavailable(e) from None
+        return moved
 
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
@@ -483,6 +533,10 @@ class PostgresCatalog(SqlCatalog):
                     self._create_schema(conn)
                 else:
                     self._check_version(c)
+                if not self.readonly:  # no schema version of its own: a table only nodes use
+                    _run_ddl(c, AUDIT_PENDING_DDL)
+                self._pending_table = c.execute(
+                    "SELECT to_regclass('audit_pending')").fetchone()[0] is not None
                 conn.execute("COMMIT")
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
@@ -516,7 +570,9 @@ class PostgresCatalog(SqlCatalog):
 
     def backup_bytes(self) -> bytes:
         """The whole catalog in one snapshot, as a SQLite catalog file (what a bucket
-        restore opens as a SqliteCatalog), with the sequences carried over."""
+        restore opens as a SqliteCatalog), with the sequences carried over; the pending
+        audit records chained first (the snapshot has no table of them)."""
+        self._audit_chain()
         with self._reading() as c:
             rows = {
                 table: c.execute(f"SELECT {', '.join(cols)} FROM {table}").fetchall()
