@@ -81,7 +81,9 @@ CREATE TABLE IF NOT EXISTS audit_pending (
 
 # Pending records moved into the chain per statement (chain_pending).
 CHAIN_BATCH = 1000
-_INSERT_ROWS = 50  # records per INSERT INTO audit_log
+# Records per INSERT INTO audit_log: 50 parameters at most, so that psycopg caches the
+# statement's parsing (it parses one with more every time).
+_INSERT_ROWS = 5
 
 # The open-for-read records noted and not yet written: beyond this many (a catalog down for
 # long) the oldest are dropped, and the next flush records how many.
