@@ -52,6 +52,7 @@ from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
 from .audit import AUDIT_DDL, AUDIT_PENDING_DDL, chain_pending
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
+from .contents import put_extent
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
 from .hooks import CatalogHooks
 from .keys import KEYS_DDL
@@ -59,10 +60,12 @@ from .moves import MOVES_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .quotas import QUOTAS_DDL
+from .rows import ChunkRef
 from .schema import SCHEMA, SCHEMA_VERSION, SEQUENCES, TABLES, init_rows, newer_schema
 from .sessions import SESSIONS_DDL
 from .sql import SqlCatalog
 from .sqlite import catalog_file
+from .uploads import wanted_on
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "Counts", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
@@ -105,6 +108,26 @@ _MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', '{}') ON CONFLICT (key)
 
 def _mark_changed_sql() -> str:
     return _MARK_CHANGED.format(time.time_ns())
+
+# A chunk of a file's new version, in one statement (``_put_extents``): its chunk row, its
+# valid replica on the tier that holds it, the extent, and (``_CHUNK_JOB``) the upload job
+# to one more tier unless that tier holds a valid copy, with the cancellation of the
+# tier's unclaimed deletion row of the chunk when the job was made (uploads.wanted_on).
+# The parts see one snapshot, not each other's rows: the job's tier is never the
+# replica's (the caller checks), and the deletion reads the job's RETURNING.
+_CHUNK_ROWS = (
+    "WITH ch AS (INSERT INTO chunks VALUES (?, ?) ON CONFLICT (digest) DO NOTHING), "
+    "rp AS (INSERT INTO replicas VALUES (?, ?, 'valid') ON CONFLICT (digest, tier) "
+    "DO UPDATE SET state='valid'), "
+    "ex AS (INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
+    "digest=excluded.digest, length=excluded.length)")
+_CHUNK_JOB = (
+    ", job AS (INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) SELECT ?, ?, ?, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid') "
+    "ON CONFLICT DO NOTHING RETURNING 1), "
+    "gone AS (DELETE FROM deletions WHERE tier=? AND next_try_ns>=0 AND digest=? "
+    "AND EXISTS (SELECT 1 FROM job) RETURNING 1) "
+    "SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM gone)")
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -441,6 +464,30 @@ class PostgresCatalog(SqlCatalog):
         change and need not be atomic with them (a directory's times)."""
         assert isinstance(c, _PgConn)
         c.later.append(sql.replace("?", "{}").format(*(int(v) for v in values)))
+
+    def _put_extents(self, c: Conn, ino: int, n_chunks: int, changes: dict[int, ChunkRef | None],
+                     queued: dict[bytes, list[str]], enqueued_ns: int) -> int:
+        """contents.py's, with a chunk held on one tier and queued to at most one other
+        (a file's commit on a node: its local tier, the remote) in one statement
+        (_CHUNK_ROWS), not five; any other chunk as there."""
+        cancelled = 0
+        for idx, ref in changes.items():
+            if idx >= n_chunks or ref is None:
+                continue
+            to = queued.get(ref.digest, [])
+            if len(ref.tiers) != 1 or len(to) > 1 or set(to) & set(ref.tiers):
+                for tier in put_extent(c, ino, idx, ref, to, enqueued_ns):
+                    cancelled += wanted_on(c, tier, [ref.digest])
+                continue
+            d, n = ref.digest, ref.length
+            args: tuple[Any, ...] = (d, n, d, ref.tiers[0], ino, idx, d, n)
+            if not to:
+                c.execute(_CHUNK_ROWS + " SELECT 0, 0", args)
+                continue
+            row = c.execute(_CHUNK_ROWS + _CHUNK_JOB,
+                            (*args, d, to[0], n, enqueued_ns, d, to[0], to[0], d)).fetchone()
+            cancelled += int(row[1])
+        return cancelled
 
     def _audit_chain(self) -> int:
         """Chain the pending audit records (audit.chain_pending) in a transaction of their
