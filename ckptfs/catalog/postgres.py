@@ -510,6 +510,10 @@ class PostgresCatalog(SqlCatalog):
             return 0
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
+        except psycopg.Error as e:  # they stay pending: the next flush or read tries again
+            log.warning("catalog %s: audit records not chained: %s", self.where,
+                        str(e).splitlines()[0])
+            return 0
         return moved
 
     def _cleanup_lock(self, c: Conn) -> bool:
