@@ -13,6 +13,9 @@ configuration has the same remote tier (a bucket prefix of its own per configura
    catalog need the remote, the only way one node reads another's chunks). Before stat and readdir the kernel's
    dentries and inodes are dropped (as root), so every lookup asks the daemon. Ops/s is
    the files done (or entries listed) by both workers over the wall time of the phase.
+   With PostgreSQL also the catalog's transactions per create (``pg_stat_database``: every
+   node's, single-statement reads and background work included) and of them the ones
+   rolled back (conflicts, run again). ``--no-sqlite``: the PostgreSQL configurations only.
 2. A DCP-style save: ``--ranks`` (4) processes each write one ``--file-mib`` (128) MiB file
    (``__R_0.distcp``) from memory (preallocated buffers, 1 MiB os.write, no fsync:
    scripts/benchio.py) into one checkpoint directory, then ``.metadata``; all started at
@@ -490,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         out.append(table(f"Metadata, ops/s ({args.files} files, 2 workers)", meta,
                          [*cols, "daemon CPU s/1000 creates", "catalog xacts/create",
                           "rolled back/create"]))
-        out.append(table("Metadata, each configuration over SQLite 1 node (ops/s ratio)",
+        out.append(table("Metadata, each configuration over the first (ops/s ratio)",
                          _ratios(meta, cols), cols))
     if not args.no_save:
         out.append(table(f"DCP-style save, s ({args.ranks} x {args.file_mib} MiB)", saves,
