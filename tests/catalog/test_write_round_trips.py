@@ -1,7 +1,8 @@
 """What a write transaction costs and keeps (issue 35, "Metadata on the shared catalog"): a
 create notes its open-handle row in its own transaction (both engines), so on PostgreSQL a
 create is one transaction, not two; a failed statement rolls back the whole transaction and
-the connection keeps working."""
+the connection keeps working. What PostgreSQL sends for a create, a commit and a release is
+pinned; a commit's rows are the same on both engines."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.audit import AuditRecord
 from ckptfs.catalog.engines import open_catalog
 from ckptfs.catalog.protocols import Catalog
-from ckptfs.catalog.rows import ROOT_INODE
+from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
 from ckptfs.catalog.sql import Conn
 from ckptfs.errors import AlreadyExists
 
@@ -132,5 +133,65 @@ def test_a_transaction_that_fails_inside_its_body_logs_nothing_of_psycopg(
                 cat.create(ROOT_INODE, b"f", FILE, 0, 0, audit=AuditRecord("create"))
         assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
         assert [n for _, n, _ in cat.readdir(ROOT_INODE, 0)] == [b"f"]
+    finally:
+        cat.close()
+
+
+A, B, C = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
+
+
+def test_a_commit_writes_the_same_rows_with_its_chunks_in_one_statement(catalog: Catalog) -> None:
+    """PostgreSQL writes a chunk held on one tier and queued to one other in one statement
+    (postgres.py ``_put_extents``), any other chunk statement by statement: both give the
+    rows SQLite's statements give, the cancellation of an unclaimed deletion included."""
+    assert catalog.queue_deletions([(A, "s3"), (C, "s3")]) == 2
+    f = catalog.create(ROOT_INODE, b"f", FILE, 0, 0)
+    catalog.commit_file(f.ino, 20, 1, 1, 10, {0: ChunkRef(A, 10, ("l",)), 1: ChunkRef(B, 10, ("l",))},
+                        uploads={A: ["s3"]})
+    assert catalog.extents(f.ino) == {0: ChunkRef(A, 10, ("l",)), 1: ChunkRef(B, 10, ("l",))}
+    assert catalog.upload_job_pairs() == {(A, "s3")}
+    assert catalog.deletion_keys("s3") == {C}  # A's row cancelled by its job
+    # Two tiers, and queued to one of them (which holds it: no job there): the other way.
+    g = catalog.create(ROOT_INODE, b"g", FILE, 0, 0)
+    catalog.commit_file(g.ino, 10, 1, 1, 10, {0: ChunkRef(C, 10, ("l", "m"))},
+                        uploads={C: ["s3", "l"]})
+    assert catalog.extents(g.ino) == {0: ChunkRef(C, 10, ("l", "m"))}
+    assert catalog.upload_job_pairs() == {(A, "s3"), (C, "s3")}
+    assert catalog.deletion_keys("s3") == set()
+    # Rewritten: the same chunk again, and a tier that already holds a valid copy.
+    catalog.commit_file(f.ino, 10, 2, 2, 10, {0: ChunkRef(B, 10, ("l",))}, uploads={B: ["l"]})
+    assert catalog.extents(f.ino) == {0: ChunkRef(B, 10, ("l",))}
+    assert catalog.upload_job_pairs() == {(A, "s3"), (C, "s3")}
+
+
+def test_a_commit_of_one_queued_chunk_is_three_statements(pg_url: str) -> None:
+    """Before: the old extents, the chunk, its replica, the extent, the upload job, the
+    deletion it cancels, the inode: 7 statements. Now the chunk's five are one."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        f = cat.create(ROOT_INODE, b"f", FILE, 0, 0)
+        before = cat.counts.statements
+        cat.commit_file(f.ino, 10, 1, 1, 10, {0: ChunkRef(A, 10, ("n:t0",))}, uploads={A: ["s3"]})
+        assert cat.counts.statements - before == 3
+        assert cat.extents(f.ino) == {0: ChunkRef(A, 10, ("n:t0",))}
+        assert cat.upload_job_pairs() == {(A, "s3")}
+    finally:
+        cat.close()
+
+
+def test_a_release_of_a_named_file_is_one_statement(pg_url: str) -> None:
+    """Before: the open row's DELETE, then the inode's link count: 2 statements. Now the
+    DELETE returns the count; an unlinked file is still dropped by its last release."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        sid = cat.register_session("n1", 60).sid
+        f = cat.create(ROOT_INODE, b"f", FILE, 0, 0, open_for=sid)
+        before = cat.counts.statements
+        assert cat.release_inode(sid, f.ino) is None
+        assert cat.counts.statements - before == 1
+        g = cat.create(ROOT_INODE, b"g", FILE, 0, 0, open_for=sid)
+        cat.unlink(ROOT_INODE, b"g")
+        assert cat.release_inode(sid, g.ino) == []  # dropped by its last release
+        assert cat.open_inodes() == set()
     finally:
         cat.close()
