@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +196,49 @@ def test_a_release_of_a_named_file_is_one_statement(pg_url: str) -> None:
         assert cat.open_inodes() == set()
     finally:
         cat.close()
+
+
+@pytest.mark.allow_log_warnings("not written: division by zero")
+def test_statements_after_a_commit_run_once_per_commit_and_a_failure_of_theirs_keeps_it(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``_after_commit`` statements go with the COMMIT (postgres.py ``_commit``): a
+    transaction that conflicts (two write skews meeting at a barrier: one of them runs
+    again) runs them only for the run that committed; one that fails after the COMMIT
+    loses only itself, with a warning."""
+    a, b = PostgresCatalog(pg_url, pool_size=1), PostgresCatalog(pg_url, pool_size=1)
+    try:
+        a._write(lambda c: c.execute("INSERT INTO meta VALUES ('x', '0'), ('y', '0'), ('runs', '0')"))
+        gate = threading.Barrier(2, timeout=30)
+        first = {"x": True, "y": True}
+
+        def skew(cat: PostgresCatalog, read: str, write: str) -> None:
+            def body(c: Conn) -> None:
+                c.execute("SELECT value FROM meta WHERE key=?", (read,)).fetchone()
+                if first[read]:
+                    first[read] = False
+                    gate.wait()
+                c.execute("UPDATE meta SET value='1' WHERE key=?", (write,))
+                cat._after_commit(c, "UPDATE meta SET value=CAST(CAST(value AS BIGINT) + ? AS TEXT) "
+                                  "WHERE key='runs'", (1,))
+
+            cat._write(body)
+
+        threads = [threading.Thread(target=skew, args=args)
+                   for args in ((a, "x", "y"), (b, "y", "x"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert a.conflicts + b.conflicts >= 1
+        assert a.get_meta("runs") == "2"
+        def failing_after(c: Conn) -> None:
+            c.execute("INSERT INTO meta VALUES ('kept', '1')")
+            a._after_commit(c, "UPDATE meta SET value=CAST(1 / ? AS TEXT) WHERE key='runs'", (0,))
+
+        with caplog.at_level(logging.WARNING, logger="ckptfs.catalog.postgres"):
+            a._write(failing_after)
+        assert a.get_meta("kept") == "1" and a.get_meta("runs") == "2"
+        assert any("division by zero" in r.getMessage() for r in caplog.records)
+    finally:
+        a.close()
+        b.close()
