@@ -442,17 +442,20 @@ class PostgresCatalog(SqlCatalog):
     def _commit(self, conn: psycopg.Connection[Any], after: list[str]) -> None:
         """COMMIT, and the statements ``after`` it (the change mark, a directory's times)
         in the same round trip: one simple query, whose statements after the COMMIT run
-        READ COMMITTED, as one implicit transaction, only if the COMMIT succeeded. A
-        COMMIT fails only by a serialization failure (no deferred constraints) or a lost
-        connection, both raised; any other error is theirs, and loses only them."""
+        in a READ COMMITTED transaction of their own (whatever the server's default),
+        only if the COMMIT succeeded. A COMMIT fails only by a serialization failure (no
+        deferred constraints) or a lost connection, both raised (the first runs the body
+        again); a READ COMMITTED statement never fails by a serialization failure, so any
+        other error is theirs, and loses only them (the caller's ``_session`` rolls their
+        transaction back)."""
         self.counts.round_trips += 1
         if not after:
             conn.execute("COMMIT")
             return
         try:
-            conn.execute("; ".join(["COMMIT", *after]))
-        except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected,
-                psycopg.OperationalError, psycopg.InterfaceError):
+            conn.execute("; ".join(["COMMIT", "BEGIN ISOLATION LEVEL READ COMMITTED", *after,
+                                    "COMMIT"]))
+        except (pgerrors.SerializationFailure, psycopg.OperationalError, psycopg.InterfaceError):
             raise
         except psycopg.Error as e:
             log.warning("catalog %s: after a commit, %s not written: %s", self.where,
