@@ -13,6 +13,9 @@ configuration has the same remote tier (a bucket prefix of its own per configura
    catalog need the remote, the only way one node reads another's chunks). Before stat and readdir the kernel's
    dentries and inodes are dropped (as root), so every lookup asks the daemon. Ops/s is
    the files done (or entries listed) by both workers over the wall time of the phase.
+   With PostgreSQL also the catalog's transactions per create (``pg_stat_database``: every
+   node's, single-statement reads and background work included) and of them the ones
+   rolled back (conflicts, run again). ``--no-sqlite``: the PostgreSQL configurations only.
 2. A DCP-style save: ``--ranks`` (4) processes each write one ``--file-mib`` (128) MiB file
    (``__R_0.distcp``) from memory (preallocated buffers, 1 MiB os.write, no fsync:
    scripts/benchio.py) into one checkpoint directory, then ``.metadata``; all started at
@@ -188,11 +191,27 @@ class Cluster:
 # -- 1. metadata ------------------------------------------------------------------------
 
 
+def xacts(url: str | None) -> tuple[int, int]:
+    """The database's committed and rolled back transactions so far (0, 0 without one).
+    PostgreSQL's statistics lag up to a second: the caller waits that long first."""
+    if url is None:
+        return 0, 0
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database "
+                           "WHERE datname = current_database()").fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int,
-                    pids: list[int | None]) -> dict[str, float]:
+                    pids: list[int | None], catalog: str | None = None) -> dict[str, float]:
     """Two workers; worker w works in ``dirs[w]`` (the same directory, maybe through
     different nodes) on files w, w+2, ...; ops/s per phase, and the CPU seconds of the
-    daemons ``pids`` (all of them together) per 1000 creates."""
+    daemons ``pids`` (all of them together) per 1000 creates; with a shared ``catalog``,
+    its transactions per create (every node's, background work included) and of them
+    the ones rolled back (conflicts, run again)."""
     names = [f"f{i:05d}" for i in range(n)]
     mine = [names[w::2] for w in range(2)]
     out: dict[str, float] = {}
@@ -223,9 +242,16 @@ def metadata_phases(dirs: list[Path], n: int, can_drop: bool, listings: int,
         for name in ns:
             os.rename(d / name, d / ("r" + name))
 
+    time.sleep(1.2 if catalog else 0)  # the statistics' lag
+    x0 = xacts(catalog)
     cpu0 = sum(cpu_seconds(p) or 0.0 for p in pids)
     phase("create+close", create, n)
     out["daemon CPU s/1000 creates"] = (sum(cpu_seconds(p) or 0.0 for p in pids) - cpu0) * 1000 / n
+    if catalog:
+        time.sleep(1.2)
+        x1 = xacts(catalog)
+        out["catalog xacts/create"] = (x1[0] + x1[1] - x0[0] - x0[1]) / n
+        out["rolled back/create"] = (x1[1] - x0[1]) / n
     phase("stat", stat, n, drop=True)
     phase("readdir (entries)", listdir, 2 * listings * n, drop=True)
     phase("rename", rename, n)
@@ -344,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                          "build, the builds alternating within each pass")
     ap.add_argument("--no-reference", action="store_true",
                     help="metadata: skip the SQLite node without a remote tier")
+    ap.add_argument("--no-sqlite", action="store_true",
+                    help="metadata: only the PostgreSQL configurations")
     args = ap.parse_args(argv)
     if args.ranks < 2 or args.ranks % 2 or args.files < 2 or args.repeat < 1:
         ap.error("--ranks must be even and at least 2; --files at least 2; --repeat at least 1")
@@ -396,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                            ("PostgreSQL, 2 nodes", True, 2, server)]
                 if not args.no_reference:
                     configs.append(("SQLite, 1 node, no remote tier", False, 1, None))
+                if args.no_sqlite:
+                    configs = [cfg for cfg in configs if cfg[1]]
                 for base_label, pg_db, n, remote in [] if args.no_metadata else configs:
                     for build, code in builds:
                         CODE[0] = code
@@ -408,12 +438,12 @@ def main(argv: list[str] | None = None) -> int:
                             dirs = [c.nodes[w % n].mnt / "files" for w in range(2)]
                             time.sleep(args.pause)  # quiet before the step
                             got = metadata_phases(dirs, args.files, can_drop, args.listings,
-                                                  [node.pid for node in c.nodes])
+                                                  [node.pid for node in c.nodes], catalog)
                         finally:
                             c.close()
                         add(meta.setdefault(label, {}), got)
                         print(f"  metadata {label}: " + ", ".join(
-                            f"{k} {v:.2f}" if "CPU" in k else f"{k} {v:.0f}/s"
+                            f"{k} {v:.2f}" if "CPU" in k or "/create" in k else f"{k} {v:.0f}/s"
                             for k, v in got.items()), flush=True)
                 CODE[0] = None  # the save and restore: this checkout
                 if args.no_save:
@@ -461,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_metadata:
         cols = ["create+close", "stat", "readdir (entries)", "rename"]
         out.append(table(f"Metadata, ops/s ({args.files} files, 2 workers)", meta,
-                         [*cols, "daemon CPU s/1000 creates"]))
-        out.append(table("Metadata, each configuration over SQLite 1 node (ops/s ratio)",
+                         [*cols, "daemon CPU s/1000 creates", "catalog xacts/create",
+                          "rolled back/create"]))
+        out.append(table("Metadata, each configuration over the first (ops/s ratio)",
                          _ratios(meta, cols), cols))
     if not args.no_save:
         out.append(table(f"DCP-style save, s ({args.ranks} x {args.file_mib} MiB)", saves,

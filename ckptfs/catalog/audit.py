@@ -11,10 +11,18 @@ what the signed seals of the head (upload/seal.py) catch.
 A change is recorded in the transaction that makes it: a write method of SqlCatalog takes
 ``audit`` (an ``AuditRecord``) and its body calls ``_audit_in`` last. The next ``seq`` is
 the head's plus one; ``seq`` is the primary key, so of two transactions that read the same
-head (two nodes of a shared catalog) one fails its insert and runs again (postgres.py reruns
-on ``audit_log_pkey``): one total order without a lock of its own. Opens for reading change
-nothing; they are noted in memory (``audit_note``, no I/O) and written together by
-``audit_flush`` in a transaction of their own (the daemon's flusher, mount.py).
+head one fails its insert and runs again: one total order without a lock of its own. Opens
+for reading change nothing; they are noted in memory (``audit_note``, no I/O) and written
+together by ``audit_flush`` in a transaction of their own (the daemon's flusher, mount.py).
+
+A shared catalog (PostgreSQL, ``_audit_deferred``) records a change the same way, in its
+transaction, but as a row of ``audit_pending`` (no seq, no digest yet): reading the one head
+in every audited transaction of every node made them all conflict (issue 35). The records
+are chained afterwards, oldest pending first, by ``chain_pending`` in a transaction of their
+own that one node at a time runs (postgres.py ``_audit_chain``: the daemon's flusher a moment
+after each audited change, and every read of the log, the seal's included, first). So a
+change and its record still commit or vanish together, the chain keeps its format, and what
+the seals cover is chained: records are unchained only until the next flush or read.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from .hooks import CatalogHooks
 from .tree import path_of
 
 __all__ = [
-    "AUDIT_DDL", "AUDIT_FORMAT", "AuditEntry", "AuditProblem", "AuditRecord", "AuditSql",
+    "AUDIT_DDL", "AUDIT_FORMAT", "AUDIT_PENDING_DDL", "chain_pending", "AuditEntry", "AuditProblem", "AuditRecord", "AuditSql",
     "canonical_json", "genesis", "record_bytes", "record_digest", "verify_chain",
 ]
 
@@ -55,6 +63,27 @@ CREATE TABLE IF NOT EXISTS audit_log (
     digest  BLOB NOT NULL
 );
 """
+
+# The records of a shared catalog not chained yet (module doc): what a record holds but seq,
+# prev and digest; ``id`` orders them (the order they were appended in, nearly).
+AUDIT_PENDING_DDL = """
+CREATE TABLE IF NOT EXISTS audit_pending (
+    id      BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    time_ns BIGINT NOT NULL,
+    node    TEXT NOT NULL,
+    uid     BIGINT NOT NULL,
+    pid     BIGINT NOT NULL,
+    action  TEXT NOT NULL,
+    path    TEXT NOT NULL,
+    detail  TEXT NOT NULL
+)
+"""
+
+# Pending records moved into the chain per statement (chain_pending).
+CHAIN_BATCH = 1000
+# Records per INSERT INTO audit_log: 50 parameters at most, so that psycopg caches the
+# statement's parsing (it parses one with more every time).
+_INSERT_ROWS = 5
 
 # The open-for-read records noted and not yet written: beyond this many (a catalog down for
 # long) the oldest are dropped, and the next flush records how many.
@@ -191,6 +220,9 @@ class AuditSql(SqlBase):
         self._audit_backlog: list[AuditRecord] = []  # noted, not yet written
         self._audit_dropped = 0  # noted and dropped (BACKLOG_MAX)
 
+    # Records go to audit_pending and are chained later (a shared catalog: module doc).
+    _audit_deferred = False
+
     # Read from the hooks given at open.
     @property
     def audit_node(self) -> str:
@@ -212,12 +244,10 @@ class AuditSql(SqlBase):
         todo = [records] if isinstance(records, AuditRecord) else list(records)
         if not todo:
             return
-        row = c.execute("SELECT seq, digest FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
-        if row is None:
-            fs_id = c.execute("SELECT value FROM meta WHERE key='fs_id'").fetchone()
-            seq, prev = 0, genesis("" if fs_id is None else str(fs_id[0]))
-        else:
-            seq, prev = int(row[0]), bytes(row[1])
+        if self._audit_deferred:
+            self._audit_pend(c, todo, path, detail)
+            return
+        seq, prev = _head(c)
         now = time.time_ns()
         node = self.hooks.node
         for r in todo:
@@ -241,6 +271,32 @@ class AuditSql(SqlBase):
                 (seq, t_ns, node, r.uid, r.pid, r.action, where, text, prev, digest),
             )
             prev = digest
+
+    def _audit_pend(self, c: Conn, todo: Sequence[AuditRecord], path: Callable[[], str] | None,
+                    detail: Mapping[str, Any]) -> None:
+        """The shared catalog's ``_audit_in``: the records as pending rows (module doc),
+        chained by the flusher, which this wakes."""
+        now = time.time_ns()
+        for r in todo:
+            where = r.path
+            if where is None:
+                where = (path_of(c, r.ino) if r.ino is not None
+                         else path() if path is not None else "")
+            extra = dict(r.detail)
+            extra.update(detail)
+            if r.ino is not None:
+                extra.setdefault("ino", r.ino)
+            c.execute("INSERT INTO audit_pending (time_ns, node, uid, pid, action, path, detail) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (r.time_ns or now, self.hooks.node, r.uid, r.pid, r.action, readable(where),
+                       canonical_json(extra)))
+        woke = self.hooks.on_audit_pending
+        if woke is not None:
+            woke()
+
+    def _audit_chain(self) -> int:
+        """Chain the pending records (a shared catalog's engine; none elsewhere); how many."""
+        return 0
 
     def audit_append(self, records: AuditRecord | Sequence[AuditRecord]) -> None:
         """Append ``records`` in a transaction of their own (an event that changes no
@@ -272,6 +328,7 @@ class AuditSql(SqlBase):
         if dropped:
             todo.append(AuditRecord("audit_lost", "/", detail={"records": dropped}))
         if not todo:
+            self._audit_chain()  # the changes' records pending (a shared catalog)
             return 0
         try:
             self.audit_append(todo)
@@ -280,6 +337,7 @@ class AuditSql(SqlBase):
                 self._audit_backlog[:0] = [r for r in todo if r.action != "audit_lost"]
                 self._audit_dropped += dropped
             raise
+        self._audit_chain()
         return len(todo)
 
     # -- reading -----------------------------------------------------------------------------
@@ -289,6 +347,7 @@ class AuditSql(SqlBase):
         return genesis(str(rows[0][0]) if rows else "")
 
     def audit_head(self) -> AuditEntry | None:
+        self._audit_chain()
         rows = self._query(f"SELECT {_COLS} FROM audit_log ORDER BY seq DESC LIMIT 1")
         return _entry(rows[0]) if rows else None
 
@@ -296,6 +355,7 @@ class AuditSql(SqlBase):
                       limit: int | None = None, last: int | None = None) -> list[AuditEntry]:
         """Records with seq >= ``since_seq`` (and time >= ``since_ns``), oldest first;
         ``last``: only the newest that many."""
+        self._audit_chain()
         where, args = "seq >= ?", [since_seq]
         if since_ns is not None:
             where += " AND time_ns >= ?"
@@ -311,6 +371,45 @@ class AuditSql(SqlBase):
 
 
 _COLS = "seq, time_ns, node, uid, pid, action, path, detail, prev, digest"
+
+
+def _head(c: Conn) -> tuple[int, bytes]:
+    """The seq and digest of the chain's head (0 and the genesis value if empty)."""
+    row = c.execute("SELECT seq, digest FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+    if row is None:
+        fs_id = c.execute("SELECT value FROM meta WHERE key='fs_id'").fetchone()
+        return 0, genesis("" if fs_id is None else str(fs_id[0]))
+    return int(row[0]), bytes(row[1])
+
+
+def chain_pending(c: Conn) -> int:
+    """Move the pending records into the chain, oldest first, in the caller's transaction,
+    which must be the only one chaining (postgres.py holds a lock); how many."""
+    moved = 0
+    while True:
+        rows = sorted(c.execute(
+            "DELETE FROM audit_pending WHERE id IN (SELECT id FROM audit_pending ORDER BY id "
+            "LIMIT ?) RETURNING id, time_ns, node, uid, pid, action, path, detail",
+            (CHAIN_BATCH,)).fetchall())
+        if not rows:
+            return moved
+        seq, prev = _head(c)
+        values: list[Any] = []
+        for _id, t_ns, node, uid, pid, action, path, detail in rows:
+            seq += 1
+            digest = record_digest(seq, int(t_ns), str(node), int(uid), int(pid), str(action),
+                                   str(path), str(detail), prev)
+            values.append((seq, int(t_ns), str(node), int(uid), int(pid), str(action),
+                           str(path), str(detail), prev, digest))
+            prev = digest
+        for at in range(0, len(values), _INSERT_ROWS):
+            part = values[at:at + _INSERT_ROWS]
+            c.execute(f"INSERT INTO audit_log ({_COLS}) VALUES "
+                      + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(part)),
+                      [v for row in part for v in row])
+        moved += len(rows)
+        if len(rows) < CHAIN_BATCH:
+            return moved
 
 
 def _entry(r: Sequence[Any]) -> AuditEntry:

@@ -121,6 +121,11 @@ class SqlBase:
         if touched is not None:
             touched()
 
+    def _after_commit(self, c: Conn, sql: str, values: Sequence[int]) -> None:
+        """Run ``sql`` (``?`` for each of ``values``) for a change that need not be atomic
+        with its transaction: here, in it; PostgreSQL runs it right after the commit."""
+        c.execute(sql, values)
+
     def _db_now(self, c: Conn) -> int:
         """The database's clock, in the caller's transaction."""
         return int(c.execute(f"SELECT {self._now_ns_sql}").fetchone()[0])

@@ -17,7 +17,7 @@ from .rows import ChunkRef, ExtentReplicas
 from .tree import files_under, path_of
 from .uploads import wanted_on
 
-__all__ = ["ContentsSql"]
+__all__ = ["ContentsSql", "put_extent"]
 
 # Host parameters per statement: SQLite before 3.32 allows 999.
 _SQL_VARS = 900
@@ -59,9 +59,8 @@ class ContentsSql(AuditSql, DeletionEventsSql):
             if charge is not None:  # first: a refusal leaves nothing of the version
                 charge_commit(c, ino, size, charge)
             dropped = _drop_extents(c, ino, n_chunks, [idx for idx in changes if idx < n_chunks])
-            wanted = _put_extents(c, ino, n_chunks, changes, queued, mtime_ns)
             # Cancelled rows end a settle's wait (Deleter.settle, on any node).
-            if sum(wanted_on(c, tier, digests) for tier, digests in wanted.items()):
+            if self._put_extents(c, ino, n_chunks, changes, queued, mtime_ns):
                 self._notify_deletions(c)
             c.execute(
                 "UPDATE inodes SET size=?, mtime_ns=?, ctime_ns=? WHERE ino=?",
@@ -72,6 +71,19 @@ class ContentsSql(AuditSql, DeletionEventsSql):
             return dropped
 
         return self._write(body, synced=synced, touch=True)
+
+    def _put_extents(self, c: Conn, ino: int, n_chunks: int, changes: dict[int, ChunkRef | None],
+                     queued: dict[bytes, list[str]], enqueued_ns: int) -> int:
+        """Write a version's new extents, their chunk and replica rows and the upload jobs
+        ``queued`` names (unless the tier holds a valid copy), and cancel the unclaimed
+        deletions of the chunks given a job there (``wanted_on``); how many were cancelled.
+        PostgreSQL does a chunk's rows in one statement (postgres.py)."""
+        wanted: dict[str, list[bytes]] = {}
+        for idx, ref in changes.items():
+            if idx < n_chunks and ref is not None:
+                for tier in put_extent(c, ino, idx, ref, queued.get(ref.digest, ()), enqueued_ns):
+                    wanted.setdefault(tier, []).append(ref.digest)
+        return sum(wanted_on(c, tier, digests) for tier, digests in wanted.items())
 
     def delete_inode(self, ino: int) -> list[bytes]:
         def body(c: Conn) -> list[bytes]:
@@ -183,28 +195,21 @@ def _drop_extents(c: Conn, ino: int, n_chunks: int, kept: list[int]) -> list[byt
     return dropped
 
 
-def _put_extents(c: Conn, ino: int, n_chunks: int, changes: dict[int, ChunkRef | None],
-                 queued: dict[bytes, list[str]], enqueued_ns: int) -> dict[str, list[bytes]]:
-    """Write a version's new extents, their chunk and replica rows, and the upload jobs
-    ``queued`` names (unless the tier holds a valid copy): tier -> chunks given a job."""
-    wanted: dict[str, list[bytes]] = {}
-    for idx, ref in changes.items():
-        if idx >= n_chunks or ref is None:
-            continue
-        c.execute(KNOWN_CHUNK, (ref.digest, ref.length))
-        for tier in ref.tiers:
-            c.execute(VALID_REPLICA, (ref.digest, tier, time.time_ns()))
-        c.execute(
-            "INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
-            "digest=excluded.digest, length=excluded.length",
-            (ino, idx, ref.digest, ref.length),
-        )
-        for tier in queued.get(ref.digest, ()):
-            if c.execute(
-                "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
-                "SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM replicas "
-                "WHERE digest=? AND tier=? AND state='valid') ON CONFLICT DO NOTHING",
-                (ref.digest, tier, ref.length, enqueued_ns, ref.digest, tier),
-            ).rowcount:
-                wanted.setdefault(tier, []).append(ref.digest)
-    return wanted
+def put_extent(c: Conn, ino: int, idx: int, ref: ChunkRef, queued: Sequence[str],
+               enqueued_ns: int) -> list[str]:
+    """Extent ``idx`` of ``ino``, its chunk and replica rows, and upload jobs to the tiers
+    ``queued`` (unless the tier holds a valid copy): the tiers given a job."""
+    c.execute(KNOWN_CHUNK, (ref.digest, ref.length))
+    for tier in ref.tiers:
+        c.execute(VALID_REPLICA, (ref.digest, tier, time.time_ns()))  # written verified
+    c.execute(
+        "INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
+        "digest=excluded.digest, length=excluded.length",
+        (ino, idx, ref.digest, ref.length),
+    )
+    return [tier for tier in queued if c.execute(
+        "INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) "
+        "SELECT ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM replicas "
+        "WHERE digest=? AND tier=? AND state='valid') ON CONFLICT DO NOTHING",
+        (ref.digest, tier, ref.length, enqueued_ns, ref.digest, tier),
+    ).rowcount]

@@ -14,5 +14,8 @@ class CatalogHooks:
     on_touch: Callable[[], None] | None = None
     # Called after an audit record is noted for the flusher: thread-safe, must not block.
     on_audit_note: Callable[[], None] | None = None
+    # Called (in the calling thread) by a transaction of a shared catalog that left audit
+    # records to be chained (audit.py): the flusher chains them. Thread-safe, no blocking.
+    on_audit_pending: Callable[[], None] | None = None
     # This node's name in the audit records.
     node: str = field(default_factory=socket.gethostname)

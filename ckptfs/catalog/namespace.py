@@ -151,6 +151,14 @@ class NamespaceSql(AuditSql):
             (now, now, nlink_delta, ino),
         )
 
+    def _touch_dir_times(self, c: Conn, ino: int, now: int) -> None:
+        """A directory's mtime and ctime after a file was added to it (its link count
+        stays). After the commit on PostgreSQL (``_after_commit``): every create in a
+        directory writes its row, and in the transaction concurrent creates (of all nodes)
+        conflicted on it and ran again."""
+        self._after_commit(c, "UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE ino=?",
+                           (now, now, ino))
+
     def create(
         self, parent: int, name: bytes, mode: int, uid: int, gid: int, target: bytes | None = None,
         rdev: int = 0, *, audit: AuditRecord | None = None, around: Around | None = None,
@@ -180,7 +188,10 @@ class NamespaceSql(AuditSql):
             c.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, inode.ino))
             if open_for:  # the creator's open, noted in the same transaction
                 note_open_in(c, open_for, inode.ino, True)
-            self._touch_dir(c, parent, now, 1 if is_dir else 0)
+            if is_dir:  # its link count: in the transaction
+                self._touch_dir(c, parent, now, 1)
+            else:
+                self._touch_dir_times(c, parent, now)
             self._audit_in(c, audit, paths.entry(parent, name), ino=inode.ino, mode=m)
             _tell(around, paths, {parent: _touched(pdir, now, 1 if is_dir else 0)}, (parent,))
             return inode

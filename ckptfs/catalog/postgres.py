@@ -49,10 +49,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..errors import CatalogUnavailable, InvalidArgument, NotFound, NotPermitted
-from .audit import AUDIT_DDL
+from .audit import AUDIT_DDL, AUDIT_PENDING_DDL, chain_pending
 from .checks import CHECKS_INDEX
 from .claims import CLAIMS_DDL
 from .conn import Conn, Cursor
+from .contents import put_extent
 from .deletion_events import DELETIONS_CHANNEL, HELD_CHANNEL
 from .drills import DRILLS_DDL
 from .hooks import CatalogHooks
@@ -61,10 +62,12 @@ from .moves import MOVES_DDL
 from .pglisten import PgListener
 from .protocols import ExclusiveLock
 from .quotas import QUOTAS_DDL
+from .rows import ChunkRef
 from .schema import SCHEMA, SCHEMA_VERSION, SEQUENCES, TABLES, init_rows, newer_schema
 from .sessions import SESSIONS_DDL
 from .sql import SqlCatalog
 from .sqlite import catalog_file
+from .uploads import wanted_on
 from .wants import WANTS_CHANNEL, WANTS_DDL
 
 __all__ = ["CONNECT_TIMEOUT", "Counts", "MAX_ATTEMPTS", "MIGRATIONS", "POOL_WAIT", "PostgresCatalog",
@@ -101,14 +104,41 @@ _RERUN_KEYS = ("dentries_parent_name_key", "audit_log_pkey")
 # the commit (and so misses the change) is older than the mark; a failure of the mark
 # loses only the mark (the next change writes it), not the change. Never backwards: the
 # nodes' clocks differ a little.
-_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', %s) ON CONFLICT (key) DO UPDATE SET "
+_MARK_CHANGED = ("INSERT INTO meta VALUES ('changed_ns', '{}') ON CONFLICT (key) DO UPDATE SET "
                  "value = greatest(meta.value::bigint, excluded.value::bigint)::text")
+
+
+def _mark_changed_sql() -> str:
+    return _MARK_CHANGED.format(time.time_ns())
+
+# A chunk of a file's new version, in one statement (``_put_extents``): its chunk row, its
+# valid replica on the tier that holds it, the extent, and (``_CHUNK_JOB``) the upload job
+# to one more tier unless that tier holds a valid copy, with the cancellation of the
+# tier's unclaimed deletion row of the chunk when the job was made (uploads.wanted_on).
+# The parts see one snapshot, not each other's rows: the job's tier is never the
+# replica's (the caller checks), and the deletion reads the job's RETURNING.
+_CHUNK_ROWS = (
+    "WITH ch AS (INSERT INTO chunks VALUES (?, ?) ON CONFLICT (digest) DO NOTHING), "
+    "rp AS (INSERT INTO replicas (digest, tier, state, checked_ns) VALUES (?, ?, 'valid', ?) "
+    "ON CONFLICT (digest, tier) DO UPDATE SET state='valid', checked_ns=CASE WHEN "
+    "replicas.state='valid' THEN replicas.checked_ns ELSE excluded.checked_ns END), "
+    "ex AS (INSERT INTO extents VALUES (?, ?, ?, ?) ON CONFLICT (ino, idx) DO UPDATE SET "
+    "digest=excluded.digest, length=excluded.length)")
+_CHUNK_JOB = (
+    ", job AS (INSERT INTO upload_jobs (digest, tier, length, enqueued_ns) SELECT ?, ?, ?, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM replicas WHERE digest=? AND tier=? AND state='valid') "
+    "ON CONFLICT DO NOTHING RETURNING 1), "
+    "gone AS (DELETE FROM deletions WHERE tier=? AND next_try_ns>=0 AND digest=? "
+    "AND EXISTS (SELECT 1 FROM job) RETURNING 1) "
+    "SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM gone)")
 
 _BEGIN_WRITE = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 # pg_try_advisory_xact_lock key of the cleanup of expired node sessions ("ckptss").
 _SESSIONS_LOCK = 0x636B70747373
+# pg_advisory_xact_lock key of chaining the pending audit records ("ckptau"): one node at a time.
+_AUDIT_LOCK = 0x636B70746175
 
 
 def _run_ddl(c: Conn, ddl: str) -> None:
@@ -216,12 +246,14 @@ class Counts:
 
 class _PgConn:
     """A pooled connection in one transaction, taking the catalog's portable statements
-    (prepared by psycopg at their 5th use on a connection)."""
+    (prepared by psycopg at their 5th use on a connection). ``later``: statements (literal
+    SQL) to run right after the COMMIT, in its round trip (``_after_commit``)."""
 
-    __slots__ = ("conn", "counts")
+    __slots__ = ("conn", "counts", "later")
 
     def __init__(self, conn: psycopg.Connection[Any], counts: Counts) -> None:
         self.conn, self.counts = conn, counts
+        self.later: list[str] = []
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
         self.counts.statements += 1
@@ -282,6 +314,10 @@ class PostgresCatalog(SqlCatalog):
         self.readonly = readonly
         self.concurrency = pool_size
         self.shared = True
+        # Audit records are chained after their transaction (audit.py), once the table of
+        # pending ones exists (a read-only open of an older catalog may lack it).
+        self._audit_deferred = True
+        self._pending_table = True
         # Transactions run again after a conflict (serialization failure, deadlock, a
         # concurrent create of a name): how contended the shared catalog is.
         self.conflicts = 0
@@ -398,11 +434,9 @@ class PostgresCatalog(SqlCatalog):
             try:
                 self.counts.transactions += 1
                 with self._session(_BEGIN_WRITE) as conn:
-                    result = body(_PgConn(conn, self.counts))
-                    conn.execute("COMMIT")
-                    self.counts.round_trips += 1
-                    if touch:
-                        self._mark_changed(conn)
+                    pc = _PgConn(conn, self.counts)
+                    result = body(pc)
+                    self._commit(conn, pc.later + ([_mark_changed_sql()] if touch else []))
                 return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected) as e:
                 last = e
@@ -420,14 +454,86 @@ class PostgresCatalog(SqlCatalog):
         raise CatalogUnavailable(
             f"catalog {self.where}: a transaction conflicted {MAX_ATTEMPTS} times: {last}")
 
-    def _mark_changed(self, conn: psycopg.Connection[Any]) -> None:
-        """The change mark (_MARK_CHANGED) after a change committed."""
+    def _commit(self, conn: psycopg.Connection[Any], after: list[str]) -> None:
+        """COMMIT, and the statements ``after`` it (the change mark, a directory's times)
+        in the same round trip: one simple query, whose statements after the COMMIT run
+        in a READ COMMITTED transaction of their own (whatever the server's default),
+        only if the COMMIT succeeded. A COMMIT fails only by a serialization failure (no
+        deferred constraints) or a lost connection, both raised (the first runs the body
+        again); a READ COMMITTED statement never fails by a serialization failure, so any
+        other error is theirs, and loses only them (the caller's ``_session`` rolls their
+        transaction back)."""
+        self.counts.round_trips += 1
+        if not after:
+            conn.execute("COMMIT")
+            return
         try:
-            self.counts.round_trips += 1
-            conn.execute(_MARK_CHANGED, (str(time.time_ns()),))
+            conn.execute("; ".join(["COMMIT", "BEGIN ISOLATION LEVEL READ COMMITTED", *after,
+                                    "COMMIT"]))
+        except (pgerrors.SerializationFailure, psycopg.OperationalError, psycopg.InterfaceError):
+            raise
         except psycopg.Error as e:
-            log.warning("catalog %s: the change mark (changed_ns) was not written: %s",
-                        self.where, e)
+            log.warning("catalog %s: after a commit, %s not written: %s", self.where,
+                        "; ".join(after), str(e).splitlines()[0])
+
+    def _after_commit(self, c: Conn, sql: str, values: Sequence[int]) -> None:
+        """``sql`` (``?`` for each of the integers ``values``) right after the commit, not
+        in the transaction (``_commit``): a write that conflicts with every concurrent
+        change and need not be atomic with them (a directory's times)."""
+        assert isinstance(c, _PgConn)
+        c.later.append(sql.replace("?", "{}").format(*(int(v) for v in values)))
+
+    def _put_extents(self, c: Conn, ino: int, n_chunks: int, changes: dict[int, ChunkRef | None],
+                     queued: dict[bytes, list[str]], enqueued_ns: int) -> int:
+        """contents.py's, with a chunk held on one tier and queued to at most one other
+        (a file's commit on a node: its local tier, the remote) in one statement
+        (_CHUNK_ROWS), not five; any other chunk as there."""
+        cancelled = 0
+        for idx, ref in changes.items():
+            if idx >= n_chunks or ref is None:
+                continue
+            to = queued.get(ref.digest, [])
+            if len(ref.tiers) != 1 or len(to) > 1 or set(to) & set(ref.tiers):
+                for tier in put_extent(c, ino, idx, ref, to, enqueued_ns):
+                    cancelled += wanted_on(c, tier, [ref.digest])
+                continue
+            d, n = ref.digest, ref.length
+            # the replica was written verified: its first check (scrub, checks.py)
+            args: tuple[Any, ...] = (d, n, d, ref.tiers[0], time.time_ns(), ino, idx, d, n)
+            if not to:
+                c.execute(_CHUNK_ROWS + " SELECT 0, 0", args)
+                continue
+            row = c.execute(_CHUNK_ROWS + _CHUNK_JOB,
+                            (*args, d, to[0], n, enqueued_ns, d, to[0], to[0], d)).fetchone()
+            cancelled += int(row[1])
+        return cancelled
+
+    def _audit_chain(self) -> int:
+        """Chain the pending audit records (audit.chain_pending) in a transaction of their
+        own, READ COMMITTED under a transaction-level advisory lock: the chainers of all
+        nodes take turns, each seeing the last one's head (no serialization failure, no
+        rerun), and the writers, which only insert pending rows, never wait for it. A
+        read-only open chains too (a record is no change of the file system), except where
+        the server refuses writes (a standby): then the log reads without them."""
+        if not self._pending_table or not self._query("SELECT EXISTS (SELECT 1 FROM audit_pending)")[0][0]:
+            return 0
+        try:
+            with self._session("BEGIN ISOLATION LEVEL READ COMMITTED") as conn:
+                c = _PgConn(conn, self.counts)
+                c.execute("SELECT pg_advisory_xact_lock(?)", (_AUDIT_LOCK,))
+                moved = chain_pending(c)
+                conn.execute("COMMIT")
+                self.counts.round_trips += 1
+        except (pgerrors.ReadOnlySqlTransaction, pgerrors.InsufficientPrivilege) as e:
+            log.debug("catalog %s: audit records not chained: %s", self.where, e)
+            return 0
+        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            raise self._unavailable(e) from None
+        except psycopg.Error as e:  # they stay pending: the next flush or read tries again
+            log.warning("catalog %s: audit records not chained: %s", self.where,
+                        str(e).splitlines()[0])
+            return 0
+        return moved
 
     def _cleanup_lock(self, c: Conn) -> bool:
         """One node at a time cleans up expired sessions; the lock ends with the transaction."""
@@ -497,6 +603,10 @@ class PostgresCatalog(SqlCatalog):
                     self._create_schema(conn)
                 else:
                     self._check_version(c)
+                if not self.readonly:  # no schema version of its own: a table only nodes use
+                    _run_ddl(c, AUDIT_PENDING_DDL)
+                self._pending_table = c.execute(
+                    "SELECT to_regclass('audit_pending')").fetchone()[0] is not None
                 conn.execute("COMMIT")
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             raise self._unavailable(e) from None
@@ -530,7 +640,9 @@ class PostgresCatalog(SqlCatalog):
 
     def backup_bytes(self) -> bytes:
         """The whole catalog in one snapshot, as a SQLite catalog file (what a bucket
-        restore opens as a SqliteCatalog), with the sequences carried over."""
+        restore opens as a SqliteCatalog), with the sequences carried over; the pending
+        audit records chained first (the snapshot has no table of them)."""
+        self._audit_chain()
         with self._reading() as c:
             rows = {
                 table: c.execute(f"SELECT {', '.join(cols)} FROM {table}").fetchall()

@@ -86,7 +86,7 @@ class Wakeups:
     def catalog_hooks(self) -> CatalogHooks:
         """What the catalog is opened with (catalog/hooks.py)."""
         return CatalogHooks(on_touch=self.touched.set, on_audit_note=self.audit_noted.set,
-                            node=self.node)
+                            on_audit_pending=self.audit_noted.set, node=self.node)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """What a write transaction costs and keeps (issue 35, "Metadata on the shared catalog"): a
 create notes its open-handle row in its own transaction (both engines), so on PostgreSQL a
 create is one transaction, not two; a failed statement rolls back the whole transaction and
-the connection keeps working."""
+the connection keeps working. What PostgreSQL sends for a create, a commit and a release is
+pinned; a commit's rows are the same on both engines."""
 
 from __future__ import annotations
 
 import logging
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from ckptfs.catalog import PostgresCatalog
 from ckptfs.catalog.audit import AuditRecord
 from ckptfs.catalog.engines import open_catalog
 from ckptfs.catalog.protocols import Catalog
-from ckptfs.catalog.rows import ROOT_INODE
+from ckptfs.catalog.rows import ROOT_INODE, ChunkRef
 from ckptfs.catalog.sql import Conn
 from ckptfs.errors import AlreadyExists
 
@@ -64,9 +66,11 @@ def test_a_create_notes_its_open_in_the_same_transaction(catalog: Catalog) -> No
 def test_a_create_noted_open_is_one_transaction_of_a_few_round_trips(pg_url: str) -> None:
     """Before: the create (BEGIN, 6 statements, COMMIT, the change mark: 9 round trips) and
     the open's note (BEGIN, 2 statements, COMMIT: 4) were two transactions, 13 round trips.
-    Now one: BEGIN, the parent's entry, the new inode, the dentry, the open row (the
+    Then one: BEGIN, the parent's entry, the new inode, the dentry, the open row (the
     inode's existence is not asked again), the parent's times, the audit chain's head, the
-    audit row, COMMIT, the change mark: 10."""
+    audit row, COMMIT, the change mark: 10. Now 7: the audit record is a pending row (no
+    head read: chained later, audit.py), and the parent's times and the change mark go
+    with the COMMIT (postgres.py ``_commit``)."""
     cat = PostgresCatalog(pg_url, pool_size=1)
     try:
         sid = cat.register_session("n1", 60).sid
@@ -78,8 +82,8 @@ def test_a_create_noted_open_is_one_transaction_of_a_few_round_trips(pg_url: str
         transactions, statements, round_trips = (
             a - b for a, b in zip((n.transactions, n.statements, n.round_trips), before, strict=True))
         assert transactions == 1
-        assert statements == 7  # entry, inode, dentry, open row, parent, audit head, audit row
-        assert round_trips <= 10
+        assert statements == 5  # entry, inode, dentry, open row, pending audit row
+        assert round_trips <= 7
         # The same rows as two transactions made: the open row, the audit record.
         assert cat.open_inodes() == {cat.lookup(ROOT_INODE, b"warm").ino, f.ino}
         last = cat.audit_head()
@@ -132,3 +136,109 @@ def test_a_transaction_that_fails_inside_its_body_logs_nothing_of_psycopg(
         assert [n for _, n, _ in cat.readdir(ROOT_INODE, 0)] == [b"f"]
     finally:
         cat.close()
+
+
+A, B, C = b"\x0a" * 32, b"\x0b" * 32, b"\x0c" * 32
+
+
+def test_a_commit_writes_the_same_rows_with_its_chunks_in_one_statement(catalog: Catalog) -> None:
+    """PostgreSQL writes a chunk held on one tier and queued to one other in one statement
+    (postgres.py ``_put_extents``), any other chunk statement by statement: both give the
+    rows SQLite's statements give, the cancellation of an unclaimed deletion included."""
+    assert catalog.queue_deletions([(A, "s3"), (C, "s3")]) == 2
+    f = catalog.create(ROOT_INODE, b"f", FILE, 0, 0)
+    catalog.commit_file(f.ino, 20, 1, 1, 10, {0: ChunkRef(A, 10, ("l",)), 1: ChunkRef(B, 10, ("l",))},
+                        uploads={A: ["s3"]})
+    assert catalog.extents(f.ino) == {0: ChunkRef(A, 10, ("l",)), 1: ChunkRef(B, 10, ("l",))}
+    assert catalog.upload_job_pairs() == {(A, "s3")}
+    assert catalog.deletion_keys("s3") == {C}  # A's row cancelled by its job
+    # Two tiers, and queued to one of them (which holds it: no job there): the other way.
+    g = catalog.create(ROOT_INODE, b"g", FILE, 0, 0)
+    catalog.commit_file(g.ino, 10, 1, 1, 10, {0: ChunkRef(C, 10, ("l", "m"))},
+                        uploads={C: ["s3", "l"]})
+    assert catalog.extents(g.ino) == {0: ChunkRef(C, 10, ("l", "m"))}
+    assert catalog.upload_job_pairs() == {(A, "s3"), (C, "s3")}
+    assert catalog.deletion_keys("s3") == set()
+    # Rewritten: the same chunk again, and a tier that already holds a valid copy.
+    catalog.commit_file(f.ino, 10, 2, 2, 10, {0: ChunkRef(B, 10, ("l",))}, uploads={B: ["l"]})
+    assert catalog.extents(f.ino) == {0: ChunkRef(B, 10, ("l",))}
+    assert catalog.upload_job_pairs() == {(A, "s3"), (C, "s3")}
+
+
+def test_a_commit_of_one_queued_chunk_is_three_statements(pg_url: str) -> None:
+    """Before: the old extents, the chunk, its replica, the extent, the upload job, the
+    deletion it cancels, the inode: 7 statements. Now the chunk's five are one."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        f = cat.create(ROOT_INODE, b"f", FILE, 0, 0)
+        before = cat.counts.statements
+        cat.commit_file(f.ino, 10, 1, 1, 10, {0: ChunkRef(A, 10, ("n:t0",))}, uploads={A: ["s3"]})
+        assert cat.counts.statements - before == 3
+        assert cat.extents(f.ino) == {0: ChunkRef(A, 10, ("n:t0",))}
+        assert cat.upload_job_pairs() == {(A, "s3")}
+    finally:
+        cat.close()
+
+
+def test_a_release_of_a_named_file_is_one_statement(pg_url: str) -> None:
+    """Before: the open row's DELETE, then the inode's link count: 2 statements. Now the
+    DELETE returns the count; an unlinked file is still dropped by its last release."""
+    cat = PostgresCatalog(pg_url, pool_size=1)
+    try:
+        sid = cat.register_session("n1", 60).sid
+        f = cat.create(ROOT_INODE, b"f", FILE, 0, 0, open_for=sid)
+        before = cat.counts.statements
+        assert cat.release_inode(sid, f.ino) is None
+        assert cat.counts.statements - before == 1
+        g = cat.create(ROOT_INODE, b"g", FILE, 0, 0, open_for=sid)
+        cat.unlink(ROOT_INODE, b"g")
+        assert cat.release_inode(sid, g.ino) == []  # dropped by its last release
+        assert cat.open_inodes() == set()
+    finally:
+        cat.close()
+
+
+@pytest.mark.allow_log_warnings("not written: division by zero")
+def test_statements_after_a_commit_run_once_per_commit_and_a_failure_of_theirs_keeps_it(
+        pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``_after_commit`` statements go with the COMMIT (postgres.py ``_commit``): a
+    transaction that conflicts (two write skews meeting at a barrier: one of them runs
+    again) runs them only for the run that committed; one that fails after the COMMIT
+    loses only itself, with a warning."""
+    a, b = PostgresCatalog(pg_url, pool_size=1), PostgresCatalog(pg_url, pool_size=1)
+    try:
+        a._write(lambda c: c.execute("INSERT INTO meta VALUES ('x', '0'), ('y', '0'), ('runs', '0')"))
+        gate = threading.Barrier(2, timeout=30)
+        first = {"x": True, "y": True}
+
+        def skew(cat: PostgresCatalog, read: str, write: str) -> None:
+            def body(c: Conn) -> None:
+                c.execute("SELECT value FROM meta WHERE key=?", (read,)).fetchone()
+                if first[read]:
+                    first[read] = False
+                    gate.wait()
+                c.execute("UPDATE meta SET value='1' WHERE key=?", (write,))
+                cat._after_commit(c, "UPDATE meta SET value=CAST(CAST(value AS BIGINT) + ? AS TEXT) "
+                                  "WHERE key='runs'", (1,))
+
+            cat._write(body)
+
+        threads = [threading.Thread(target=skew, args=args)
+                   for args in ((a, "x", "y"), (b, "y", "x"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert a.conflicts + b.conflicts >= 1
+        assert a.get_meta("runs") == "2"
+        def failing_after(c: Conn) -> None:
+            c.execute("INSERT INTO meta VALUES ('kept', '1')")
+            a._after_commit(c, "UPDATE meta SET value=CAST(1 / ? AS TEXT) WHERE key='runs'", (0,))
+
+        with caplog.at_level(logging.WARNING, logger="ckptfs.catalog.postgres"):
+            a._write(failing_after)
+        assert a.get_meta("kept") == "1" and a.get_meta("runs") == "2"
+        assert any("division by zero" in r.getMessage() for r in caplog.records)
+    finally:
+        a.close()
+        b.close()
