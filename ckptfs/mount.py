@@ -45,6 +45,7 @@ from .errors import (
     TierError,
     UsageError,
 )
+from .fuse.conn import tune_connection
 from .fuse.notify import SessionPages
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
@@ -404,6 +405,7 @@ async def _after_init(
         # systemd (Type=notify): the mount answers now, so units ordered after us may start.
         service.notify("READY=1", f"STATUS=serving {mountpoint}")
     tune_read_ahead(mountpoint, ra_kb)
+    tune_connection(mountpoint)  # many readers' read-ahead in flight at once (fuse/conn.py)
     on_ready(None)
 
 
