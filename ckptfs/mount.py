@@ -350,7 +350,7 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
 
 
 def _notify_store(ino: int, offset: int, data: Buffer) -> None:
-    # FUSE_NOTIFY_STORE through pyfuse3 (with the GIL held): used only when the session's
+    # FUSE_NOTIFY_STORE through pyfuse3 (it releases the GIL too): used only when the session's
     # /dev/fuse descriptor cannot be found (fuse/notify.py writes it without the GIL).
     # Its stub says bytes; it takes any contiguous buffer (PyObject_GetBuffer).
     pyfuse3.notify_store(pyfuse3.InodeT(ino), offset, data)  # type: ignore[arg-type]
