@@ -48,6 +48,7 @@ from .errors import (
     TierError,
     UsageError,
 )
+from .fuse.conn import tune_connection
 from .fuse.notify import SessionPages
 from .fuse.ops import SHARED, SINGLE_NODE, FuseOps
 from .keys.ring import NamespaceKeys
@@ -356,7 +357,7 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
 
 
 def _notify_store(ino: int, offset: int, data: Buffer) -> None:
-    # FUSE_NOTIFY_STORE through pyfuse3 (with the GIL held): used only when the session's
+    # FUSE_NOTIFY_STORE through pyfuse3 (it releases the GIL too): used only when the session's
     # /dev/fuse descriptor cannot be found (fuse/notify.py writes it without the GIL).
     # Its stub says bytes; it takes any contiguous buffer (PyObject_GetBuffer).
     pyfuse3.notify_store(pyfuse3.InodeT(ino), offset, data)  # type: ignore[arg-type]
@@ -412,6 +413,7 @@ async def _after_init(
         # systemd (Type=notify): the mount answers now, so units ordered after us may start.
         service.notify("READY=1", f"STATUS=serving {mountpoint}")
     tune_read_ahead(mountpoint, ra_kb)
+    tune_connection(mountpoint)  # many readers' read-ahead in flight at once (fuse/conn.py)
     on_ready(None)
 
 

@@ -101,8 +101,12 @@ class Recorder:
 
     def __init__(self, kind: str, pid: int, out: Path) -> None:
         if kind == "pyspy":
+            # --nonblocking: py-spy otherwise stops every thread for each sample and waits
+            # until all have stopped; a page-cache push blocked in the kernel on a page a
+            # reader's pending FUSE read holds never stops, and that read's answer needs the
+            # stopped trio thread: the reads hung with the daemon idle (docs/performance.md).
             cmd = [str(VENV_BIN / "py-spy"), "record", "--threads", "-r", "200", "-p", str(pid),
-                   "--format", "raw", "-o", str(out) + ".txt"]
+                   "--format", "raw", "-o", str(out) + ".txt", "--nonblocking"]
         else:
             cmd = ["perf", "record", "-g", "-p", str(pid), "-o", str(out) + ".perf"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

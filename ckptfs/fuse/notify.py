@@ -1,7 +1,9 @@
 """FUSE_NOTIFY_STORE written to /dev/fuse by the caller's thread, without the GIL.
 
-pyfuse3's ``notify_store`` calls libfuse with the GIL held, so pushes into the page cache
-(vfs/pagepush.py) serialise with the thread that answers requests. The message is a plain
+Why not pyfuse3's ``notify_store``: it was taken to hold the GIL; pyfuse3 3.5.0 in fact
+releases it around libfuse's call (its __init__.pyx, ``with nogil``), so both paths copy
+outside the GIL; it is pyfuse3's read *reply* (``fuse_reply_buf``) that holds it. This one
+needs no libfuse session state and says what it sends (vfs/pagepush.py). The message is a plain
 ``writev`` on the session's /dev/fuse descriptor (include/uapi/linux/fuse.h): a
 ``fuse_out_header`` whose ``unique`` is 0 and whose ``error`` is the notify code, then a
 ``fuse_notify_store_out`` (node id, offset, size), then the bytes. The kernel copies them
@@ -84,7 +86,7 @@ class SessionPages:
                 self._resolved = True
                 if fd is None:
                     log.info("no single /dev/fuse descriptor found: page-cache pushes go "
-                             "through pyfuse3 (with the GIL held)")
+                             "through pyfuse3's notify_store")
                 else:
                     log.info("page-cache pushes write /dev/fuse (fd %d) from worker threads", fd)
             return self._pages

@@ -8,8 +8,8 @@ fetch threads are ahead, the reply thread is busy. FUSE_NOTIFY_STORE lets the da
 a verified chunk's bytes into the file's page cache from a worker thread instead; the
 reader then finds the pages cached and the kernel sends no read request for them. The
 message is written by fuse/notify.py with ``os.writev`` on the session's /dev/fuse
-descriptor, without the GIL (pyfuse3's ``notify_store`` holds it, so its pushes would
-serialise with the reply thread): ``PUSH_THREADS`` copies run at once beside the replies.
+descriptor, without the GIL (as pyfuse3 3.5's own ``notify_store`` would be too; its
+read reply is what holds the GIL): ``PUSH_THREADS`` copies run at once beside the replies.
 
 What is pushed: chunks the readahead fetched (a sequential reader is coming), and the rest
 of a chunk the reader entered before any readahead fetched it (a file's first, or where
