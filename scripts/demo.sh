@@ -113,7 +113,8 @@ do_umount() {
     echo "unmounted $MNT"
 }
 
-step "ckptfs $(ckptfs --version 2>&1 | tail -n 1)"
+step "ckptfs --version: the versions an operator reports with a bug"
+ckptfs --version
 echo "mount point $MNT"
 echo "state dir   $STATE  (temporary, so /var/lib/ckptfs is not touched)"
 echo "config      embedded default (no --config, no --local): one tier at $TIER"
