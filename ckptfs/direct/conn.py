@@ -31,6 +31,11 @@ log = logging.getLogger("ckptfs.direct")
 PIECE = 1 << 20  # what is not whole chunks goes to the VFS's write in pieces of this size
 READ_PARALLEL = 8  # chunks of one READ in flight at once
 WRITE_PARALLEL = 4  # whole chunks of one WRITE copied out of the memfd at once
+# Resource limits of one connection: no request of an unprivileged client may exhaust the
+# daemon's descriptors or memory (a descriptor passed over the socket costs the sender
+# nothing once it closes its own copy; a handle here costs no descriptor of the client).
+MAX_FDS = 4  # descriptors received and not yet taken by a MAP; more are closed at once
+MAX_HANDLES = 4096  # open handles of one connection (EMFILE beyond)
 
 
 class DirectFs(Lookups, Protocol):
@@ -143,10 +148,17 @@ class Connection:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
                     fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self._fds.extend(fds)
+                    self._keep_fds(list(fds))
             if not data:
                 raise Closed()
             self._buf += data
+
+    def _keep_fds(self, fds: list[int]) -> None:
+        """Keep descriptors for the next MAPs, up to MAX_FDS; close the rest now."""
+        room = max(0, MAX_FDS - len(self._fds))
+        self._fds.extend(fds[:room])
+        for fd in fds[room:]:
+            os.close(fd)
 
     async def _send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -203,9 +215,15 @@ class Connection:
         if not inode.is_reg:
             raise InvalidArgument(f"{os.fsdecode(path)}: not a regular file")
         check(self.ctx, inode, open_access(flags), os.fsdecode(path))
+        self._room_for_handle()
         fh = await self.fs.open(inode.ino, _handle_flags(flags), self.ctx)
         self.handles.add(fh)
         return fh
+
+    def _room_for_handle(self) -> None:
+        if len(self.handles) >= MAX_HANDLES:
+            raise CkptfsError(f"{MAX_HANDLES} handles open on this connection",
+                              errno=errno.EMFILE)
 
     async def _open(self, body: bytes) -> bytes:
         (flags,) = wire.OPEN_REQ.unpack_from(body)
@@ -226,6 +244,7 @@ class Connection:
             fh = await self._open_inode(inode, flags & ~(os.O_CREAT | os.O_EXCL), path)
             return wire.OPEN_REPLY.pack(fh, 0 if flags & os.O_TRUNC else inode.size)
         check(self.ctx, parent, W | X, os.fsdecode(path))
+        self._room_for_handle()
         fh, _attrs = await self.fs.create(parent.ino, name, stat.S_IFREG | (mode & 0o7777),
                                           _handle_flags(flags), self.ctx)
         self.handles.add(fh)
@@ -281,15 +300,22 @@ class Connection:
             async def fill(staged: Staged) -> None:
                 await threads.run_sync(_fill, staged, memfd, moff + start, cs, limiter=self.io)
 
-            async with slots:
-                try:
-                    if not await self.fs.write_chunk(fh, (off + start) // cs, fill):
-                        await self._pieces(fh, off + start, moff + start, cs)
-                except (CkptfsError, OSError) as exc:
-                    failed.append(exc)
+            try:
+                if not await self.fs.write_chunk(fh, (off + start) // cs, fill):
+                    await self._pieces(fh, off + start, moff + start, cs)
+            except (CkptfsError, OSError) as exc:
+                failed.append(exc)
+            finally:
+                slots.release()
 
         async with trio.open_nursery() as nursery:
+            # Started as slots free up, not all at once: a huge length costs tasks in
+            # proportion to WRITE_PARALLEL, not to itself; a failure starts no more.
             for start in range(0, length, cs):
+                await slots.acquire()
+                if failed:
+                    slots.release()
+                    break
                 nursery.start_soon(chunk, start)
         if failed:
             raise failed[0]
@@ -308,35 +334,45 @@ class Connection:
         assert memfd is not None
         cs = self.fs.chunk_size
         first = min(length, (off // cs + 1) * cs - off)  # up to the first chunk's end
-        starts = [0, *range(first, length, cs)] if length else []
-        ends = [*starts[1:], length]
-        got = [0] * len(starts)
+        got: dict[int, int] = {}  # bytes each piece read, by its start
+        short: list[int] = []  # starts of pieces that came back short: the end of the file
         slots = trio.Semaphore(READ_PARALLEL)
-
         failed: list[CkptfsError | OSError] = []  # the request's errno, not a group
 
-        async def piece(i: int, start: int) -> None:
-            async with slots:
-                n = ends[i] - start
-                try:
-                    data = await self.fs.read(fh, off + start, n)  # verified by the store
-                    if data:
-                        await threads.run_sync(os.pwrite, memfd, data, moff + start,
-                                               limiter=self.io)
-                except (CkptfsError, OSError) as exc:
-                    failed.append(exc)
-                    return
-                got[i] = len(data)
+        async def piece(start: int, n: int) -> None:
+            try:
+                data = await self.fs.read(fh, off + start, n)  # verified by the store
+                if data:
+                    await threads.run_sync(os.pwrite, memfd, data, moff + start,
+                                           limiter=self.io)
+                got[start] = len(data)
+                if len(data) < n:
+                    short.append(start)
+            except (CkptfsError, OSError) as exc:
+                failed.append(exc)
+            finally:
+                slots.release()
 
         async with trio.open_nursery() as nursery:
-            for i, start in enumerate(starts):
-                nursery.start_soon(piece, i, start)
+            # Started as slots free up, and none past a piece that met the end of the file
+            # or failed: a READ of a huge length (past EOF) costs what the file holds.
+            start = 0
+            while start < length:
+                await slots.acquire()
+                if failed or (short and start > min(short)):
+                    slots.release()
+                    break
+                end = first if start == 0 else min(length, start + cs)
+                nursery.start_soon(piece, start, end - start)
+                start = end
         if failed:
             raise failed[0]
         done = 0
-        for i, start in enumerate(starts):
-            done += got[i]
-            if got[i] < ends[i] - start:
+        for start in sorted(got):
+            if start != done:  # a piece before it was not read (past the end)
+                break
+            done += got[start]
+            if start in short:
                 break
         return wire.U64.pack(done)
 

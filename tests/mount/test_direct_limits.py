@@ -1,0 +1,101 @@
+"""The direct path's resource limits on a real mount: no request of an unprivileged client
+ends or starves the daemon. Descriptors passed over the socket are not hoarded (each one
+passed costs the sender nothing once it closes its own), a connection's handles are
+bounded, and a READ of a huge length past the end of a file costs what the file holds, not
+a task per chunk of the length."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.mount.test_direct import client_of, direct_mount  # noqa: F401 (a fixture)
+from tests.support.mountutil import Mount
+
+from ckptfs.client import wire
+from ckptfs.direct.conn import MAX_HANDLES
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _peak_rss(pid: int) -> int:
+    """The daemon's peak resident memory (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_descriptors_sent_over_the_socket_are_not_hoarded(
+    direct_mount: Mount,  # noqa: F811
+) -> None:
+    """Thousands of descriptors sent without a MAP (four per message, the sender closing
+    nothing: the same one sent again) leave the daemon's descriptor table as it was, give
+    or take a few; the connection and the mount go on."""
+    mp = direct_mount.mountpoint
+    assert direct_mount.pid is not None
+    with client_of(direct_mount) as c:
+        before = _fds(direct_mount.pid)
+        null = os.open("/dev/null", os.O_RDONLY)
+        try:
+            for rid in range(1000):
+                # Each with a request of no known op (ENOSYS), so the connection goes on.
+                socket.send_fds(c.sock, [wire.REQUEST.pack(0, 0, rid)], [null] * 4)
+                length, status, _rid, err = wire.REPLY.unpack(c._recv_exact(wire.REPLY.size))
+                c._recv_exact(length)
+                assert (status, err) == (1, errno.ENOSYS)
+        finally:
+            os.close(null)
+        after = _fds(direct_mount.pid)
+        assert after - before <= 8, (before, after)
+        (mp / "still.bin").write_bytes(b"x" * 1000)  # the daemon can still open files
+        assert (mp / "still.bin").read_bytes() == b"x" * 1000
+
+
+def test_a_connections_handles_are_bounded(direct_mount: Mount) -> None:  # noqa: F811
+    mp = direct_mount.mountpoint
+    (mp / "f.bin").write_bytes(b"y" * 100)
+    with client_of(direct_mount) as c:
+        for _ in range(MAX_HANDLES):
+            c.open(mp / "f.bin")
+        with pytest.raises(OSError) as err:
+            c.open(mp / "f.bin")
+        assert err.value.errno == errno.EMFILE
+        with pytest.raises(OSError) as err:
+            c.create(mp / "g.bin")
+        assert err.value.errno == errno.EMFILE
+    # The connection's end released them all: a new one opens and reads.
+    with client_of(direct_mount) as c:
+        assert c.read_file(mp / "f.bin") == b"y" * 100
+
+
+def test_a_huge_read_past_the_end_costs_what_the_file_holds(
+    direct_mount: Mount,  # noqa: F811
+) -> None:
+    """A READ of 16 GiB (a sparse memfd of that size costs the client nothing) of a small
+    file: the file's bytes and a count that stops at its end; the daemon's memory does not
+    grow with the length (a task per chunk of it was hundreds of MiB)."""
+    mp = direct_mount.mountpoint
+    data = os.urandom(300_000)
+    (mp / "small.bin").write_bytes(data)
+    assert direct_mount.pid is not None
+    huge = 16 << 30
+    with client_of(direct_mount) as c:
+        os.ftruncate(c.memfd, huge)
+        c._call(wire.MAP, wire.U64.pack(huge), fds=[c.memfd])  # the daemon sees its size
+        h, size = c.open(mp / "small.bin")
+        assert size == len(data)
+        peak = _peak_rss(direct_mount.pid)
+        for off in (0, 1 << 30):  # from the start, and from far past the end
+            got = wire.U64.unpack(c._call(wire.READ, wire.IO_REQ.pack(h, off, 0, huge)))[0]
+            assert got == (len(data) if off == 0 else 0)
+        assert os.pread(c.memfd, len(data), 0) == data
+        grown = _peak_rss(direct_mount.pid) - peak
+        assert grown < 64 << 20, f"the daemon's peak memory grew {grown >> 20} MiB"
+        c.close(h)
