@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import errno
+import fcntl
 import logging
 import os
 import socket
@@ -189,7 +190,7 @@ class Connection:
             raise InvalidArgument("MAP without a descriptor")
         fd = self._fds.pop(0)
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a memfd is a regular file; a pipe is not
+        if not stat.S_ISREG(st.st_mode) or not _in_memory(fd):
             os.close(fd)
             raise InvalidArgument("MAP: not a memory file")
         if self.memfd is not None:
@@ -415,6 +416,18 @@ def _fill(staged: Staged, memfd: int, moff: int, n: int) -> None:
     if got != n:  # the client shrank its memfd under us
         raise CkptfsError("mapped memory shrank", errno=errno.EFAULT)
     staged.length = n
+
+
+def _in_memory(fd: int) -> bool:
+    """A memfd (or another shmem file): only those take seals. Why it matters: the
+    memfd's copies run under the store's I/O limiter, and a file of a filesystem that
+    does not answer (a FUSE mount of the client's own, stopped) would hold its slots, and
+    so every user's chunk writes and reads, for ever. Memory never blocks."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        return False
+    return True
 
 
 def _handle_flags(flags: int) -> int:

@@ -99,3 +99,24 @@ def test_a_huge_read_past_the_end_costs_what_the_file_holds(
         grown = _peak_rss(direct_mount.pid) - peak
         assert grown < 64 << 20, f"the daemon's peak memory grew {grown >> 20} MiB"
         c.close(h)
+
+
+def test_only_memory_is_mapped(direct_mount: Mount, tmp_path: Path) -> None:  # noqa: F811
+    """MAP takes a memfd, not a file of some filesystem (whose copies could block for ever
+    in the store's I/O threads: a stopped FUSE mount of the client's own): EINVAL, and
+    the memfd mapped before stays."""
+    mp = direct_mount.mountpoint
+    data = os.urandom(5000)
+    (mp / "m.bin").write_bytes(data)
+    disk = tmp_path / "plain"
+    disk.write_bytes(b"\0" * (1 << 20))
+    fd = os.open(disk, os.O_RDWR)
+    try:
+        with client_of(direct_mount) as c:
+            with pytest.raises(OSError) as err:
+                c._call(wire.MAP, wire.U64.pack(1 << 20), fds=[fd])
+            assert err.value.errno == errno.EINVAL
+            assert c.read_file(mp / "m.bin") == data  # through the memfd it had
+    finally:
+        os.close(fd)
+    assert disk.read_bytes() == b"\0" * (1 << 20)
