@@ -77,7 +77,8 @@ class Connection:
         self.sock, self.fs, self.ctx, self.st_dev, self.io = sock, fs, ctx, st_dev, io
         self.memfd: int | None = None
         self.memfd_size = 0
-        self.handles: set[int] = set()
+        # Open handles and their access mode (O_RDONLY, O_WRONLY, O_RDWR).
+        self.handles: dict[int, int] = {}
         self._buf = bytearray()
         self._fds: list[int] = []  # descriptors received and not yet taken by a MAP
         self._ops: dict[int, Callable[[bytes], Awaitable[bytes]]] = {
@@ -218,7 +219,7 @@ class Connection:
         check(self.ctx, inode, open_access(flags), os.fsdecode(path))
         self._room_for_handle()
         fh = await self.fs.open(inode.ino, _handle_flags(flags), self.ctx)
-        self.handles.add(fh)
+        self.handles[fh] = flags & os.O_ACCMODE
         return fh
 
     def _room_for_handle(self) -> None:
@@ -248,13 +249,17 @@ class Connection:
         self._room_for_handle()
         fh, _attrs = await self.fs.create(parent.ino, name, stat.S_IFREG | (mode & 0o7777),
                                           _handle_flags(flags), self.ctx)
-        self.handles.add(fh)
+        self.handles[fh] = flags & os.O_ACCMODE
         return wire.OPEN_REPLY.pack(fh, 0)
 
-    def _io_args(self, body: bytes) -> tuple[int, int, int, int]:
+    def _io_args(self, body: bytes, refused: int) -> tuple[int, int, int, int]:
+        """A READ's or WRITE's fields; EBADF for a handle not open here or open with the
+        access mode ``refused`` (as read(2) of a write-only descriptor: the VFS trusts the
+        kernel to have checked, and its mode-bit check at OPEN was for that access only)."""
         fh, off, moff, length = wire.IO_REQ.unpack_from(body)
-        if fh not in self.handles:
-            raise CkptfsError(f"handle {fh} is not open on this connection", errno=errno.EBADF)
+        if self.handles.get(fh, refused) == refused:
+            raise CkptfsError(f"handle {fh}: not open on this connection for this access",
+                              errno=errno.EBADF)
         if self.memfd is None or moff + length > self.memfd_size:
             raise CkptfsError("range outside the mapped memory", errno=errno.EFAULT)
         return fh, off, moff, length
@@ -262,7 +267,7 @@ class Connection:
     async def _write(self, body: bytes) -> bytes:
         """The whole chunks of the range go straight to the chunk service (``_chunks``);
         a head or tail that is not a whole chunk goes through the VFS's write."""
-        fh, off, moff, length = self._io_args(body)
+        fh, off, moff, length = self._io_args(body, os.O_RDONLY)
         cs = self.fs.chunk_size
         lo, hi = -(-off // cs) * cs, (off + length) // cs * cs
         if hi <= lo:
@@ -330,7 +335,7 @@ class Connection:
         reader), handed over as a view, not a copy, and written into the memfd by a
         worker thread. The reply counts the bytes up to the first short piece (the end
         of the file)."""
-        fh, off, moff, length = self._io_args(body)
+        fh, off, moff, length = self._io_args(body, os.O_WRONLY)
         memfd = self.memfd
         assert memfd is not None
         cs = self.fs.chunk_size
@@ -391,7 +396,7 @@ class Connection:
         """The commit, as close(2) of a FUSE file: FLUSH (its errors are CLOSE's), then
         the release (tracker event, last-close drop)."""
         fh = self._take(body)
-        self.handles.discard(fh)
+        self.handles.pop(fh, None)
         try:
             await self.fs.flush(fh)
         finally:
