@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 from pathlib import Path
 
 import pytest
 
-from tests.mount.test_direct import client_of, direct_mount  # noqa: F401 (a fixture)
-from tests.support.mountutil import Mount
+from tests.mount.test_direct import client_as, client_of, direct_mount  # noqa: F401
+from tests.mount.test_namespaces import STRANGER
+from tests.mount.test_posix_perms import needs_root
+from tests.support.mountutil import Mount, pid_alive, wait_until
 
-from ckptfs.client import wire
+from ckptfs.client import connect, find_socket, wire
 from ckptfs.direct.conn import MAX_HANDLES
+from ckptfs.direct.server import MAX_CONNECTIONS_PER_UID
 
 
 def _fds(pid: int) -> int:
@@ -120,3 +124,58 @@ def test_only_memory_is_mapped(direct_mount: Mount, tmp_path: Path) -> None:  # 
     finally:
         os.close(fd)
     assert disk.read_bytes() == b"\0" * (1 << 20)
+
+
+@needs_root
+@pytest.mark.allow_log_warnings("refused: uid")
+def test_one_users_connections_are_bounded(direct_mount: Mount) -> None:  # noqa: F811
+    """Each connection costs the daemon descriptors: a user past MAX_CONNECTIONS_PER_UID
+    gets no client (the fallback to the mount), and one again once it closed some."""
+    mp = direct_mount.mountpoint
+    calls = [
+        # The child holds one (``c``): all but one more.
+        f"cs = [connect(mp, memory=4096) for _ in range({MAX_CONNECTIONS_PER_UID - 1})]",
+        "assert all(cs)",
+        "assert connect(mp, memory=4096) is None",
+        "cs.pop().close_connection()",
+        # The daemon ends that connection as soon as it sees it closed: wait for that.
+        "again = next(filter(None, (connect(mp, 4096) or time.sleep(0.05) "
+        "for _ in range(200))), None)",
+        "assert again is not None and again.stat(os.path.join(mp, 'x.bin'))[0] == 3",
+    ]
+    (mp / "x.bin").write_bytes(b"abc")
+    out = client_as(direct_mount, STRANGER, ["import time", *calls])
+    assert out == [0] * (len(calls) + 1)
+    assert "refused: uid 4242 holds" in direct_mount.log
+
+
+@pytest.mark.allow_log_warnings("accept failed")
+def test_the_server_outlives_running_out_of_descriptors(
+    direct_mount: Mount,  # noqa: F811
+) -> None:
+    """An accept that fails for want of descriptors (EMFILE: one user's connections can
+    exhaust them) leaves the daemon and its server serving: once descriptors are free
+    again, new clients connect. It ended the daemon: the OSError reached the mount's
+    nursery inside an exception group, past _serve_direct's ``except OSError``."""
+    mp = direct_mount.mountpoint
+    pid = direct_mount.pid
+    assert pid is not None
+    found = find_socket(mp)
+    assert found is not None
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_fds(pid), hard))
+        raw.connect(str(found[0]))  # queued: the daemon's accept fails with EMFILE
+        wait_until(lambda: "accept failed" in direct_mount.log or not pid_alive(pid),
+                   what="the daemon's accept to fail")
+    finally:
+        if pid_alive(pid):
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        raw.close()
+    assert pid_alive(pid), "the daemon ended: " + direct_mount.log[-2000:]
+    (mp / "y.bin").write_bytes(b"yy")
+    c = connect(mp, memory=4096)
+    assert c is not None, direct_mount.log[-2000:]
+    with c:
+        assert c.read_file(mp / "y.bin") == b"yy"
