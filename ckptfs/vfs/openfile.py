@@ -242,11 +242,20 @@ class OpenFile:
         if off + self.cs > MAX_FILE_SIZE:
             raise FileTooLarge(f"write at {off}: past the largest file size, {MAX_FILE_SIZE}")
         await self.svc.budget.acquire(self.cs)
+        held, taken = True, False
         staged = self.svc.stages.take()
-        taken = False
         try:
             await fill(staged)
+            if self.lock.locked():
+                # Its holder may be a write waiting for budget under it: waiting for the
+                # lock with our share of the budget could leave it none for ever (whole
+                # chunks of this file hold it all). Wait without; take it back under it.
+                self.svc.budget.release(self.cs)
+                held = False
             async with self.lock:
+                if not held:
+                    await self.svc.budget.acquire(self.cs)
+                    held = True
                 if self.failed is not None:
                     raise self.failed
                 await self._grow(off + staged.length, f"write at {off} (+{staged.length})")
@@ -262,7 +271,8 @@ class OpenFile:
         finally:
             if not taken:
                 self.svc.stages.give(staged)
-                self.svc.budget.release(self.cs)
+                if held:
+                    self.svc.budget.release(self.cs)
         return True
 
     def _put(self, buf: ChunkBuffer, idx: int, within: int, data: Buffer) -> None:
