@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import errno
+import fcntl
 import logging
 import os
 import socket
@@ -31,6 +32,11 @@ log = logging.getLogger("ckptfs.direct")
 PIECE = 1 << 20  # what is not whole chunks goes to the VFS's write in pieces of this size
 READ_PARALLEL = 8  # chunks of one READ in flight at once
 WRITE_PARALLEL = 4  # whole chunks of one WRITE copied out of the memfd at once
+# Resource limits of one connection: no request of an unprivileged client may exhaust the
+# daemon's descriptors or memory (a descriptor passed over the socket costs the sender
+# nothing once it closes its own copy; a handle here costs no descriptor of the client).
+MAX_FDS = 4  # descriptors received and not yet taken by a MAP; more are closed at once
+MAX_HANDLES = 4096  # open handles of one connection (EMFILE beyond)
 
 
 class DirectFs(Lookups, Protocol):
@@ -71,7 +77,8 @@ class Connection:
         self.sock, self.fs, self.ctx, self.st_dev, self.io = sock, fs, ctx, st_dev, io
         self.memfd: int | None = None
         self.memfd_size = 0
-        self.handles: set[int] = set()
+        # Open handles and their access mode (O_RDONLY, O_WRONLY, O_RDWR).
+        self.handles: dict[int, int] = {}
         self._buf = bytearray()
         self._fds: list[int] = []  # descriptors received and not yet taken by a MAP
         self._ops: dict[int, Callable[[bytes], Awaitable[bytes]]] = {
@@ -143,10 +150,17 @@ class Connection:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     fds = array.array("i")
                     fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                    self._fds.extend(fds)
+                    self._keep_fds(list(fds))
             if not data:
                 raise Closed()
             self._buf += data
+
+    def _keep_fds(self, fds: list[int]) -> None:
+        """Keep descriptors for the next MAPs, up to MAX_FDS; close the rest now."""
+        room = max(0, MAX_FDS - len(self._fds))
+        self._fds.extend(fds[:room])
+        for fd in fds[room:]:
+            os.close(fd)
 
     async def _send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -177,7 +191,7 @@ class Connection:
             raise InvalidArgument("MAP without a descriptor")
         fd = self._fds.pop(0)
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a memfd is a regular file; a pipe is not
+        if not stat.S_ISREG(st.st_mode) or not _in_memory(fd):
             os.close(fd)
             raise InvalidArgument("MAP: not a memory file")
         if self.memfd is not None:
@@ -203,9 +217,15 @@ class Connection:
         if not inode.is_reg:
             raise InvalidArgument(f"{os.fsdecode(path)}: not a regular file")
         check(self.ctx, inode, open_access(flags), os.fsdecode(path))
+        self._room_for_handle()
         fh = await self.fs.open(inode.ino, _handle_flags(flags), self.ctx)
-        self.handles.add(fh)
+        self.handles[fh] = flags & os.O_ACCMODE
         return fh
+
+    def _room_for_handle(self) -> None:
+        if len(self.handles) >= MAX_HANDLES:
+            raise CkptfsError(f"{MAX_HANDLES} handles open on this connection",
+                              errno=errno.EMFILE)
 
     async def _open(self, body: bytes) -> bytes:
         (flags,) = wire.OPEN_REQ.unpack_from(body)
@@ -226,15 +246,20 @@ class Connection:
             fh = await self._open_inode(inode, flags & ~(os.O_CREAT | os.O_EXCL), path)
             return wire.OPEN_REPLY.pack(fh, 0 if flags & os.O_TRUNC else inode.size)
         check(self.ctx, parent, W | X, os.fsdecode(path))
+        self._room_for_handle()
         fh, _attrs = await self.fs.create(parent.ino, name, stat.S_IFREG | (mode & 0o7777),
                                           _handle_flags(flags), self.ctx)
-        self.handles.add(fh)
+        self.handles[fh] = flags & os.O_ACCMODE
         return wire.OPEN_REPLY.pack(fh, 0)
 
-    def _io_args(self, body: bytes) -> tuple[int, int, int, int]:
+    def _io_args(self, body: bytes, refused: int) -> tuple[int, int, int, int]:
+        """A READ's or WRITE's fields; EBADF for a handle not open here or open with the
+        access mode ``refused`` (as read(2) of a write-only descriptor: the VFS trusts the
+        kernel to have checked, and its mode-bit check at OPEN was for that access only)."""
         fh, off, moff, length = wire.IO_REQ.unpack_from(body)
-        if fh not in self.handles:
-            raise CkptfsError(f"handle {fh} is not open on this connection", errno=errno.EBADF)
+        if self.handles.get(fh, refused) == refused:
+            raise CkptfsError(f"handle {fh}: not open on this connection for this access",
+                              errno=errno.EBADF)
         if self.memfd is None or moff + length > self.memfd_size:
             raise CkptfsError("range outside the mapped memory", errno=errno.EFAULT)
         return fh, off, moff, length
@@ -242,7 +267,7 @@ class Connection:
     async def _write(self, body: bytes) -> bytes:
         """The whole chunks of the range go straight to the chunk service (``_chunks``);
         a head or tail that is not a whole chunk goes through the VFS's write."""
-        fh, off, moff, length = self._io_args(body)
+        fh, off, moff, length = self._io_args(body, os.O_RDONLY)
         cs = self.fs.chunk_size
         lo, hi = -(-off // cs) * cs, (off + length) // cs * cs
         if hi <= lo:
@@ -281,15 +306,22 @@ class Connection:
             async def fill(staged: Staged) -> None:
                 await threads.run_sync(_fill, staged, memfd, moff + start, cs, limiter=self.io)
 
-            async with slots:
-                try:
-                    if not await self.fs.write_chunk(fh, (off + start) // cs, fill):
-                        await self._pieces(fh, off + start, moff + start, cs)
-                except (CkptfsError, OSError) as exc:
-                    failed.append(exc)
+            try:
+                if not await self.fs.write_chunk(fh, (off + start) // cs, fill):
+                    await self._pieces(fh, off + start, moff + start, cs)
+            except (CkptfsError, OSError) as exc:
+                failed.append(exc)
+            finally:
+                slots.release()
 
         async with trio.open_nursery() as nursery:
+            # Started as slots free up, not all at once: a huge length costs tasks in
+            # proportion to WRITE_PARALLEL, not to itself; a failure starts no more.
             for start in range(0, length, cs):
+                await slots.acquire()
+                if failed:
+                    slots.release()
+                    break
                 nursery.start_soon(chunk, start)
         if failed:
             raise failed[0]
@@ -303,40 +335,50 @@ class Connection:
         reader), handed over as a view, not a copy, and written into the memfd by a
         worker thread. The reply counts the bytes up to the first short piece (the end
         of the file)."""
-        fh, off, moff, length = self._io_args(body)
+        fh, off, moff, length = self._io_args(body, os.O_WRONLY)
         memfd = self.memfd
         assert memfd is not None
         cs = self.fs.chunk_size
         first = min(length, (off // cs + 1) * cs - off)  # up to the first chunk's end
-        starts = [0, *range(first, length, cs)] if length else []
-        ends = [*starts[1:], length]
-        got = [0] * len(starts)
+        got: dict[int, int] = {}  # bytes each piece read, by its start
+        short: list[int] = []  # starts of pieces that came back short: the end of the file
         slots = trio.Semaphore(READ_PARALLEL)
-
         failed: list[CkptfsError | OSError] = []  # the request's errno, not a group
 
-        async def piece(i: int, start: int) -> None:
-            async with slots:
-                n = ends[i] - start
-                try:
-                    data = await self.fs.read(fh, off + start, n)  # verified by the store
-                    if data:
-                        await threads.run_sync(os.pwrite, memfd, data, moff + start,
-                                               limiter=self.io)
-                except (CkptfsError, OSError) as exc:
-                    failed.append(exc)
-                    return
-                got[i] = len(data)
+        async def piece(start: int, n: int) -> None:
+            try:
+                data = await self.fs.read(fh, off + start, n)  # verified by the store
+                if data:
+                    await threads.run_sync(os.pwrite, memfd, data, moff + start,
+                                           limiter=self.io)
+                got[start] = len(data)
+                if len(data) < n:
+                    short.append(start)
+            except (CkptfsError, OSError) as exc:
+                failed.append(exc)
+            finally:
+                slots.release()
 
         async with trio.open_nursery() as nursery:
-            for i, start in enumerate(starts):
-                nursery.start_soon(piece, i, start)
+            # Started as slots free up, and none past a piece that met the end of the file
+            # or failed: a READ of a huge length (past EOF) costs what the file holds.
+            start = 0
+            while start < length:
+                await slots.acquire()
+                if failed or (short and start > min(short)):
+                    slots.release()
+                    break
+                end = first if start == 0 else min(length, start + cs)
+                nursery.start_soon(piece, start, end - start)
+                start = end
         if failed:
             raise failed[0]
         done = 0
-        for i, start in enumerate(starts):
-            done += got[i]
-            if got[i] < ends[i] - start:
+        for start in sorted(got):
+            if start != done:  # a piece before it was not read (past the end)
+                break
+            done += got[start]
+            if start in short:
                 break
         return wire.U64.pack(done)
 
@@ -354,7 +396,7 @@ class Connection:
         """The commit, as close(2) of a FUSE file: FLUSH (its errors are CLOSE's), then
         the release (tracker event, last-close drop)."""
         fh = self._take(body)
-        self.handles.discard(fh)
+        self.handles.pop(fh, None)
         try:
             await self.fs.flush(fh)
         finally:
@@ -379,6 +421,18 @@ def _fill(staged: Staged, memfd: int, moff: int, n: int) -> None:
     if got != n:  # the client shrank its memfd under us
         raise CkptfsError("mapped memory shrank", errno=errno.EFAULT)
     staged.length = n
+
+
+def _in_memory(fd: int) -> bool:
+    """A memfd (or another shmem file): only those take seals. Why it matters: the
+    memfd's copies run under the store's I/O limiter, and a file of a filesystem that
+    does not answer (a FUSE mount of the client's own, stopped) would hold its slots, and
+    so every user's chunk writes and reads, for ever. Memory never blocks."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        return False
+    return True
 
 
 def _handle_flags(flags: int) -> int:

@@ -19,6 +19,10 @@ from .peer import peer_context
 log = logging.getLogger("ckptfs.direct")
 
 RUNTIME_ENV = "CKPTFS_RUNTIME_DIR"
+# Open connections one user (not root) may hold: each costs the daemon a socket, a memfd
+# and up to a few descriptors passed; 8 ranks with a client per thread need far fewer.
+MAX_CONNECTIONS_PER_UID = 128
+ACCEPT_RETRY_S = 0.1  # after a failed accept (out of descriptors): a real period
 
 
 def runtime_dir() -> Path:
@@ -42,6 +46,7 @@ class DirectServer:
     def __init__(self, fs: DirectFs, io: trio.CapacityLimiter) -> None:
         self.fs, self.io = fs, io
         self.path: Path | None = None
+        self._per_uid: dict[int, int] = {}  # open connections by the caller's uid
 
     async def serve(self, mountpoint: Path) -> None:
         """Listen until cancelled (the mount's nursery at unmount)."""
@@ -53,7 +58,14 @@ class DirectServer:
         try:
             async with trio.open_nursery() as nursery:
                 while True:
-                    conn, _addr = await sock.accept()
+                    try:
+                        conn, _addr = await sock.accept()
+                    except OSError as exc:
+                        # Out of descriptors (or memory), for now: the server goes on
+                        # (its end would be every client's fallback until a remount).
+                        log.warning("direct path: accept failed: %s", exc)
+                        await trio.sleep(ACCEPT_RETRY_S)
+                        continue
                     nursery.start_soon(self._connection, conn, st_dev)
         finally:
             sock.close()
@@ -85,4 +97,19 @@ class DirectServer:
             except OSError as exc:
                 log.debug("direct connection refused: %s", exc)
                 return
-            await Connection(sock, self.fs, ctx, st_dev, self.io).serve()
+            held = self._per_uid.get(ctx.uid, 0)
+            if ctx.uid != 0 and held >= MAX_CONNECTIONS_PER_UID:
+                # Each costs the daemon descriptors: one user must not exhaust them.
+                # The client falls back to the mount.
+                log.warning("direct connection of pid %d refused: uid %d holds %d",
+                            ctx.pid, ctx.uid, held)
+                return
+            self._per_uid[ctx.uid] = held + 1
+            try:
+                await Connection(sock, self.fs, ctx, st_dev, self.io).serve()
+            except Exception:  # a bug: it ends this connection, never the daemon
+                log.exception("direct connection of pid %d failed", ctx.pid)
+            finally:
+                self._per_uid[ctx.uid] -= 1
+                if not self._per_uid[ctx.uid]:
+                    del self._per_uid[ctx.uid]

@@ -82,6 +82,9 @@ class OpenFile:
         self.bypassed_cache = False
         self.failed: CkptfsError | None = None
         self.lock = trio.Lock()
+        # Writes waiting for memory budget under ``lock`` (``_buffer``): a whole-chunk
+        # write does not wait for the lock with its share while one does (write_whole).
+        self._budget_waits = 0
         self.handles = 0
         self._init_reads()
         # The last bytes (at most END_BYTES) of the highest chunk stored: (idx, digest, bytes).
@@ -160,7 +163,11 @@ class OpenFile:
         buf = self.dirty.get(idx)
         if buf is not None:
             return buf
-        await self.svc.budget.acquire(self.cs)
+        self._budget_waits += 1
+        try:
+            await self.svc.budget.acquire(self.cs)
+        finally:
+            self._budget_waits -= 1
         try:
             pending = self.inflight.get(idx)
             if pending is not None:
@@ -242,11 +249,20 @@ class OpenFile:
         if off + self.cs > MAX_FILE_SIZE:
             raise FileTooLarge(f"write at {off}: past the largest file size, {MAX_FILE_SIZE}")
         await self.svc.budget.acquire(self.cs)
+        held, taken = True, False
         staged = self.svc.stages.take()
-        taken = False
         try:
             await fill(staged)
+            if self.lock.locked() and self._budget_waits:
+                # Its holder waits for budget: waiting for the lock with our share could
+                # leave it none for ever (whole chunks of this file may hold it all).
+                # Wait without it; take it back under the lock.
+                self.svc.budget.release(self.cs)
+                held = False
             async with self.lock:
+                if not held:
+                    await self.svc.budget.acquire(self.cs)
+                    held = True
                 if self.failed is not None:
                     raise self.failed
                 await self._grow(off + staged.length, f"write at {off} (+{staged.length})")
@@ -262,7 +278,8 @@ class OpenFile:
         finally:
             if not taken:
                 self.svc.stages.give(staged)
-                self.svc.budget.release(self.cs)
+                if held:
+                    self.svc.budget.release(self.cs)
         return True
 
     def _put(self, buf: ChunkBuffer, idx: int, within: int, data: Buffer) -> None:

@@ -215,3 +215,30 @@ def test_a_corrupt_chunk_is_eio_through_the_socket(direct_mount: Mount) -> None:
     with pytest.raises(OSError) as err:
         (mp / "bad.bin").read_bytes()
     assert err.value.errno == errno.EIO
+
+
+@needs_root
+def test_a_write_only_handle_reads_nothing(direct_mount: Mount) -> None:
+    """A file others may write but not read (0622): a stranger's direct handle opened for
+    writing is checked for writing only, so its READ is EBADF (as read(2) of a write-only
+    descriptor), not the file's bytes; a read-only handle's WRITE likewise."""
+    mp = direct_mount.mountpoint
+    drop = mp / "drop.bin"
+    drop.write_bytes(b"secret" * 1000)
+    drop.chmod(0o622)
+    calls = [
+        f"h, _s = c.open({str(drop)!r}, os.O_WRONLY)",
+        "buf = bytearray(6000); n = c.preadinto(h, buf, 0)",
+        "assert buf == bytearray(6000)",
+        f"c.open({str(drop)!r}, os.O_RDONLY)",
+    ]
+    assert client_as(direct_mount, STRANGER, calls) == [0, errno.EBADF, 0, errno.EACCES]
+    (mp / "pub.bin").write_bytes(b"p" * 100)
+    with client_of(direct_mount) as c:
+        h, _size = c.open(mp / "pub.bin", os.O_RDONLY)
+        with pytest.raises(OSError) as err:
+            c.pwrite(h, b"q" * 100, 0)
+        assert err.value.errno == errno.EBADF
+        c.close(h)
+    assert (mp / "pub.bin").read_bytes() == b"p" * 100
+    assert drop.read_bytes() == b"secret" * 1000
