@@ -212,6 +212,11 @@ class Connection:
             return parent, names[-1], None
 
     async def _open_inode(self, inode: Inode, flags: int, path: bytes) -> int:
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE == os.O_RDONLY:
+            # The kernel would truncate (with write permission); the VFS truncates only a
+            # handle opened for writing: refused rather than answered with a size of 0.
+            raise InvalidArgument(f"{os.fsdecode(path)}: O_TRUNC needs O_WRONLY or O_RDWR "
+                                  "on the direct path")
         if inode.is_dir:
             raise IsADirectory(os.fsdecode(path))
         if not inode.is_reg:

@@ -240,5 +240,9 @@ def test_a_write_only_handle_reads_nothing(direct_mount: Mount) -> None:
             c.pwrite(h, b"q" * 100, 0)
         assert err.value.errno == errno.EBADF
         c.close(h)
+        # O_TRUNC without write access: refused, not a size of 0 for an untouched file
+        with pytest.raises(OSError) as err:
+            c.open(mp / "pub.bin", os.O_RDONLY | os.O_TRUNC)
+        assert err.value.errno == errno.EINVAL
     assert (mp / "pub.bin").read_bytes() == b"p" * 100
     assert drop.read_bytes() == b"secret" * 1000
