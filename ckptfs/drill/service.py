@@ -4,7 +4,10 @@ A drill restores the latest committed checkpoint of a run as a new node would: e
 chunk from the remote tiers alone (the local tiers, the read cache and the page cache are
 never read), verified against its digest and opened with its namespace's key, into the
 scratch directory; then the format checks (checkpoints/formats) read the restored files,
-which are removed. The files are read with the access rules of the namespace's principal
+which are removed. On a single-node (SQLite) mount the checkpoint, its files and its
+extents come from the bucket's catalog snapshot (drill/snapshot.py), as a new node would
+restore them, not from the live catalog; a shared catalog a new node reads itself. The
+files are read with the access rules of the namespace's principal
 (drill/principal.py): the namespace rules the mount enforces (``check_access``, the VFS's
 Access) and the mode bits of every file and directory on the way.
 
@@ -503,8 +506,9 @@ class DrillService:
             self.sink.observe(row)
         if row.passed:
             log.info("restore drill of %s passed: %s, %d file(s), %d bytes from the remote "
-                     "in %.2f s (%.1f MB/s)", job.run, row.checkpoint, out.files, row.bytes,
-                     duration_ns / 1e9, row.mb_per_s)
+                     "in %.2f s (%.1f MB/s; checkpoint from the %s)", job.run, row.checkpoint,
+                     out.files, row.bytes, duration_ns / 1e9, row.mb_per_s,
+                     out.source or "live catalog")
         else:
             log.warning("restore drill of %s FAILED (checkpoint %s, %d problem(s)): %s",
                         job.run, row.checkpoint or "-", len(out.problems), first)
