@@ -325,8 +325,10 @@ class DrillService:
         view: SnapshotView | None = None
         try:
             if self.snapshot is not None:  # what a new node of this mount restores
+                t0 = time.perf_counter()
                 view = await trio.to_thread.run_sync(
                     open_snapshot, self.remotes, self.snapshot, where, limiter=self._io)
+                await self._pace(t0, view.nbytes)  # a large catalog keeps to the cap too
                 out.problems += view.problems
                 if view.catalog is None:
                     return

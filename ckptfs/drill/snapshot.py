@@ -32,6 +32,7 @@ class SnapshotView:
     tier: str = ""  # the remote it came from
     remote_names: frozenset[str] = frozenset()  # the remote tiers the snapshot records
     configured: tuple[str, ...] = ()  # the remote tiers a new node would read from
+    nbytes: int = 0  # read from the remotes (the drill's bandwidth cap counts them)
     problems: list[str] = field(default_factory=list)
 
     def as_restored(self, ref: ChunkRef) -> ChunkRef:
@@ -63,8 +64,11 @@ def open_snapshot(remotes: Sequence[Tier], fetch: SnapshotFetch, where: Path) ->
             view.problems.append(f"catalog snapshot on {remote.name} does not verify "
                                  f"(a new node could not restore from it): {exc}")
             continue
-        if data is None or view.catalog is not None:
+        if data is None:
             continue
+        view.nbytes += len(data)
+        if view.catalog is not None:
+            continue  # checked only: the first good one is read
         path = where / FILE_NAME
         path.write_bytes(data)
         try:
