@@ -3,7 +3,8 @@ bucket's catalog snapshot (ckptfs/drill/snapshot.py, docs/operations.md "Restore
 on real mounts with the real SeaweedFS. A snapshot deleted or damaged in the bucket fails
 the drill, naming it, while the mount reads fine; a snapshot older than the live catalog
 is drilled and the newer checkpoint reported as not in it; a snapshot without a committed
-checkpoint of the run fails the drill."""
+checkpoint of the run fails the drill. With a shared (PostgreSQL) catalog the drill reads that
+catalog, as a new node would, and needs no snapshot."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.drill.test_drill import FAILED, _args, _config, _saved, _st, drill
 from tests.support.mountutil import FUSE_AVAILABLE, SKIP_REASON, Mount, mounted, wait_until
 from tests.support.s3server import SeaweedServer
 
-from ckptfs.catalog import SqliteCatalog
+from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 
 pytestmark = pytest.mark.skipif(not FUSE_AVAILABLE, reason=SKIP_REASON)
 
@@ -130,3 +131,29 @@ def test_a_drill_reads_the_snapshots_checkpoint_not_the_live_catalogs(
         assert report["problems"][0].startswith(
             "/run: no committed checkpoint in the bucket's catalog snapshot")
         assert second in report["problems"][0]
+
+
+@pytest.mark.usefixtures("postgres")
+def test_with_a_shared_catalog_the_drill_reads_that_catalog_not_a_snapshot(
+    tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str], pg_url: str,
+) -> None:
+    """A new node of a PostgreSQL mount reads the shared catalog itself: the drill too,
+    so a bucket without a catalog snapshot does not fail it."""
+    url, prefix = remote
+    args = ("--catalog", pg_url, "--node", "a", *_args(url, _config(tmp_path)))
+    with mounted(tmp_path / "node", 1, args) as m:
+        run = m.mountpoint / "run"
+        root = _saved(m, run, 1, os.urandom(300_000))
+
+        def current() -> bool:
+            cat = PostgresCatalog(pg_url, pool_size=1, readonly=True)
+            try:
+                return cat.snapshot_is_current()
+            finally:
+                cat.close()
+        wait_until(current, what="the catalog snapshot is current")  # none retaken below
+        _put(seaweed, _key(prefix), None)
+        rc, [report], err = drill(str(run))
+        assert rc == 0, err
+        assert report["checkpoint"] == root and report["source"] == "live catalog"
+        assert report["bytes"] == report["total_bytes"] > 0
