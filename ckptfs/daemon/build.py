@@ -68,6 +68,7 @@ from ..vfs.pagepush import PagePush, StorePages
 from ..vfs.quota import Quotas
 from ..vfs.refusals import Refusals
 from ..wakeup import ThreadWakeup, Wakeup
+from .restore import fetch_snapshot
 
 log = logging.getLogger("ckptfs.mount")  # the mount's log, as before the split
 
@@ -303,7 +304,10 @@ def _drill_service(catalog: Catalog, tiers: Sequence[Tier], s: _Shared, sec: Sec
         catalog, s.db_limiter, [t for t in tiers if t.kind != "local"], sec.drill, scratch,
         chunk_size, sec.governance, _drill_access(access),
         SaveGate(saving=uploader.saving, save_over=uploader.wait_save_over),
-        sink=DrillMetrics(), node=node)
+        sink=DrillMetrics(), node=node,
+        # A new node of a SQLite mount restores the bucket's catalog snapshot: the drill
+        # reads that; a shared catalog a new node reads itself, and so does the drill.
+        snapshot=None if catalog.shared else fetch_snapshot)
 
 
 def build(

@@ -48,6 +48,24 @@ class MountRecordCatalog(MetaCatalog, AuditCatalog, Protocol):
     """Where a mount is recorded: the audit log, and the last policy's digest."""
 
 
+class SnapshotDamaged(CkptfsError):
+    """The remote's catalog snapshot does not decode or verify."""
+
+
+def fetch_snapshot(remote: Tier) -> bytes | None:
+    """The catalog snapshot ``remote`` holds, verified and decoded (a SQLite file's
+    bytes); None if it holds none. Raises TierError when the remote cannot be read,
+    SnapshotDamaged when the snapshot does not decode or verify. Blocking. What a new
+    node restores (``restore_catalog``) and what a restore drill opens (drill/service.py)."""
+    raw = remote.get_meta(SNAPSHOT_NAME)  # type: ignore[attr-defined]
+    if raw is None:
+        return None
+    try:
+        return frame.decode(raw)
+    except CkptfsError as exc:
+        raise SnapshotDamaged(f"catalog snapshot damaged: {exc}") from exc
+
+
 def restore_catalog(
     path: Path, remotes: list[Tier], governance: GovernanceConfig | None = None,
     down: Collection[str] = (),
@@ -63,17 +81,16 @@ def restore_catalog(
             problems.append(f"{remote.name}: not reachable")
             continue
         try:
-            raw = remote.get_meta(SNAPSHOT_NAME)  # type: ignore[attr-defined]
+            data = fetch_snapshot(remote)
+        except SnapshotDamaged as exc:
+            answered = True
+            problems.append(f"{remote.name}: {exc}")
+            continue
         except TierError as exc:
             problems.append(f"{remote.name}: {exc}")
             continue
         answered = True
-        if raw is None:
-            continue
-        try:
-            data = frame.decode(raw)
-        except CkptfsError as exc:
-            problems.append(f"{remote.name}: catalog snapshot damaged: {exc}")
+        if data is None:
             continue
         tmp = path.with_name(path.name + ".restore")
         tmp.write_bytes(data)

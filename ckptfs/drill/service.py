@@ -4,7 +4,10 @@ A drill restores the latest committed checkpoint of a run as a new node would: e
 chunk from the remote tiers alone (the local tiers, the read cache and the page cache are
 never read), verified against its digest and opened with its namespace's key, into the
 scratch directory; then the format checks (checkpoints/formats) read the restored files,
-which are removed. The files are read with the access rules of the namespace's principal
+which are removed. On a single-node (SQLite) mount the checkpoint, its files and its
+extents come from the bucket's catalog snapshot (drill/snapshot.py), as a new node would
+restore them, not from the live catalog; a shared catalog a new node reads itself. The
+files are read with the access rules of the namespace's principal
 (drill/principal.py): the namespace rules the mount enforces (``check_access``, the VFS's
 Access) and the mode bits of every file and directory on the way.
 
@@ -33,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from ..catalog import CheckpointRow, CheckpointState, Inode
+from ..catalog import CheckpointRow, CheckpointState, ChunkRef, Inode
 from ..catalog.audit import AuditRecord
 from ..catalog.drills import DrillCatalog, DrillRow
 from ..catalog.protocols import AuditCatalog, CheckpointCatalog, ContentsCatalog, NamespaceCatalog
@@ -44,6 +47,7 @@ from ..errors import CkptfsError, InvalidArgument, NotFound
 from ..tiers.base import Tier
 from .principal import Principal, choose_principal, parse_asked
 from .restore import restore_chunk
+from .snapshot import SnapshotFetch, SnapshotView, open_snapshot
 
 log = logging.getLogger("ckptfs.drill")
 
@@ -52,6 +56,11 @@ QUEUE_MAX = 64  # drills asked and not yet run
 REPORTS_KEPT = 256  # reports of served tickets (a getxattr may come twice: ERANGE, retry)
 PROBLEMS_SHOWN = 20
 SCRATCH_NAME = re.compile(r"[0-9]+-[0-9]+")  # a drill's directory in the scratch directory
+# A live checkpoint not yet in the bucket's catalog snapshot fails the drill once it
+# committed this long before the drill began: the uploader retakes the snapshot every 10 s
+# under load and as soon as the uploads drain, so ten minutes is a snapshot that is stuck
+# (failing, or a remote refusing it), not one that is merely behind a large upload.
+SNAPSHOT_STALE_NS = 600 * 10**9
 
 
 class DrillServiceCatalog(CheckpointCatalog, NamespaceCatalog, ContentsCatalog, DrillCatalog,
@@ -88,6 +97,8 @@ class Outcome:
     waited: bool = False
     problems: list[str] = field(default_factory=list)
     row: DrillRow | None = None  # as recorded
+    source: str = ""  # where the checkpoint and its extents were read: the snapshot's remote
+    not_in_snapshot: str = ""  # the live catalog's newer checkpoint the snapshot lacks
 
 
 class DrillSink(Protocol):
@@ -96,6 +107,20 @@ class DrillSink(Protocol):
     def observe(self, row: DrillRow) -> None: ...
 
     def seed(self, last: list[DrillRow], last_passed: list[DrillRow]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The catalog a drill reads the checkpoint, its files and extents from (the live one,
+    or the bucket's snapshot), the limiter of its connection, and each extent as a node
+    that restored that catalog records it."""
+
+    catalog: DrillServiceCatalog
+    limiter: trio.CapacityLimiter
+    as_restored: Callable[[ChunkRef], ChunkRef]
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(lambda: fn(*args), limiter=self.limiter)
 
 
 # A namespace check of one inode for a principal: None, or why it is refused.
@@ -137,8 +162,11 @@ class DrillService:
         self, catalog: DrillServiceCatalog, db_limiter: trio.CapacityLimiter,
         remotes: Sequence[Tier], cfg: DrillConfig, scratch: Path, chunk_size: int,
         gov: GovernanceConfig, check_access: AccessCheck, gate: SaveGate, *,
-        sink: DrillSink | None = None, node: str = "",
+        sink: DrillSink | None = None, node: str = "", snapshot: SnapshotFetch | None = None,
     ) -> None:
+        """``snapshot``: how to fetch the bucket's catalog snapshot (daemon/restore.py
+        fetch_snapshot), for a catalog a new node restores from it (SQLite); None: a new
+        node reads this catalog itself (shared, PostgreSQL), and so does the drill."""
         self.catalog = catalog
         self.db_limiter = db_limiter
         self.remotes = list(remotes)
@@ -150,6 +178,8 @@ class DrillService:
         self.gate = gate
         self.sink = sink
         self.node = node
+        self.snapshot = snapshot
+        self._snap_db = trio.CapacityLimiter(1)  # the snapshot's catalog: one connection
         self._io = trio.CapacityLimiter(1)  # one chunk in flight: a drill is a background read
         self._send, self._receive = trio.open_memory_channel[tuple[int, DrillJob]](QUEUE_MAX)
         self._next = 0
@@ -272,15 +302,16 @@ class DrillService:
         await self.gate.save_over()
         out.waited_s += time.perf_counter() - t
 
-    def _latest(self, run: str) -> CheckpointRow | None:
-        """The newest committed checkpoint under ``run`` (blocking). A symbolic link that
-        is a checkpoint's name (Lightning's ``last.ckpt``) is skipped: what it names is a
-        checkpoint of its own, and that one is drilled."""
-        rows = sorted((r for r in self.catalog.checkpoint_rows(run)
+    @staticmethod
+    def _latest(catalog: DrillServiceCatalog, run: str) -> CheckpointRow | None:
+        """The newest committed checkpoint under ``run`` in ``catalog`` (blocking). A
+        symbolic link that is a checkpoint's name (Lightning's ``last.ckpt``) is skipped:
+        what it names is a checkpoint of its own, and that one is drilled."""
+        rows = sorted((r for r in catalog.checkpoint_rows(run)
                        if r.state == CheckpointState.COMMITTED),
                       key=lambda r: (r.commit_ns or 0, r.id), reverse=True)
         for r in rows:
-            inode = self.catalog.resolve(r.root)
+            inode = catalog.resolve(r.root)
             if inode is not None and not stat.S_ISLNK(inode.mode):
                 return r
         return None
@@ -289,12 +320,68 @@ class DrillService:
         if not self.remotes:
             out.problems.append("no remote tier: a new node would have nothing to restore from")
             return
-        ckpt = await self._db(self._latest, out.job.run)
+        where = self.scratch / f"{time.time_ns()}-{os.getpid()}"
+        await trio.to_thread.run_sync(self._mkdir, where)
+        view: SnapshotView | None = None
+        try:
+            if self.snapshot is not None:  # what a new node of this mount restores
+                t0 = time.perf_counter()
+                view = await trio.to_thread.run_sync(
+                    open_snapshot, self.remotes, self.snapshot, where, limiter=self._io)
+                await self._pace(t0, view.nbytes)  # a large catalog keeps to the cap too
+                out.problems += view.problems
+                if view.catalog is None:
+                    return
+                out.source = f"catalog snapshot on {view.tier}"
+            src = self._live() if view is None or view.catalog is None else _Source(
+                view.catalog, self._snap_db, view.as_restored)
+            ckpt = await self._pick(out, src, view)
+            if ckpt is not None:
+                await self._drill_checkpoint(out, src, ckpt, where / "restored")
+        finally:
+            if view is not None:
+                await trio.to_thread.run_sync(view.close, limiter=self._snap_db)
+            await trio.to_thread.run_sync(shutil.rmtree, where, True)
+
+    def _live(self) -> _Source:
+        return _Source(self.catalog, self.db_limiter, lambda ref: ref)
+
+    async def _pick(self, out: Outcome, src: _Source,
+                    view: SnapshotView | None) -> CheckpointRow | None:
+        """The checkpoint to drill: the newest committed one of the catalog read (with a
+        snapshot, measured against the live catalog's newest)."""
+        run = out.job.run
+        ckpt = await src.call(self._latest, src.catalog, run)
+        if view is None:
+            if ckpt is None:
+                out.problems.append(f"{run}: no committed checkpoint to drill")
+            return ckpt
+        live = await self._db(self._latest, self.catalog, run)
         if ckpt is None:
-            out.problems.append(f"{out.job.run}: no committed checkpoint to drill")
-            return
+            out.problems.append(
+                f"{run}: no committed checkpoint in the bucket's catalog snapshot (on "
+                f"{view.tier}): a new node would find none"
+                + ("" if live is None else f" (the live catalog's newest: {live.root})"))
+            return None
+        if live is not None and live.root != ckpt.root \
+                and (live.commit_ns or 0) > (ckpt.commit_ns or 0):
+            out.not_in_snapshot = live.root
+            age_s = (time.time_ns() - (live.commit_ns or 0)) / 1e9
+            log.info("drill of %s: %s (committed %.0f s ago) is not yet in the bucket's "
+                     "catalog snapshot; drilling %s, the newest there", run, live.root,
+                     age_s, ckpt.root)
+            if age_s * 1e9 > SNAPSHOT_STALE_NS:
+                out.problems.append(
+                    f"{live.root}: committed {age_s:.0f} s ago and still not in the bucket's "
+                    f"catalog snapshot (on {view.tier}; its newest checkpoint of {run} is "
+                    f"{ckpt.root}): a new node would not see it")
+        return ckpt
+
+    async def _drill_checkpoint(self, out: Outcome, src: _Source, ckpt: CheckpointRow,
+                                where: Path) -> None:
         out.checkpoint = ckpt
-        files = await self._db(self.catalog.files_under, ckpt.root)
+        before = len(out.problems)  # the snapshot's: the checkpoint is still drilled
+        files = await src.call(src.catalog.files_under, ckpt.root)
         out.files, out.total = len(files), sum(f.size for f in files)
         if not files:
             out.problems.append(f"{ckpt.root}: the checkpoint holds no file")
@@ -305,22 +392,17 @@ class DrillService:
             out.problems.append(f"namespace {sealed}: its key is missing or revoked "
                                 "(no live key version loaded)")
             return
-        paths = {f.ino: await self._db(self.catalog.path_of, f.ino) for f in files}
-        await self._check_access(out, ckpt.root, files, paths)
-        if out.problems:
+        paths = {f.ino: await src.call(src.catalog.path_of, f.ino) for f in files}
+        await self._check_access(out, src, ckpt.root, files, paths)
+        if len(out.problems) > before:
             return  # what the principal may not read is not read
-        where = self.scratch / f"{time.time_ns()}-{os.getpid()}"
-        await trio.to_thread.run_sync(self._mkdir, where)
-        try:
-            await self._restore_files(out, ckpt.root, files, paths, where, sealed)
-            if not out.problems:
-                top = where / Path(ckpt.root).name if any(p == ckpt.root for p in paths.values()) \
-                    else where
-                found = await trio.to_thread.run_sync(
-                    lambda: check_checkpoint(DirFiles(top), ckpt.framework))
-                out.problems += [f"{p.file}: {p.what}" for p in found]
-        finally:
-            await trio.to_thread.run_sync(shutil.rmtree, where, True)
+        await self._restore_files(out, src, ckpt.root, files, paths, where, sealed)
+        if len(out.problems) == before:
+            top = where / Path(ckpt.root).name if any(p == ckpt.root for p in paths.values()) \
+                else where
+            found = await trio.to_thread.run_sync(
+                lambda: check_checkpoint(DirFiles(top), ckpt.framework))
+            out.problems += [f"{p.file}: {p.what}" for p in found]
 
     def _clear_scratch(self) -> None:
         """What a drill killed with its daemon left in the scratch directory: only the
@@ -339,13 +421,14 @@ class DrillService:
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         where.mkdir(mode=0o700)
 
-    async def _check_access(self, out: Outcome, root: str, files: list[Inode],
+    async def _check_access(self, out: Outcome, src: _Source, root: str, files: list[Inode],
                             paths: dict[int, str]) -> None:
-        """May the principal reach and read every file (namespace rules, mode bits)?"""
+        """May the principal reach and read every file (the mount's namespace rules, the
+        mode bits the catalog read records)?"""
         who = out.job.principal
         dirs = sorted({d for p in paths.values() for d in ancestors(p)})
         for d in dirs:
-            inode = await self._db(self.catalog.resolve, d)
+            inode = await src.call(src.catalog.resolve, d)
             if inode is None:
                 continue  # removed since: its files' reads find that
             inside = d == root or d.startswith(root.rstrip("/") + "/")
@@ -355,7 +438,10 @@ class DrillService:
                                     f"{stat.filemode(inode.mode)})")
                 return
         for f in files:
-            refused = await self.check_access(who, f.ino)
+            try:
+                refused = await self.check_access(who, f.ino)
+            except NotFound:  # removed from the mount since the snapshot: its mode bits
+                refused = None
             if refused is None and not mode_allows(f, who, 4):
                 refused = f"mode {stat.filemode(f.mode)} does not let it read"
             if refused is not None:
@@ -363,13 +449,13 @@ class DrillService:
                                     f"read it: {refused}")
                 return
 
-    async def _restore_files(self, out: Outcome, root: str, files: list[Inode],
+    async def _restore_files(self, out: Outcome, src: _Source, root: str, files: list[Inode],
                              paths: dict[int, str], where: Path, sealed: str | None) -> None:
         paced_from = time.perf_counter()
         for f in sorted(files, key=lambda i: paths[i.ino]):
             path = paths[f.ino]
             rel = Path(path).name if path == root else os.path.relpath(path, root)
-            extents = await self._db(self.catalog.extents, f.ino)
+            extents = await src.call(src.catalog.extents, f.ino)
             fd = await trio.to_thread.run_sync(self._create, where / rel)
             try:
                 for idx in sorted(extents):
@@ -377,8 +463,8 @@ class DrillService:
                     await self._yield(out)
                     paced_from += out.waited_s - before
                     got = await trio.to_thread.run_sync(
-                        restore_chunk, self.remotes, extents[idx], fd, idx * self.chunk_size,
-                        f"{path} chunk {idx}", sealed, limiter=self._io)
+                        restore_chunk, self.remotes, src.as_restored(extents[idx]), fd,
+                        idx * self.chunk_size, f"{path} chunk {idx}", sealed, limiter=self._io)
                     out.bytes += got.written
                     out.problems += got.problems
                     await self._pace(paced_from, out.bytes)
@@ -422,8 +508,9 @@ class DrillService:
             self.sink.observe(row)
         if row.passed:
             log.info("restore drill of %s passed: %s, %d file(s), %d bytes from the remote "
-                     "in %.2f s (%.1f MB/s)", job.run, row.checkpoint, out.files, row.bytes,
-                     duration_ns / 1e9, row.mb_per_s)
+                     "in %.2f s (%.1f MB/s; checkpoint from the %s)", job.run, row.checkpoint,
+                     out.files, row.bytes, duration_ns / 1e9, row.mb_per_s,
+                     out.source or "live catalog")
         else:
             log.warning("restore drill of %s FAILED (checkpoint %s, %d problem(s)): %s",
                         job.run, row.checkpoint or "-", len(out.problems), first)
@@ -440,4 +527,5 @@ class DrillService:
                 "as": [out.job.principal.uid, out.job.principal.gid], "files": out.files,
                 "bytes": out.bytes, "total_bytes": out.total, "waited_for_save": out.waited,
                 "result": "failed" if out.problems else "passed",
+                "source": out.source or "live catalog", "not_in_snapshot": out.not_in_snapshot,
                 "problems": out.problems[:PROBLEMS_SHOWN], "problem_count": len(out.problems)}
