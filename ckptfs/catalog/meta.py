@@ -77,9 +77,19 @@ class MetaSql(SqlBase):
             # Another node's queue: never delete on the strength of its rows (fsck finds
             # what is left over).
             c.execute("DELETE FROM deletions")
-            c.execute("DELETE FROM replicas")
+            # A remote the snapshot knows by name keeps its rows: which chunks it holds (the
+            # scrubber would otherwise find every chunk "missing" on the remotes striping
+            # left out). A remote it does not know may hold any chunk: reads try each.
+            known = [t for t in remote_tiers if t in snap_remotes]
+            if known:
+                c.execute(f"DELETE FROM replicas WHERE tier NOT IN ({','.join('?' * len(known))})",
+                          known)
+            else:
+                c.execute("DELETE FROM replicas")
             for tier in remote_tiers:
-                c.execute("INSERT INTO replicas (digest, tier, state) SELECT digest, ?, 'valid' FROM chunks", (tier,))
+                if tier not in known:
+                    c.execute("INSERT INTO replicas (digest, tier, state) SELECT digest, ?, "
+                              "'valid' FROM chunks", (tier,))
             kept = int(c.execute(
                 "SELECT count(*) FROM inodes WHERE mode & 61440 = 32768").fetchone()[0])
             return kept, removed

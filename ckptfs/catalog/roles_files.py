@@ -264,9 +264,9 @@ class MetaCatalog(Protocol):
     def adopt_snapshot(self, remote_tiers: list[str]) -> tuple[int, list[str]]:
         """Turn a catalog restored from a remote snapshot into this node's catalog.
 
-        A chunk the snapshot records on any remote tier is recorded on every configured
-        remote tier (reads try each; striping may differ on this node); local replicas
-        and upload jobs are forgotten. A file naming a chunk no remote held when the
+        A remote tier the snapshot names keeps the snapshot's replica rows; on a configured
+        remote it does not name, every chunk the snapshot records on any remote is recorded
+        (reads try each); local replicas and upload jobs are forgotten. A file naming a chunk no remote held when the
         snapshot was taken (its upload was still pending) cannot be recovered: it is
         removed. Returns (files kept, paths of files removed)."""
         ...

@@ -155,7 +155,10 @@ class Scrubber:
                 due_s = (oldest / 1e9 + self.cfg.interval_s) - time.time()
             deadline = trio.current_time() + max(1.0, due_s)
             if retry:
-                deadline = min(deadline, trio.current_time() + RETRY_S)
+                # The copies due are those of a failing tier or of the remote another node
+                # scrubs: come back in RETRY_S, not each second (a loop of failures, and of
+                # WARNINGs, while the bucket is down).
+                deadline = trio.current_time() + RETRY_S
         self._wake = trio.Event()
         with trio.move_on_at(deadline):
             await self._wake.wait()
@@ -212,8 +215,9 @@ class Scrubber:
             verdict, why = await self._check(row)
             if verdict == ERROR:
                 failing.add(row.tier)
-                log.warning("scrub: tier %s failed (%s); skipped until the next pass",
-                            row.tier, why)
+                # INFO: the remote's health already says so (one WARNING per outage)
+                log.info("scrub: tier %s failed (%s); skipped until the next pass",
+                         row.tier, why)
                 continue
             self.progress.checked(row.tier, row.length)
             checked.add(row.tier)

@@ -396,3 +396,19 @@ def test_old_snapshot_restores_with_its_xattrs_table_added(tmp_path: Path) -> No
         assert c.list_xattrs(f.ino) == []
     finally:
         c.close()
+
+
+def test_adopting_a_snapshot_keeps_which_chunks_each_known_remote_holds(cat: Catalog) -> None:
+    """Two remotes striped by digest: each keeps its own rows after a restore (the
+    scrubber would find the others' chunks missing on it); a remote the snapshot does not
+    name may hold any chunk."""
+    cat.set_meta("tiers", json.dumps([{"name": "a", "kind": "s3"}, {"name": "b", "kind": "s3"}]))
+    d = cat.create(R, b"ckpt", D, 0, 0)
+    f = cat.create(d.ino, b"f.pt", F, 0, 0)
+    one, two = b"\x01" * 32, b"\x02" * 32
+    cat.commit_file(f.ino, 20, 1, 1, 16,
+                    {0: ChunkRef(one, 10, ("a",)), 1: ChunkRef(two, 10, ("b",))})
+    kept, removed = cat.adopt_snapshot(["a", "b", "new"])
+    assert (kept, removed) == (1, [])
+    ext = cat.extents(f.ino)
+    assert set(ext[0].tiers) == {"a", "new"} and set(ext[1].tiers) == {"b", "new"}

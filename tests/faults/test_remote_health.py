@@ -220,7 +220,8 @@ async def test_a_read_heals_an_unreadable_remote_copy_from_the_local_one(
 
 @needs_fuse
 @pytest.mark.allow_log_errors
-@pytest.mark.allow_log_warnings("moved from")  # node 2 restores node 1's catalog
+@pytest.mark.allow_log_warnings("moved from",  # node 2 restores node 1's catalog
+                                "scrub: chunk")  # its scrubber finds the bad object too
 def test_a_restored_node_gets_eio_for_the_bad_object_and_keeps_using_the_remote(
     tmp_path: Path, server: SeaweedServer, own_remote: tuple[str, str],
 ) -> None:

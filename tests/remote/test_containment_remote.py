@@ -57,7 +57,7 @@ def test_faults_in_the_remote_services_are_contained(
         assert path.read_bytes() == data
         assert len(remote_objects(seaweed, prefix)) == 13
         secret = m.mountpoint / "enc" / "s.bin"  # the encrypted namespace still works
-        secret.parent.mkdir()
+        secret.parent.mkdir(exist_ok=True)  # the namespace root: made at mount
         secret.write_bytes(b"s" * 5000)
         assert secret.read_bytes() == b"s" * 5000
         def shown() -> dict[str, dict[str, object]] | None:
