@@ -28,7 +28,6 @@ from .catalog.engines import open_shared_catalog
 from .catalog.hooks import CatalogHooks
 from .codec.frame import Buffer
 from .config import Config, FuseConfig
-from .daemon import heap
 from .daemon.build import Daemon, Kernel, Wakeups, build_for_config
 from .daemon.provision import provision_namespaces
 from .daemon.restore import (
@@ -301,7 +300,6 @@ def _serve_daemon(
 ) -> int:
     """Mount FUSE, serve until unmounted, then unmount; 0."""
     options = fuse_options(cfg.fuse, cfg.state_dir)
-    heap.keep_freed(cfg.store.memory_budget)  # requests' bytes reuse freed memory
     try:
         timeouts = SHARED if cfg.catalog.shared else SINGLE_NODE
         pyfuse3.init(FuseOps(daemon.fs, timeouts), str(mountpoint), options)

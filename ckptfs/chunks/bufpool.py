@@ -1,5 +1,4 @@
-"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them;
-also the buffers the writer assembles a save's frames in (chunks/writer.py ``_hashed``).
+"""Receive buffers for chunk GETs and local frame reads, reused once nothing views them.
 
 A GET's body read into a fresh 16 MiB buffer costs a page fault and a zeroed page per
 4 KiB (15-17 % of the daemon's CPU in a bucket-only restore, perf); a local O_DIRECT read
@@ -55,9 +54,8 @@ def unviewed(buf: mmap.mmap) -> bool:
 
 
 class FramePool:
-    """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread
-    (both in the writer's worker thread for a frame it assembles); the lock is held for
-    list operations only (``room`` reads the cache's byte count, an int, without it)."""
+    """Thread-safe: ``take`` runs in the GET's worker thread, ``give`` on the trio thread;
+    the lock is held for list operations only."""
 
     def __init__(
         self, keep: int, count: Callable[[str], None] | None = None,

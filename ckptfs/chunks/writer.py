@@ -148,15 +148,14 @@ class ChunkWriter:
                 raise KeyUnavailable(f"no key of encrypted namespace {namespace} is loaded")
 
         def work() -> ChunkRef:
-            staged, parts, digest = self._hashed(data, key)
-            try:
-                return placed(staged, parts, digest)
-            finally:
-                if staged is not None and staged is not data:
-                    parts = ()  # its view of the buffer, which is reused by a later chunk
-                    self.frames.give(staged.buf)
-
-        def placed(staged: Staged | None, parts: Sequence[frame.Buffer], digest: bytes) -> ChunkRef:
+            staged: Staged | None = None
+            parts: Sequence[frame.Buffer]
+            if isinstance(data, Staged):
+                staged, parts = data, (data.body(),)
+            else:
+                parts = data
+            # An encrypted namespace's chunk id is keyed (codec/seal.py).
+            digest = frame.digest_of_parts(parts) if key is None else key.chunk_id(parts)
             # Noted before the put: another file's copy of the same bytes obeys it too.
             # Not a write that is refused (no local tier where the chunk's namespaces all
             # allow): it commits nothing, and must not make the others' copies unreadable.
@@ -193,34 +192,6 @@ class ChunkWriter:
         # The lighter thread call (ckptfs/threads.py): a small file's close makes this one
         # and its commit, each a thread hop.
         return await threads.run_sync(work, limiter=self.io)
-
-    def _hashed(
-        self, data: Sequence[frame.Buffer] | Staged, key: SealKey | None
-    ) -> tuple[Staged | None, Sequence[frame.Buffer], bytes]:
-        """Blocking: the chunk as its frame will be written (staged in place, or parts)
-        and its digest. A plain chunk of parts of at least a MiB is assembled in a reused
-        page-aligned buffer in the same pass that hashes it (``Staged.fill``: each piece
-        copied, compared and hashed while it is in the cache); the tier writes that buffer
-        with O_DIRECT as it lies, with no copy of its own. Why: hashing the parts, then
-        copying and comparing them in the tier, read the cold parts from memory twice."""
-        if isinstance(data, Staged):
-            parts: Sequence[frame.Buffer] = (data.body(),)
-            # An encrypted namespace's chunk id is keyed (codec/seal.py), staged or not.
-            digest = frame.digest_of_parts(parts) if key is None else key.chunk_id(parts)
-            return data, parts, digest
-        if key is not None:
-            return None, data, key.chunk_id(data)  # keyed id (codec/seal.py), sealed later
-        n = sum(len(p) for p in data)
-        buf = self.frames.take(frame.HEADER_SIZE + n)
-        if buf is None:
-            return None, data, frame.digest_of_parts(data)  # small: written buffered
-        staged = Staged(buf, n)
-        try:
-            digest = staged.fill(data)
-        except BaseException:
-            self.frames.give(buf)
-            raise
-        return staged, (staged.body(),), digest
 
     def _put_sealed(self, parts: Sequence[frame.Buffer], digest: bytes, key: SealKey,
                     bound: Locations) -> ChunkRef:

@@ -1,13 +1,14 @@
 """A chunk assembled in place, in a reused page-aligned buffer behind room for its header.
 
-Used for a save's chunk that is overwritten while it is under construction
-(vfs/chunkbuffer.py): from then on each write is copied in as it arrives (an overwrite
-costs its own bytes, not a rebuild of the chunk) and compared with its copy at once. A
-save's chunk written sequentially is not staged: its parts (pyfuse3's ``bytes``) go to the
-store as they are, and the trio thread copies none of them. The frame is this very
-buffer: the header is packed into the room before the chunk (``frame``), the digest is
-computed over the chunk as it lies there, and the frame goes to the device from the same
-memory (tiers/direct.py): no second copy, no second compare.
+Why: pyfuse3 hands every write over as a fresh ``bytes``. Kept as the chunk's parts until
+the chunk is stored, 16 MiB of them per chunk land on pages malloc has just taken from the
+kernel (on this VM, a host fault per page) and are copied once more into an aligned
+buffer for O_DIRECT, then compared with that copy. A staged chunk is copied out of each
+write's ``bytes`` as it arrives, into a buffer that a pool keeps mapped, and compared with
+it there while both are in the CPU's cache (that ``bytes`` is then freed and malloc reuses
+it). The frame is this very buffer: the header is packed into the room before the chunk
+(``frame``), the digest is computed over the chunk as it lies there, and the frame goes to
+the device from the same memory (tiers/direct.py): no second copy, no second compare.
 """
 
 from __future__ import annotations
@@ -15,20 +16,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-from collections.abc import Sequence
-
-import blake3
 
 from ..errors import CorruptChunk
 from .frame import HEADER_SIZE, Buffer, header
 
 ALIGN = 4096
-# ``Staged.fill`` copies, compares and hashes this much at a time (a FUSE request is at
-# most this): source and copy are still in the cache for the compare and the hash.
-# Measured on 16 MiB chunks of cold 1 MiB parts (one thread, loaded 2-core VM): hash, then
-# copy + compare 0.36-0.38 CPU s/GB; one pass in 1 MiB pieces 0.29-0.31, 256 KiB 0.31-0.32,
-# 64 KiB 0.32-0.35 (more calls).
-FILL_PIECE = 1024 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)  # CDLL calls release the GIL
 _libc.memcmp.restype = ctypes.c_int
@@ -50,18 +42,6 @@ def _source(data: Buffer) -> bytes | int:
     if not view.readonly and view.contiguous:
         return ctypes.addressof((ctypes.c_char * view.nbytes).from_buffer(view))
     return bytes(view)  # a read-only view: rare, copy
-
-
-def _start(data: Buffer) -> tuple[int, Buffer]:
-    """The address of ``data``'s first byte, and what keeps it valid (``data`` itself, or
-    a copy of a read-only view: rare, a truncated chunk's last part)."""
-    if isinstance(data, bytes):
-        return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0, data
-    view = memoryview(data)
-    if view.readonly or not view.contiguous:
-        data = bytes(view)
-        return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0, data
-    return ctypes.addressof((ctypes.c_char * view.nbytes).from_buffer(view)), data
 
 
 class Staged:
@@ -93,37 +73,6 @@ class Staged:
         if _libc.memcmp(dst, src, n) != 0:
             raise CorruptChunk(f"a write of {n} bytes at chunk offset {at} was not copied exactly")
         self.length = max(self.length, at + n)
-
-    def fill(self, parts: Sequence[Buffer]) -> bytes:
-        """Copy ``parts`` in (the chunk is exactly they) and return their digest, in one
-        pass: piece by piece, each copy is compared with its source and hashed while both
-        are in the CPU's cache. Why: a save's parts (pyfuse3's requests) reach the store's
-        worker thread cold; hashing them and then copying and comparing them for O_DIRECT
-        read them from memory twice. The digest is computed over the copy, which is the
-        frame's body, after the compare: the bytes handed over, the bytes hashed and the
-        bytes written are the same. Copy, compare and hash release the GIL.
-        CorruptChunk if a copy differs."""
-        hasher = blake3.blake3()
-        body = memoryview(self.buf)
-        try:
-            at = 0
-            dst = self.base + HEADER_SIZE
-            for part in parts:
-                n = len(part) if not isinstance(part, memoryview) else part.nbytes
-                if at + n > self.capacity:
-                    raise ValueError(f"{at + n} bytes of parts for a {self.capacity}-byte chunk")
-                src, _keep = _start(part)
-                for lo in range(0, n, FILL_PIECE):
-                    m = min(FILL_PIECE, n - lo)
-                    ctypes.memmove(dst + at, src + lo, m)
-                    if _libc.memcmp(dst + at, src + lo, m) != 0:
-                        raise CorruptChunk(f"a copy of {m} bytes at chunk offset {at} differs")
-                    hasher.update(body[HEADER_SIZE + at : HEADER_SIZE + at + m])
-                    at += m
-            self.length = at
-        finally:
-            body.release()
-        return hasher.digest()
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)

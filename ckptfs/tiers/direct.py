@@ -280,13 +280,9 @@ def write_checked(
         try:
             at = 0
             for p in parts:
-                # Each part compared right after its copy, while both are in the CPU's
-                # cache (a save's parts, pyfuse3's 1 MiB requests, arrive cold).
                 _copy(base, at, p, view)
-                if not _same(base, at, p):
-                    raise CorruptChunk(f"the buffer sent to the device differs from the "
-                                       f"chunk's bytes at offset {at}")
                 at += len(p)
+            _compare(base, parts, "the buffer sent to the device")
             _write_frame(fd, view, size)
             if not read_back:
                 return

@@ -1,49 +1,38 @@
-"""An in-memory chunk under construction: a list of immutable parts, or staged in place.
+"""An in-memory chunk under construction: staged in place, or a list of immutable parts.
 
-Writes append the ``bytes`` object the FUSE layer handed us as it is: the trio thread
-copies no byte of a save. The store hashes the parts in its worker thread and writes them
-(with O_DIRECT, the tier copies them into a reused aligned buffer there and compares the
-copy: tiers/direct.py). Parts are never mutated in place, so a buffer can share parts with
-the copy that is being stored in a worker thread. Other writes (overwrite, holes) rebuild
-a chunk as one new bytearray, except for a save's chunk (its first write at least
-``STAGE_MIN`` bytes): its first overwrite stages it in place (codec/staged.py: one copy of
-what it holds into a reused page-aligned buffer; later writes are copied in as they
-arrive), so an overwrite costs its own bytes, not a rebuild; a staged chunk is copied
-when it must be shared (``copy``).
+A new chunk first written by a request of at least ``STAGE_MIN`` bytes (a save) is staged
+(codec/staged.py): every write is copied into a reused page-aligned buffer as it arrives,
+and the frame is later written from that buffer as it is. Other chunks (small files,
+rewrites of stored chunks) keep the parts: sequential writes append the ``bytes`` object
+the FUSE layer handed us, other writes (overwrite, holes) rebuild the chunk as one new
+bytearray. Parts are never mutated in place, so a buffer can share parts with the copy
+that is being stored in a worker thread; a staged chunk is copied instead (``copy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..codec.staged import Staged, StagePool
+from ..codec.staged import Staged
 
 Buffer = bytes | bytearray | memoryview
-# A new chunk first written by a request this large (or a whole chunk) is a save's: an
-# overwrite stages it in place instead of rebuilding it. Small files stay parts always.
+# A new chunk first written by a request this large (or a whole chunk) is staged: a save's
+# chunk, a large O_DIRECT frame. Small files stay parts (small frames are written buffered).
 STAGE_MIN = 128 * 1024
 _MAX_PARTS = 128
-# A save's chunk keeps more (a 64 MiB chunk of 128 KiB requests: 512) before a merge
-# copies any on the trio thread: a frame's writev takes IOV_MAX (1024) buffers.
-_MAX_SAVE_PARTS = 1000
 _MERGE = 64
 
 
 class ChunkBuffer:
-    __slots__ = ("parts", "length", "staged", "pool")
+    __slots__ = ("parts", "length", "staged")
 
-    def __init__(
-        self, parts: Sequence[Buffer] = (), staged: Staged | None = None,
-        pool: StagePool | None = None,
-    ) -> None:
+    def __init__(self, parts: Sequence[Buffer] = (), staged: Staged | None = None) -> None:
         self.parts: list[Buffer] = [p for p in parts if len(p)]
         self.length = sum(len(p) for p in self.parts)
         self.staged = staged  # the chunk's bytes are there, not in parts
         if staged is not None:
             assert not self.parts
             self.length = staged.length
-        # A save's chunk: staged in a buffer of this pool at its first overwrite.
-        self.pool = pool
 
     def copy(self) -> ChunkBuffer:
         """An independent buffer with the same bytes (a staged chunk is copied once)."""
@@ -52,16 +41,8 @@ class ChunkBuffer:
         return ChunkBuffer(self.parts)
 
     def content(self) -> Staged | list[Buffer]:
-        """What the store writes: the staged chunk, or the parts (which its worker thread
-        hashes, and copies into an aligned buffer for O_DIRECT)."""
+        """What the store writes: the staged chunk, or the parts."""
         return self.staged if self.staged is not None else self.parts
-
-    def buffers(self) -> list[Staged]:
-        """The pool buffer it holds, let go: the chunk is done with (stored or dropped),
-        no write of it is in flight."""
-        out = [] if self.staged is None else [self.staged]
-        self.staged = None
-        return out
 
     def joined(self) -> bytes:
         if self.staged is not None:
@@ -72,8 +53,6 @@ class ChunkBuffer:
 
     def write(self, at: int, data: Buffer) -> None:
         n = len(data)
-        if self.staged is None and self.pool is not None and at < self.length:
-            self._stage()  # an overwrite of a save's chunk: in place from now on
         if self.staged is not None:
             self.staged.write(at, data)
             self.length = self.staged.length
@@ -84,7 +63,7 @@ class ChunkBuffer:
         if at == self.length:
             self.parts.append(data)
             self.length += n
-            if len(self.parts) > (_MAX_SAVE_PARTS if self.pool is not None else _MAX_PARTS):
+            if len(self.parts) > _MAX_PARTS:
                 # Many small appends: merge the tail, so writev stays under IOV_MAX.
                 self.parts[-_MERGE:] = [b"".join(self.parts[-_MERGE:])]
             return
@@ -92,22 +71,6 @@ class ChunkBuffer:
         whole[at : at + n] = data
         self.parts = [whole]
         self.length = len(whole)
-
-    def _stage(self) -> None:
-        """Copy the parts into a buffer of the pool (on the trio thread, as every write
-        of a save's chunk was before the store assembled them): an overwrite then costs
-        its own bytes, not a rebuild of the chunk."""
-        assert self.pool is not None
-        staged = self.pool.take()
-        try:
-            at = 0
-            for p in self.parts:
-                staged.write(at, p)
-                at += len(p)
-        except BaseException:
-            self.pool.give(staged)
-            raise
-        self.staged, self.parts = staged, []
 
     def truncate(self, length: int) -> None:
         if length >= self.length:

@@ -179,9 +179,7 @@ class OpenFile:
                 if ref is not None:
                     buf = ChunkBuffer([await self.svc.store.read(ref)])
                 elif stage and self.svc.stages is not None:
-                    # A save's chunk: parts, staged in a pool buffer at an overwrite
-                    # (vfs/chunkbuffer.py).
-                    buf = ChunkBuffer(pool=self.svc.stages)
+                    buf = ChunkBuffer(staged=self.svc.stages.take())
                 else:
                     buf = ChunkBuffer()
         except BaseException:
@@ -361,9 +359,9 @@ class OpenFile:
 
     def _drop(self, buf: ChunkBuffer) -> None:
         """``buf`` is done with (stored or discarded): a staged chunk's buffer is reused."""
-        for staged in buf.buffers():
-            if self.svc.stages is not None:
-                self.svc.stages.give(staged)
+        if buf.staged is not None and self.svc.stages is not None:
+            self.svc.stages.give(buf.staged)
+            buf.staged = None
 
     def spill(self) -> None:
         """Dispatch every dirty chunk now (memory pressure); later writes to them RMW."""

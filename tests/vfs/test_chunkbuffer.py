@@ -1,16 +1,12 @@
 """ChunkBuffer (parts and staged) against a bytearray model."""
 
 import ctypes
-import os
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptfs.codec import frame
-from ckptfs.codec import staged as staged_mod
-from ckptfs.codec.staged import Staged, StagePool
-from ckptfs.errors import CorruptChunk
+from ckptfs.codec.staged import StagePool
 from ckptfs.vfs.chunkbuffer import ChunkBuffer
 
 ops = st.lists(
@@ -79,77 +75,3 @@ def test_staged_frame_is_the_buffer_itself() -> None:
     assert bytes(framed) == b"".join(bytes(p) for p in frame.encode([b"a" * 5000 + b"b" * 100], digest))
     assert ctypes.addressof(ctypes.c_char.from_buffer(framed)) % 4096 == 0  # O_DIRECT as it is
     assert frame.decode(bytes(framed), digest) == b"a" * 5000 + b"b" * 100
-
-
-@given(ops)
-def test_save_chunk_matches_bytearray(seq: list[tuple[str, int, bytes]]) -> None:
-    # A save's chunk (a pool to stage in): parts until an overwrite stages it in place.
-    pool = StagePool(chunk_size=1024, keep=4)
-    dirty = pool.take()
-    dirty.write(0, b"\xff" * 1024)
-    pool.give(dirty)
-    buf = ChunkBuffer(pool=pool)
-    check_against_bytearray(buf, seq)
-    for staged in buf.buffers():
-        pool.give(staged)
-    assert pool.in_use == 0
-
-
-def test_save_chunk_keeps_its_parts_uncopied() -> None:
-    # Appends to a save's chunk keep pyfuse3's bytes objects themselves, and the store is
-    # given those; an overwrite then stages the chunk (one buffer of the pool).
-    pool = StagePool(chunk_size=4096, keep=1)
-    writes = [bytes([i]) * 1024 for i in range(3)]
-    buf = ChunkBuffer(pool=pool)
-    for i, w in enumerate(writes):
-        buf.write(i * 1024, w)
-    content = buf.content()
-    assert isinstance(content, list) and buf.staged is None and pool.in_use == 0
-    assert len(content) == 3 and all(p is w for p, w in zip(content, writes, strict=True))
-    buf.write(100, b"x" * 10)
-    assert isinstance(buf.content(), Staged) and pool.in_use == 1
-    expect = bytearray(b"".join(writes))
-    expect[100:110] = b"x" * 10
-    assert buf.joined() == bytes(expect)
-    assert len(buf.buffers()) == 1 and buf.staged is None
-
-
-@given(st.lists(st.binary(min_size=0, max_size=300 * 1024), max_size=6), st.integers(0, 3))
-def test_fill_copies_and_hashes_parts_in_one_pass(parts: list[bytes], kind: int) -> None:
-    # A save's parts assembled by the store's worker (Staged.fill): pieces across the
-    # fill's own piece size, bytes, bytearrays and views (a truncated part is a read-only
-    # view): the body is their bytes and the digest theirs, as hashing the parts gave.
-    given_parts: list[frame.Buffer] = [
-        p if kind == 0 else bytearray(p) if kind == 1 else
-        memoryview(p + b"tail")[: len(p)] if kind == 2 else memoryview(bytearray(p))
-        for p in parts
-    ]
-    n = sum(len(p) for p in parts)
-    staged = StagePool(chunk_size=max(n, 1), keep=1).take()
-    piece, staged_mod.FILL_PIECE = staged_mod.FILL_PIECE, 64 * 1024  # parts span pieces
-    try:
-        digest = staged.fill(given_parts)
-    finally:
-        staged_mod.FILL_PIECE = piece
-    assert staged.length == n
-    assert bytes(staged.body()) == b"".join(parts)
-    assert digest == frame.digest_of_parts(parts)
-    assert bytes(staged.frame(digest)[frame.HEADER_SIZE :]) == b"".join(parts)
-
-
-def test_fill_refuses_a_copy_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Differs:
-        @staticmethod
-        def memcmp(a: int, b: int, n: int) -> int:
-            return 1  # as if the copy did not land as the source reads
-
-    monkeypatch.setattr(staged_mod, "_libc", Differs)
-    staged = StagePool(chunk_size=1024 * 1024, keep=1).take()
-    with pytest.raises(CorruptChunk):
-        staged.fill([os.urandom(4096)])
-
-
-def test_fill_refuses_parts_past_the_chunk() -> None:
-    staged = StagePool(chunk_size=4096, keep=1).take()
-    with pytest.raises(ValueError):
-        staged.fill([bytes(4096), b"x"])
