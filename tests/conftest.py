@@ -25,6 +25,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import mountutil
+
+# A catalog on each engine (SQLite, the session's PostgreSQL) for the catalog tests.
+from tests.support.catalogs import cat  # noqa: F401
 from tests.support.mountutil import Mount
 
 # The real PostgreSQL fixtures, likewise one server for the session.

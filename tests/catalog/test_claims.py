@@ -4,34 +4,18 @@ and the schema-8 migration brings the table to an older catalog."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.support.catalog_conformance import lease_end
+from tests.support.catalogs import Cat, downgrade_postgres, downgrade_sqlite
 
 from ckptfs.catalog import ChunkRef, PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import ROOT_INODE, SCHEMA_VERSION
 
 A, B, C, D, E = (bytes([i]) * 32 for i in range(1, 6))
-Cat = SqliteCatalog | PostgresCatalog
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cat]:
-    c: Cat
-    if request.param == "sqlite":
-        c = SqliteCatalog(tmp_path / "c.sqlite")
-    else:
-        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def claim_values(c: Cat) -> dict[bytes, int]:
@@ -108,12 +92,7 @@ def _claims_work(c: Cat) -> None:
 
 def test_a_version_7_sqlite_catalog_gets_the_claims_table(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
-    SqliteCatalog(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE deletion_claims")
-    conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
-    conn.commit()
-    conn.close()
+    downgrade_sqlite(path, 7, "DROP TABLE deletion_claims")
     c = SqliteCatalog(path)
     try:
         _claims_work(c)
@@ -122,10 +101,7 @@ def test_a_version_7_sqlite_catalog_gets_the_claims_table(tmp_path: Path) -> Non
 
 
 def test_a_version_7_postgres_catalog_gets_the_claims_table(pg_url: str) -> None:
-    PostgresCatalog(pg_url, pool_size=1).close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP TABLE deletion_claims")
-        conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+    downgrade_postgres(pg_url, 7, "DROP TABLE deletion_claims")
     with pytest.raises(Exception, match="migration"):
         PostgresCatalog(pg_url, pool_size=1, readonly=True)
     c = PostgresCatalog(pg_url, pool_size=1)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import sqlite3
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+
+from tests.support.catalogs import Cat
 
 from ckptfs.catalog import ROOT_INODE, ChunkRef, PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
@@ -22,7 +23,6 @@ R = ROOT_INODE
 D = stat.S_IFDIR | 0o777
 F = stat.S_IFREG | 0o644
 CS = 16  # chunk size
-Cat = SqliteCatalog | PostgresCatalog
 
 
 def _ref(n: int, tag: int) -> ChunkRef:
@@ -32,19 +32,6 @@ def _ref(n: int, tag: int) -> ChunkRef:
 def _write(c: Cat, ino: int, size: int, charge: Charge | None, tag: int = 1) -> list[bytes]:
     """A version of ``size`` bytes (at most one chunk of CS)."""
     return c.commit_file(ino, size, 1, 1, CS, {0: _ref(size, tag)}, charge=charge)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cat]:
-    c: Cat
-    if request.param == "sqlite":
-        c = SqliteCatalog(tmp_path / "c.sqlite")
-    else:
-        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_a_commit_past_the_quota_commits_nothing_and_a_rewrite_counts_its_new_size(cat: Cat) -> None:

@@ -4,14 +4,12 @@ older catalog on both, and the pure parts of a drill: the [drill] config (a bad 
 
 from __future__ import annotations
 
-import sqlite3
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
+from tests.support.catalogs import Cat, downgrade_postgres, downgrade_sqlite
 from tests.support.mountutil import run_cli
 
 from ckptfs.catalog import Inode, PostgresCatalog, SqliteCatalog
@@ -23,21 +21,6 @@ from ckptfs.config.model import NamespaceConfig
 from ckptfs.drill.principal import Principal, choose_principal, parse_asked
 from ckptfs.drill.service import ancestors, mode_allows
 from ckptfs.errors import ConfigError, InvalidArgument, NotPermitted
-
-Cat = SqliteCatalog | PostgresCatalog
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cat]:
-    c: Cat
-    if request.param == "sqlite":
-        c = SqliteCatalog(tmp_path / "c.sqlite")
-    else:
-        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def row(run: str, result: str, started: int, problem: str = "") -> DrillRow:
@@ -70,12 +53,7 @@ def _drills_work(c: Cat) -> None:
 
 def test_a_version_9_sqlite_catalog_gets_the_drills_table(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite"
-    SqliteCatalog(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE drills")
-    conn.execute("UPDATE meta SET value='9' WHERE key='schema_version'")
-    conn.commit()
-    conn.close()
+    downgrade_sqlite(path, 9, "DROP TABLE drills")
     c = SqliteCatalog(path)
     try:
         _drills_work(c)
@@ -84,10 +62,7 @@ def test_a_version_9_sqlite_catalog_gets_the_drills_table(tmp_path: Path) -> Non
 
 
 def test_a_version_9_postgres_catalog_gets_the_drills_table(pg_url: str) -> None:
-    PostgresCatalog(pg_url, pool_size=1).close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP TABLE drills")
-        conn.execute("UPDATE meta SET value='9' WHERE key='schema_version'")
+    downgrade_postgres(pg_url, 9, "DROP TABLE drills")
     c = PostgresCatalog(pg_url, pool_size=1)
     try:
         _drills_work(c)

@@ -6,29 +6,16 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
+
+from tests.support.catalogs import Cat, downgrade_postgres, downgrade_sqlite
 
 from ckptfs.catalog import PostgresCatalog, SqliteCatalog
 from ckptfs.catalog.catalog import SCHEMA_VERSION
 
-Cat = SqliteCatalog | PostgresCatalog
 A, B, C = b"\xaa" * 32, b"\xbb" * 32, b"\xcc" * 32
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def cat(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cat]:
-    if request.param == "sqlite":
-        c: Cat = SqliteCatalog(tmp_path / "c.sqlite")
-    else:
-        c = PostgresCatalog(request.getfixturevalue("pg_url"), pool_size=2)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_copies_come_due_oldest_check_first_and_a_check_is_recorded(cat: Cat) -> None:
@@ -83,14 +70,12 @@ def test_a_schema_9_sqlite_catalog_gets_the_check_column(tmp_path: Path) -> None
     c = SqliteCatalog(path)
     c.add_replica(A, "local0", 100)
     c.close()
-    conn = sqlite3.connect(path)
-    conn.executescript(
+    downgrade_sqlite(
+        path, 9,
         "DROP INDEX replicas_checked; CREATE TABLE r9 (digest BLOB NOT NULL, tier TEXT NOT NULL, "
         "state TEXT NOT NULL CHECK (state IN ('valid', 'bad')), PRIMARY KEY (digest, tier)) "
         "WITHOUT ROWID; INSERT INTO r9 SELECT digest, tier, state FROM replicas; "
-        "DROP TABLE replicas; ALTER TABLE r9 RENAME TO replicas; "
-        "UPDATE meta SET value='9' WHERE key='schema_version';")
-    conn.close()
+        "DROP TABLE replicas; ALTER TABLE r9 RENAME TO replicas")
     c = SqliteCatalog(path)
     try:
         assert c.get_meta("schema_version") == str(SCHEMA_VERSION) == "11"
@@ -107,10 +92,8 @@ def test_a_schema_9_postgres_catalog_gets_the_check_column(pg_url: str) -> None:
     c = PostgresCatalog(pg_url, pool_size=1)
     c.add_replica(A, "local0", 100)
     c.close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP INDEX replicas_checked")
-        conn.execute("ALTER TABLE replicas DROP COLUMN checked_ns")
-        conn.execute("UPDATE meta SET value='9' WHERE key='schema_version'")
+    downgrade_postgres(pg_url, 9, "DROP INDEX replicas_checked",
+                       "ALTER TABLE replicas DROP COLUMN checked_ns")
     with pytest.raises(Exception, match="migration"):
         PostgresCatalog(pg_url, pool_size=1, readonly=True)
     c = PostgresCatalog(pg_url, pool_size=1)
