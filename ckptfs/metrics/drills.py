@@ -62,33 +62,24 @@ def _gauges(row: DrillRow) -> None:
     DRILL_LAST_FAILED.labels(run).set(0 if row.passed else 1)
 
 
-def observe(row: DrillRow) -> None:
-    """A drill just ran (the trio thread; prometheus_client's metrics are thread-safe)."""
-    _gauges(row)
-    run = readable(row.run)
-    DRILLS.labels(run, row.result).inc()
-    if not row.passed:
-        DRILL_FAILURES.labels(run).inc()
-    else:
-        DRILL_FAILURES.labels(run).inc(0)  # the series exists from the first drill on
-
-
 class DrillMetrics:
     """The DrillService's sink (drill/service.py DrillSink): these metrics."""
 
     @staticmethod
     def observe(row: DrillRow) -> None:
-        observe(row)
+        """A drill just ran (the trio thread; prometheus_client's metrics are thread-safe)."""
+        _gauges(row)
+        run = readable(row.run)
+        DRILLS.labels(run, row.result).inc()
+        # The failures' series exists from the first drill on (an alert's rate needs it).
+        DRILL_FAILURES.labels(run).inc(0 if row.passed else 1)
 
     @staticmethod
     def seed(last: Iterable[DrillRow], last_passed: Iterable[DrillRow]) -> None:
-        seed(last, last_passed)
-
-
-def seed(last: Iterable[DrillRow], last_passed: Iterable[DrillRow]) -> None:
-    """At mount: each run's newest drill, and its newest that passed, from the catalog."""
-    for row in last:
-        _gauges(row)
-        DRILL_FAILURES.labels(readable(row.run)).inc(0)
-    for row in last_passed:
-        DRILL_LAST_SUCCESS.labels(readable(row.run)).set((row.started_ns + row.duration_ns) / 1e9)
+        """At mount: each run's newest drill, and its newest that passed, from the catalog."""
+        for row in last:
+            _gauges(row)
+            DRILL_FAILURES.labels(readable(row.run)).inc(0)
+        for row in last_passed:
+            DRILL_LAST_SUCCESS.labels(readable(row.run)).set(
+                (row.started_ns + row.duration_ns) / 1e9)
