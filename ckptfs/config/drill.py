@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import DrillConfig
-from .parse import parse_size, seconds
+from .parse import parse_size, seconds, section
 
 DRILL_KEYS = {"interval", "runs", "bandwidth", "scratch"}
 MAX_INTERVAL_S = 366 * 86400
@@ -27,12 +27,7 @@ def _run_path(value: object, key: str) -> str:
 
 def drill_from_config(data: dict[str, Any]) -> DrillConfig:
     """The ``[drill]`` table of a config (absent: drills only on request)."""
-    raw = data.get("drill", {})
-    if not isinstance(raw, dict):
-        raise ConfigError("drill: expected a table ([drill])")
-    for key in raw:
-        if key not in DRILL_KEYS:
-            raise ConfigError(f"drill.{key}: unknown key (allowed: {', '.join(sorted(DRILL_KEYS))})")
+    raw = section(data, "drill", DRILL_KEYS)
     interval = seconds(raw.get("interval", 0), "drill.interval", 0, MAX_INTERVAL_S)
     if 0 < interval < 60:
         raise ConfigError(f"drill.interval: expected 0 (off) or at least 60 seconds, got {interval:g}")

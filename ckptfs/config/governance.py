@@ -23,7 +23,7 @@ from .model import (
     RetentionPolicy,
 )
 from .nsroot import ROOT_KEYS, root_of
-from .parse import array_of_tables, parse_size, seconds, take_bool
+from .parse import array_of_tables, parse_size, seconds, section, take_bool
 
 NAMESPACE_KEYS = {"path", "uids", "gids", "allowed_locations", "encrypt", "quota", "retention",
                   "expires", *ROOT_KEYS}
@@ -32,16 +32,6 @@ _AUDIT_KEYS = {"signing_key_file", "seal_interval", "refusal_window"}
 _ACCESS_KEYS = {"admin_gids"}
 _LOCATION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id"
-
-
-def _table(data: dict[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
-    raw = data.get(name, {})
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{name}: expected a table ([{name}])")
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(f"{name}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
-    return raw
 
 
 def _ids(value: object, key: str) -> tuple[int, ...]:
@@ -140,8 +130,8 @@ def namespaces_from_config(raw: object) -> tuple[NamespaceConfig, ...]:
 def governance_from_config(data: dict[str, Any]) -> GovernanceConfig:
     """The ``namespace``, ``access``, ``keys`` and ``audit`` keys of a config file."""
     namespaces = namespaces_from_config(data.get("namespace", []))
-    access = _table(data, "access", _ACCESS_KEYS)
-    keys = _table(data, "keys", _KEYS_KEYS)
+    access = section(data, "access", _ACCESS_KEYS)
+    keys = section(data, "keys", _KEYS_KEYS)
     if "kek_file" in keys and "kek_command" in keys:
         raise ConfigError("keys.kek_command: give kek_file or kek_command, not both")
     kek_command = keys.get("kek_command")
@@ -157,7 +147,7 @@ def governance_from_config(data: dict[str, Any]) -> GovernanceConfig:
                 f"{ns.origin}.encrypt: an encrypted namespace needs a key-encryption key "
                 f"([keys] kek_file or kek_command)"
             )
-    audit = _table(data, "audit", _AUDIT_KEYS)
+    audit = section(data, "audit", _AUDIT_KEYS)
     audit_cfg = AuditConfig(
         signing_key_file=(_abs_file(audit["signing_key_file"], "audit.signing_key_file")
                           if "signing_key_file" in audit else None),

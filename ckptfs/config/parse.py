@@ -1,6 +1,6 @@
 """Value checks shared by the config loaders: sizes, seconds, integers, choices, strings,
-arrays of tables, the metrics address. Each raises ConfigError whose message starts with
-the key it was given (``tier[1].capacity: ...``)."""
+a section's table and its keys, arrays of tables, the metrics address. Each raises
+ConfigError whose message starts with the key it was given (``tier[1].capacity: ...``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ S = TypeVar("S", bound=str)
 
 # The largest size any setting may name: the catalog's signed 64-bit integers.
 MAX_SIZE = 2**63 - 1
+
+
+def section(data: dict[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
+    """The ``[name]`` table of ``data`` ({} when absent), its keys checked."""
+    raw = data.get(name, {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: expected a table ([{name}])")
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"{name}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+    return raw
 
 
 def parse_size(value: object, key: str) -> int:

@@ -7,19 +7,14 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import ScrubConfig
-from .parse import parse_size, seconds, take_bool
+from .parse import parse_size, seconds, section, take_bool
 
 _KEYS = {"enabled", "rate", "interval", "pause_while_writing"}
 MIN_RATE = 64 * 1024  # bytes/s: a slower scrub never finishes a pass
 
 
 def scrub_from(data: dict[str, Any]) -> ScrubConfig:
-    raw = data.get("scrub", {})
-    if not isinstance(raw, dict):
-        raise ConfigError("scrub: expected a table ([scrub])")
-    for key in raw:
-        if key not in _KEYS:
-            raise ConfigError(f"scrub.{key}: unknown key (allowed: {', '.join(sorted(_KEYS))})")
+    raw = section(data, "scrub", _KEYS)
     d = ScrubConfig()
     rate = parse_size(raw.get("rate", d.rate), "scrub.rate")
     if rate < MIN_RATE:
