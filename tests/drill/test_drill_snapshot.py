@@ -38,26 +38,6 @@ def _settled(m: Mount) -> None:
     wait_until(current, what="the catalog snapshot is current")
 
 
-def _get(seaweed: SeaweedServer, key: str) -> bytes:
-    client = seaweed.client()
-    try:
-        return bytes(client.get_object(Bucket=seaweed.bucket, Key=key)["Body"].read())
-    finally:
-        client.close()
-
-
-def _put(seaweed: SeaweedServer, key: str, body: bytes | None) -> None:
-    """Overwrite the SeaweedFS object (None: delete it)."""
-    client = seaweed.client()
-    try:
-        if body is None:
-            client.delete_object(Bucket=seaweed.bucket, Key=key)
-        else:
-            client.put_object(Bucket=seaweed.bucket, Key=key, Body=body)
-    finally:
-        client.close()
-
-
 @pytest.mark.allow_log_warnings(FAILED)
 def test_a_damaged_or_missing_bucket_snapshot_fails_the_drill_while_the_mount_reads(
     tmp_path: Path, seaweed: SeaweedServer, remote: tuple[str, str],
@@ -73,11 +53,12 @@ def test_a_damaged_or_missing_bucket_snapshot_fails_the_drill_while_the_mount_re
         assert report["not_in_snapshot"] == ""
         _settled(m)
         key = _key(prefix)
-        good = _get(seaweed, key)
+        good = seaweed.get_object(key)
+        assert good is not None
         # One byte of the bucket's snapshot flipped: it no longer verifies.
         body = bytearray(good)
         body[len(body) // 2] ^= 0x01
-        _put(seaweed, key, bytes(body))
+        seaweed.put_object(key, bytes(body))
         rc, [report], err = drill(str(run))
         assert rc == 1 and report["result"] == "failed"
         first = report["problems"][0]
@@ -86,13 +67,13 @@ def test_a_damaged_or_missing_bucket_snapshot_fails_the_drill_while_the_mount_re
         # The mount reads its checkpoint fine: only a drill, reading as a new node, saw it.
         assert (run / "checkpoint-1" / "model.safetensors").read_bytes() == _st(payload)
         # No snapshot in the bucket at all.
-        _put(seaweed, key, None)
+        seaweed.put_object(key, None)
         rc, [report], err = drill(str(run))
         assert rc == 1 and report["bytes"] == 0
         assert report["problems"][0].startswith("no catalog snapshot in the bucket")
         assert (run / "checkpoint-1" / "model.safetensors").read_bytes() == _st(payload)
         # The snapshot put back: the drill passes again.
-        _put(seaweed, key, good)
+        seaweed.put_object(key, good)
         rc, [report], err = drill(str(run))
         assert rc == 0 and report["checkpoint"] == root, err
 
@@ -108,24 +89,24 @@ def test_a_drill_reads_the_snapshots_checkpoint_not_the_live_catalogs(
         run.mkdir()
         (run / "notes.txt").write_bytes(b"not a checkpoint")
         _settled(m)
-        empty = _get(seaweed, key)  # a snapshot holding the run, no checkpoint of it
+        empty = seaweed.get_object(key)  # a snapshot holding the run, no checkpoint of it
         first = _saved(m, run, 1, os.urandom(300_000))
         _settled(m)
-        older = _get(seaweed, key)  # holding checkpoint-1
+        older = seaweed.get_object(key)  # holding checkpoint-1
         second = _saved(m, run, 2, os.urandom(300_000))
         _settled(m)
         rc, [report], err = drill(str(run))
         assert rc == 0 and report["checkpoint"] == second and report["not_in_snapshot"] == ""
         # The bucket's snapshot is behind the live catalog (checkpoint-2 committed just
         # now): the snapshot's checkpoint is drilled, the live one reported, no failure.
-        _put(seaweed, key, older)
+        seaweed.put_object(key, older)
         rc, [report], err = drill(str(run))
         assert rc == 0, err
         assert report["checkpoint"] == first and report["not_in_snapshot"] == second
         assert f"{second} (committed" in m.log and "not yet in the bucket's catalog" in m.log
         # A snapshot without a committed checkpoint of the run: nothing a new node could
         # restore, although the live catalog has two.
-        _put(seaweed, key, empty)
+        seaweed.put_object(key, empty)
         rc, [report], err = drill(str(run))
         assert rc == 1 and report["checkpoint"] == ""
         assert report["problems"][0].startswith(
@@ -152,7 +133,7 @@ def test_with_a_shared_catalog_the_drill_reads_that_catalog_not_a_snapshot(
             finally:
                 cat.close()
         wait_until(current, what="the catalog snapshot is current")  # none retaken below
-        _put(seaweed, _key(prefix), None)
+        seaweed.put_object(_key(prefix), None)
         rc, [report], err = drill(str(run))
         assert rc == 0, err
         assert report["checkpoint"] == root and report["source"] == "live catalog"

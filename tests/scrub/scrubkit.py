@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.mountutil import Mount, run_cli
-from tests.support.s3server import SeaweedServer
 
 from ckptfs.codec import frame
 
@@ -63,24 +62,6 @@ def flip(raw: bytes) -> bytes:
 
 def object_key(prefix: str, digest: bytes) -> str:
     return f"{prefix}/chunks/{digest.hex()}"
-
-
-def get_object(seaweed: SeaweedServer, key: str) -> bytes | None:
-    client = seaweed.client()
-    try:
-        return bytes(client.get_object(Bucket=seaweed.bucket, Key=key)["Body"].read())
-    except client.exceptions.NoSuchKey:
-        return None
-    finally:
-        client.close()
-
-
-def put_object(seaweed: SeaweedServer, key: str, raw: bytes) -> None:
-    client = seaweed.client()
-    try:
-        client.put_object(Bucket=seaweed.bucket, Key=key, Body=raw)
-    finally:
-        client.close()
 
 
 class SlowSave:

@@ -17,11 +17,9 @@ from tests.scrub.scrubkit import (
     flip,
     frame_ok,
     frame_path,
-    get_object,
     live_scrub,
     memory_used,
     object_key,
-    put_object,
     scrub_config,
     scrub_now,
 )
@@ -51,9 +49,9 @@ def test_a_flipped_byte_on_a_local_tier_and_in_the_bucket_is_healed_while_a_save
         local = frame_path(m.locals[0], a)
         local.write_bytes(flip(local.read_bytes()))  # chunk a: its local copy
         key = object_key(prefix, b)
-        good_b = get_object(seaweed, key)
+        good_b = seaweed.get_object(key)
         assert good_b is not None and frame_ok(good_b, b)
-        put_object(seaweed, key, flip(good_b))  # chunk b: its copy in the bucket
+        seaweed.put_object(key, flip(good_b))  # chunk b: its copy in the bucket
         assert not frame_ok(local.read_bytes(), a)
         save_data = os.urandom(2 * MiB + 123)
         save = SlowSave(m.mountpoint / "next.pt", save_data[:MiB // 2])  # a save runs
@@ -66,7 +64,7 @@ def test_a_flipped_byte_on_a_local_tier_and_in_the_bucket_is_healed_while_a_save
         save.finish(save_data[MiB // 2:])
         assert (m.mountpoint / "next.pt").read_bytes() == save_data
         # Uploaded again by the uploader (from the local copy).
-        wait_until(lambda: frame_ok(get_object(seaweed, key) or b"", b), 60,
+        wait_until(lambda: frame_ok(seaweed.get_object(key) or b"", b), 60,
                    "the bucket's copy of chunk b uploaded again")
         assert (m.mountpoint / "model.pt").read_bytes() == data
         wait_until(lambda: live_scrub(m).get("tiers", {}).get("remote0", {}).get("healed") == 1)

@@ -127,6 +127,27 @@ class SeaweedServer:
             ),
         )
 
+    def get_object(self, key: str) -> bytes | None:
+        """The object's bytes in the bucket (None: no such object): what a test damages."""
+        client = self.client()
+        try:
+            return bytes(client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except client.exceptions.NoSuchKey:
+            return None
+        finally:
+            client.close()
+
+    def put_object(self, key: str, body: bytes | None) -> None:
+        """Overwrite the object in the bucket (None: delete it)."""
+        client = self.client()
+        try:
+            if body is None:
+                client.delete_object(Bucket=self.bucket, Key=key)
+            else:
+                client.put_object(Bucket=self.bucket, Key=key, Body=body)
+        finally:
+            client.close()
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
