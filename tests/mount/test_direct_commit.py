@@ -22,9 +22,10 @@ from tests.conftest import TEST_MOUNT_ARGS
 from tests.mount.test_audit import export
 from tests.mount.test_quotas import project, quota_config, used
 from tests.support import encryption as enc
-from tests.support.mountutil import Mount, mounted, run_cli, wait_until
+from tests.support.direct import direct_mounted
+from tests.support.mountutil import Mount, run_cli, wait_until
 
-from ckptfs.client import DirectClient, connect, find_socket
+from ckptfs.client import DirectClient, connect
 from ckptfs.codec import frame
 from ckptfs.codec.seal import Cipher
 
@@ -38,12 +39,8 @@ pytestmark = pytest.mark.allow_log_warnings("quota")
 def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mount]:
     """/proj-a a namespace of root's with a 12 MiB quota; the socket in this test's
     runtime dir."""
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    monkeypatch.setenv("CKPTFS_RUNTIME_DIR", str(run))
     cfg = quota_config(tmp_path, "12MiB")
-    with mounted(tmp_path, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
-        wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
+    with direct_mounted(tmp_path, monkeypatch, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
         yield m
 
 
@@ -178,14 +175,10 @@ def test_a_client_scribbling_on_its_memory_during_a_write_cannot_corrupt_a_chunk
 def test_whole_chunks_through_the_socket_are_sealed_in_an_encrypted_namespace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    monkeypatch.setenv("CKPTFS_RUNTIME_DIR", str(run))
     kek_path, _kek = enc.kek_file(tmp_path / "keys" / "kek")
     cfg = enc.config(tmp_path / "ckptfs.toml", kek_path)
     data = enc.marked(3 * MiB + 4321)  # 12 whole chunks and a tail
-    with mounted(tmp_path, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
-        wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
+    with direct_mounted(tmp_path, monkeypatch, 1, (*TEST_MOUNT_ARGS, "--config", str(cfg))) as m:
         assert (m.mountpoint / "proj-a").is_dir()  # the namespace's root, made at mount
         path = m.mountpoint / "proj-a" / "w.bin"
         with client_of(m) as c:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TEST_MOUNT_ARGS
-from tests.support.mountutil import Mount, mounted, wait_until
+from tests.support.direct import direct_mounted
+from tests.support.mountutil import Mount
 
-from ckptfs.client import connect, find_socket
+from ckptfs.client import connect
 
 KiB = 1024
 CHUNK = 256 * KiB  # TEST_MOUNT_ARGS' chunk size
@@ -23,11 +24,7 @@ CHUNK = 256 * KiB  # TEST_MOUNT_ARGS' chunk size
 
 @pytest.fixture
 def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mount]:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    monkeypatch.setenv("CKPTFS_RUNTIME_DIR", str(run))
-    with mounted(tmp_path, 1, TEST_MOUNT_ARGS) as m:
-        wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
+    with direct_mounted(tmp_path, monkeypatch, 1, TEST_MOUNT_ARGS) as m:
         yield m
 
 

@@ -17,20 +17,17 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
 from tests.conftest import TEST_MOUNT_ARGS
-from tests.support.mountutil import Mount, mounted, wait_until
+from tests.support.direct import direct_mounted
+from tests.support.mountutil import Mount, wait_until
 
-from ckptfs.client import DirectClient, discover, find_socket
+from ckptfs.client import DirectClient, discover
 from ckptfs.torch import DirectFileSystem, DirectReader, DirectWriter, open_read
 from ckptfs.torch import dcp as dcp_plugin
 
 
 @pytest.fixture
 def mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mount]:
-    run = tmp_path / "run"
-    run.mkdir(mode=0o755)
-    monkeypatch.setenv("CKPTFS_RUNTIME_DIR", str(run))
-    with mounted(tmp_path, 2, TEST_MOUNT_ARGS) as m:
-        wait_until(lambda: find_socket(m.mountpoint), what="the direct socket")
+    with direct_mounted(tmp_path, monkeypatch, 2, TEST_MOUNT_ARGS) as m:
         yield m
 
 

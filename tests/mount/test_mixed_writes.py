@@ -84,7 +84,7 @@ def test_mixed_fuse_and_direct_writes_read_back_bit_identical(
     try:
         kek_path, _kek = enc.kek_file(tmp_path / "keys" / "kek")
         cfg = enc.config(tmp_path / "ckptfs.toml", kek_path)
-        # 1 MiB chunks: a save's chunk is assembled in a reused frame buffer (Staged.fill).
+        # 1 MiB chunks: frames large enough for the tiers' O_DIRECT writes.
         m = ckpt_factory.mount(extra_args=("--chunk-size", "1MiB", "--config", str(cfg)))
         for d in ("proj-a", "open"):
             (m.mountpoint / d).mkdir(mode=0o777, exist_ok=True)
