@@ -21,17 +21,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import TEST_MOUNT_ARGS
-from tests.mount.test_namespaces import cli_as
+from tests.mount.test_namespaces import ADMIN, GROUP, MEMBER, OWNER, STRANGER, cli_as
 from tests.mount.test_posix_perms import as_user, needs_root
 from tests.support.mountutil import Mount, mounted, run_cli
 
-OWNER = 4201
-GROUP = 4302
-MEMBER = 4202
-STRANGER = 4242
 USER = pwd.getpwnam("nobody")  # a user of this host, named in the config
-
-ADMIN = 4300  # the operator running `ckptfs status` (root sees no namespace without it)
+# ADMIN: the operator running `ckptfs status` (root sees no namespace without it)
 
 CONFIG = f"""
 [access]
